@@ -1,0 +1,126 @@
+"""AttnConfig: every FA4 switch as one frozen, hashable, validated dataclass, plus per-arch defaults.
+
+A config is *resolved* against (arch, hdim, causal): fields left as ``None`` take the value of the
+defaults table below. The resolved config is what kernels compile against and what results record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, fields
+
+SUPPORTED_ARCHS = ("sm90", "sm100")
+SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it except (192, 128)
+
+# Per-arch defaults, keyed by (arch, hdim). Values are provisional until tuned on the hardware.
+#   tile_m/tile_n : CTA tile of the forward (rows of Q, rows of K/V per step)
+#   num_stages    : K/V shared-memory pipeline depth
+#   exp2_emu_fraction : share of exponentials done on the FMA pipe, (non-causal, causal)
+#   consumer_regs / producer_regs : setmaxnreg budgets per thread (Hopper warp specialisation)
+DEFAULTS: dict[tuple[str, int], dict] = {
+    # sm90: tile_m = 64 rows per consumer warpgroup x 2 warpgroups (pingpong = one Q tile each)
+    ("sm90", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=240, producer_regs=24),
+    ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=240, producer_regs=24),
+    ("sm90", 192): dict(tile_m=128, tile_n=112, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
+    ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
+    # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
+    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48),
+    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48),
+    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48),
+    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48),
+}
+
+EXP2_FRACTION_QUANTUM = 1.0 / 8.0  # kernels split a row's exponentials in whole eighths (register fragments)
+
+
+class ConfigError(ValueError):
+    """An AttnConfig field (or an argument of the attention API) is out of range."""
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """All ablation switches of the FA4-style kernels. ``None`` means "the per-arch default"."""
+
+    rescale_threshold: float = 8.0  # tau, log2 units; 0.0 = always rescale (FA2/FA3)
+    exp2_emu_fraction: float | None = None  # share of exp2 done by the FMA polynomial, in [0, 1]
+    pingpong: bool = True  # two consumer warpgroups alternate GEMMs and softmax (named barriers)
+    intra_wg_overlap: bool = True  # a warpgroup's softmax(j) overlaps its own QK^T(j+1) / PV(j)
+    deterministic: bool = False  # backward: dQ accumulated in a fixed order
+    two_cta: bool = False  # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS
+    tile_m: int | None = None
+    tile_n: int | None = None
+    num_stages: int | None = None
+    consumer_regs: int | None = None
+    producer_regs: int | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- validation -------------------------------------------------------------------------
+    def validate(self) -> None:
+        t = self.rescale_threshold
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not (0.0 <= float(t) <= 64.0):
+            raise ConfigError(f"rescale_threshold={t!r}: must be a number in [0, 64] (log2 units; 0 = always rescale)")
+        f = self.exp2_emu_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not (0.0 <= float(f) <= 1.0)):
+            raise ConfigError(f"exp2_emu_fraction={f!r}: must be None (per-arch default) or a number in [0, 1]")
+        for name in ("pingpong", "intra_wg_overlap", "deterministic", "two_cta"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
+        for name, lo, hi, mult in (("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
+                                   ("consumer_regs", 24, 256, 8), ("producer_regs", 24, 256, 8)):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or not (lo <= v <= hi) or v % mult:
+                raise ConfigError(f"{name}={v!r}: must be None (per-arch default) or an int in [{lo}, {hi}], a multiple of {mult}")
+
+    # ---- resolution, identity ---------------------------------------------------------------
+    def resolve(self, arch: str = "sm90", hdim: int = 128, causal: bool = False) -> "AttnConfig":
+        """Fill every ``None`` field from the defaults table for (arch, hdim, causal)."""
+        arch = normalize_arch(arch)
+        key = (arch, int(hdim))
+        if key not in DEFAULTS:
+            raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
+        d = DEFAULTS[key]
+        updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs")
+                   if getattr(self, k) is None}
+        if self.exp2_emu_fraction is None:
+            updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
+        return dataclasses.replace(self, **updates) if updates else self
+
+    @property
+    def is_resolved(self) -> bool:
+        return all(getattr(self, f.name) is not None for f in fields(self))
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "AttnConfig":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown AttnConfig field(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+    def config_hash(self) -> str:
+        """Stable 12-hex-digit hash of every field (same config -> same hash across processes)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def normalize_arch(arch: str) -> str:
+    """Accept 'sm90', 'sm_90', 'sm_90a', 'sm90a' (and the sm100 spellings); return 'sm90' / 'sm100'."""
+    a = str(arch).lower().replace("_", "").rstrip("a")
+    if a not in SUPPORTED_ARCHS:
+        raise ConfigError(f"arch={arch!r}: supported archs are {SUPPORTED_ARCHS} (Hopper sm_90a, Blackwell sm_100a)")
+    return a
+
+
+def quantized_exp2_fraction(fraction: float, fragments_per_row: int) -> float:
+    """The fraction a kernel actually compiles: whole fragments out of ``fragments_per_row``."""
+    n = round(float(fraction) * fragments_per_row)
+    return n / fragments_per_row
