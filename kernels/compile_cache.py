@@ -1,0 +1,61 @@
+"""In-process cache of compiled CuTe DSL kernels, keyed on everything that changes the generated code.
+
+The key is the whole resolved AttnConfig plus kernel kind, dtype, head dims, causal and arch; sequence
+lengths, batch and the softmax scale stay dynamic. A stale cubin reused across an ablation is the classic
+bug this module exists to prevent: two configs that differ in any field get two compiled kernels.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .config import AttnConfig, normalize_arch
+
+
+@dataclass
+class CompileRecord:
+    key: tuple
+    seconds: float  # wall time of the first (compiling) call
+    hits: int = 0
+
+
+_CACHE: dict[tuple, Any] = {}
+_RECORDS: dict[tuple, CompileRecord] = {}
+_LOCK = threading.Lock()
+
+
+def cache_key(kind: str, cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, arch: str, **extra) -> tuple:
+    """Hashable key: kernel kind, every field of the resolved config, dtype, head dims, causal, arch, extras."""
+    if not cfg.is_resolved:
+        raise ValueError("cache_key: pass a resolved AttnConfig (cfg.resolve(arch, hdim, causal))")
+    fields = tuple(sorted(cfg.to_dict().items()))
+    return (kind, fields, str(dtype), int(hdim), int(hdim_v), bool(causal), normalize_arch(arch), tuple(sorted(extra.items())))
+
+
+def get_or_compile(key: tuple, build: Callable[[], Any]) -> Any:
+    """Return the compiled object for ``key``, calling ``build()`` (and timing it) only on a miss."""
+    with _LOCK:
+        if key in _CACHE:
+            _RECORDS[key].hits += 1
+            return _CACHE[key]
+    t0 = time.perf_counter()
+    compiled = build()
+    seconds = time.perf_counter() - t0
+    with _LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = compiled
+            _RECORDS[key] = CompileRecord(key=key, seconds=seconds)
+        return _CACHE[key]
+
+
+def compile_records() -> list[CompileRecord]:
+    with _LOCK:
+        return list(_RECORDS.values())
+
+
+def clear() -> None:
+    with _LOCK:
+        _CACHE.clear()
+        _RECORDS.clear()
