@@ -1,0 +1,65 @@
+"""AttnConfig: validation with clear errors, resolution from the per-arch table, stable hashing."""
+import subprocess
+import sys
+
+import pytest
+
+from kernels import DEFAULTS, AttnConfig, ConfigError
+from kernels.config import normalize_arch, quantized_exp2_fraction
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(rescale_threshold=-1.0), "rescale_threshold"),
+    (dict(rescale_threshold="8"), "rescale_threshold"),
+    (dict(exp2_emu_fraction=1.5), "exp2_emu_fraction"),
+    (dict(exp2_emu_fraction=True), "exp2_emu_fraction"),
+    (dict(pingpong=1), "pingpong"),
+    (dict(deterministic="yes"), "deterministic"),
+    (dict(two_cta=None), "two_cta"),
+    (dict(tile_m=100), "tile_m"),
+    (dict(tile_n=8), "tile_n"),
+    (dict(num_stages=0), "num_stages"),
+    (dict(consumer_regs=250), "consumer_regs"),
+])
+def test_bad_fields_name_the_field(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle) as e:
+        AttnConfig(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_field_and_arch_and_hdim():
+    with pytest.raises(ConfigError, match="unknown AttnConfig field"):
+        AttnConfig.from_dict({"tau": 4})
+    with pytest.raises(ConfigError, match="arch"):
+        normalize_arch("sm80")
+    with pytest.raises(ConfigError, match="hdim"):
+        AttnConfig().resolve("sm90", 96, False)
+
+
+def test_resolve_fills_every_none_from_the_table():
+    for (arch, hdim), row in DEFAULTS.items():
+        for causal in (False, True):
+            r = AttnConfig().resolve(arch, hdim, causal)
+            assert r.is_resolved
+            assert r.tile_m == row["tile_m"] and r.tile_n == row["tile_n"]
+            assert r.exp2_emu_fraction == row["exp2_emu"][int(causal)]
+    explicit = AttnConfig(exp2_emu_fraction=0.5, tile_n=64).resolve("sm90", 128, False)
+    assert explicit.exp2_emu_fraction == 0.5 and explicit.tile_n == 64
+    assert normalize_arch("sm_90a") == normalize_arch("SM90") == "sm90"
+
+
+def test_hash_stable_distinct_and_roundtrip():
+    a, b = AttnConfig(), AttnConfig(rescale_threshold=0.0)
+    assert a.config_hash() == AttnConfig().config_hash() != b.config_hash()
+    assert AttnConfig.from_dict(b.to_dict()) == b
+    assert len({AttnConfig(pingpong=p, two_cta=t).config_hash() for p in (False, True) for t in (False, True)}) == 4
+    # same hash in a fresh interpreter (no per-process salt)
+    code = "from kernels import AttnConfig; print(AttnConfig(rescale_threshold=0.0).config_hash())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == b.config_hash()
+
+
+def test_quantized_fraction():
+    assert quantized_exp2_fraction(0.3, 8) == 0.25
+    assert quantized_exp2_fraction(1.0, 8) == 1.0
+    assert quantized_exp2_fraction(0.0, 16) == 0.0
