@@ -1,0 +1,121 @@
+"""The backend protocol every attention implementation plugs into, and the name -> backend registry.
+
+A backend computes attention on (batch, seqlen, heads, head_dim) tensors and says, with a reason, whether it
+can run here (``available``) and on a given problem (``supports``). ``forward`` returns ``(out, lse|None)``
+with out at the input dtype and lse (batch, heads, seqlen_q) fp32 natural log; ``backward`` returns
+``(dq, dk, dv)``. Causal masks are aligned bottom-right (query i sees keys j <= i + seqlen_k - seqlen_q).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+
+class UnknownBackendError(ValueError):
+    """A backend name that is not registered."""
+
+
+class Backend:
+    """Base class: subclasses set ``name`` and implement ``_available``, ``_supports`` and ``forward``.
+
+    The default ``backward`` differentiates ``forward`` through torch.autograd, which is right for every
+    backend whose forward is differentiable (all the ones registered here).
+    """
+
+    name: str = "?"
+    cpu_capable: bool = False  # runs (and means the same thing) on a CPU tensor
+
+    # ---- availability ------------------------------------------------------------------------
+    def available(self) -> tuple[bool, str]:
+        """(True, '') when the backend can run on this machine, else (False, why)."""
+        try:
+            return self._available()
+        except Exception as e:  # an availability probe must never crash a sweep
+            return False, f"{self.name}: availability probe failed: {type(e).__name__}: {first_line(e)}"
+
+    def _available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, shape, cfg=None) -> tuple[bool, str]:
+        """(True, '') when the backend handles ``shape`` (and ``cfg``), else (False, why)."""
+        return self._supports(shape, cfg)
+
+    def _supports(self, shape, cfg) -> tuple[bool, str]:
+        return True, ""
+
+    def default_device(self) -> str:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    # ---- compute -----------------------------------------------------------------------------
+    def forward(self, q, k, v, causal: bool, scale: float | None, cfg=None):
+        raise NotImplementedError(f"{self.name}: forward")
+
+    def backward_fn(self, q, k, v, causal: bool, scale: float | None, cfg=None) -> Callable:
+        """Run the forward once with autograd and return ``fn(dout) -> (dq, dk, dv)`` that runs only the
+        backward (the graph is kept, so it can be called repeatedly for timing)."""
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad():
+            out, _ = self.forward(*leaves, causal, scale, cfg)
+        if not out.requires_grad:
+            raise NotImplementedError(f"{self.name}: forward is not differentiable, no backward")
+
+        def run(dout):
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+        return run
+
+    def backward(self, q, k, v, dout, causal: bool, scale: float | None, cfg=None):
+        """(dq, dk, dv) for upstream gradient ``dout`` (forward recomputed through autograd)."""
+        return self.backward_fn(q, k, v, causal, scale, cfg)(dout)
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+def first_line(e: BaseException, n: int = 1, width: int = 300) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return " | ".join(lines[:n])[:width] if lines else type(e).__name__
+
+
+def cuda_arch() -> tuple[int, int] | None:
+    """(major, minor) compute capability of the current CUDA device, or None without one."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability()
+
+
+def need_cuda(name: str) -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, f"{name}: no CUDA device (this backend runs CUDA kernels only)"
+    return True, ""
+
+
+# ---- registry ------------------------------------------------------------------------------------
+# name -> zero-argument factory. Iterating BACKENDS gives the registered names.
+BACKENDS: dict[str, Callable[[], Backend]] = {}
+_INSTANCES: dict[str, Backend] = {}
+
+
+def register_backend(name: str, factory: Callable[[], Backend] | str) -> None:
+    """Register ``factory`` (a callable, or 'module:attr' imported lazily) under ``name``; replaces any old one."""
+    if isinstance(factory, str):
+        mod, _, attr = factory.partition(":")
+
+        def factory(mod=mod, attr=attr):  # noqa: F811
+            return getattr(importlib.import_module(mod), attr)()
+
+    BACKENDS[name] = factory
+    _INSTANCES.pop(name, None)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered as ``name`` (one instance per process)."""
+    if name not in BACKENDS:
+        raise UnknownBackendError(f"backend={name!r}: unknown; known backends: {', '.join(sorted(BACKENDS))}")
+    if name not in _INSTANCES:
+        b = BACKENDS[name]()
+        b.name = name
+        _INSTANCES[name] = b
+    return _INSTANCES[name]

@@ -1,0 +1,74 @@
+"""`fa4_official` backend: the official FlashAttention-4 (pip package flash-attn-4, module flash_attn.cute).
+
+``flash_attn_func(q, k, v, softmax_scale=, causal=, deterministic=, return_lse=True)`` returns (out, lse) and
+is differentiable; its causal mask is bottom-right aligned. It runs on Hopper (sm90) and Blackwell
+(sm100/sm103). AttnConfig.deterministic, when a config is given, selects its deterministic backward.
+"""
+from __future__ import annotations
+
+from .base import Backend, cuda_arch, first_line, need_cuda
+
+SUPPORTED_MAJORS = {9: "sm90", 10: "sm100"}
+
+
+def installed_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("flash-attn-4", "flash_attn_4"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _head_dims_ok(major: int, d: int, dv: int) -> bool:
+    """What flash-attn-4 4.0.0b36 accepts (interface._validate_head_dims), alignment 8."""
+    if d % 8 or dv % 8:
+        return False
+    if major == 9:
+        return 8 <= d <= 256 and 8 <= dv <= 256
+    return (d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))
+
+
+class FA4OfficialBackend(Backend):
+    def __init__(self):
+        self._func = None
+
+    def _import(self):
+        if self._func is None:
+            from flash_attn.cute import flash_attn_func
+
+            self._func = flash_attn_func
+        return self._func
+
+    def _available(self):
+        ok, why = need_cuda(self.name)
+        if not ok:
+            return ok, why
+        try:
+            self._import()
+        except ImportError as e:
+            return False, f"{self.name}: flash-attn-4 is not installed (pip install flash-attn-4): {first_line(e)}"
+        major, minor = cuda_arch()
+        if major not in SUPPORTED_MAJORS:
+            return False, f"{self.name}: sm{major}{minor} is not supported; flash-attn-4 runs on sm90 and sm100"
+        return True, ""
+
+    def _supports(self, shape, cfg):
+        arch = cuda_arch()
+        major = arch[0] if arch else 9
+        if not _head_dims_ok(major, shape.hdim, shape.hdim_v):
+            return False, (f"{self.name}: (hdim, hdim_v) = ({shape.hdim}, {shape.hdim_v}) is not supported on "
+                           f"{SUPPORTED_MAJORS.get(major, major)}")
+        return True, ""
+
+    def forward(self, q, k, v, causal, scale, cfg=None):
+        deterministic = bool(getattr(cfg, "deterministic", False))
+        res = self._import()(q, k, v, softmax_scale=scale, causal=bool(causal), deterministic=deterministic,
+                             return_lse=True)
+        if isinstance(res, tuple):
+            out, lse = res[0], res[1]
+        else:
+            out, lse = res, None
+        return out, (lse.float() if lse is not None else None)

@@ -1,0 +1,176 @@
+"""Correctness check of a backend (DESIGN.md convention 5).
+
+Against a reference computed at fp64 (CPU) or fp32 (GPU) from the same inputs, a tensor passes when
+``max|x - ref| <= 2 * max|x_pt - ref| + atol``, where ``x_pt`` is plain PyTorch math at the input dtype
+(the error any honest bf16/fp16 implementation is allowed) and ``atol`` a rounding floor of
+``atol_ulps`` units of the input dtype at the tensor's largest magnitude. Checked: out, lse (when the backend
+returns it) and dq, dk, dv (backward with a fresh random dO). Inputs are fresh random every call; output
+buffers are poisoned with NaN first (the backend's own out= buffers when it takes them, else the allocator's
+free memory), and any NaN in a result fails.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .backends import Backend, get_backend
+from .shapes import Shape, make_inputs, randn
+
+ATOL_ULPS = 1.0
+
+
+@dataclass
+class TensorCheck:
+    name: str  # out, lse, dq, dk, dv
+    err: float  # max |x - ref|
+    pt_err: float  # max |x_pt - ref|
+    atol: float
+    bound: float  # 2 * pt_err + atol
+    passed: bool
+    note: str = ""
+
+
+@dataclass
+class CheckResult:
+    backend: str
+    shape: dict
+    seed: int | None
+    ref_dtype: str
+    tensors: dict[str, TensorCheck] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.tensors) and all(t.passed for t in self.tensors.values())
+
+    def failures(self) -> list[str]:
+        return [f"{t.name}: err {t.err:.3g} > bound {t.bound:.3g}" + (f" ({t.note})" if t.note else "")
+                for t in self.tensors.values() if not t.passed]
+
+    def rows(self) -> list[dict]:
+        """One row per checked tensor: metric err_<name>, value err, with pt_err/bound/atol/passed."""
+        out = []
+        for t in self.tensors.values():
+            out.append(dict(metric=f"err_{t.name}", mode="bwd" if t.name.startswith("d") else "fwd", value=t.err,
+                            pt_err=t.pt_err, bound=t.bound, atol=t.atol, passed=t.passed,
+                            status="ok" if t.passed else "fail",
+                            error_class=None if t.passed else "wrong_result",
+                            reason=None if t.passed else f"err {t.err:.3g} > bound {t.bound:.3g}"
+                            + (f" ({t.note})" if t.note else ""),
+                            ref_dtype=self.ref_dtype))
+        return out
+
+    def to_dict(self) -> dict:
+        return dict(backend=self.backend, shape=self.shape, seed=self.seed, ref_dtype=self.ref_dtype,
+                    passed=self.passed, tensors={k: asdict(v) for k, v in self.tensors.items()})
+
+
+# ---- the plain-math attention (used for the reference and for x_pt) -----------------------------------
+def attention_math(q, k, v, causal: bool, scale: float | None, compute_dtype: torch.dtype | None = None):
+    """softmax(q k^T * scale [bottom-right causal]) v in plain PyTorch, every op at ``compute_dtype``
+    (default: the input dtype). (batch, seqlen, heads, d) in; returns (out, lse) with out at compute_dtype
+    and lse (batch, heads, seqlen_q) at compute_dtype; differentiable."""
+    dt = compute_dtype or q.dtype
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    qt, kt, vt = (t.to(dt).transpose(1, 2) for t in (q, k, v))  # (b, h, s, d)
+    s = torch.matmul(qt, kt.transpose(-1, -2)) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1)
+    p = torch.nan_to_num(p, nan=0.0)  # rows with no visible key: output 0 (as FlashAttention)
+    out = torch.matmul(p.to(vt.dtype), vt)
+    return out.transpose(1, 2), lse
+
+
+def _max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    same = x == ref  # equal infinities (fully masked rows' lse) count as exact
+    diff = torch.where(same, torch.zeros_like(x), (x - ref).abs())
+    if diff.numel() == 0:
+        return 0.0
+    return float(diff.max())
+
+
+def _magnitude(ref: torch.Tensor) -> float:
+    r = ref.double()
+    r = r[torch.isfinite(r)]
+    return float(r.abs().max()) if r.numel() else 0.0
+
+
+def compare(name: str, x: torch.Tensor | None, x_pt: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+            atol_ulps: float = ATOL_ULPS) -> TensorCheck:
+    """Apply the rule to one tensor. ``dtype``: the input dtype that sets the rounding floor."""
+    atol = atol_ulps * torch.finfo(dtype).eps * _magnitude(ref)
+    pt_err = _max_err(x_pt, ref)
+    bound = 2.0 * pt_err + atol
+    if x is None:
+        return TensorCheck(name, float("nan"), pt_err, atol, bound, False, "backend returned None")
+    if tuple(x.shape) != tuple(ref.shape):
+        return TensorCheck(name, float("nan"), pt_err, atol, bound, False,
+                           f"shape {tuple(x.shape)} != expected {tuple(ref.shape)}")
+    n_nan = int(torch.isnan(x).sum())
+    err = _max_err(x, ref)
+    if n_nan:
+        return TensorCheck(name, float("nan"), pt_err, atol, bound, False, f"{n_nan} NaN values (unwritten output?)")
+    return TensorCheck(name, err, pt_err, atol, bound, bool(err <= bound))
+
+
+def poison_allocator(nbytes: int, device) -> None:
+    """Fill ``nbytes`` of free caching-allocator memory with NaN so a kernel that leaves part of a freshly
+    allocated output unwritten shows NaN rather than zeros (CUDA only; no-op elsewhere)."""
+    device = torch.device(device)
+    if device.type != "cuda" or nbytes <= 0:
+        return
+    buf = torch.full((nbytes // 2 + 1,), float("nan"), dtype=torch.float16, device=device)
+    del buf
+
+
+def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, seed: int | None = None,
+                  modes=("fwd", "bwd"), scale: float | None = None, ref_dtype: torch.dtype | None = None,
+                  atol_ulps: float = ATOL_ULPS) -> CheckResult:
+    """Check ``backend`` on fresh random inputs of ``shape``; returns per-tensor err / pt_err / bound / passed."""
+    b = get_backend(backend) if isinstance(backend, str) else backend
+    device = torch.device(device or b.default_device())
+    if ref_dtype is None:
+        ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
+    if seed is None:  # fresh inputs, but record the seed so a failure can be replayed
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    res = CheckResult(backend=b.name, shape=shape.to_dict(), seed=seed, ref_dtype=str(ref_dtype).replace("torch.", ""))
+    dt = shape.torch_dtype
+    q, k, v = make_inputs(shape, device, seed)
+    want_bwd = "bwd" in modes
+
+    # reference and same-dtype PyTorch, with grads
+    def leaves(dtype):
+        return [t.detach().to(dtype).requires_grad_(want_bwd) for t in (q, k, v)]
+
+    qr, kr, vr = leaves(ref_dtype)
+    qp, kp, vp = leaves(dt)
+    with torch.enable_grad():
+        out_ref, lse_ref = attention_math(qr, kr, vr, shape.causal, scale)
+        out_pt, lse_pt = attention_math(qp, kp, vp, shape.causal, scale)
+
+    if "fwd" in modes or not want_bwd:
+        out_bytes = q.shape[0] * q.shape[1] * q.shape[2] * shape.hdim_v * q.element_size()
+        poison_allocator(out_bytes, device)
+        with torch.no_grad():
+            out, lse = b.forward(q, k, v, shape.causal, scale, cfg)
+        res.tensors["out"] = compare("out", out, out_pt.detach(), out_ref.detach(), dt, atol_ulps)
+        if lse is not None:
+            res.tensors["lse"] = compare("lse", lse, lse_pt.detach(), lse_ref.detach(), dt, atol_ulps)
+
+    if want_bwd:
+        dout = randn(out_ref.shape, dt, device, seed=seed + 1)
+        g_ref = torch.autograd.grad(out_ref, (qr, kr, vr), dout.to(ref_dtype))
+        g_pt = torch.autograd.grad(out_pt, (qp, kp, vp), dout)
+        poison_allocator(3 * q.numel() * q.element_size(), device)
+        grads = b.backward(q, k, v, dout, shape.causal, scale, cfg)
+        for name, g, gp, gr in zip(("dq", "dk", "dv"), grads, g_pt, g_ref):
+            res.tensors[name] = compare(name, g, gp, gr, dt, atol_ulps)
+    return res

@@ -1,0 +1,138 @@
+"""Run metadata: what machine and software produced a row (``static_metadata``) and the GPU's clocks,
+temperature and power around a measurement (``gpu_state``, via NVML). Read-only: nothing here sets or
+locks clocks. Everything degrades to None on a machine without a GPU, NVML or git.
+"""
+from __future__ import annotations
+
+import functools
+import platform
+import socket
+import subprocess
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+STATE_KEYS = ("sm_clock_mhz", "mem_clock_mhz", "temp_c", "power_w", "clocks_event_reasons")
+
+
+def _pkg_version(*names: str) -> str | None:
+    for n in names:
+        try:
+            return version(n)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+# ---- NVML --------------------------------------------------------------------------------------
+_NVML = {"ok": None}
+
+
+def _nvml():
+    """The pynvml module, initialised once; None when NVML is unusable here."""
+    if _NVML["ok"] is None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _NVML["ok"] = pynvml
+        except Exception:
+            _NVML["ok"] = False
+    return _NVML["ok"] or None
+
+
+def _nvml_handle(device_index: int | None = None):
+    """NVML handle of the torch CUDA device (matched by UUID, so CUDA_VISIBLE_DEVICES remapping is fine)."""
+    nv = _nvml()
+    if nv is None or not torch.cuda.is_available():
+        return None
+    idx = torch.cuda.current_device() if device_index is None else device_index
+    try:
+        uuid = str(torch.cuda.get_device_properties(idx).uuid)
+        return nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
+    except Exception:
+        try:
+            return nv.nvmlDeviceGetHandleByIndex(idx)
+        except Exception:
+            return None
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def gpu_state(device_index: int | None = None) -> dict:
+    """Current SM/memory clocks (MHz), temperature (C), power (W) and the clocks-event (throttle) reason
+    bitmask of the GPU; all None without one."""
+    state = dict.fromkeys(STATE_KEYS)
+    h = _nvml_handle(device_index)
+    if h is None:
+        return state
+    nv = _nvml()
+    state["sm_clock_mhz"] = _try(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+    state["mem_clock_mhz"] = _try(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
+    state["temp_c"] = _try(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+    mw = _try(nv.nvmlDeviceGetPowerUsage, h)
+    state["power_w"] = mw / 1000.0 if mw is not None else None
+    reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    state["clocks_event_reasons"] = _try(reasons, h) if reasons else None
+    return state
+
+
+def gpu_state_fields(when: str, device_index: int | None = None) -> dict:
+    """gpu_state() flattened for a row: keys '<key>_<when>' (when = 'before' | 'after')."""
+    return {f"{k}_{when}": v for k, v in gpu_state(device_index).items()}
+
+
+# ---- static ------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _static() -> tuple:
+    md = dict(gpu_name=None, sm_count=None, compute_capability=None, gpu_mem_gib=None, l2_mib=None,
+              max_sm_clock_mhz=None, max_mem_clock_mhz=None, driver=None, cuda=torch.version.cuda,
+              torch=torch.__version__, cutlass_dsl=_pkg_version("nvidia-cutlass-dsl"),
+              flash_attn_4=_pkg_version("flash-attn-4", "flash_attn_4"), git_sha=_git("rev-parse", "HEAD"),
+              git_dirty=None, hostname=socket.gethostname(), python=platform.python_version())
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    md["git_dirty"] = None if status is None else bool(status)
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        md.update(gpu_name=p.name, sm_count=p.multi_processor_count, compute_capability=f"{p.major}.{p.minor}",
+                  gpu_mem_gib=round(p.total_memory / 2**30, 1),
+                  l2_mib=round(getattr(p, "L2_cache_size", 0) / 2**20, 1) or None)
+    nv = _nvml()
+    if nv is not None:
+        md["driver"] = _try(nv.nvmlSystemGetDriverVersion)
+        if isinstance(md["driver"], bytes):
+            md["driver"] = md["driver"].decode()
+        h = _nvml_handle()
+        if h is not None:
+            md["max_sm_clock_mhz"] = _try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
+            md["max_mem_clock_mhz"] = _try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM)
+    return tuple(md.items())
+
+
+def static_metadata() -> dict:
+    """Machine and software description, computed once per process (a fresh dict each call)."""
+    return dict(_static())
+
+
+if __name__ == "__main__":  # python -m experiments.metadata
+    import json
+
+    print(json.dumps({"static": static_metadata(), "gpu_state": gpu_state()}, indent=1, default=str))
+
