@@ -1,0 +1,153 @@
+"""Roofline model: reproduces the FA4 paper's Tables 1 and 3 from operand sources; switches move cycles
+where they should; predictions, calibration and the `run.py roofline` entry behave."""
+import json
+from dataclasses import fields
+
+import pytest
+
+from analysis import roofline as rl
+from analysis.hardware import GPUS, get_gpu
+
+B200 = GPUS["b200"]
+PAPER = ("mma", "smem", "mufu")
+
+
+def _paper_cols(tc):
+    return tuple(tc.cycles[k] for k in PAPER)
+
+
+@pytest.mark.parametrize("m, expect", [(128, (1024, 768, 1024)), (256, (2048, 1536, 2048))])
+def test_table1_forward_b200(m, expect):
+    tc = rl.tile_cost(B200, "fwd", m, 128, 128)
+    assert _paper_cols(tc) == expect
+    # and the paper's closed forms for these shapes: 4MNd/8192, 3MNd/8192, MN/16
+    n = d = 128
+    assert _paper_cols(tc) == (4 * m * n * d / 8192, 3 * m * n * d / 8192, m * n / 16)
+
+
+@pytest.mark.parametrize("two_cta, expect", [(False, (2560, 3328, 1024)), (True, (2560, 2688, 1024))])
+def test_table3_backward_b200(two_cta, expect):
+    tc = rl.tile_cost(B200, "bwd", 128, 128, 128, two_cta=two_cta)
+    assert _paper_cols(tc) == expect
+
+
+def test_backward_smem_comes_from_operands():
+    gemms, extra = rl.tile_gemms("sm100", "bwd", 128, 128, 128, 128)
+    tile = 128 * 128 * 2  # one bf16 128x128 tile
+    assert [g.smem_bytes / tile for g in gemms] == [2, 2, 1, 1, 2]  # P^T, dS^T from TMEM
+    assert extra / tile == 5  # dS store (1) + fp32 dQ written (2) and read by the TMA (2)
+    gemms2, _ = rl.tile_gemms("sm100", "bwd", 128, 128, 128, 128, two_cta=True)
+    assert [g.smem_bytes / tile for g in gemms2] == [1.5, 1.5, 0.5, 0.5, 1.5]
+
+
+def test_hopper_operand_sources():
+    gemms, _ = rl.tile_gemms("sm90", "fwd", 128, 128, 128, 128)
+    qk, pv = gemms
+    assert qk.a_src == "smem" and pv.a_src == "reg"  # SS for QK^T, RS for PV
+    assert qk.b_reads == 2 and pv.b_reads == 2  # two m64 warpgroups each read K / V
+    h = GPUS["h200"]
+    tc = rl.tile_cost(h, "fwd", 128, 128, 128)
+    assert tc.cycles["mma"] == 4 * 128 ** 3 / 4096 == 2048  # wgmma: half of B200's rate per SM
+    assert h.mufu_ex2_per_clk == B200.mufu_ex2_per_clk == 16
+    assert tc.cycles["mufu"] == 1024
+
+
+def test_two_cta_rejected_on_hopper():
+    with pytest.raises(ValueError, match="two_cta"):
+        rl.tile_gemms("sm90", "bwd", 64, 128, 128, 128, two_cta=True)
+
+
+def test_exp2_split_moves_work_from_mufu_to_fma():
+    base = rl.tile_cost(B200, "fwd", 128, 128, 128)
+    for f in (0.125, 0.25, 0.375, 0.5):
+        tc = rl.tile_cost(B200, "fwd", 128, 128, 128, exp2_emu_fraction=f)
+        assert tc.cycles["mufu"] == pytest.approx(base.cycles["mufu"] * (1 - f))
+        assert tc.cycles["fma"] - base.cycles["fma"] == pytest.approx(f * rl.POLY_FMA_OPS * 128 * 128 / 128)
+        assert tc.cycles["alu"] > base.cycles["alu"]
+    with pytest.raises(ValueError, match="exp2_emu_fraction"):
+        rl.tile_cost(B200, "fwd", 128, 128, 128, exp2_emu_fraction=1.5)
+
+
+def test_tau_removes_rescale_multiplies():
+    always = rl.tile_cost(B200, "fwd", 128, 128, 128, rescale_share=1.0)
+    never = rl.tile_cost(B200, "fwd", 128, 128, 128, rescale_share=0.0)
+    assert always.cycles["fma"] - never.cycles["fma"] == pytest.approx(128 * 128 / 128)  # dv muls per row
+    assert always.cycles["mma"] == never.cycles["mma"]
+
+
+def test_overlap_is_max_and_serial_is_sum():
+    on = rl.tile_cost(GPUS["h200"], "fwd", 128, 128, 128, overlap=True)
+    off = rl.tile_cost(GPUS["h200"], "fwd", 128, 128, 128, overlap=False)
+    assert on.total == max(on.cycles.values())
+    assert off.total == max(off.cycles["mma"], off.cycles["smem"]) + max(
+        off.cycles[k] for k in ("mufu", "fma", "alu", "issue"))
+    assert off.total > on.total and "+" in off.bound
+
+
+def test_count_tiles_causal():
+    assert rl.count_tiles(256, 256, 128, 128, causal=False) == 4
+    assert rl.count_tiles(256, 256, 128, 128, causal=True) == 3
+    # bottom-right alignment: a short query block sees every key block
+    assert rl.count_tiles(128, 512, 128, 128, causal=True) == 4
+    assert rl.count_tiles(512, 128, 128, 128, causal=True) == 1
+
+
+def test_predict_bounds_and_switches():
+    p = rl.predict("h200", 128, False, None, None, calib={})
+    peak = GPUS["h200"].peak_tflops
+    assert 0 < p.tflops <= peak * 1.0001 and p.bound in rl.RESOURCES
+    serial = rl.predict("h200", 128, False, {"pingpong": False, "intra_wg_overlap": False}, None, calib={})
+    assert serial.tflops < p.tflops
+    b = rl.predict("b200", 128, False, {"two_cta": False}, None, mode="bwd", calib={})
+    b2 = rl.predict("b200", 128, False, {"two_cta": True}, None, mode="bwd", calib={})
+    assert b.bound == "smem" and b2.tflops > b.tflops
+    # B300's doubled MUFU halves the exp cycles
+    e0 = rl.predict("b200", 128, False, {"exp2_emu_fraction": 0.0}, None, calib={})
+    e3 = rl.predict("b300", 128, False, {"exp2_emu_fraction": 0.0}, None, calib={})
+    assert e3.tile_cycles["mufu"] == e0.tile_cycles["mufu"] / 2
+    assert p.values_used["mufu_ex2_per_clk"] == "datasheet"
+    with pytest.raises(ValueError, match="arch="):
+        rl.predict("a100", 128)
+
+
+def test_calibration_from_microbench_rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = [
+        dict(metric="mufu_ex2_per_clk_sm", value=8.0, unit="exp/clk/SM", method="triton ex2.approx", gpu_name="NVIDIA H200", status="ok"),
+        dict(metric="poly_exp2_per_clk_sm", value=16.0, unit="exp/clk/SM", method="triton poly", gpu_name="NVIDIA H200", status="ok"),
+        dict(metric="mix_exp2_per_clk_sm", value=20.0, unit="exp/clk/SM", method="mix", fraction=0.5, gpu_name="NVIDIA H200", status="ok"),
+        dict(metric="smem_bytes_per_clk_sm", value=None, unit="B/clk/SM", method="x", gpu_name="NVIDIA H200", status="fail"),
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    calib = rl.load_calibration([path])
+    assert set(calib) == {"mufu_ex2_per_clk_sm", "poly_exp2_per_clk_sm"}
+    p = rl.predict("h200", 128, False, {"exp2_emu_fraction": 0.0}, None, calib=calib)
+    assert p.values_used["mufu_ex2_per_clk"].startswith("measured")
+    assert p.values_used["smem_bytes_per_clk"] == "datasheet"
+    assert p.tile_cycles["mufu"] == 128 * 128 / 8.0
+    assert "measured" in p.values_used["poly_exp2"]
+    # measured on an H200: leaves the B200 alone
+    q = rl.predict("b200", 128, False, None, None, calib=calib)
+    assert q.values_used["mufu_ex2_per_clk"] == "datasheet"
+
+
+def test_hardware_table_has_a_source_for_every_number():
+    for g in GPUS.values():
+        for f in fields(g):
+            if f.name in ("name", "arch", "sources"):
+                continue
+            assert f.name in g.sources, (g.name, f.name)
+    assert get_gpu("sm90").name == "H200" and get_gpu("H100 SXM").name == "H100 SXM"
+    assert GPUS["b200"].peak_tflops == pytest.approx(2250, rel=1e-6)
+    assert GPUS["h100"].peak_tflops == pytest.approx(989.4, rel=1e-3)
+
+
+def test_main_prints_table(capsys):
+    rows = rl.main(["--gpu", "h200", "b200", "--hdim", "128", "--datasheet"])
+    out = capsys.readouterr().out
+    assert "H200" in out and "B200" in out and "values used" in out
+    assert {r["variant"] for r in rows} >= {"default", "tau=0", "emu=0", "no-overlap"}
+    assert any(r["variant"] == "2cta" for r in rows) and all(
+        r["gpu"] == "B200" for r in rows if r["variant"] == "2cta")
+    with pytest.raises(SystemExit):
+        rl.main(["--variant", "nope"])
