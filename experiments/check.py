@@ -1,7 +1,7 @@
 """Correctness check of a backend (DESIGN.md convention 5).
 
-Against a reference computed at fp64 (CPU) or fp32 (GPU) from the same inputs, a tensor passes when
-``max|x - ref| <= 2 * max|x_pt - ref| + atol``, where ``x_pt`` is plain PyTorch math at the input dtype
+Against kernels.reference.attention_exact at fp64 (CPU) or fp32 (GPU) on the same inputs, a tensor passes when
+``max|x - ref| <= 2 * max|x_pt - ref| + atol``, where ``x_pt`` is plain PyTorch math at the input dtype (kernels.reference.attention_naive)
 (the error any honest bf16/fp16 implementation is allowed) and ``atol`` a rounding floor of
 ``atol_ulps`` units of the input dtype at the tensor's largest magnitude. Checked: out, lse (when the backend
 returns it) and dq, dk, dv (backward with a fresh random dO). Inputs are fresh random every call; output
@@ -10,7 +10,6 @@ free memory), and any NaN in a result fails.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -64,28 +63,6 @@ class CheckResult:
     def to_dict(self) -> dict:
         return dict(backend=self.backend, shape=self.shape, seed=self.seed, ref_dtype=self.ref_dtype,
                     passed=self.passed, tensors={k: asdict(v) for k, v in self.tensors.items()})
-
-
-# ---- the plain-math attention (used for the reference and for x_pt) -----------------------------------
-def attention_math(q, k, v, causal: bool, scale: float | None, compute_dtype: torch.dtype | None = None):
-    """softmax(q k^T * scale [bottom-right causal]) v in plain PyTorch, every op at ``compute_dtype``
-    (default: the input dtype). (batch, seqlen, heads, d) in; returns (out, lse) with out at compute_dtype
-    and lse (batch, heads, seqlen_q) at compute_dtype; differentiable."""
-    dt = compute_dtype or q.dtype
-    d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    qt, kt, vt = (t.to(dt).transpose(1, 2) for t in (q, k, v))  # (b, h, s, d)
-    s = torch.matmul(qt, kt.transpose(-1, -2)) * scale
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1)
-    p = torch.nan_to_num(p, nan=0.0)  # rows with no visible key: output 0 (as FlashAttention)
-    out = torch.matmul(p.to(vt.dtype), vt)
-    return out.transpose(1, 2), lse
 
 
 def _max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -152,9 +129,11 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
 
     qr, kr, vr = leaves(ref_dtype)
     qp, kp, vp = leaves(dt)
+    from kernels.reference import attention_exact, attention_naive
+
     with torch.enable_grad():
-        out_ref, lse_ref = attention_math(qr, kr, vr, shape.causal, scale)
-        out_pt, lse_pt = attention_math(qp, kp, vp, shape.causal, scale)
+        out_ref, lse_ref = attention_exact(qr, kr, vr, shape.causal, scale, dtype=ref_dtype, return_lse=True)
+        out_pt, lse_pt = attention_naive(qp, kp, vp, shape.causal, scale, return_lse=True)
 
     if "fwd" in modes or not want_bwd:
         out_bytes = q.shape[0] * q.shape[1] * q.shape[2] * shape.hdim_v * q.element_size()

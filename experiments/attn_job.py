@@ -1,0 +1,198 @@
+"""Runner for jobs of kind "attn": check and time one backend on one shape (and config), return rows.
+
+A job::
+
+    {"kind": "attn", "experiment": str, "backend": str, "config": dict | None, "shape": Shape dict,
+     "modes": ["fwd", "bwd"], "check": bool, "bench": {"warmup", "repeats", "flush_l2", "max_time_s"} | None,
+     optional "device", "softmax_scale", "seed"}
+
+Rows (docs/INTERFACES.md): per mode a ``first_call_s`` row (compile + first call, wall seconds) and a
+``time_ms`` row (value = median; p20/p80/iqr/min/max/n, flops, tflops, timer); with ``check`` the
+``err_<tensor>`` rows of experiments.check. An unavailable or unsupported backend gives one skip row with
+the reason; an exception gives a fail row with its error_class and the first lines of its message. Rows
+that measured something carry the GPU's clocks/temperature/power before and after (None without a GPU).
+"""
+from __future__ import annotations
+
+import torch
+
+from .backends import get_backend
+from .bench import attn_flops, tflops, time_fn
+from .check import check_backend
+from .metadata import STATE_KEYS, gpu_state_fields
+from .shapes import Shape, make_inputs, randn
+
+MODES = ("fwd", "bwd")
+DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None)
+MESSAGE_LINES = 3
+MESSAGE_CHARS = 600
+
+# substrings (lower case) of an exception chain's text that mean the GPU faulted; the CUDA context is
+# unusable afterwards, so the job stops at the first one
+CUDA_FAULT_MARKERS = ("illegal memory access", "illegal address", "illegal instruction", "misaligned address",
+                      "unspecified launch failure", "device-side assert", "launch failed", "cuda error",
+                      "cuda_error_", "cudaerror", "hardware exception", "uncorrectable ecc")
+COMPILE_MARKERS = ("ptxas", "nvvm", "mlir", "cute dsl", "cutedsl", "cutlass dsl")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out, seen = [], set()
+    e = exc
+    while e is not None and id(e) not in seen:
+        out.append(e)
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def classify_error(exc: BaseException) -> str:
+    """'cuda_fault' for a GPU fault, 'compile_error' for a CuTe DSL / CUTLASS compilation failure, else 'error'."""
+    chain = _chain(exc)
+    if any(isinstance(e, torch.OutOfMemoryError) for e in chain):
+        return "error"
+    text = " ".join(f"{type(e).__module__}.{type(e).__name__}: {e}" for e in chain).lower()
+    accel = getattr(torch, "AcceleratorError", None)
+    if (accel is not None and any(isinstance(e, accel) for e in chain)) or any(
+            "cudaruntimeerror" in type(e).__name__.lower() for e in chain) or any(m in text for m in CUDA_FAULT_MARKERS):
+        return "cuda_fault"
+    from_dsl = any(type(e).__module__.split(".")[0] in ("cutlass", "_mlir", "mlir", "cuda") or
+                   type(e).__name__.startswith("DSL") for e in chain)
+    if from_dsl or any(m in text for m in COMPILE_MARKERS):
+        return "compile_error"
+    return "error"
+
+
+def error_message(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    msg = " | ".join(lines[:MESSAGE_LINES])
+    return f"{type(exc).__name__}: {msg}"[:MESSAGE_CHARS]
+
+
+def _job_key(job: dict) -> str:
+    from .results import job_key
+
+    return job_key(job)
+
+
+def _no_state() -> dict:
+    return {f"{k}_{w}": None for w in ("before", "after") for k in STATE_KEYS}
+
+
+class _Rows:
+    """Builds rows that share the job's identity fields."""
+
+    def __init__(self, job: dict, shape: Shape, cfg, device: str):
+        self.base = dict(experiment=job.get("experiment"), job_key=_job_key(job), kind="attn",
+                         backend=job["backend"], **shape.to_dict(), config=cfg.to_dict() if cfg else None,
+                         config_hash=cfg.config_hash() if cfg else None, device=device)
+        self.rows: list[dict] = []
+
+    def add(self, mode, metric, value, status="ok", reason=None, error_class=None, state=None, **extra) -> dict:
+        row = dict(self.base, mode=mode, metric=metric, value=value, status=status, reason=reason,
+                   error_class=error_class)
+        row.update(state if state is not None else _no_state())
+        row.update(extra)
+        self.rows.append(row)
+        return row
+
+    def fail(self, mode, exc: BaseException, state=None) -> str:
+        cls = classify_error(exc)
+        self.add(mode, None, None, status="fail", reason=error_message(exc), error_class=cls, state=state)
+        return cls
+
+
+def _parse(job: dict):
+    if job.get("kind", "attn") != "attn":
+        raise ValueError(f"kind={job.get('kind')!r}: attn_job runs jobs of kind 'attn'")
+    if "backend" not in job or "shape" not in job:
+        raise ValueError("job: an 'attn' job needs 'backend' and 'shape'")
+    shape = Shape.from_dict(job["shape"])
+    cfg = None
+    if job.get("config") is not None:
+        from kernels import AttnConfig
+
+        cfg = AttnConfig.from_dict(job["config"])
+    modes = list(job.get("modes") or ["fwd"])
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"modes={modes}: unknown mode(s) {bad}; supported: {list(MODES)}")
+    bench = job.get("bench", DEFAULT_BENCH)
+    if bench is not None:
+        unknown = sorted(set(bench) - set(DEFAULT_BENCH))
+        if unknown:
+            raise ValueError(f"bench: unknown key(s) {unknown}; known: {sorted(DEFAULT_BENCH)}")
+        bench = {**DEFAULT_BENCH, **bench}
+    return shape, cfg, modes, bench
+
+
+def run(job: dict) -> list[dict]:
+    """Run one "attn" job; never raises for a backend failure (a bad job description does raise)."""
+    shape, cfg, modes, bench = _parse(job)
+    backend = get_backend(job["backend"])  # unknown name: one-line error listing the known ones
+    device = job.get("device") or backend.default_device()
+    rows = _Rows(job, shape, cfg, device)
+    mode_label = "+".join(modes)
+
+    ok, why = backend.available()
+    if ok and torch.device(device).type == "cpu" and not backend.cpu_capable:
+        ok, why = False, f"{backend.name}: does not run on CPU"
+    if not ok:
+        rows.add(mode_label, None, None, status="skip", reason=why)
+        return rows.rows
+    ok, why = backend.supports(shape, cfg)
+    if not ok:
+        rows.add(mode_label, None, None, status="skip", reason=why)
+        return rows.rows
+
+    scale = job.get("softmax_scale")
+    if job.get("check"):
+        before = gpu_state_fields("before")
+        try:
+            res = check_backend(backend, shape, cfg, device=device, seed=job.get("seed"), modes=modes, scale=scale)
+        except Exception as e:  # noqa: BLE001 -- recorded as a row
+            if rows.fail(mode_label, e, state=before) == "cuda_fault":
+                return rows.rows
+        else:
+            state = {**before, **gpu_state_fields("after")}
+            for r in res.rows():
+                rows.add(r.pop("mode"), r.pop("metric"), r.pop("value"), r.pop("status"), r.pop("reason"),
+                         r.pop("error_class"), state=state, check_seed=res.seed, **r)
+
+    if bench is None:
+        return rows.rows
+    for mode in modes:
+        before = gpu_state_fields("before")
+        try:
+            fn = _timed_fn(backend, shape, cfg, mode, device, scale, job.get("seed"))
+            t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
+                        flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+        except Exception as e:  # noqa: BLE001 -- recorded as a row
+            if rows.fail(mode, e, state=before) == "cuda_fault":
+                return rows.rows
+            continue
+        state = {**before, **gpu_state_fields("after")}
+        flops = attn_flops(shape, mode)
+        rows.add(mode, "first_call_s", t.first_call_s, state=state, timer=t.timer)
+        rows.add(mode, "time_ms", t.median_ms, state=state, p20=t.p20_ms, p80=t.p80_ms, iqr=t.iqr_ms, min=t.min_ms,
+                 max=t.max_ms, n=t.n, timer=t.timer, flush_l2=t.flush_l2, flops=flops,
+                 tflops=tflops(flops, t.median_ms))
+        stats = getattr(backend, "last_stats", None)
+        if mode == "fwd" and stats:
+            for key, val in stats.items():
+                if isinstance(val, (int, float)) and not isinstance(val, bool):
+                    rows.add(mode, f"model_{key}", val, state=state)
+    return rows.rows
+
+
+def _timed_fn(backend, shape: Shape, cfg, mode: str, device, scale, seed):
+    """The zero-argument callable that one timed repeat runs (inputs made once, outside the timing)."""
+    q, k, v = make_inputs(shape, device, seed)
+    if mode == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return backend.forward(q, k, v, shape.causal, scale, cfg)
+
+        return fwd
+    bwd = backend.backward_fn(q, k, v, shape.causal, scale, cfg)
+    dout = randn((shape.batch, shape.seqlen_q, shape.heads, shape.hdim_v), shape.torch_dtype, device)
+    return lambda: bwd(dout)
