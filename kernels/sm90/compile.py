@@ -1,0 +1,61 @@
+"""Compile the sm90 forward kernel from fake tensors (no GPU, no torch storage needed).
+
+Sequence lengths, batch and heads are symbolic, so one compiled kernel serves every shape of a
+(dtype, head dims, causal, config) key; the compiled function takes torch tensors through TVM FFI:
+``compiled(q, k, v, out, lse, softmax_scale, hb_group)`` on the current CUDA stream.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from ..config import AttnConfig
+from .fwd import FlashFwdSm90
+
+DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+
+
+def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool) -> FlashFwdSm90:
+    """The kernel object for a resolved config (plain Python; nothing compiled yet)."""
+    if not cfg.is_resolved:
+        raise ValueError("make_fwd_kernel: pass a resolved AttnConfig (cfg.resolve('sm90', hdim, causal))")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: supported are {sorted(DTYPES)}")
+    return FlashFwdSm90(
+        DTYPES[dtype], hdim, hdim_v, causal, tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages,
+        rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
+        pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
+        producer_regs=cfg.producer_regs)
+
+
+def tvm_ffi_available() -> bool:
+    try:
+        import tvm_ffi  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None):
+    """cute.compile the kernel against symbolic-shape fake tensors; returns the compiled callable.
+
+    With TVM FFI (the GPU path) the result takes torch tensors directly; without it (CPU-only CI)
+    the compile still runs the whole DSL -> PTX -> cubin pipeline for the same device code.
+    """
+    if tvm_ffi is None:
+        tvm_ffi = tvm_ffi_available()
+    dt = kernel.dtype
+    b, sq, sk, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+
+    def fake(dtype, shape, align=16, div=8):
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in shape[:-1]) + (1,)
+        return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+    q = fake(dt, (b, sq, h, kernel.hdim))
+    k = fake(dt, (b, sk, h, kernel.hdim))
+    v = fake(dt, (b, sk, h, kernel.hdim_v))
+    o = fake(dt, (b, sq, h, kernel.hdim_v))
+    lse = fake(cutlass.Float32, (b, h, sq), align=4, div=1)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    options = "--enable-tvm-ffi" if tvm_ffi else ""
+    return cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream, options=options)

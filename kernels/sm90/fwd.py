@@ -1,0 +1,435 @@
+"""FlashAttention-4-style forward kernel for Hopper (sm_90a) in the CuTe DSL: ``FlashFwdSm90``.
+
+How the FA4 switches map onto Hopper (every one a compile-time constant of this class):
+a producer warp (warpgroup 0, register budget lowered with setmaxnreg) streams Q once and K/V blocks
+through a ``num_stages``-deep shared-memory ring with TMA on mbarriers (PipelineTmaAsync); two consumer
+warpgroups (registers raised with setmaxnreg) each own 64 rows of the 128-row Q tile and run QK^T as an
+SS wgmma and PV as an RS wgmma with P kept in registers, fp32 accumulators. ``pingpong`` orders the two
+warpgroups' GEMM issue with named barriers so one warpgroup's softmax (its MUFU work) runs under the
+other's GEMMs; off, they run unsynchronised. ``intra_wg_overlap`` issues QK^T(j+1) and PV(j) together and
+runs softmax(j+1) while PV(j) is in flight. ``rescale_threshold`` (tau) keeps a warp's stale row maxima
+until some row grows by more than tau (warp vote), skipping the O / row-sum rescale (the FA4 conditional
+rescale; Hopper has no correction warpgroup, so the saving is the FMULs and the dependency on the
+critical path). ``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
+MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). Causal: only the K blocks a tile needs are
+loaded, masking only on the diagonal blocks, and tiles are issued longest first (kernels/sm90/scheduler.py).
+O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
+LSE (natural log, fp32, (batch, heads, seqlen_q)) is stored by the threads owning column 0.
+"""
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Boolean, Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+from . import exp2 as exp2_mod
+from .layout import acc_as_a_operand, acc_rows_cols
+from .mask import apply_mask, n_block_range
+from .scheduler import tile_coords
+from .softmax import finalize, online_softmax_step, rescale_o
+
+LOG2_E = math.log2(math.e)
+
+# named barrier ids (0 is __syncthreads)
+BAR_EPILOGUE = 1
+BAR_SCHED_WG1 = 2  # + consumer warpgroup index (0, 1)
+
+
+class FlashFwdSm90:
+    """One compiled forward kernel per (dtype, head dims, causal, resolved AttnConfig)."""
+
+    num_consumer_wg = 2
+    threads_per_wg = 128
+
+    def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
+                 num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
+                 pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
+                 producer_regs: int = 24):
+        if dtype not in (cutlass.BFloat16, cutlass.Float16):
+            raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
+        if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
+            raise ValueError(f"head dims ({hdim}, {hdim_v}): supported (64,64), (128,128), (256,256), (192,128)")
+        if tile_m != 64 * self.num_consumer_wg:
+            raise ValueError(f"tile_m={tile_m}: the sm90 kernel uses 2 consumer warpgroups x 64 rows = 128")
+        if tile_n % 16 or not 16 <= tile_n <= 256:
+            raise ValueError(f"tile_n={tile_n}: must be a multiple of 16 in [16, 256]")
+        if not 1 <= num_stages <= 4:
+            raise ValueError(f"num_stages={num_stages}: must be in [1, 4]")
+        if producer_regs + 2 * consumer_regs > 512 or consumer_regs % 8 or producer_regs % 8:
+            raise ValueError(f"registers ({producer_regs}, {consumer_regs}): need multiples of 8 with "
+                             "producer + 2 * consumer <= 512 per thread (64K registers, 3 warpgroups)")
+        if dtype is cutlass.Float16 and rescale_threshold > 15.0:
+            raise ValueError(f"rescale_threshold={rescale_threshold}: with fp16 P can reach 2^tau, so tau must be <= 15")
+        self.dtype = dtype
+        self.hdim, self.hdim_v = hdim, hdim_v
+        self.causal = causal
+        self.tile_m, self.tile_n = tile_m, tile_n
+        self.num_stages = num_stages
+        self.tau = float(rescale_threshold)
+        self.pingpong = pingpong
+        self.intra_wg_overlap = intra_wg_overlap
+        self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
+        # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
+        self.n_frag = tile_n // 8
+        self.emu_frags = exp2_mod.emulated_fragments(self.n_frag, exp2_emu_fraction)
+        self.exp2_emu_fraction_compiled = len(self.emu_frags) / self.n_frag
+        self.poly = exp2_mod.POLY_COEFFS
+        self.num_threads = self.threads_per_wg * (1 + self.num_consumer_wg)
+        elem = dtype.width // 8
+        smem = elem * (tile_m * hdim + num_stages * tile_n * (hdim + hdim_v))
+        if smem > 227 * 1024 - 2048:
+            raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
+                             "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
+
+    # ---- host-side construction -------------------------------------------------------------
+    def _smem_layout(self, rows: int, cols: int, stages: int | None):
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols), self.dtype)
+        shape = (rows, cols) if stages is None else (rows, cols, stages)
+        return cute.tile_to_shape(atom, shape, order=(0, 1) if stages is None else (0, 1, 2))
+
+    def _tiled_mmas(self):
+        wg_layout = (self.num_consumer_wg, 1, 1)
+        mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            wg_layout, (64, self.tile_n))
+        mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            wg_layout, (64, self.hdim_v), warpgroup.OperandSource.RMEM)
+        return mma_qk, mma_pv
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale: Float32, hb_group: Int32, stream: cuda.CUstream):
+        """mQ (b, s_q, h, d), mK (b, s_k, h, d), mV (b, s_k, h, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32."""
+        # (b, s, h, d) -> (s, d, h, b); LSE (b, h, s) -> (s, h, b)
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                          for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        tiled_mma_qk, tiled_mma_pv = self._tiled_mmas()
+        sQ_layout = self._smem_layout(self.tile_m, self.hdim, None)
+        sK_layout = self._smem_layout(self.tile_n, self.hdim, self.num_stages)
+        sV_layout = self._smem_layout(self.tile_n, self.hdim_v, self.num_stages)
+        sO_layout = self._smem_layout(self.tile_m, self.hdim_v, None)
+
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mQ, sQ_layout, (self.tile_m, self.hdim))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim), 1)
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v), 1)
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v))
+        self.bytes_Q = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.bytes_K = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
+        self.bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
+
+        q_o_elems = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
+
+        @cute.struct
+        class SharedStorage:
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        seqlen_q = mQ.shape[0]
+        heads = mQ.shape[2]
+        batch = mQ.shape[3]
+        m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+        if const_expr(self.causal):
+            grid = (m_blocks * heads * batch, 1, 1)
+        else:
+            grid = (m_blocks, heads, batch)
+        scale_log2 = softmax_scale * Float32(LOG2_E)
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+            SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ---- device code ----------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
+               tma_atom_O: cute.CopyAtom, scale_log2: Float32, hb_group: Int32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_wg * 4)  # one arrive per warp
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=self.bytes_Q, defer_sync=True)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.bytes_K, defer_sync=True)
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.bytes_V, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
+        # V^T view (hdim_v, tile_n, stages) for the PV GEMM's B operand
+        sVt = cute.composition(sV, cute.make_ordered_layout((self.hdim_v, self.tile_n, self.num_stages), order=(1, 0, 2)))
+
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+        m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
+        n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                                                        self.causal)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
+                          m_block, head, bidx, n_block_max)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume(mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                         pipe_v, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q,
+                         seqlen_k, tidx - self.threads_per_wg)
+
+    @cute.jit
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
+             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32):
+        """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[0] -- the order the consumers use."""
+        gQ = cute.local_tile(mQ[None, None, head, bidx], (self.tile_m, self.hdim), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, head, bidx], (self.tile_n, self.hdim), (None, 0))
+        gV = cute.local_tile(mV[None, None, head, bidx], (self.tile_n, self.hdim_v), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+
+        n_block = n_block_max - 1
+        pipe_k.producer_acquire(state)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
+                  tma_bar_ptr=pipe_k.producer_get_barrier(state))
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        for i in cutlass.range(n_block_max - 1, unroll=1):
+            n_block = n_block_max - 1 - i
+            state_v = state.clone()
+            state.advance()
+            pipe_k.producer_acquire(state)
+            cute.copy(tma_atom_K, tKgK[None, n_block - 1], tKsK[None, state.index],
+                      tma_bar_ptr=pipe_k.producer_get_barrier(state))
+            pipe_v.producer_acquire(state_v)
+            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state_v.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(state_v))
+        pipe_v.producer_acquire(state)
+        cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
+        state.advance()
+        pipe_v.producer_tail(state)
+
+    # ---- consumer warpgroups --------------------------------------------------------------------
+    @cute.jit
+    def sched_sync(self, wg: Int32):
+        if const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=BAR_SCHED_WG1 + wg, number_of_threads=2 * self.threads_per_wg)
+
+    @cute.jit
+    def sched_arrive(self, wg: Int32):
+        if const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1 + (1 - wg), number_of_threads=2 * self.threads_per_wg)
+
+    @cute.jit
+    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
+             zero_init: cutlass.Constexpr[bool]):
+        """Issue one wgmma chain (all k-blocks) and commit it as one group; the caller waits."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def softmax_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
+                      n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, masked: cutlass.Constexpr[bool],
+                      is_first: cutlass.Constexpr[bool]) -> Boolean:
+        if const_expr(masked):
+            apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        return online_softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, self.tau, self.emu_frags,
+                                   self.poly, is_first)
+
+    @cute.jit
+    def to_p(self, acc_S, tOrP):
+        tOrP.store(acc_as_a_operand(acc_S).load().to(self.dtype))
+
+    @cute.jit
+    def maybe_rescale(self, acc_O, row_scale, do_rescale: Boolean):
+        if const_expr(self.tau == 0.0):
+            rescale_o(acc_O, row_scale)
+        else:
+            if do_rescale:
+                rescale_o(acc_O, row_scale)
+
+    @cute.jit
+    def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
+                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32):
+        wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        wg_mma_qk = tiled_mma_qk.get_slice(wg * self.threads_per_wg)
+        wg_mma_pv = tiled_mma_pv.get_slice(wg * self.threads_per_wg)
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
+        tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+
+        n_rows = cute.size(acc_rows_cols(acc_O), mode=[0])
+        row_max = cute.make_rmem_tensor(n_rows, Float32)
+        row_sum = cute.make_rmem_tensor(n_rows, Float32)
+        row_scale = cute.make_rmem_tensor(n_rows, Float32)
+        m_base = m_block * self.tile_m
+
+        if const_expr(self.pingpong):
+            if wg == 0:  # the first warpgroup starts with the GEMM token
+                cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_q.consumer_wait(q_state)
+
+        n_block = n_block_max - 1
+        if const_expr(self.intra_wg_overlap):
+            # first half: S(last) = Q K^T, softmax, P
+            pipe_k.consumer_wait(state)
+            self.sched_sync(wg)
+            acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+            self.sched_arrive(wg)
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(state)
+            self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
+            self.to_p(acc_S, tOrP)
+            acc_O.fill(0.0)
+            # steady state: issue S(j+1) and O += P(j) V(j) together; softmax(j+1) while PV(j) runs
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                n_block = n_block_max - 2 - i
+                state_v = state.clone()
+                state.advance()
+                pipe_k.consumer_wait(state)
+                self.sched_sync(wg)
+                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+                pipe_v.consumer_wait(state_v)
+                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
+                self.sched_arrive(wg)
+                warpgroup.wait_group(1)
+                pipe_k.consumer_release(state)
+                do_rescale = Boolean(True)
+                if const_expr(self.causal):
+                    if n_block >= n_block_min_masked:
+                        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
+                    else:
+                        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+                else:
+                    do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(state_v)
+                self.to_p(acc_S, tOrP)
+                self.maybe_rescale(acc_O, row_scale, do_rescale)
+            # last half: O += P(0) V(0)
+            pipe_v.consumer_wait(state)
+            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(state)
+            state.advance()
+        else:
+            acc_O.fill(0.0)
+            self.sched_sync(wg)
+            for i in cutlass.range(n_block_max, unroll=1):
+                n_block = n_block_max - 1 - i
+                pipe_k.consumer_wait(state)
+                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+                self.sched_arrive(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(state)
+                do_rescale = Boolean(True)
+                if i == 0:
+                    self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
+                else:
+                    if const_expr(self.causal):
+                        if n_block >= n_block_min_masked:
+                            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
+                        else:
+                            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+                    else:
+                        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+                    self.maybe_rescale(acc_O, row_scale, do_rescale)
+                self.to_p(acc_S, tOrP)
+                pipe_v.consumer_wait(state)
+                self.sched_sync(wg)
+                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(state)
+                state.advance()
+            self.sched_arrive(wg)
+
+        # ---- epilogue: normalise, LSE, O via shared memory and one TMA store ----
+        inv_sum = cute.make_rmem_tensor(n_rows, Float32)
+        lse = cute.make_rmem_tensor(n_rows, Float32)
+        finalize(row_max, row_sum, scale_log2, inv_sum, lse)
+        rescale_o(acc_O, inv_sum)
+        rO = cute.make_rmem_tensor(acc_O.shape, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+
+        # LSE: the lane owning column 0 of each row writes it
+        tOcO = acc_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))
+        if tOcO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(n_rows):
+                row = m_base + tOcO[r, 0][0]
+                if row < seqlen_q:
+                    mLSE[row, head, bidx] = lse[r]
+
+        # both warpgroups must be done reading sQ before O overwrites it
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
+        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_st = cute.make_tiled_copy_C(st_atom, tiled_mma_pv).get_slice(tidx)
+        cute.copy(st_atom, thr_st.retile(rO), thr_st.partition_D(sO))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
+        if tidx < 32:
+            gO = cute.local_tile(mO[None, None, head, bidx], (self.tile_m, self.hdim_v), (m_block, 0))
+            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        pipe_q.consumer_release(q_state)
+

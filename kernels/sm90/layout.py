@@ -1,0 +1,33 @@
+"""Register-layout views of Hopper wgmma accumulators used by the sm90 kernels.
+
+A wgmma m64nN fp32 accumulator fragment has layout ((2, 2, N/8), MMA_M, MMA_N): per thread, value pairs of
+adjacent columns (mode 0), two rows 8 apart (mode 1), N/8 column chunks of 8 (mode 2).
+  ``acc_rows_cols(t)`` -> the same registers viewed as ((2, MMA_M), (2, N/8, MMA_N)) = (rows, cols)
+  ``acc_as_a_operand(t)`` -> the registers viewed as the A operand of a following RS wgmma (16-bit)
+"""
+from __future__ import annotations
+
+import cutlass.cute as cute
+
+
+def _rows_cols_layout(acc_layout):
+    cm = cute.make_layout(acc_layout.shape)  # column-major over the fragment's logical shape
+    shape = ((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[0][2], cm.shape[2]))
+    stride = ((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[0][2], cm.stride[2]))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def acc_rows_cols(acc):
+    """View a wgmma accumulator (or its coordinate tensor) as (rows, cols) per thread."""
+    return cute.make_tensor(acc.iterator, _rows_cols_layout(acc.layout))
+
+
+def acc_as_a_operand(acc):
+    """((2, 2, N/8), M, N) -> ((2, 2, 2), M, (N/16, N)): the register A fragment of an RS wgmma (k16 atoms)."""
+    lay = acc.layout
+    l = cute.logical_divide(lay, ((None, None, 2), None, None))
+    frag = cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1], (l.stride[0][2][1], l.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, frag)

@@ -1,0 +1,45 @@
+"""Tile scheduling of the sm90 forward kernel: which (m_block, head, batch) a CTA computes.
+
+Non-causal: grid (m_blocks, heads, batch), one tile per CTA.
+Causal (longest-processing-time first): a 1-D grid whose blocks are issued in order of decreasing work --
+the Q tiles with the most K blocks (the last m_blocks) go first. Heads are taken in groups of ``hb_group``
+(head, batch) pairs whose K and V fit in a slice of L2, so the tiles running together share K/V in L2:
+within a group the order is m_block descending, then (head, batch).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+
+L2_BUDGET_BYTES = 32 * 1024 * 1024  # part of the H100/H200 50 MB L2 used for one group's K and V
+
+
+def lpt_group_size(heads: int, batch: int, seqlen_k: int, hdim: int, hdim_v: int, elem_bytes: int) -> int:
+    """(head, batch) pairs per L2 group: a power of two whose K+V fit in L2_BUDGET_BYTES (host side)."""
+    kv_bytes = max(1, seqlen_k * (hdim + hdim_v) * elem_bytes)
+    g = max(1, L2_BUDGET_BYTES // kv_bytes)
+    g = 1 << (g.bit_length() - 1)
+    return max(1, min(g, heads * batch))
+
+
+def grid_shape(m_blocks: int, heads: int, batch: int, causal: bool):
+    return (m_blocks * heads * batch, 1, 1) if causal else (m_blocks, heads, batch)
+
+
+@cute.jit
+def tile_coords(m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, causal: cutlass.Constexpr[bool]):
+    """(m_block, head, batch) of this CTA."""
+    bx, by, bz = cute.arch.block_idx()
+    m_block, head, bidx = bx, by, bz
+    if const_expr(causal):
+        num_hb = heads * batch
+        per_group = hb_group * m_blocks
+        group = bx // per_group
+        within = bx - group * per_group
+        g_size = cutlass.min(hb_group, num_hb - group * hb_group)
+        m_block = m_blocks - 1 - within // g_size
+        hb = group * hb_group + within % g_size
+        bidx = hb // heads
+        head = hb - bidx * heads
+    return m_block, head, bidx

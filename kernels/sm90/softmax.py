@@ -1,0 +1,132 @@
+"""Online softmax of the sm90 forward kernel, on one thread's rows of a wgmma S accumulator.
+
+Every statistic is kept per thread for its rows (a quad of 4 lanes shares a row; row maxima are
+quad-reduced each block, row sums only at the end). Scale is folded into the log2 domain:
+P = 2^(S * scale_log2 - m * scale_log2), one FFMA per element before the exponential.
+
+``rescale_threshold`` tau (log2 units, compile time): with tau > 0 a warp keeps its stale row maxima unless
+some row of the warp would grow by more than tau (a vote over the warp, so the branch is warp-uniform);
+only then are the maxima replaced and O / row sums rescaled. P is then bounded by 2^tau. tau == 0 compiles
+the classic always-rescale path (no vote). The final normalisation uses the row sums that match the kept
+maxima, so the output and LSE are exact either way.
+"""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, const_expr
+
+from .exp2 import exp2_mufu, exp2_poly
+from .layout import acc_rows_cols
+
+LN2 = math.log(2.0)
+
+
+@cute.jit
+def quad_allreduce_max(x: Float32) -> Float32:
+    x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+    return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+
+
+@cute.jit
+def quad_allreduce_sum(x: Float32) -> Float32:
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+    return x + cute.arch.shuffle_sync_bfly(x, offset=1)
+
+
+@cute.jit
+def online_softmax_step(
+    acc_S: cute.Tensor,
+    row_max: cute.Tensor,
+    row_sum: cute.Tensor,
+    row_scale: cute.Tensor,
+    scale_log2: Float32,
+    tau: cutlass.Constexpr[float],
+    emu_frags: cutlass.Constexpr[tuple],
+    poly: cutlass.Constexpr[tuple],
+    is_first: cutlass.Constexpr[bool],
+) -> Boolean:
+    """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
+
+    Returns whether O must be rescaled by row_scale (always True when tau == 0 or on the first block,
+    where O is still zero and nothing is rescaled).
+    """
+    s = acc_rows_cols(acc_S)
+    n_rows = cute.size(s, mode=[0])
+    n_cols = cute.size(s, mode=[1])
+    new_max = cute.make_rmem_tensor(row_max.layout, Float32)
+    for r in cutlass.range_constexpr(n_rows):
+        m = s[r, 0]
+        for c in cutlass.range_constexpr(1, n_cols):
+            m = cute.arch.fmax(m, s[r, c])
+        m = quad_allreduce_max(m)
+        if const_expr(not is_first):
+            m = cute.arch.fmax(m, row_max[r])
+        new_max[r] = m
+    do_rescale = Boolean(True)
+    if const_expr(is_first):
+        for r in cutlass.range_constexpr(n_rows):
+            row_max[r] = new_max[r]
+            row_scale[r] = Float32(1.0)
+    elif const_expr(tau == 0.0):
+        for r in cutlass.range_constexpr(n_rows):
+            m_old = row_max[r]
+            m_new = new_max[r]
+            m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new * scale_log2
+            row_scale[r] = exp2_mufu(m_old * scale_log2 - m_new_s)
+            row_max[r] = m_new
+    else:
+        grow = Boolean(False)
+        for r in cutlass.range_constexpr(n_rows):
+            grow = grow | ((new_max[r] - row_max[r]) * scale_log2 > Float32(tau))
+        do_rescale = cute.arch.vote_any_sync(grow)
+        if do_rescale:
+            for r in cutlass.range_constexpr(n_rows):
+                m_old = row_max[r]
+                m_new = new_max[r]
+                m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new * scale_log2
+                row_scale[r] = exp2_mufu(m_old * scale_log2 - m_new_s)
+                row_max[r] = m_new
+    n_frag = n_cols // 2
+    for r in cutlass.range_constexpr(n_rows):
+        m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
+        acc = Float32(0.0)
+        for c in cutlass.range_constexpr(n_cols):
+            x = s[r, c] * scale_log2 - m_s
+            if const_expr((c // 2) % n_frag in emu_frags):
+                s[r, c] = exp2_poly(x, poly)
+            else:
+                s[r, c] = exp2_mufu(x)
+            acc = acc + s[r, c]
+        if const_expr(is_first):
+            row_sum[r] = acc
+        else:
+            if const_expr(tau == 0.0):
+                row_sum[r] = row_sum[r] * row_scale[r] + acc
+            else:
+                if do_rescale:
+                    row_sum[r] = row_sum[r] * row_scale[r] + acc
+                else:
+                    row_sum[r] = row_sum[r] + acc
+    return do_rescale
+
+
+@cute.jit
+def rescale_o(acc_O: cute.Tensor, row_scale: cute.Tensor):
+    o = acc_rows_cols(acc_O)
+    for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+            o[r, c] = o[r, c] * row_scale[r]
+
+
+@cute.jit
+def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2: Float32, inv_sum: cute.Tensor, lse: cute.Tensor):
+    """inv_sum = 1 / (quad-reduced row sum) (0 for empty rows); lse = natural-log LSE (-inf for empty rows)."""
+    for r in cutlass.range_constexpr(cute.size(row_sum)):
+        total = quad_allreduce_sum(row_sum[r])
+        empty = (total == Float32(0.0)) | (total != total)
+        inv_sum[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
+        m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
+        lse[r] = -Float32.inf if empty else (m_s + cute.math.log2(total, fastmath=True)) * Float32(LN2)
