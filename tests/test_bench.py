@@ -1,0 +1,144 @@
+"""FLOP formulas (incl. bottom-right causal with seqlen_q != seqlen_k), timing statistics, the CPU timing
+path, interleaved A/B ratios, the peak table and metadata on a CPU machine."""
+import time
+
+import pytest
+import torch
+
+from experiments import bench
+from experiments.bench import attn_flops, compare_ab, quantile, summarize, time_fn, tflops, visible_pairs
+from experiments.metadata import STATE_KEYS, gpu_state, gpu_state_fields, static_metadata
+from experiments.peaks import PEAKS, peak_for, peak_tflops
+from experiments.shapes import Shape, paper_grid
+
+
+def brute_pairs(sq, sk, causal):
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    return int(((j <= i + sk - sq) if causal else torch.ones(sq, sk, dtype=torch.bool)).sum())
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (7, 7), (128, 128), (5, 17), (17, 5), (100, 1000), (1000, 100), (1, 9)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_visible_pairs_matches_the_mask(sq, sk, causal):
+    assert visible_pairs(sq, sk, causal) == brute_pairs(sq, sk, causal)
+
+
+def test_forward_flops_formula():
+    s = Shape(4, 2048, 2048, 16, 128)
+    assert attn_flops(s) == 4 * 4 * 16 * 2048 * 2048 * 128
+    c = s.replace(causal=True)  # exactly (s + 1) / 2 keys per row on average: "causal halves it"
+    assert attn_flops(c) == 4 * 4 * 16 * 2048 * (2048 + 1) / 2 * 128
+    r = Shape(1, 1000, 3000, 2, 64, causal=True)  # seqlen_q < seqlen_k: rows see 2001..3000 keys
+    assert attn_flops(r) == 4 * 2 * 1000 * ((2001 + 3000) / 2) * 64
+    m = Shape(1, 256, 256, 2, 192, 128)  # QK^T at 192, PV at 128
+    assert attn_flops(m) == 2 * 2 * 256 * 256 * (192 + 128)
+
+
+def test_backward_is_2p5x_forward():
+    s = Shape(2, 512, 512, 4, 64, causal=True)
+    assert attn_flops(s, "bwd") == 2.5 * attn_flops(s, "fwd")
+    assert attn_flops(s, "fwd_bwd") == 3.5 * attn_flops(s, "fwd")
+    with pytest.raises(ValueError, match="mode="):
+        attn_flops(s, "fwdd")
+
+
+def test_tflops():
+    assert tflops(2e12, 1000.0) == pytest.approx(2.0)
+    assert tflops(1e12, 0.5) == pytest.approx(2000.0)
+
+
+def test_paper_grid():
+    g = paper_grid()
+    assert len(g) == 4 * 6 * 2
+    for s in g:
+        assert s.batch * s.seqlen_q == 32768
+        assert s.heads == 2048 // s.hdim
+    assert {(s.hdim, s.hdim_v) for s in g} == {(64, 64), (128, 128), (256, 256), (192, 128)}
+
+
+def test_quantile_and_summary():
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert quantile(xs, 0.5) == 3.0 and quantile(xs, 0.0) == 1.0 and quantile(xs, 1.0) == 5.0
+    assert quantile(xs, 0.25) == 2.0
+    t = summarize(xs, 0.1, "perf_counter", False)
+    assert (t.median_ms, t.min_ms, t.max_ms, t.n, t.iqr_ms) == (3.0, 1.0, 5.0, 5, 2.0)
+    assert t.p20_ms == pytest.approx(1.8) and t.p80_ms == pytest.approx(4.2)
+    with pytest.raises(ValueError):
+        summarize([], 0.0, "perf_counter", False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU timing path")
+def test_cpu_timing_path():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.004)
+
+    t = time_fn(fn, device="cpu", warmup=2, repeats=6, flush_l2=True)
+    assert t.timer == "perf_counter" and t.flush_l2 is False  # no L2 to flush on the CPU path
+    assert t.n == 6 and len(calls) == 1 + 2 + 6
+    assert t.min_ms >= 4.0 and t.first_call_s >= 0.004
+    assert t.p20_ms <= t.median_ms <= t.p80_ms
+    d = t.to_dict()
+    assert "times_ms" not in d and len(t.to_dict(with_samples=True)["times_ms"]) == 6
+
+
+def test_max_time_budget_stops_early():
+    t = time_fn(lambda: time.sleep(0.01), device="cpu", warmup=0, repeats=1000, max_time_s=0.05)
+    assert 3 <= t.n < 50
+
+
+def test_bad_repeats():
+    with pytest.raises(ValueError, match="repeats"):
+        time_fn(lambda: None, repeats=0)
+
+
+def test_ab_interleaved_ratio():
+    r = compare_ab(lambda: time.sleep(0.008), lambda: time.sleep(0.002), device="cpu", warmup=1, repeats=8)
+    assert r.n_pairs == 8 and r.a.n == 8 and r.b.n == 8
+    assert r.ratio > 1.5  # A takes ~4x as long as B; loose for a loaded CI machine
+    assert r.ratio_min <= r.ratio_p20 <= r.ratio <= r.ratio_p80 <= r.ratio_max
+
+
+def test_l2_flusher_is_noop_on_cpu():
+    f = bench.L2Flusher("cpu")
+    assert f.buf is None and f.l2_bytes is None
+    f()
+
+
+def test_peak_table_has_sources_and_dense_rates():
+    assert set(PEAKS) == {"H100 SXM", "H200", "B200", "B300"}
+    for p in PEAKS.values():
+        assert p.source and len(p.source) > 40
+        assert 500 < p.bf16_tflops < 4000  # dense: sparse figures (1979, 4500) would be the doubled ones
+        assert p.hbm_tbps > 3
+    assert PEAKS["H200"].bf16_tflops == pytest.approx(989.4)
+    assert PEAKS["H100 SXM"].sm_count == 132
+
+
+def test_peak_lookup_by_device_name():
+    assert peak_for("NVIDIA H200").gpu == "H200"
+    assert peak_for("NVIDIA H100 80GB HBM3").gpu == "H100 SXM"
+    assert peak_for("NVIDIA H100 PCIe") is None
+    assert peak_for("NVIDIA B200").gpu == "B200"
+    assert peak_for(None) is None and peak_for("NVIDIA A100-SXM4-80GB") is None
+    assert peak_tflops("NVIDIA H200", "float16") == pytest.approx(989.4)
+
+
+def test_static_metadata_cached_and_complete():
+    a, b = static_metadata(), static_metadata()
+    assert a == b and a is not b
+    for key in ("gpu_name", "sm_count", "driver", "cuda", "torch", "cutlass_dsl", "flash_attn_4", "git_sha",
+                "git_dirty", "hostname", "python"):
+        assert key in a
+    assert a["torch"] == torch.__version__
+    assert a["git_sha"] is None or len(a["git_sha"]) == 40
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
+def test_gpu_state_is_none_without_gpu():
+    assert gpu_state() == dict.fromkeys(STATE_KEYS)
+    assert gpu_state_fields("before") == {f"{k}_before": None for k in STATE_KEYS}
+    assert static_metadata()["gpu_name"] is None
