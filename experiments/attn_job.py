@@ -8,7 +8,8 @@ A job::
 
 Rows (docs/INTERFACES.md): per mode a ``first_call_s`` row (compile + first call, wall seconds) and a
 ``time_ms`` row (value = median; p20/p80/iqr/min/max/n, flops, tflops, timer); with ``check`` the
-``err_<tensor>`` rows of experiments.check. An unavailable or unsupported backend gives one skip row with
+``err_<tensor>`` rows of experiments.check (or one ``check`` skip row when the reference's full score
+matrices would not fit in memory; the timing still runs). An unavailable or unsupported backend gives one skip row with
 the reason; an exception gives a fail row with its error_class and the first lines of its message. Rows
 that measured something carry the GPU's clocks/temperature/power before and after (None without a GPU).
 """
@@ -18,7 +19,7 @@ import torch
 
 from .backends import get_backend
 from .bench import attn_flops, tflops, time_fn
-from .check import check_backend
+from .check import check_backend, check_fits
 from .metadata import STATE_KEYS, gpu_state_fields
 from .shapes import Shape, make_inputs, randn
 
@@ -145,7 +146,10 @@ def run(job: dict) -> list[dict]:
         return rows.rows
 
     scale = job.get("softmax_scale")
-    if job.get("check"):
+    fits, why_not = check_fits(shape, device) if job.get("check") else (False, "")
+    if job.get("check") and not fits:
+        rows.add(mode_label, "check", None, status="skip", reason=f"check skipped: {why_not}")
+    elif job.get("check"):
         before = gpu_state_fields("before")
         try:
             res = check_backend(backend, shape, cfg, device=device, seed=job.get("seed"), modes=modes, scale=scale)

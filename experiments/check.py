@@ -108,6 +108,30 @@ def poison_allocator(nbytes: int, device) -> None:
     del buf
 
 
+class _NoTF32:
+    """fp32 matmuls at full fp32 precision while the reference is computed (TF32 would be ~1e-3 off)."""
+
+    def __enter__(self):
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def default_ref_dtype(device) -> torch.dtype:
+    """fp64 on CPU (cheap there), fp32 on a GPU (fp64 matmuls are slow and fp32 is what DESIGN.md asks)."""
+    return torch.float64 if torch.device(device).type == "cpu" else torch.float32
+
+
+def check_fits(shape: Shape, device) -> tuple[bool, str]:
+    """Whether the check's full score matrices (reference + same-dtype copies) fit in memory on ``device``."""
+    from .backends._memory import score_matrix_fits
+
+    return score_matrix_fits(shape, torch.finfo(default_ref_dtype(device)).bits // 8, str(device))
+
+
 def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, seed: int | None = None,
                   modes=("fwd", "bwd"), scale: float | None = None, ref_dtype: torch.dtype | None = None,
                   atol_ulps: float = ATOL_ULPS) -> CheckResult:
@@ -115,7 +139,7 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
     b = get_backend(backend) if isinstance(backend, str) else backend
     device = torch.device(device or b.default_device())
     if ref_dtype is None:
-        ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
+        ref_dtype = default_ref_dtype(device)
     if seed is None:  # fresh inputs, but record the seed so a failure can be replayed
         seed = int(torch.randint(0, 2**62, (1,)).item())
     res = CheckResult(backend=b.name, shape=shape.to_dict(), seed=seed, ref_dtype=str(ref_dtype).replace("torch.", ""))
@@ -131,7 +155,7 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
     qp, kp, vp = leaves(dt)
     from kernels.reference import attention_exact, attention_naive
 
-    with torch.enable_grad():
+    with torch.enable_grad(), _NoTF32():
         out_ref, lse_ref = attention_exact(qr, kr, vr, shape.causal, scale, dtype=ref_dtype, return_lse=True)
         out_pt, lse_pt = attention_naive(qp, kp, vp, shape.causal, scale, return_lse=True)
 
@@ -146,7 +170,8 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
 
     if want_bwd:
         dout = randn(out_ref.shape, dt, device, seed=seed + 1)
-        g_ref = torch.autograd.grad(out_ref, (qr, kr, vr), dout.to(ref_dtype))
+        with _NoTF32():
+            g_ref = torch.autograd.grad(out_ref, (qr, kr, vr), dout.to(ref_dtype))
         g_pt = torch.autograd.grad(out_pt, (qp, kp, vp), dout)
         poison_allocator(3 * q.numel() * q.element_size(), device)
         grads = b.backward(q, k, v, dout, shape.causal, scale, cfg)

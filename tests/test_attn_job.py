@@ -164,3 +164,13 @@ def test_bad_jobs_raise_clear_errors():
         run(job("reference", bench=dict(repeats=3, warmpu=1)))
     with pytest.raises(ValueError, match="kind="):
         run(job("reference", kind="numerics"))
+
+
+def test_check_skipped_when_reference_does_not_fit_but_timing_runs(fake, monkeypatch):
+    import experiments.attn_job as aj
+
+    monkeypatch.setattr(aj, "check_fits", lambda shape, device: (False, "score matrices need ~999 GiB"))
+    rows = run(job("reference", modes=["fwd"]))
+    by = {r["metric"]: r for r in rows}
+    assert by["check"]["status"] == "skip" and "999 GiB" in by["check"]["reason"]
+    assert by["time_ms"]["status"] == "ok"
