@@ -7,9 +7,10 @@ A job::
      optional "device", "softmax_scale", "seed"}
 
 Rows (docs/INTERFACES.md): per mode a ``first_call_s`` row (compile + first call, wall seconds) and a
-``time_ms`` row (value = median; p20/p80/iqr/min/max/n, flops, tflops, timer); with ``check`` the
-``err_<tensor>`` rows of experiments.check (or one ``check`` skip row when the reference's full score
-matrices would not fit in memory; the timing still runs). An unavailable or unsupported backend gives one skip row with
+``time_ms`` row (value = median; p20/p80/iqr/min/max/n, flops, tflops, peak_tflops, frac_of_peak, timer); with ``check`` the
+``err_<tensor>`` rows of experiments.check (or a ``check`` skip row when the reference's full score
+matrices would not fit in memory; the timing still runs). A mode the backend does not implement
+(NotImplementedError) is a skip row for that mode. An unavailable or unsupported backend gives one skip row with
 the reason; an exception gives a fail row with its error_class and the first lines of its message. Rows
 that measured something carry the GPU's clocks/temperature/power before and after (None without a GPU).
 """
@@ -147,45 +148,62 @@ def run(job: dict) -> list[dict]:
 
     scale = job.get("softmax_scale")
     fits, why_not = check_fits(shape, device) if job.get("check") else (False, "")
-    if job.get("check") and not fits:
-        rows.add(mode_label, "check", None, status="skip", reason=f"check skipped: {why_not}")
-    elif job.get("check"):
-        before = gpu_state_fields("before")
-        try:
-            res = check_backend(backend, shape, cfg, device=device, seed=job.get("seed"), modes=modes, scale=scale)
-        except Exception as e:  # noqa: BLE001 -- recorded as a row
-            if rows.fail(mode_label, e, state=before) == "cuda_fault":
-                return rows.rows
-        else:
+    peak = _peak(shape)
+    for mode in modes:
+        if job.get("check") and not fits:
+            rows.add(mode, "check", None, status="skip", reason=f"check skipped: {why_not}")
+        elif job.get("check"):
+            before = gpu_state_fields("before")
+            try:
+                res = check_backend(backend, shape, cfg, device=device, seed=job.get("seed"), modes=(mode,),
+                                    scale=scale)
+            except NotImplementedError as e:  # the backend lacks this mode: a skip, and nothing to time
+                rows.add(mode, None, None, status="skip", reason=error_message(e), state=before)
+                continue
+            except Exception as e:  # noqa: BLE001 -- recorded as a row
+                if rows.fail(mode, e, state=before) == "cuda_fault":
+                    return rows.rows
+                continue
             state = {**before, **gpu_state_fields("after")}
             for r in res.rows():
                 rows.add(r.pop("mode"), r.pop("metric"), r.pop("value"), r.pop("status"), r.pop("reason"),
                          r.pop("error_class"), state=state, check_seed=res.seed, **r)
-
-    if bench is None:
-        return rows.rows
-    for mode in modes:
+        if bench is None:
+            continue
         before = gpu_state_fields("before")
         try:
             fn = _timed_fn(backend, shape, cfg, mode, device, scale, job.get("seed"))
             t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
                         flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+        except NotImplementedError as e:
+            rows.add(mode, None, None, status="skip", reason=error_message(e), state=before)
+            continue
         except Exception as e:  # noqa: BLE001 -- recorded as a row
             if rows.fail(mode, e, state=before) == "cuda_fault":
                 return rows.rows
             continue
         state = {**before, **gpu_state_fields("after")}
         flops = attn_flops(shape, mode)
+        tf = tflops(flops, t.median_ms)
         rows.add(mode, "first_call_s", t.first_call_s, state=state, timer=t.timer)
         rows.add(mode, "time_ms", t.median_ms, state=state, p20=t.p20_ms, p80=t.p80_ms, iqr=t.iqr_ms, min=t.min_ms,
-                 max=t.max_ms, n=t.n, timer=t.timer, flush_l2=t.flush_l2, flops=flops,
-                 tflops=tflops(flops, t.median_ms))
+                 max=t.max_ms, n=t.n, timer=t.timer, flush_l2=t.flush_l2, flops=flops, tflops=tf,
+                 peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None)
         stats = getattr(backend, "last_stats", None)
         if mode == "fwd" and stats:
             for key, val in stats.items():
                 if isinstance(val, (int, float)) and not isinstance(val, bool):
                     rows.add(mode, f"model_{key}", val, state=state)
     return rows.rows
+
+
+def _peak(shape: Shape) -> float | None:
+    """Dense tensor-core peak (TFLOP/s) of this GPU at the shape's dtype, from the one peak table."""
+    if not torch.cuda.is_available():
+        return None
+    from .peaks import peak_tflops
+
+    return peak_tflops(torch.cuda.get_device_name(), shape.dtype)
 
 
 def _timed_fn(backend, shape: Shape, cfg, mode: str, device, scale, seed):

@@ -174,3 +174,24 @@ def test_check_skipped_when_reference_does_not_fit_but_timing_runs(fake, monkeyp
     by = {r["metric"]: r for r in rows}
     assert by["check"]["status"] == "skip" and "999 GiB" in by["check"]["reason"]
     assert by["time_ms"]["status"] == "ok"
+
+
+def test_missing_mode_is_a_skip_not_a_failure(fake):
+    class ForwardOnly(Backend):
+        cpu_capable = True
+
+        def forward(self, q, k, v, causal, scale, cfg=None):
+            return get_backend("reference").forward(q, k, v, causal, scale, cfg)
+
+        def backward_fn(self, *a, **kw):
+            raise NotImplementedError("backward kernel not built yet")
+
+        def backward(self, *a, **kw):
+            raise NotImplementedError("backward kernel not built yet")
+
+    name = fake("_fwd_only", ForwardOnly)
+    for check in (True, False):
+        rows = run(job(name, check=check))
+        bwd = [r for r in rows if r["mode"] == "bwd"]
+        assert len(bwd) == 1 and bwd[0]["status"] == "skip" and "not built yet" in bwd[0]["reason"]
+        assert {r["status"] for r in rows if r["mode"] == "fwd"} == {"ok"}

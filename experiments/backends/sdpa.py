@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import Backend, need_cuda
+from .base import Backend, cuda_arch, need_cuda
 
 _KINDS = ("cudnn", "flash", "efficient", "math")
 
@@ -38,6 +38,9 @@ class SdpaBackend(Backend):
         ok, why = need_cuda(self.name)
         if not ok:
             return ok, why
+        major, minor = cuda_arch()
+        if major < 8:
+            return False, f"{self.name}: sm{major}{minor} is not supported; SDPA's {self.kind} kernel needs sm80+"
         try:
             _sdp_backend(self.kind)
         except AttributeError:
