@@ -1,13 +1,115 @@
-"""Torch boundary of the CuTe DSL kernels: input checks, config resolution, compile cache, autograd."""
+"""Torch boundary of the CuTe DSL kernels: input checks, config resolution, compile cache, autograd.
+
+``attention(q, k, v, ...)`` validates the inputs (kernels.validate), resolves the AttnConfig for
+(sm90, head dim, causal), fetches or compiles the forward kernel through kernels.compile_cache (key: the
+whole resolved config + dtype, head dims, causal, arch), runs it, and wraps it in a torch.autograd.Function
+whose backward calls ``kernels.sm90.backward.attention_backward`` (imported lazily).
+"""
 from __future__ import annotations
 
-from .config import AttnConfig
-from .validate import check_qkv, check_scale
+import math
+
+import torch
+
+from .compile_cache import cache_key, get_or_compile
+from .config import AttnConfig, ConfigError
+from .validate import InputError, check_qkv, check_scale
+
+ARCH = "sm90"
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _check_arch(device: torch.device) -> None:
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        raise InputError(f"device: compute capability {major}.{minor} is not supported; the kernels need sm_90a (Hopper)")
+
+
+def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
+    if config is not None and not isinstance(config, AttnConfig):
+        raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
+    return (config or AttnConfig()).resolve(ARCH, hdim, causal)
+
+
+def fwd_kernel_key(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool) -> tuple:
+    return cache_key("fwd", cfg, dtype, hdim, hdim_v, causal, ARCH)
+
+
+def get_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, tvm_ffi: bool | None = None):
+    """(kernel object, compiled callable) for a resolved config, compiled once per cache key."""
+    from .sm90.compile import compile_fwd, make_fwd_kernel
+
+    key = fwd_kernel_key(cfg, dtype, hdim, hdim_v, causal) + (("tvm_ffi", tvm_ffi),)
+
+    def build():
+        try:
+            kern = make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal)
+        except ValueError as e:  # unsupported knob combination: a config error, one line
+            raise ConfigError(str(e)) from None
+        return kern, compile_fwd(kern, tvm_ffi=tvm_ffi)
+
+    return get_or_compile(key, build)
+
+
+def compiled_exp2_fraction(config: AttnConfig | None, hdim: int, causal: bool) -> float:
+    """The exp2_emu_fraction the forward kernel actually compiles for this config (whole fragments)."""
+    from .sm90.exp2 import compiled_fraction
+
+    cfg = resolve_config(config, hdim, causal)
+    return compiled_fraction(cfg.tile_n // 8, cfg.exp2_emu_fraction)
+
+
+def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConfig, out=None, lse=None):
+    """Run the forward kernel on validated CUDA tensors; returns (out, lse).
+
+    ``out`` / ``lse`` may be preallocated (contiguous (b, s_q, h, dv) at q's dtype / (b, h, s_q) fp32), e.g.
+    NaN-poisoned by a test to prove every element is written.
+    """
+    from .sm90.scheduler import lpt_group_size
+
+    b, s_q, h, d = q.shape
+    s_k, d_v = k.shape[1], v.shape[3]
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+    _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal)
+    if out is None:
+        out = torch.empty((b, s_q, h, d_v), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
+    if out.shape != (b, s_q, h, d_v) or out.dtype != q.dtype or not out.is_contiguous():
+        raise InputError(f"out: expected a contiguous {(b, s_q, h, d_v)} {q.dtype} tensor, got {tuple(out.shape)} {out.dtype}")
+    if lse.shape != (b, h, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
+    hb_group = lpt_group_size(h, b, s_k, d, d_v, q.element_size()) if causal else 1
+    with torch.cuda.device(q.device):
+        compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group))
+    return out, lse
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, cfg):
+        out, lse = attention_forward(q, k, v, causal, softmax_scale, cfg)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.softmax_scale, ctx.cfg = causal, softmax_scale, cfg
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from .sm90.backward import attention_backward  # written separately; imported only when needed
+
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, out, dout.contiguous(), lse, ctx.causal, ctx.softmax_scale, ctx.cfg)
+        return dq, dk, dv, None, None, None
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
     check_qkv(q, k, v, need_cuda=True)
     check_scale(softmax_scale)
-    if config is not None and not isinstance(config, AttnConfig):
-        raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
-    raise NotImplementedError("kernels.attention: the sm90 forward kernel is not built yet")
+    if not isinstance(causal, bool):
+        raise InputError(f"causal={causal!r}: must be a bool")
+    _check_arch(q.device)
+    cfg = resolve_config(config, q.shape[3], causal)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
+    out, lse = _FlashAttnFunc.apply(q, k, v, causal, scale, cfg)
+    return (out, lse) if return_lse else out

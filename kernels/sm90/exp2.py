@@ -2,15 +2,16 @@
 
 Stable API (the backward kernel imports these names; keep them):
   ``exp2_mufu(x)``          -> 2**x on the MUFU pipe (ex2.approx.ftz.f32)
-  ``exp2_poly(x, coeffs)``  -> 2**x on the FMA/ALU pipes only, ``coeffs`` = (p0, p1, p2, p3) of 2**f, f in [0, 1)
+  ``exp2_poly(x, coeffs)``  -> 2**x on the FMA/ALU pipes only, ``coeffs`` = (1, p1, p2, p3) of 2**f, f in [-0.5, 0.5]
   ``emulated_fragments(n_frag, fraction)`` -> static tuple of fragment indices that use ``exp2_poly``
   ``POLY_COEFFS``           -> the degree-3 coefficients used by default (from kernels.exp2_model when present)
 
-``exp2_poly`` is Cody-Waite range reduction written so that nothing lands on the MUFU pipe: the floor of x is
-taken with the 1.5*2^23 magic add in round-toward-minus-infinity mode (FADD.RM, no F2I / FRND), the fraction
-f = x - floor(x) goes through a Horner FFMA chain, and 2^n is added straight into the exponent bits
-(integer shift + add of the magic sum's bits). Inputs are clamped to >= -127, so exp2_poly(-inf) == 0 exactly
-(p0 == 1 gives the bit pattern 0x3F800000 - 127 << 23 == 0).
+``exp2_poly`` is Cody-Waite range reduction written so that nothing lands on the MUFU pipe, bit-for-bit the
+scheme of kernels/exp2_model.py (the oracle): x is rounded to the nearest integer n with the 1.5*2^23 magic
+add (FADD, no F2I / FRND), f = x - n in [-0.5, 0.5] goes through a Horner FFMA chain with
+EXP2_POLY_COEFFS[3], and 2^n is added straight into the exponent bits (shift + integer add of the magic sum's
+bits). Inputs are clamped to >= -127, so exp2_poly(-inf) == 0 exactly (p0 == 1: 0x3F800000 - (127 << 23) == 0).
+The model's upper clamp (128) is not emitted: softmax arguments are <= tau <= 64.
 """
 from __future__ import annotations
 
@@ -22,13 +23,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 _MAGIC = 12582912.0  # 1.5 * 2**23: adding it leaves round(x) in the low mantissa bits
 
-try:  # helper-3's numeric model is the oracle; use its coefficients when it is present
-    from kernels.exp2_model import EXP2_POLY_COEFFS as _MODEL_COEFFS  # type: ignore
+from ..exp2_model import EXP2_POLY_COEFFS, MAGIC_ROUND
 
-    POLY_COEFFS = tuple(float(c) for c in _MODEL_COEFFS[3])
-except Exception:  # pragma: no cover - model not landed yet
-    # minimax fit of 2**f on [0, 1), p0 pinned to 1 (so exp2_poly(-127) == 0 exactly)
-    POLY_COEFFS = (1.0, 0.6951461434364319, 0.22756439447402954, 0.07711908966302872)
+POLY_COEFFS = tuple(float(c) for c in EXP2_POLY_COEFFS[3])  # the model's coefficients, f in [-0.5, 0.5]
+assert POLY_COEFFS[0] == 1.0 and MAGIC_ROUND == _MAGIC
 
 
 def _f32_hex(v: float) -> str:
@@ -50,7 +48,7 @@ def exp2_mufu(x: Float32, *, loc=None, ip=None) -> Float32:
 
 @dsl_user_op
 def exp2_poly(x: Float32, coeffs: tuple = POLY_COEFFS, *, loc=None, ip=None) -> Float32:
-    """2**x on the FMA pipe: FMNMX, FADD.RM magic floor, 2 FADD, 3 FFMA (Horner), SHL + IADD into the exponent."""
+    """2**x on the FMA pipe: FMNMX, magic-add round (FADD), 2 FADD, 3 FFMA (Horner), SHL + IADD into the exponent."""
     p0, p1, p2, p3 = (_f32_hex(c) for c in coeffs)
     magic = _f32_hex(_MAGIC)
     asm = (
@@ -58,9 +56,9 @@ def exp2_poly(x: Float32, coeffs: tuple = POLY_COEFFS, *, loc=None, ip=None) -> 
         ".reg .f32 xc, t, n, f, p;\n\t"
         ".reg .b32 ti, pi, e;\n\t"
         f"max.f32 xc, $1, 0fC2FE0000;\n\t"          # clamp at -127
-        f"add.rm.f32 t, xc, {magic};\n\t"          # t = 1.5*2^23 + floor(xc)
-        f"sub.f32 n, t, {magic};\n\t"              # n = floor(xc) as float
-        "sub.f32 f, xc, n;\n\t"                     # f in [0, 1)
+        f"add.rn.f32 t, xc, {magic};\n\t"          # t = 1.5*2^23 + rint(xc)
+        f"sub.rn.f32 n, t, {magic};\n\t"           # n = rint(xc) as float
+        "sub.rn.f32 f, xc, n;\n\t"                  # f in [-0.5, 0.5]
         f"fma.rn.f32 p, f, {p3}, {p2};\n\t"
         f"fma.rn.f32 p, p, f, {p1};\n\t"
         f"fma.rn.f32 p, p, f, {p0};\n\t"
