@@ -167,7 +167,10 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
                 valid = valid & _causal_mask(sq, sk, r0, r1, c0, c1, q.device)
             s2 = s2.masked_fill(~valid, float("-inf"))
             bm = s2.amax(dim=-1)
-            need = bm > m + tau  # -inf > -inf is False: an all-masked block never asks for a rescale
+            if tau > 0:
+                need = bm > m + tau  # -inf > -inf is False: an all-masked block never asks for a rescale
+            else:  # tau = 0: FA2/FA3 behaviour, rescale on every block (the factor is 1 where the max did not move)
+                need = torch.ones_like(bm, dtype=torch.bool)
             pad = ngroups * group - rows
             need_g = torch.nn.functional.pad(need, (0, pad)).view(b, h, ngroups, group).any(dim=-1)
             counted = visited_g & ~first
