@@ -7,9 +7,11 @@ A job::
      optional "device", "softmax_scale", "seed"}
 
 Rows (docs/INTERFACES.md): per mode a ``first_call_s`` row (compile + first call, wall seconds) and a
-``time_ms`` row (value = median; p20/p80/iqr/min/max/n, flops, tflops, peak_tflops, frac_of_peak, timer); with ``check`` the
-``err_<tensor>`` rows of experiments.check (or a ``check`` skip row when the reference's full score
-matrices would not fit in memory; the timing still runs). A mode the backend does not implement
+``time_ms`` row (value = median; p20/p80/iqr/min/max/n, flops, tflops, peak_tflops, frac_of_peak, timer);
+with ``check`` the
+``err_<tensor>`` rows of experiments.check, run on the job's shape with batch (then heads) halved until the
+reference's full score matrices fit in memory (check_batch / check_heads say what was checked; a ``check``
+skip row when not even one slice fits; the timing always uses the full shape). A mode the backend does not implement
 (NotImplementedError) is a skip row for that mode. An unavailable or unsupported backend gives one skip row with
 the reason; an exception gives a fail row with its error_class and the first lines of its message. Rows
 that measured something carry the GPU's clocks/temperature/power before and after (None without a GPU).
@@ -20,7 +22,7 @@ import torch
 
 from .backends import get_backend
 from .bench import attn_flops, tflops, time_fn
-from .check import check_backend, check_fits
+from .check import check_backend, check_fits, fit_check_shape
 from .metadata import STATE_KEYS, gpu_state_fields
 from .shapes import Shape, make_inputs, randn
 
@@ -54,10 +56,11 @@ def classify_error(exc: BaseException) -> str:
         return "error"
     text = " ".join(f"{type(e).__module__}.{type(e).__name__}: {e}" for e in chain).lower()
     accel = getattr(torch, "AcceleratorError", None)
-    if (accel is not None and any(isinstance(e, accel) for e in chain)) or any(
-            "cudaruntimeerror" in type(e).__name__.lower() for e in chain) or any(m in text for m in CUDA_FAULT_MARKERS):
+    if accel is not None and any(isinstance(e, accel) for e in chain):
         return "cuda_fault"
-    from_dsl = any(type(e).__module__.split(".")[0] in ("cutlass", "_mlir", "mlir", "cuda") or
+    if any("cudaruntimeerror" in type(e).__name__.lower() for e in chain) or any(m in text for m in CUDA_FAULT_MARKERS):
+        return "cuda_fault"
+    from_dsl = any(type(e).__module__.split(".")[0] in ("cutlass", "_mlir", "mlir") or
                    type(e).__name__.startswith("DSL") for e in chain)
     if from_dsl or any(m in text for m in COMPILE_MARKERS):
         return "compile_error"
@@ -147,15 +150,16 @@ def run(job: dict) -> list[dict]:
         return rows.rows
 
     scale = job.get("softmax_scale")
-    fits, why_not = check_fits(shape, device) if job.get("check") else (False, "")
+    check_shape = fit_check_shape(shape, device) if job.get("check") else None
     peak = _peak(shape)
     for mode in modes:
-        if job.get("check") and not fits:
-            rows.add(mode, "check", None, status="skip", reason=f"check skipped: {why_not}")
+        if job.get("check") and check_shape is None:
+            why = check_fits(shape.replace(batch=1, heads=1), device)[1]
+            rows.add(mode, "check", None, status="skip", reason=f"check skipped: one (batch, head) slice: {why}")
         elif job.get("check"):
             before = gpu_state_fields("before")
             try:
-                res = check_backend(backend, shape, cfg, device=device, seed=job.get("seed"), modes=(mode,),
+                res = check_backend(backend, check_shape, cfg, device=device, seed=job.get("seed"), modes=(mode,),
                                     scale=scale)
             except NotImplementedError as e:  # the backend lacks this mode: a skip, and nothing to time
                 rows.add(mode, None, None, status="skip", reason=error_message(e), state=before)
@@ -167,7 +171,8 @@ def run(job: dict) -> list[dict]:
             state = {**before, **gpu_state_fields("after")}
             for r in res.rows():
                 rows.add(r.pop("mode"), r.pop("metric"), r.pop("value"), r.pop("status"), r.pop("reason"),
-                         r.pop("error_class"), state=state, check_seed=res.seed, **r)
+                         r.pop("error_class"), state=state, check_seed=res.seed, check_batch=check_shape.batch,
+                         check_heads=check_shape.heads, **r)
         if bench is None:
             continue
         before = gpu_state_fields("before")

@@ -1,12 +1,13 @@
 """Correctness check of a backend (DESIGN.md convention 5).
 
-Against kernels.reference.attention_exact at fp64 (CPU) or fp32 (GPU) on the same inputs, a tensor passes when
-``max|x - ref| <= 2 * max|x_pt - ref| + atol``, where ``x_pt`` is plain PyTorch math at the input dtype (kernels.reference.attention_naive)
-(the error any honest bf16/fp16 implementation is allowed) and ``atol`` a rounding floor of
-``atol_ulps`` units of the input dtype at the tensor's largest magnitude. Checked: out, lse (when the backend
-returns it) and dq, dk, dv (backward with a fresh random dO). Inputs are fresh random every call; output
-buffers are poisoned with NaN first (the backend's own out= buffers when it takes them, else the allocator's
-free memory), and any NaN in a result fails.
+Against kernels.reference.attention_exact at fp64 (CPU) or fp32 (GPU) on the same inputs, a tensor passes
+when ``max|x - ref| <= 2 * max|x_pt - ref| + atol``, where ``x_pt`` is plain PyTorch math at the input dtype
+(kernels.reference.attention_naive: the error any honest bf16/fp16 implementation is allowed) and ``atol``
+a rounding floor of ``atol_ulps`` units of the input dtype at the tensor's largest magnitude. Checked: out,
+lse (when the backend returns it) and dq, dk, dv (backward with a fresh random dO). Inputs are fresh random
+every call. No backend here takes out= buffers, so before each backend call the CUDA caching allocator's
+free memory is filled with NaN (an output the backend leaves partly unwritten then shows NaN, not zeros),
+and any NaN in a result fails.
 """
 from __future__ import annotations
 
@@ -130,6 +131,21 @@ def check_fits(shape: Shape, device) -> tuple[bool, str]:
     from .backends._memory import score_matrix_fits
 
     return score_matrix_fits(shape, torch.finfo(default_ref_dtype(device)).bits // 8, str(device))
+
+
+def fit_check_shape(shape: Shape, device) -> Shape | None:
+    """``shape`` with batch, then heads, halved until the check's score matrices fit (every (batch, head)
+    slice is an independent problem, so the full sequence lengths are still checked); None if even one
+    slice does not fit."""
+    s = shape
+    while not check_fits(s, device)[0]:
+        if s.batch > 1:
+            s = s.replace(batch=s.batch // 2)
+        elif s.heads > 1:
+            s = s.replace(heads=s.heads // 2)
+        else:
+            return None
+    return s
 
 
 def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, seed: int | None = None,

@@ -169,11 +169,29 @@ def test_bad_jobs_raise_clear_errors():
 def test_check_skipped_when_reference_does_not_fit_but_timing_runs(fake, monkeypatch):
     import experiments.attn_job as aj
 
+    monkeypatch.setattr(aj, "fit_check_shape", lambda shape, device: None)
     monkeypatch.setattr(aj, "check_fits", lambda shape, device: (False, "score matrices need ~999 GiB"))
     rows = run(job("reference", modes=["fwd"]))
     by = {r["metric"]: r for r in rows}
     assert by["check"]["status"] == "skip" and "999 GiB" in by["check"]["reason"]
     assert by["time_ms"]["status"] == "ok"
+
+
+def test_check_shape_shrinks_batch_then_heads(monkeypatch):
+    import experiments.check as ck
+    from experiments.shapes import Shape
+
+    budget = 3  # (batch * heads) slices that "fit"
+    monkeypatch.setattr(ck, "check_fits", lambda s, d: (s.batch * s.heads <= budget, "too big"))
+    s = ck.fit_check_shape(Shape(8, 64, 64, 4, 64), "cpu")
+    assert (s.batch, s.heads, s.seqlen_q) == (1, 2, 64)
+    budget = 0
+    assert ck.fit_check_shape(Shape(8, 64, 64, 4, 64), "cpu") is None
+
+
+def test_check_rows_record_the_checked_slice():
+    rows = run(job("reference", modes=["fwd"], bench=None))
+    assert {(r["check_batch"], r["check_heads"]) for r in rows} == {(1, 2)}
 
 
 def test_missing_mode_is_a_skip_not_a_failure(fake):
