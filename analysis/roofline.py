@@ -238,7 +238,7 @@ def load_calibration(paths=None) -> dict:
                 r = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if r.get("status", "ok") != "ok" or r.get("value") is None or r.get("fraction") not in (None, 0, 0.0):
+            if r.get("status", "ok") != "ok" or r.get("value") is None:
                 continue
             out[r.get("metric")] = (float(r["value"]), r.get("method", ""), r.get("gpu_name", ""))
     return out
@@ -300,12 +300,18 @@ def count_tiles(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: 
     return total
 
 
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """(query, key) pairs attended; causal aligned bottom-right (query i sees keys j <= i + sk - sq)."""
+    if not causal:
+        return seqlen_q * seqlen_k
+    lo = max(seqlen_k - seqlen_q, 0)
+    return (seqlen_k * (seqlen_k + 1) - lo * (lo + 1)) // 2
+
+
 def attention_flops(batch, heads, seqlen_q, seqlen_k, hdim, hdim_v, causal, mode="fwd") -> float:
-    """FLOPs by the harness convention: forward 2*b*h*sq*sk*(d + dv) (= 4*b*h*sq*sk*d), causal halves it,
-    backward 2.5x forward."""
-    f = 2.0 * batch * heads * seqlen_q * seqlen_k * (hdim + hdim_v)
-    if causal:
-        f /= 2
+    """FLOPs by the harness convention (experiments/bench.py): forward 2*b*h*pairs*(d + dv)
+    (= 4*b*h*s_q*avg_s_k*d when dv = d), backward 2.5x forward."""
+    f = 2.0 * batch * heads * visible_pairs(seqlen_q, seqlen_k, causal) * (hdim + hdim_v)
     return f * (2.5 if mode == "bwd" else 1.0)
 
 

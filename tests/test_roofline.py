@@ -120,7 +120,7 @@ def test_calibration_from_microbench_rows(tmp_path):
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     calib = rl.load_calibration([path])
-    assert set(calib) == {"mufu_ex2_per_clk_sm", "poly_exp2_per_clk_sm"}
+    assert set(calib) == {"mufu_ex2_per_clk_sm", "poly_exp2_per_clk_sm", "mix_exp2_per_clk_sm"}  # no failed row
     p = rl.predict("h200", 128, False, {"exp2_emu_fraction": 0.0}, None, calib=calib)
     assert p.values_used["mufu_ex2_per_clk"].startswith("measured")
     assert p.values_used["smem_bytes_per_clk"] == "datasheet"
@@ -151,3 +151,73 @@ def test_main_prints_table(capsys):
         r["gpu"] == "B200" for r in rows if r["variant"] == "2cta")
     with pytest.raises(SystemExit):
         rl.main(["--variant", "nope"])
+
+
+# ---- the calibration microbenchmarks (experiments/microbench): CPU-side checks -------------------------
+def test_microbench_skips_cleanly_without_cuda(tmp_path, capsys):
+    import torch
+
+    from experiments.microbench.__main__ import main as mb_main
+
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA: the skip path is for CPU machines")
+    out = tmp_path / "rows.jsonl"
+    assert mb_main(["--out", str(out)]) == 0
+    assert "skipped" in capsys.readouterr().out and not out.exists()
+
+
+@pytest.mark.compile
+def test_microbench_exp2_variants_stay_off_mufu_when_emulated():
+    pytest.importorskip("triton")
+    from experiments.microbench import exp2_triton as e
+
+    mufu = e.sass_counts(e.compile_for(0))
+    poly = e.sass_counts(e.compile_for(8))
+    half = e.sass_counts(e.compile_for(4))
+    for c in (mufu, poly, half):
+        assert c["F2I"] == 0 and c["FRND"] == 0, c
+    assert mufu["MUFU"] > 0 and poly["MUFU"] == 0 and 0 < half["MUFU"] < mufu["MUFU"]
+    if poly["source"] == "sass":
+        assert poly["FFMA"] >= 3 * 16  # 3 Horner FFMA per exp, 16 chains per thread
+
+
+@pytest.mark.compile
+def test_microbench_gemm_uses_wgmma():
+    pytest.importorskip("triton")
+    from experiments.microbench import exp2_triton as e
+    from experiments.microbench import gemm_bench as g
+
+    c = g.compile_for(90)
+    try:
+        sass = c.asm["sass"]
+    except Exception:
+        sass = e._disassemble(c.asm["cubin"])
+    if not sass:
+        pytest.skip("no SASS disassembler here")
+    assert "HGMMA" in e._opcodes(sass)
+
+
+@pytest.mark.compile
+def test_microbench_smem_kernel_compiles_to_vector_loads(tmp_path):
+    pytest.importorskip("cutlass")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from experiments.microbench import exp2_triton as e
+    from experiments.microbench import smem_cute as s
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_ARCH="sm_90a",
+               PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", "from experiments.microbench import smem_cute as s; s.compile_for()"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cubins = list(tmp_path.rglob("*.cubin"))
+    assert cubins, "CuTe DSL kept no cubin"
+    sass = e._disassemble(cubins[0].read_bytes())
+    if not sass:
+        pytest.skip("no SASS disassembler here")
+    ops = e._opcodes(sass)
+    assert ops.count("LDS") >= s.UNROLL  # one 16-byte load per unrolled step inside the loop
