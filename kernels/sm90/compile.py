@@ -36,11 +36,12 @@ def tvm_ffi_available() -> bool:
     return True
 
 
-def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None):
+def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str | None = None):
     """cute.compile the kernel against symbolic-shape fake tensors; returns the compiled callable.
 
     With TVM FFI (the GPU path) the result takes torch tensors directly; without it (CPU-only CI)
     the compile still runs the whole DSL -> PTX -> cubin pipeline for the same device code.
+    ``dump_dir``: keep the PTX and cubin there (use one directory per configuration).
     """
     if tvm_ffi is None:
         tvm_ffi = tvm_ffi_available()
@@ -58,4 +59,9 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None):
     lse = fake(cutlass.Float32, (b, h, sq), align=4, div=1)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     options = "--enable-tvm-ffi" if tvm_ffi else ""
+    if dump_dir is not None:
+        import os
+
+        os.makedirs(dump_dir, exist_ok=True)
+        options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
     return cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream, options=options)

@@ -22,6 +22,7 @@ import math
 
 import cuda.bindings.driver as cuda
 import cutlass
+import cutlass.memory
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -171,7 +172,7 @@ class FlashFwdSm90:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_wg * 4)  # one arrive per warp

@@ -29,7 +29,7 @@ def apply_mask(acc_S: cute.Tensor, tScS: cute.Tensor, m_base: Int32, n_base: Int
         if const_expr(causal):
             row = m_base + c[r, 0][0]
             col_limit = cutlass.min(col_limit_seq, row + 1 + seqlen_k - seqlen_q - n_base)
-        for j in cutlass.range_constexpr(cute.size(s, mode=[1])):
+        for j in cutlass.range(cute.size(s, mode=[1]), unroll_full=True):
             s[r, j] = -Float32.inf if c[0, j][1] >= col_limit else s[r, j]
 
 

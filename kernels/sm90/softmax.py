@@ -59,7 +59,7 @@ def online_softmax_step(
     new_max = cute.make_rmem_tensor(row_max.layout, Float32)
     for r in cutlass.range_constexpr(n_rows):
         m = s[r, 0]
-        for c in cutlass.range_constexpr(1, n_cols):
+        for c in cutlass.range(1, n_cols, unroll_full=True):
             m = cute.arch.fmax(m, s[r, c])
         m = quad_allreduce_max(m)
         if const_expr(not is_first):
@@ -117,7 +117,7 @@ def online_softmax_step(
 def rescale_o(acc_O: cute.Tensor, row_scale: cute.Tensor):
     o = acc_rows_cols(acc_O)
     for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-        for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+        for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
             o[r, c] = o[r, c] * row_scale[r]
 
 

@@ -1,0 +1,60 @@
+"""SASS of a compiled sm90 kernel: disassemble its cubin (nvdisasm) and count opcodes.
+
+Used by the SASS structure tests and to explain measurements with the instruction mix
+(HGMMA, MUFU.EX2 vs FFMA, spills as LDL/STL, F2I/FRND on the MUFU pipe, VOTE for the tau decision).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+
+
+def find_nvdisasm() -> str | None:
+    exe = shutil.which("nvdisasm")
+    if exe:
+        return exe
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            hits = glob.glob(os.path.join(root, "**", "bin", "nvdisasm"), recursive=True)
+            if hits:
+                return hits[0]
+    except ImportError:
+        pass
+    return None
+
+
+def disassemble(cubin_path: str) -> str:
+    exe = find_nvdisasm()
+    if exe is None:
+        raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    return subprocess.run([exe, "-c", cubin_path], check=True, capture_output=True, text=True).stdout
+
+
+_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
+
+
+def opcode_counts(sass: str) -> Counter:
+    """Counter of full opcodes (with modifiers, e.g. 'MUFU.EX2', 'HGMMA.64x128x16.F32.BF16')."""
+    return Counter(m.group(1) for m in _INSN.finditer(sass))
+
+
+def count(counts: Counter, prefix: str) -> int:
+    """Instructions whose opcode is ``prefix`` or starts with ``prefix.``."""
+    return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
+
+
+def fwd_sass(cfg, dtype: str, hdim: int, hdim_v: int, causal: bool, workdir: str) -> str:
+    """Compile the forward kernel for a resolved config into ``workdir`` and return its SASS text."""
+    from .compile import compile_fwd, make_fwd_kernel
+
+    compile_fwd(make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal), tvm_ffi=False, dump_dir=workdir)
+    cubins = sorted(glob.glob(os.path.join(workdir, "*.cubin")))
+    if len(cubins) != 1:
+        raise RuntimeError(f"expected one cubin in {workdir}, found {len(cubins)}")
+    return disassemble(cubins[0])
