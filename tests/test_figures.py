@@ -1,0 +1,153 @@
+"""Figure functions render from a small synthetic DataFrame (a test of the plotting code, not a result),
+say "no rows for X yet" without data, and compute speedups / tables correctly."""
+import itertools
+
+import pandas as pd
+import pytest
+
+from analysis import figures as F
+
+GPU = "NVIDIA H200"
+SEQLENS = (1024, 4096, 8192)
+
+
+def _attn(backend, variant, mode, hdim, hdim_v, causal, seqlen, tflops, config=None, **extra):
+    batch, heads = 32768 // seqlen, 2048 // hdim
+    ms = 1.0e3 / tflops  # any monotone map: the plots use tflops, the speedups use times
+    return dict(kind="attn", experiment="x", backend=backend, variant=variant, mode=mode, metric="time_ms",
+                value=ms, p20=ms * 0.98, p80=ms * 1.02, tflops=tflops, status="ok", gpu_name=GPU,
+                batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, heads=heads, hdim=hdim, hdim_v=hdim_v,
+                causal=causal, dtype="bfloat16", config=config, **extra)
+
+
+def synthetic() -> pd.DataFrame:
+    rows = []
+    peers = {"fa4_official": 0.9, "sdpa_cudnn": 0.95, "sdpa_flash": 0.6}
+    for mode, (hd, hv), causal, s in itertools.product(("fwd", "bwd"), ((128, 128), (192, 128)), (False, True),
+                                                       SEQLENS):
+        base = 500.0 + s / 100
+        ours = _attn("fa4", "default", mode, hd, hv, causal, s, base, config={"deterministic": False})
+        rows.append(ours)
+        for p, f in peers.items():
+            rows.append(_attn(p, "peer", mode, hd, hv, causal, s, base * f))
+        rows.append(dict(rows[-3], metric="first_call_s", value=2.0, tflops=None))  # rows[-3]: fa4_official
+        rows.append(dict(ours, metric="first_call_s", value=0.5, tflops=None))
+    variants = {"full": 1.0, "no_pingpong": 0.8, "tau0": 0.95, "no_exp2_emu": 0.97, "fa3_like": 0.7,
+                "fa3_like+pingpong": 0.85, "fa3_like+pingpong+tau8": 0.93,
+                "rescale_threshold=0.0": 0.95, "rescale_threshold=8.0": 1.0,
+                "exp2_emu_fraction=0.0": 0.97, "exp2_emu_fraction=0.25": 0.99}
+    for causal, s in itertools.product((False, True), SEQLENS):
+        for v, f in variants.items():
+            rows.append(_attn("fa4", v, "fwd", 128, 128, causal, s, 600 * f, config={"pingpong": v != "no_pingpong"}))
+        for v, f, det in (("full", 1.0, False), ("deterministic", 0.85, True), ("two_cta", 1.05, False)):
+            rows.append(_attn("fa4", v, "bwd", 128, 128, causal, s, 450 * f,
+                              config={"deterministic": det, "two_cta": v == "two_cta"}))
+        rows.append(_attn("fa4_official_det", "peer", "bwd", 128, 128, causal, s, 400))
+    for d, (err, sh) in itertools.product((3, 4), ((1e-4, 0.9),)):
+        for m, v in (("max_rel_err_fp32", err / d), ("bf16_equal_share", sh)):
+            rows.append(dict(kind="poly", experiment="numerics", backend="fa4_model", mode="exp2", metric=m,
+                             value=v, status="ok", degree=d, coeffs="ours_round"))
+    for tau, frac, dt in itertools.product((0.0, 4.0, 8.0), (0.0, 0.25), ("bfloat16", "float16")):
+        for m, v in (("out_err_ratio", 1.0 + tau / 100 + frac), ("skipped_share", tau / 10)):
+            rows.append(dict(kind="numerics", experiment="numerics", backend="fa4_model", mode="fwd", metric=m,
+                             value=v, status="ok", dist="normal", dtype=dt, hdim=64, tau=tau, exp2_fraction=frac))
+    for frac, v in ((0.0, 15.9), (0.125, 17.0), (0.5, 24.0), (1.0, 17.4)):
+        metric = {0.0: "mufu_ex2_per_clk_sm", 1.0: "poly_exp2_per_clk_sm"}.get(frac, "mix_exp2_per_clk_sm")
+        rows.append(dict(kind="microbench", metric=metric, value=v, unit="exp/clk/SM", fraction=frac, status="ok",
+                         gpu_name=GPU, method="synthetic"))
+    df = pd.DataFrame(rows)
+    df["config.deterministic"] = [(c or {}).get("deterministic") if isinstance(c, dict) else None for c in df["config"]]
+    df["config.two_cta"] = [(c or {}).get("two_cta") if isinstance(c, dict) else None for c in df["config"]]
+    return df
+
+
+@pytest.fixture(scope="module")
+def df():
+    return synthetic()
+
+
+def _png(res):
+    path, msg = res
+    assert path is not None, msg
+    assert path.exists() and path.stat().st_size > 5000 and path.read_bytes()[:4] == b"\x89PNG"
+    return path
+
+
+@pytest.mark.parametrize("fn", [F.fig4, F.fig5, F.fig6, F.fig7, F.fig8, F.ablation_figure, F.waterfall_figure,
+                                F.numerics_figure, F.microbench_figure])
+def test_figures_render(df, tmp_path, fn):
+    _png(fn(df, tmp_path))
+
+
+@pytest.mark.parametrize("fn", [F.fig4, F.fig5, F.fig6, F.fig7, F.fig8, F.ablation_figure, F.waterfall_figure,
+                                F.numerics_figure, F.microbench_figure, F.roofline_figure, F.table2, F.table4])
+def test_no_rows_message(tmp_path, fn):
+    for empty in (pd.DataFrame(), pd.DataFrame([dict(kind="attn", metric="time_ms", status="fail", value=None)])):
+        obj, msg = fn(empty, tmp_path)
+        assert obj is None and msg.startswith("no rows for"), msg
+    assert not list(tmp_path.iterdir())
+
+
+def test_fig4_series_and_filtering(df):
+    d = F.attn_times(df)
+    fwd128 = d[(d["mode"] == "fwd") & (d["hdim"] == 128) & (d["hdim_v"] == 128) & (d["variant"].isin(["default", "peer"]))]
+    assert set(fwd128["series"]) == {"ours (fa4lab)", "FA4 official (sm90)", "cuDNN (SDPA)", "FA2 (SDPA flash)"}
+    cpu = df.iloc[:1].assign(gpu_name=None)
+    assert F.attn_times(cpu).empty  # CPU rows are not drawn
+
+
+def test_deterministic_series(df):
+    d = F.deterministic_series(df)
+    assert {"ours, non-deterministic", "ours, deterministic (semaphore, SPT order)"} <= set(d["series"])
+    assert "FA4 official, deterministic" in set(d["series"])
+    assert not (d["variant"] == "two_cta").any()
+
+
+def test_switch_speedups(df):
+    s = F.switch_speedups(df)
+    sp = s.groupby("switch")["speedup"].median()
+    assert sp["pingpong"] == pytest.approx(1 / 0.8)  # t(no_pingpong) / t(full)
+    assert sp["2-CTA (on)"] == pytest.approx(1.05)  # the variant turns it on: t(full) / t(two_cta)
+    assert sp["deterministic (on)"] == pytest.approx(0.85)
+    assert (s["lo"] <= s["speedup"]).all() and (s["speedup"] <= s["hi"]).all()
+
+
+def test_waterfall_order(df):
+    t = F.waterfall_table(df)
+    fwd = t[(t["mode"] == "fwd") & (~t["causal"])]
+    assert list(fwd["variant"]) == list(F.WATERFALL)
+    assert list(fwd["tflops"]) == pytest.approx([600 * f for f in (0.7, 0.85, 0.93, 1.0)])
+
+
+def test_tables(df, tmp_path):
+    t2, msg = F.table2(df, tmp_path)
+    assert set(t2["degree"]) == {3, 4} and (tmp_path / "table2_poly_accuracy.md").exists(), msg
+    t4, msg = F.table4(df, tmp_path)
+    assert {"ours first call (s)", "FA4 official first call (s)"} <= set(t4.columns), msg
+    assert (t4["ratio (official / ours)"] == 4.0).all()
+    assert "| mode |" in (tmp_path / "table4_compile_time.md").read_text()
+
+
+def test_roofline_figure(df, tmp_path):
+    pts = F.roofline_points(df, calib={})
+    assert len(pts) and (pts["predicted_tflops"] > 0).all() and pts["bound"].notna().all()
+    _png(F.roofline_figure(df, tmp_path, calib={}))
+    _png(F.roofline_bounds_figure(tmp_path, calib={}))
+
+
+def test_sweep_figure(df, tmp_path):
+    _png(F.sweep_figure(df, tmp_path, "rescale_threshold"))
+    assert F.sweep_figure(df, tmp_path, "nope")[0] is None
+
+
+def test_load_experiments_reads_gpu_folders(tmp_path, monkeypatch):
+    import json
+
+    for sub in ("fwd_peers", "h200/fwd_peers"):
+        p = tmp_path / sub / "rows.jsonl"
+        p.parent.mkdir(parents=True)
+        p.write_text(json.dumps(dict(kind="attn", metric="time_ms", value=1.0, status="ok", job_key=sub)) + "\n")
+    got = F.load_experiments("fwd_peers", root=tmp_path)
+    assert len(got) == 2
+    monkeypatch.setenv("FA4LAB_RESULTS", str(tmp_path))
+    assert F.load_experiments("bwd_peers").empty
