@@ -11,7 +11,8 @@ from experiments.backends.flex import FlexBackend, bottom_right_causal
 from experiments.backends.sdpa import SdpaBackend
 from experiments.shapes import Shape, make_inputs
 
-EXPECTED = {"reference", "fa4_model", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "fa4_official", "fa4"}
+EXPECTED = {"reference", "fa4_model", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "fa4_official",
+            "fa4_official_det", "fa4"}
 NO_CUDA = not torch.cuda.is_available()
 
 
@@ -63,7 +64,7 @@ def test_available_and_supports_return_bool_and_reason():
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the CPU-machine reasons")
 def test_cuda_backends_unavailable_on_cpu_with_reason():
-    for name in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "fa4_official", "fa4"):
+    for name in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "flex", "fa4_official", "fa4_official_det", "fa4"):
         ok, why = get_backend(name).available()
         assert not ok and "no CUDA device" in why, (name, why)
     for name in ("reference", "fa4_model"):
@@ -166,3 +167,22 @@ def test_fa4_supports_only_kernel_head_dims():
     ok, why = get_backend("fa4").supports(Shape(1, 64, 64, 1, 96))
     assert not ok and "(96, 96)" in why
     assert get_backend("fa4").supports(Shape(1, 64, 64, 1, 192, 128))[0]
+
+
+def test_fa4_official_deterministic_flag():
+    assert get_backend("fa4_official_det").deterministic is True
+    assert get_backend("fa4_official").deterministic is False
+
+
+def test_sdpa_no_kernel_becomes_not_implemented(monkeypatch):
+    """SDPA's 'No available kernel' (an unsupported input) surfaces as NotImplementedError: a skip row."""
+    b = SdpaBackend("math")
+    b.name = "sdpa_math"
+
+    def refuse(*a, **kw):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refuse)
+    q, k, v = make_inputs(Shape(1, 16, 16, 1, 64), seed=0)
+    with pytest.raises(NotImplementedError, match="sdpa_math: SDPA has no math kernel"):
+        b.forward(q, k, v, False, None)

@@ -12,6 +12,7 @@ register_backend("sdpa_flash", "experiments.backends.sdpa:flash")
 register_backend("sdpa_efficient", "experiments.backends.sdpa:efficient")
 register_backend("flex", "experiments.backends.flex:FlexBackend")
 register_backend("fa4_official", "experiments.backends.fa4_official:FA4OfficialBackend")
+register_backend("fa4_official_det", "experiments.backends.fa4_official:deterministic")
 register_backend("fa4", "experiments.backends.fa4:FA4Backend")
 
 __all__ = ["BACKENDS", "Backend", "UnknownBackendError", "get_backend", "register_backend"]

@@ -2,7 +2,8 @@
 
 ``flash_attn_func(q, k, v, softmax_scale=, causal=, deterministic=, return_lse=True)`` returns (out, lse) and
 is differentiable; its causal mask is bottom-right aligned. It runs on Hopper (sm90) and Blackwell
-(sm100/sm103). AttnConfig.deterministic, when a config is given, selects its deterministic backward.
+(sm100/sm103). Its deterministic backward is selected by AttnConfig.deterministic when a config is given,
+or by the ``fa4_official_det`` registration.
 """
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ def _head_dims_ok(major: int, d: int, dv: int) -> bool:
 
 
 class FA4OfficialBackend(Backend):
-    def __init__(self):
+    """``deterministic=True`` (registered as fa4_official_det) always uses the deterministic backward."""
+
+    def __init__(self, deterministic: bool = False):
         self._func = None
+        self.deterministic = deterministic
 
     def _import(self):
         if self._func is None:
@@ -64,7 +68,7 @@ class FA4OfficialBackend(Backend):
         return True, ""
 
     def forward(self, q, k, v, causal, scale, cfg=None):
-        deterministic = bool(getattr(cfg, "deterministic", False))
+        deterministic = self.deterministic or bool(getattr(cfg, "deterministic", False))
         res = self._import()(q, k, v, softmax_scale=scale, causal=bool(causal), deterministic=deterministic,
                              return_lse=True)
         if isinstance(res, tuple):
@@ -72,3 +76,7 @@ class FA4OfficialBackend(Backend):
         else:
             out, lse = res, None
         return out, (lse.float() if lse is not None else None)
+
+
+def deterministic() -> FA4OfficialBackend:
+    return FA4OfficialBackend(deterministic=True)

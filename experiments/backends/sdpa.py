@@ -5,6 +5,7 @@ SDPA takes (batch, heads, seqlen, head_dim), so inputs are transposed (views, no
 aligned top-left; for causal with seqlen_q != seqlen_k the mask must be bottom-right as in FlashAttention,
 which ``torch.nn.attention.bias.causal_lower_right`` gives on the flash and efficient kernels; the cuDNN path
 would have to materialise a dense mask, so that case is reported unsupported. SDPA returns no LSE.
+When SDPA finds no kernel of the pinned kind for an input it raises NotImplementedError (a skip row).
 """
 from __future__ import annotations
 
@@ -68,11 +69,18 @@ class SdpaBackend(Backend):
 
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         sq, sk = q.shape[1], k.shape[1]
-        with sdpa_kernel([_sdp_backend(self.kind)]):
-            if causal and sq != sk:
-                out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=causal_lower_right(sq, sk), scale=scale)
-            else:
-                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal), scale=scale)
+        try:
+            with sdpa_kernel([_sdp_backend(self.kind)]):
+                if causal and sq != sk:
+                    mask = causal_lower_right(sq, sk)
+                    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
+                else:
+                    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal), scale=scale)
+        except RuntimeError as e:
+            if "no available kernel" in str(e).lower():  # SDPA's own "unsupported input": a skip, not a failure
+                raise NotImplementedError(f"{self.name}: SDPA has no {self.kind} kernel for this input "
+                                          f"(dtype {q.dtype}, head dims {q.shape[-1]}/{v.shape[-1]})") from e
+            raise
         return out.transpose(1, 2), None
 
 
