@@ -6,15 +6,16 @@ A job::
      "modes": ["fwd", "bwd"], "check": bool, "bench": {"warmup", "repeats", "flush_l2", "max_time_s"} | None,
      optional "device", "softmax_scale", "seed"}
 
-Rows (docs/INTERFACES.md): per mode a ``first_call_s`` row (compile + first call, wall seconds) and a
+Per mode the timing runs first (so ``first_call_s``, compile + first call in wall seconds, is this job's
+first call of the backend), then the check. Rows (docs/INTERFACES.md), per mode: a ``first_call_s`` row; a
 ``time_ms`` row (value = median; p20/p80/iqr/min/max/n, flops, tflops, peak_tflops, frac_of_peak, timer);
-with ``check`` the
-``err_<tensor>`` rows of experiments.check, run on the job's shape with batch (then heads) halved until the
-reference's full score matrices fit in memory (check_batch / check_heads say what was checked; a ``check``
-skip row when not even one slice fits; the timing always uses the full shape). A mode the backend does not implement
-(NotImplementedError) is a skip row for that mode. An unavailable or unsupported backend gives one skip row with
-the reason; an exception gives a fail row with its error_class and the first lines of its message. Rows
-that measured something carry the GPU's clocks/temperature/power before and after (None without a GPU).
+with ``check``, the ``err_<tensor>`` rows of experiments.check, run on the job's shape with batch (then
+heads) halved until the reference's full score matrices fit in memory (check_batch / check_heads say what
+was checked; a ``check`` skip row when not even one slice fits; timing always uses the full shape). A mode
+the backend does not implement (NotImplementedError) is a skip row for that mode. An unavailable or
+unsupported backend gives one skip row with the reason; an exception gives a fail row with its error_class
+and the first lines of its message. Rows carry the GPU's clocks/temperature/power before and after the
+measurement they report (None without a GPU).
 """
 from __future__ import annotations
 
@@ -153,33 +154,42 @@ def run(job: dict) -> list[dict]:
     check_shape = fit_check_shape(shape, device) if job.get("check") else None
     peak = _peak(shape)
     for mode in modes:
-        if job.get("check") and check_shape is None:
-            why = check_fits(shape.replace(batch=1, heads=1), device)[1]
-            rows.add(mode, "check", None, status="skip", reason=f"check skipped: one (batch, head) slice: {why}")
-        elif job.get("check"):
+        # timing first, so first_call_s is this job's first call of the backend (compile included)
+        if bench is not None:
             before = gpu_state_fields("before")
             try:
-                res = check_backend(backend, check_shape, cfg, device=device, seed=job.get("seed"), modes=(mode,),
-                                    scale=scale)
-            except NotImplementedError as e:  # the backend lacks this mode: a skip, and nothing to time
+                fn = _timed_fn(backend, shape, cfg, mode, device, scale, job.get("seed"))
+                t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
+                            flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+            except NotImplementedError as e:  # the backend lacks this mode: a skip, and nothing to check
                 rows.add(mode, None, None, status="skip", reason=error_message(e), state=before)
                 continue
             except Exception as e:  # noqa: BLE001 -- recorded as a row
                 if rows.fail(mode, e, state=before) == "cuda_fault":
                     return rows.rows
-                continue
-            state = {**before, **gpu_state_fields("after")}
-            for r in res.rows():
-                rows.add(r.pop("mode"), r.pop("metric"), r.pop("value"), r.pop("status"), r.pop("reason"),
-                         r.pop("error_class"), state=state, check_seed=res.seed, check_batch=check_shape.batch,
-                         check_heads=check_shape.heads, **r)
-        if bench is None:
+            else:
+                state = {**before, **gpu_state_fields("after")}
+                flops = attn_flops(shape, mode)
+                tf = tflops(flops, t.median_ms)
+                rows.add(mode, "first_call_s", t.first_call_s, state=state, timer=t.timer)
+                rows.add(mode, "time_ms", t.median_ms, state=state, p20=t.p20_ms, p80=t.p80_ms, iqr=t.iqr_ms,
+                         min=t.min_ms, max=t.max_ms, n=t.n, timer=t.timer, flush_l2=t.flush_l2, flops=flops,
+                         tflops=tf, peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None)
+                stats = getattr(backend, "last_stats", None)
+                if mode == "fwd" and stats:
+                    for key, val in stats.items():
+                        if isinstance(val, (int, float)) and not isinstance(val, bool):
+                            rows.add(mode, f"model_{key}", val, state=state)
+        if not job.get("check"):
+            continue
+        if check_shape is None:
+            why = check_fits(shape.replace(batch=1, heads=1), device)[1]
+            rows.add(mode, "check", None, status="skip", reason=f"check skipped: one (batch, head) slice: {why}")
             continue
         before = gpu_state_fields("before")
         try:
-            fn = _timed_fn(backend, shape, cfg, mode, device, scale, job.get("seed"))
-            t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
-                        flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+            res = check_backend(backend, check_shape, cfg, device=device, seed=job.get("seed"), modes=(mode,),
+                                scale=scale)
         except NotImplementedError as e:
             rows.add(mode, None, None, status="skip", reason=error_message(e), state=before)
             continue
@@ -188,17 +198,10 @@ def run(job: dict) -> list[dict]:
                 return rows.rows
             continue
         state = {**before, **gpu_state_fields("after")}
-        flops = attn_flops(shape, mode)
-        tf = tflops(flops, t.median_ms)
-        rows.add(mode, "first_call_s", t.first_call_s, state=state, timer=t.timer)
-        rows.add(mode, "time_ms", t.median_ms, state=state, p20=t.p20_ms, p80=t.p80_ms, iqr=t.iqr_ms, min=t.min_ms,
-                 max=t.max_ms, n=t.n, timer=t.timer, flush_l2=t.flush_l2, flops=flops, tflops=tf,
-                 peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None)
-        stats = getattr(backend, "last_stats", None)
-        if mode == "fwd" and stats:
-            for key, val in stats.items():
-                if isinstance(val, (int, float)) and not isinstance(val, bool):
-                    rows.add(mode, f"model_{key}", val, state=state)
+        for r in res.rows():
+            rows.add(r.pop("mode"), r.pop("metric"), r.pop("value"), r.pop("status"), r.pop("reason"),
+                     r.pop("error_class"), state=state, check_seed=res.seed, check_batch=check_shape.batch,
+                     check_heads=check_shape.heads, **r)
     return rows.rows
 
 

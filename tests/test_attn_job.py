@@ -123,7 +123,7 @@ def test_cuda_fault_stops_the_job(fake):
     name = fake("_fault", lambda: Raising(RuntimeError(
         "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported")))
     rows = run(job(name))
-    assert len(rows) == 1  # the check hit it; nothing runs after a fault
+    assert len(rows) == 1  # the fwd timing hit it; nothing (no check, no bwd) runs after a fault
     r = rows[0]
     assert r["status"] == "fail" and r["error_class"] == "cuda_fault"
     assert r["reason"].startswith("RuntimeError: CUDA error: an illegal memory access")
@@ -135,6 +135,8 @@ def test_plain_error_continues_with_next_mode(fake):
     assert [(r["mode"], r["status"], r["error_class"]) for r in rows] == [("fwd", "fail", "error"),
                                                                           ("bwd", "fail", "error")]
     assert rows[0]["reason"] == "ValueError: bad thing"
+    rows = run(job(name, check=True))  # a failed timing still gets its check (which fails the same way)
+    assert [(r["mode"], r["status"]) for r in rows] == [("fwd", "fail")] * 2 + [("bwd", "fail")] * 2
 
 
 def test_classify_error():
