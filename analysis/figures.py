@@ -623,9 +623,26 @@ def notebook_paths() -> list[Path]:
     return [REPO / "analysis" / "notebooks" / n for n in NOTEBOOKS]
 
 
-def main(args=None) -> list[str]:
+def main(args=None) -> int:
+    """`python run.py figures [--results DIR] [--out DIR]`: execute every notebook, write the figures and
+    results/figures/index.md. Returns 0 (a notebook that fails raises after the others ran)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="run.py figures", description="run every analysis notebook")
+    p.add_argument("--results", default=None, help="results folder (default: $FA4LAB_RESULTS or results/)")
+    p.add_argument("--out", default=None, help="figures folder (default: $FA4LAB_FIGURES or results/figures/)")
+    ns = p.parse_args(list(args) if isinstance(args, (list, tuple)) else [])
+    if ns.results:
+        os.environ["FA4LAB_RESULTS"] = str(Path(ns.results).resolve())
+    if ns.out:
+        os.environ["FA4LAB_FIGURES"] = str(Path(ns.out).resolve())
+    run_notebooks()
+    return 0
+
+
+def run_notebooks() -> list[str]:
     """Execute every notebook as a script (results from FA4LAB_RESULTS or results/, figures to
-    FA4LAB_FIGURES or results/figures/), then write results/figures/index.md listing the figures."""
+    FA4LAB_FIGURES or results/figures/), then write index.md listing the figures; returns the PNGs."""
     import runpy
 
     out = figures_dir()

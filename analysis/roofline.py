@@ -468,12 +468,22 @@ def _parse(args) -> argparse.Namespace:
         items = []
     for k, v in items:
         if hasattr(ns, k) and v is not None:
-            setattr(ns, k, list(v) if isinstance(v, (list, tuple)) else ([v] if k != "datasheet" else v))
+            if k == "datasheet":
+                setattr(ns, k, bool(v))
+            else:
+                setattr(ns, k, list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else [v])
     return ns
 
 
-def main(args=None) -> list[dict]:
-    """Print the hardware table, the values used (measured vs datasheet), and the bound per config and GPU."""
+def main(args=None) -> int:
+    """`python run.py roofline [--gpu ...] [--hdim ...] [--mode ...] [--variant ...] [--datasheet]`: print the
+    hardware table, the values used (measured vs datasheet) and the bound per config and GPU. Returns 0."""
+    report(args)
+    return 0
+
+
+def report(args=None) -> list[dict]:
+    """What ``main`` prints; returns the table rows."""
     ns = _parse(args)
     for g in ns.gpu:
         get_gpu(g)  # validates the name

@@ -61,10 +61,12 @@ def test_figures_main_with_rows(tmp_path, monkeypatch):
         rows = df[mask].drop(columns=[c for c in df.columns if c.startswith("config.")]).to_dict("records")
         p.write_text("".join(json.dumps({k: v for k, v in r.items() if v == v}) + "\n" for r in rows))
     figs = tmp_path / "figs"
-    monkeypatch.setenv("FA4LAB_RESULTS", str(res))
-    monkeypatch.setenv("FA4LAB_FIGURES", str(figs))
-    pngs = F.main()
-    names = {Path(p).name for p in pngs}
+    # the run.py entry: returns an exit code, takes --results / --out and sets FA4LAB_* for the notebooks;
+    # setting them here first makes monkeypatch restore the environment afterwards
+    monkeypatch.setenv("FA4LAB_RESULTS", "unset")
+    monkeypatch.setenv("FA4LAB_FIGURES", "unset")
+    assert F.main(["--results", str(res), "--out", str(figs)]) == 0
+    names = {p.name for p in figs.glob("*.png")}
     assert {"fig4_fwd_hd128.png", "fig5_fwd_hd192_128.png", "fig6_bwd_hd128.png", "fig7_bwd_det_noncausal.png",
             "fig8_bwd_det_causal.png", "ablation_speedups.png", "ablation_waterfall.png", "numerics_tau_exp2.png",
             "microbench_exp2_mix.png", "roofline_pred_vs_measured.png", "roofline_tile_cycles_hd128.png"} <= names

@@ -143,7 +143,9 @@ def test_hardware_table_has_a_source_for_every_number():
 
 
 def test_main_prints_table(capsys):
-    rows = rl.main(["--gpu", "h200", "b200", "--hdim", "128", "--datasheet"])
+    assert rl.main(["--gpu", "h200", "--hdim", "64", "--mode", "fwd", "--datasheet"]) == 0
+    capsys.readouterr()
+    rows = rl.report(["--gpu", "h200", "b200", "--hdim", "128", "--datasheet"])
     out = capsys.readouterr().out
     assert "H200" in out and "B200" in out and "values used" in out
     assert {r["variant"] for r in rows} >= {"default", "tau=0", "emu=0", "no-overlap"}
@@ -151,6 +153,8 @@ def test_main_prints_table(capsys):
         r["gpu"] == "B200" for r in rows if r["variant"] == "2cta")
     with pytest.raises(SystemExit):
         rl.main(["--variant", "nope"])
+    # a Hydra-style mapping works too
+    assert len(rl.report({"gpu": "b200", "hdim": [128], "mode": ("bwd",), "datasheet": True})) == 2 * 7
 
 
 # ---- the calibration microbenchmarks (experiments/microbench): CPU-side checks -------------------------
