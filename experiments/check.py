@@ -5,9 +5,9 @@ when ``max|x - ref| <= 2 * max|x_pt - ref| + atol``, where ``x_pt`` is plain PyT
 (kernels.reference.attention_naive: the error any honest bf16/fp16 implementation is allowed) and ``atol``
 a rounding floor of ``atol_ulps`` units of the input dtype at the tensor's largest magnitude. Checked: out,
 lse (when the backend returns it) and dq, dk, dv (backward with a fresh random dO). Inputs are fresh random
-every call. No backend here takes out= buffers, so before each backend call the CUDA caching allocator's
-free memory is filled with NaN (an output the backend leaves partly unwritten then shows NaN, not zeros),
-and any NaN in a result fails.
+every call. Outputs are poisoned with NaN before the run: the out / lse buffers themselves for backends
+that take them (``takes_out``: ours), else the CUDA caching allocator's free memory (so an output the
+backend leaves partly unwritten shows NaN, not zeros); any NaN in a result fails.
 """
 from __future__ import annotations
 
@@ -176,10 +176,16 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
         out_pt, lse_pt = attention_naive(qp, kp, vp, shape.causal, scale, return_lse=True)
 
     if "fwd" in modes or not want_bwd:
-        out_bytes = q.shape[0] * q.shape[1] * q.shape[2] * shape.hdim_v * q.element_size()
-        poison_allocator(out_bytes, device)
         with torch.no_grad():
-            out, lse = b.forward(q, k, v, shape.causal, scale, cfg)
+            if b.takes_out:  # the backend writes our buffers: poison them
+                out = torch.full((shape.batch, shape.seqlen_q, shape.heads, shape.hdim_v), float("nan"), dtype=dt,
+                                 device=device)
+                lse = torch.full((shape.batch, shape.heads, shape.seqlen_q), float("nan"), dtype=torch.float32,
+                                 device=device)
+                out, lse = b.forward_into(q, k, v, shape.causal, scale, cfg, out, lse)
+            else:
+                poison_allocator(q.shape[0] * q.shape[1] * q.shape[2] * shape.hdim_v * q.element_size(), device)
+                out, lse = b.forward(q, k, v, shape.causal, scale, cfg)
         res.tensors["out"] = compare("out", out, out_pt.detach(), out_ref.detach(), dt, atol_ulps)
         if lse is not None:
             res.tensors["lse"] = compare("lse", lse, lse_pt.detach(), lse_ref.detach(), dt, atol_ulps)

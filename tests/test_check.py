@@ -101,3 +101,30 @@ def test_compare_rule_arithmetic_and_infinities():
     assert t.err == pytest.approx(0.02, rel=1e-4)
     assert t.passed == (t.err <= 2 * t.pt_err + t.atol)
     assert not compare("out", None, pt, ref, torch.bfloat16).passed
+
+
+class WritesRows(Backend):
+    """Takes out= buffers and writes only the first ``rows`` query rows of out (all of lse)."""
+
+    cpu_capable = True
+    takes_out = True
+
+    def __init__(self, rows=None):
+        self.rows, self.name = rows, f"writes_{rows}"
+
+    def forward(self, q, k, v, causal, scale, cfg=None):
+        return get_backend("reference").forward(q, k, v, causal, scale, cfg)
+
+    def forward_into(self, q, k, v, causal, scale, cfg, out, lse):
+        o, l = self.forward(q, k, v, causal, scale, cfg)
+        n = o.shape[1] if self.rows is None else self.rows
+        out[:, :n] = o[:, :n]
+        lse.copy_(l)
+        return out, lse
+
+
+def test_poisoned_out_buffers_catch_unwritten_rows():
+    shape = SHAPES[0]
+    assert check_backend(WritesRows(None), shape, modes=("fwd",)).passed
+    bad = check_backend(WritesRows(shape.seqlen_q - 1), shape, modes=("fwd",)).tensors["out"]
+    assert not bad.passed and "NaN" in bad.note

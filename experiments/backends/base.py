@@ -26,6 +26,7 @@ class Backend:
 
     name: str = "?"
     cpu_capable: bool = False  # runs (and means the same thing) on a CPU tensor
+    takes_out: bool = False  # implements forward_into (writes caller-allocated out / lse buffers)
 
     # ---- availability ------------------------------------------------------------------------
     def available(self) -> tuple[bool, str]:
@@ -51,6 +52,11 @@ class Backend:
     # ---- compute -----------------------------------------------------------------------------
     def forward(self, q, k, v, causal: bool, scale: float | None, cfg=None):
         raise NotImplementedError(f"{self.name}: forward")
+
+    def forward_into(self, q, k, v, causal: bool, scale: float | None, cfg, out, lse):
+        """Forward writing into caller-allocated ``out`` (b, s_q, h, d_v) and ``lse`` (b, h, s_q) fp32; returns
+        (out, lse). Only for ``takes_out`` backends (the check poisons these buffers with NaN first)."""
+        raise NotImplementedError(f"{self.name}: does not take out= buffers")
 
     def backward_fn(self, q, k, v, causal: bool, scale: float | None, cfg=None) -> Callable:
         """Run the forward once with autograd and return ``fn(dout) -> (dq, dk, dv)`` that runs only the

@@ -1,6 +1,7 @@
 """`fa4` backend: our CuTe DSL kernels through kernels.attention (CUDA, sm_90a).
 
-Unavailable, with the reason, when there is no CUDA device or when the kernels raise NotImplementedError
+``forward_into`` writes caller-allocated out / lse buffers (kernels.interface.attention_forward), so the
+check can poison them with NaN. Unavailable, with the reason, when there is no CUDA device or when the kernels raise NotImplementedError
 (a tiny probe call, made once per process).
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from .base import Backend, cuda_arch, first_line, need_cuda
 
 
 class FA4Backend(Backend):
+    takes_out = True
 
     def __init__(self):
         self._probe: tuple[bool, str] | None = None
@@ -51,3 +53,15 @@ class FA4Backend(Backend):
 
         out, lse = kernels.attention(q, k, v, causal=bool(causal), softmax_scale=scale, config=cfg, return_lse=True)
         return out, lse
+
+    def forward_into(self, q, k, v, causal, scale, cfg, out, lse):
+        import math
+
+        from kernels.interface import attention_forward, resolve_config
+        from kernels.validate import check_qkv, check_scale
+
+        check_qkv(q, k, v, need_cuda=True)
+        check_scale(scale)
+        d = q.shape[-1]
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+        return attention_forward(q, k, v, bool(causal), scale, resolve_config(cfg, d, bool(causal)), out=out, lse=lse)
