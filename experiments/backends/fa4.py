@@ -1,8 +1,8 @@
 """`fa4` backend: our CuTe DSL kernels through kernels.attention (CUDA, sm_90a).
 
 ``forward_into`` writes caller-allocated out / lse buffers (kernels.interface.attention_forward), so the
-check can poison them with NaN. Unavailable, with the reason, when there is no CUDA device or when the kernels raise NotImplementedError
-(a tiny probe call, made once per process).
+check can poison them with NaN. Unavailable, with the reason, when there is no CUDA device, the GPU is not
+sm90, or the kernels raise NotImplementedError (a tiny probe call, made once per process).
 """
 from __future__ import annotations
 
