@@ -81,7 +81,8 @@ def test_bwd_default(dtype, hdim, causal, shape):
 
 @pytest.mark.parametrize("switch", [dict(deterministic=True), dict(exp2_emu_fraction=0.0),
                                     dict(exp2_emu_fraction=0.5), dict(exp2_emu_fraction=1.0),
-                                    dict(deterministic=True, exp2_emu_fraction=1.0)])
+                                    dict(deterministic=True, exp2_emu_fraction=1.0), dict(two_cta=True),
+                                    dict(two_cta=True, deterministic=True, exp2_emu_fraction=0.5)])
 @pytest.mark.parametrize("hdim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_switches(switch, hdim, causal):
@@ -96,11 +97,11 @@ def test_bwd_outputs_poisoned_then_written():
     _run_case(1, 190, 190, 2, 128, True, torch.bfloat16, _cfg(), seed=3)
 
 
-def test_two_cta_rejected():
-    from kernels import ConfigError
-
-    with pytest.raises(ConfigError, match="two_cta"):
-        _run_case(1, 128, 128, 1, 64, False, torch.bfloat16, _cfg(two_cta=True))
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_two_cta_odd_tile_count(hdim):
+    """An odd number of K/V tiles leaves the last cluster with one CTA past seqlen_k."""
+    _run_case(1, 150, 300, 2, hdim, True, torch.bfloat16, _cfg(two_cta=True), seed=4)
+    _run_case(2, 77, 260, 1, hdim, False, torch.float16, _cfg(two_cta=True, deterministic=True), seed=5)
 
 
 def _repeat_dq(cfg, causal, repeats):
@@ -121,9 +122,10 @@ def _repeat_dq(cfg, causal, repeats):
     return n_diff
 
 
+@pytest.mark.parametrize("two_cta", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_bitwise(causal):
-    n_diff = _repeat_dq(_cfg(deterministic=True), causal, 200)
+def test_deterministic_bitwise(causal, two_cta):
+    n_diff = _repeat_dq(_cfg(deterministic=True, two_cta=two_cta), causal, 200)
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 
 

@@ -1,8 +1,9 @@
 """SASS checks of the sm90 backward main kernel (compiled on the CPU for sm_90a, disassembled with nvdisasm).
 
 deterministic=True must contain the ordering (a strong acquire load in a spin loop, a release add on the
-semaphore, a GPU-scope fence) and plain mode must not; every variant issues HGMMA; the exp2 fraction decides
-how many MUFU.EX2 the P recomputation keeps.
+semaphore, a GPU-scope fence) and plain mode must not; two_cta=True must contain the cluster machinery
+(multicast TMA, the shared::cta -> shared::cluster bulk copy of dS, cluster barriers) and half the dQ
+reductions; every variant issues HGMMA; the exp2 fraction decides how many MUFU.EX2 the P recomputation keeps.
 """
 from __future__ import annotations
 
@@ -39,14 +40,15 @@ def _nvdisasm():
     pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
 
 
-def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128):
-    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}"
+def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False):
+    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}"
     dump.mkdir()
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
-        compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}), "bfloat16", {hdim}, {causal})
+        compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}, two_cta={two_cta}),
+                         "bfloat16", {hdim}, {causal})
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
@@ -75,3 +77,16 @@ def test_exp2_fraction_in_sass(tmp_path):
     mufu_half = _main_sass(tmp_path, False, 0.5, causal=False, hdim=64).count("MUFU.EX2")
     mufu_all = _main_sass(tmp_path, False, 1.0, causal=False, hdim=64).count("MUFU.EX2")
     assert mufu_none == 32 and mufu_half == 16 and mufu_all == 0, (mufu_none, mufu_half, mufu_all)
+
+
+def test_two_cta_cluster_in_sass(tmp_path):
+    two = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=True)
+    one = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=False)
+    assert "UTMALDG.4D.MULTICAST" in two and "MULTICAST" not in one  # Q/dO (+LSE, dPsum) multicast
+    assert re.search(r"UBLKCP\.S\.S", two) and "UBLKCP" not in one  # dS half -> peer's shared memory
+    assert "UCGABAR_ARV" in two and "UCGABAR_WAIT" in two  # cluster barriers
+    assert "HGMMA.64x32x16.F32.BF16" in two  # dQ^T = K^T dS^T, 32 Q rows per CTA
+    # each thread issues half the dQ reduction instructions of the one-CTA kernel (16 f32 vs 16 f32x2)
+    n_two = len(re.findall(r"REDG\.E\.ADD\.F32\.", two))
+    n_one = len(re.findall(r"REDG\.E\.ADD\.F32x2\.", one))
+    assert n_two == 16 and n_one == 16, (n_two, n_one)

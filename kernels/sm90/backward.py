@@ -28,8 +28,6 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
     if hdim not in BWD_TILES:
         raise ConfigError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)} "
                           "(256 does not fit: dK+dV accumulators need 256 registers per thread)")
-    if cfg.two_cta:
-        raise ConfigError("two_cta=True: the sm90 backward's 2-CTA cluster mode is not built; use two_cta=False")
 
 
 def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool = True, args=None):
@@ -43,7 +41,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool
     from .bwd_pre import FlashBwdPreSm90
 
     dt = _cutlass_dtype(dtype_name)
-    main = FlashBwdSm90(dt, hdim, causal, deterministic=cfg.deterministic,
+    main = FlashBwdSm90(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
                         exp2_emu_fraction=cfg.exp2_emu_fraction,
                         consumer_regs=cfg.consumer_regs, producer_regs=cfg.producer_regs)
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m)
@@ -111,7 +109,7 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config):
 
     tile_m, tile_n = BWD_TILES[d]
     sqp = (sq + tile_m - 1) // tile_m * tile_m
-    n_m = sqp // tile_m
+    n_m = sqp // tile_m * (2 if cfg.two_cta else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
     dev = q.device
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dpsum = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)

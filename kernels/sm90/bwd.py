@@ -19,7 +19,14 @@ turn it is (acquire spin) adds its tile, fences and releases the next turn. For 
 grid order are shortest-processing-time first (the K/V tile on the diagonal with the fewest Q tiles goes
 first). dK (times softmax_scale) and dV are written from registers at the end.
 
-``two_cta=True`` is rejected here (see backward.py): the 2-CTA cluster variant is not built.
+``two_cta=True``: clusters of 2 CTAs own adjacent K/V tiles (2p, 2p+1) and walk the same Q tiles. Q, dO,
+LSE and dPsum are loaded once per cluster: each CTA issues half of every tile with TMA multicast to both, and
+the pipelines' empty barriers collect the consumer warps of both CTAs. CTA r computes dQ for rows
+[32r, 32r+32) of each Q tile with the full reduction over both K/V tiles, as dQ^T = K^T dS^T (wgmma N = 32 or
+16): it reads its own dS half from shared memory and receives the peer's half through distributed shared
+memory (one cp.async.bulk shared::cta -> shared::cluster of 8 KB per Q tile, completing on an mbarrier of
+the receiver; a second mbarrier hands the buffer back), and it keeps the peer's K tile resident. Each dQ
+element is reduced into global memory once per cluster instead of once per CTA.
 """
 from __future__ import annotations
 
@@ -35,7 +42,29 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from cutlass._mlir.dialects import llvm
+from cutlass._mlir.dialects import nvvm as _nvvm
+from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.experimental.primitives.nvvm_wrapper import cp_async_bulk_shared_cluster_shared_cta
+
 from .bwd_exp2 import emulated_groups, exp2_poly
+
+_CLUSTER = _nvvm.MemScopeKind.CLUSTER
+
+
+@dsl_user_op
+def red_add_v2_f32(ptr: cute.Pointer, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
+    """red.relaxed.gpu.global.add.v2.f32: two adjacent fp32 (8-byte aligned) added in one instruction."""
+    llvm.inline_asm(
+        None,
+        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), Float32(a).ir_value(loc=loc, ip=ip),
+         Float32(b).ir_value(loc=loc, ip=ip)],
+        "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};",
+        "l,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
 
 LOG2_E = math.log2(math.e)
 
@@ -55,7 +84,7 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 class FlashBwdSm90:
     """Main backward kernel. Plain-Python knobs in, compile-time constants inside."""
 
-    def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False,
+    def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24):
         if hdim not in BWD_TILES:
             raise ValueError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)}")
@@ -63,7 +92,11 @@ class FlashBwdSm90:
         self.hdim = hdim
         self.causal = bool(causal)
         self.deterministic = bool(deterministic)
+        self.two_cta = bool(two_cta)
+        self.cluster = 2 if self.two_cta else 1
         self.tile_m, self.tile_n = BWD_TILES[hdim]
+        # two_cta: dQ^T per warpgroup is (64 head-dim rows) x (dq_n Q rows); the CTA owns tile_m/2 Q rows
+        self.dq_n = self.tile_m // 2 if hdim == 128 else self.tile_m // 4
         self.num_mma_wg = 2
         assert self.tile_n == 64 * self.num_mma_wg
         self.num_threads = 128 * (self.num_mma_wg + 1)
@@ -101,8 +134,18 @@ class FlashBwdSm90:
         self.sdO_layout = self._smem_layout(tm, d, self.stages, min(d, 64))
         self.sK_layout = self._smem_layout(tn, d, 1, min(64, d // 2))
         self.sV_layout = self._smem_layout(tn, d, 1, min(d, 64))
-        self.sdS_layout = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, self.stages)
+        if const_expr(not self.two_cta):
+            self.sdS_layout = sm90_utils.make_smem_layout_a(
+                utils.LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, self.stages)
+            self.sdSp_layout = self.sdS_layout
+        else:
+            # m-major atoms as wide as one warpgroup's dQ^T N slice, tiled along n first: each half of the
+            # Q rows is then one contiguous 8 KB block, the unit sent to the peer CTA
+            kind = (warpgroup.SmemLayoutAtomKind.MN_SW64 if self.dq_n == 32
+                    else warpgroup.SmemLayoutAtomKind.MN_SW32)
+            atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
+            self.sdS_layout = cute.tile_to_shape(atom, (tm, tn, self.stages), order=(1, 0, 2))
+            self.sdSp_layout = cute.tile_to_shape(atom, (tm // 2, tn, self.stages), order=(1, 0, 2))
 
         mma_S = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
@@ -110,21 +153,33 @@ class FlashBwdSm90:
         mma_dKV = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
             Float32, (1, 1, 1), (64, d), warpgroup.OperandSource.RMEM)
-        mma_dQ = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
-            Float32, (1, 1, 1), (tm, d // 2))
+        if const_expr(not self.two_cta):
+            mma_dQ = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
+                Float32, (1, 1, 1), (tm, d // 2))
+        else:  # dQ^T = K^T dS^T: A = K^T (head dim contiguous), B = dS^T (Q rows contiguous)
+            mma_dQ = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
+                Float32, (1, 1, 1), (64, self.dq_n))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
+        # Q-side tiles: multicast to both CTAs of a cluster when two_cta (each CTA issues half of a tile)
+        g2s_q = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.two_cta) else g2s
+        mc = self.cluster
         one = lambda lay: cute.select(lay, mode=[0, 1])
-        tma_Q, tQ = cpasync.make_tiled_tma_atom(g2s, mQ, one(self.sQ_layout), (tm, d))
-        tma_dO, tdO = cpasync.make_tiled_tma_atom(g2s, mdO, one(self.sdO_layout), (tm, d))
+        tma_Q, tQ = cpasync.make_tiled_tma_atom(g2s_q, mQ, one(self.sQ_layout), (tm, d), num_multicast=mc)
+        tma_dO, tdO = cpasync.make_tiled_tma_atom(g2s_q, mdO, one(self.sdO_layout), (tm, d), num_multicast=mc)
         tma_K, tK = cpasync.make_tiled_tma_atom(g2s, mK, one(self.sK_layout), (tn, d))
         tma_V, tV = cpasync.make_tiled_tma_atom(g2s, mV, one(self.sV_layout), (tn, d))
-        tma_LSE, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE, cute.make_layout(tm), (tm,))
-        tma_dPsum, tdPsum = cpasync.make_tiled_tma_atom(g2s, mdPsum, cute.make_layout(tm), (tm,))
+        tma_LSE, tLSE = cpasync.make_tiled_tma_atom(g2s_q, mLSE, cute.make_layout(tm), (tm,), num_multicast=mc)
+        tma_dPsum, tdPsum = cpasync.make_tiled_tma_atom(g2s_q, mdPsum, cute.make_layout(tm), (tm,),
+                                                        num_multicast=mc)
 
         self.bytes_q = tm * d * self.dtype.width // 8 + tm * 4
-        self.bytes_kv = 2 * tn * d * self.dtype.width // 8
+        self.bytes_kv = (3 if self.two_cta else 2) * tn * d * self.dtype.width // 8
+        self.bytes_ds_half = (tm // 2) * tn * self.dtype.width // 8
+        kp_cosize = cute.cosize(self.sK_layout) if const_expr(self.two_cta) else 0
+        dsp_cosize = cute.cosize(self.sdSp_layout) if const_expr(self.two_cta) else 0
 
         st = self.stages
 
@@ -140,16 +195,20 @@ class FlashBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
+            sKp: cute.struct.Align[cute.struct.MemRange[self.dtype, kp_cosize], 1024]
+            sdSp: cute.struct.Align[cute.struct.MemRange[self.dtype, dsp_cosize], 1024]
+            mbar_dsfull: cute.struct.MemRange[cutlass.Int64, st]
+            mbar_dsempty: cute.struct.MemRange[cutlass.Int64, st]
 
         self.shared_storage = SharedStorage
 
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
-        grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        grid = (cute.ceil_div(num_n_blocks, mc) * mc, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(tQ, tK, tV, tdO, tLSE, tdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
                     mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ,
                     self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
-                    Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
-            grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+                    self.sdSp_layout, Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
+            grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ---------------------------------------------------------------------------------------------
     @cute.kernel
@@ -161,22 +220,29 @@ class FlashBwdSm90:
                mma_S: cute.TiledMma, mma_dKV: cute.TiledMma, mma_dQ: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               sdS_layout: cute.ComposedLayout, softmax_scale: Float32, scale_log2: Float32):
-        tm, tn = self.tile_m, self.tile_n
+               sdS_layout: cute.ComposedLayout, sdSp_layout: cute.ComposedLayout,
+               softmax_scale: Float32, scale_log2: Float32):
+        tm, tn, mc = self.tile_m, self.tile_n, self.cluster
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        # causal: shortest-processing-time first (the diagonal-most K/V tile has the fewest Q tiles)
-        n_block = bidx
+        rank = Int32(0)
+        if const_expr(self.two_cta):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        # causal: shortest-processing-time first (the diagonal-most K/V tile / pair has the fewest Q tiles)
+        num_groups = cute.ceil_div(num_n_blocks, mc)
+        group = bidx // mc
         if const_expr(self.causal):
-            n_block = num_n_blocks - 1 - bidx
+            group = num_groups - 1 - group
+        n_block = group * mc + rank
         m_block_max = cute.ceil_div(seqlen_q, tm)
         m_block_min = Int32(0)
         if const_expr(self.causal):
-            first_row = n_block * tn - (seqlen_k - seqlen_q)
+            # both CTAs of a pair walk the Q tiles of the pair's first K/V tile (extra ones are masked)
+            first_row = group * mc * tn - (seqlen_k - seqlen_q)
             if first_row < 0:
                 first_row = Int32(0)
             m_block_min = first_row // tm
@@ -189,23 +255,42 @@ class FlashBwdSm90:
         storage = smem.allocate(self.shared_storage)
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+        # Q-side stages are freed by the consumer warps of every CTA that receives the multicast
+        q_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, mc * self.num_mma_threads // 32)
+        q_layout = cute.make_layout((1, mc, 1, 1))
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=self.bytes_q, defer_sync=True)
+            consumer_group=q_consumers, tx_count=self.bytes_q, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
+            defer_sync=True)
         pipe_do = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=self.bytes_q, defer_sync=True)
+            consumer_group=q_consumers, tx_count=self.bytes_q, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
+            defer_sync=True)
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
             consumer_group=consumer_group, tx_count=self.bytes_kv, defer_sync=True)
+        if const_expr(self.two_cta):
+            if tidx == 0:
+                for i in cutlass.range_constexpr(self.stages):
+                    cute.arch.mbarrier_init(storage.mbar_dsfull.data_ptr() + i, 1)
+                    cute.arch.mbarrier_init(storage.mbar_dsempty.data_ptr() + i, self.num_mma_threads)
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if const_expr(self.two_cta):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sKp = sK
+        sdSp = sdS
+        if const_expr(self.two_cta):
+            sKp = storage.sKp.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sdSp = storage.sdSp.get_tensor(sdSp_layout.outer, swizzle=sdSp_layout.inner)
         sLSE = storage.sLSE.get_tensor(cute.make_layout((tm, self.stages)))
         sdPsum = storage.sdPsum.get_tensor(cute.make_layout((tm, self.stages)))
 
@@ -213,23 +298,29 @@ class FlashBwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-                          sQ, sK, sV, sdO, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-                          n_block, head, batch, m_block_min, m_block_max)
+                          sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
+                          n_block, head, batch, m_block_min, m_block_max, rank)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.mma(mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sLSE, sdPsum,
+            self.mma(mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sKp, sdSp,
+                     sLSE, sdPsum, storage.sdS.data_ptr(), storage.sdSp.data_ptr(),
+                     storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr(),
                      pipe_q, pipe_do, pipe_kv, tidx - 128, n_block, head, batch, m_block_min, m_block_max,
-                     num_n_blocks, seqlen_q, seqlen_k, softmax_scale, scale_log2)
+                     num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank)
+        if const_expr(self.two_cta):
+            # no CTA may leave while its peer can still multicast into it or arrive on its barriers
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
     def load(self, mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-             sQ, sK, sV, sdO, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-             n_block, head, batch, m_block_min, m_block_max):
-        tm, tn, d = self.tile_m, self.tile_n, self.hdim
+             sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
+             n_block, head, batch, m_block_min, m_block_max, rank):
+        tm, tn, d, mc = self.tile_m, self.tile_n, self.hdim, self.cluster
 
-        def part(atom, s, g):
-            return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, cute.rank(s) - 1),
+        def part(atom, s, g, crd=0, n=1):
+            return cpasync.tma_partition(atom, crd, cute.make_layout(n), cute.group_modes(s, 0, cute.rank(s) - 1),
                                          cute.group_modes(g, 0, cute.rank(g) - 1))
 
         gK = cute.local_tile(mK[None, None, head, batch], (tn, d), (None, 0))
@@ -240,37 +331,44 @@ class FlashBwdSm90:
         gdPsum = cute.local_tile(mdPsum[None, head, batch], (tm,), (None,))
         tKsK, tKgK = part(tma_K, sK, gK)
         tVsV, tVgV = part(tma_V, sV, gV)
-        tQsQ, tQgQ = part(tma_Q, sQ, gQ)
-        tdOsdO, tdOgdO = part(tma_dO, sdO, gdO)
-        tLsL, tLgL = part(tma_LSE, sLSE, gLSE)
-        tPsP, tPgP = part(tma_dPsum, sdPsum, gdPsum)
+        tQsQ, tQgQ = part(tma_Q, sQ, gQ, rank, mc)
+        tdOsdO, tdOgdO = part(tma_dO, sdO, gdO, rank, mc)
+        tLsL, tLgL = part(tma_LSE, sLSE, gLSE, rank, mc)
+        tPsP, tPgP = part(tma_dPsum, sdPsum, gdPsum, rank, mc)
+        mask = {}
+        if const_expr(self.two_cta):
+            mask = dict(mcast_mask=cutlass.Int16((1 << mc) - 1))
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe_kv.producer_acquire(kv_state)
         bar = pipe_kv.producer_get_barrier(kv_state)
         cute.copy(tma_K, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
         cute.copy(tma_V, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
+        if const_expr(self.two_cta):
+            tKpsKp, _ = part(tma_K, sKp, gK)
+            cute.copy(tma_K, tKgK[None, n_block ^ 1], tKpsKp[None, 0], tma_bar_ptr=bar)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
             pipe_q.producer_acquire(q_state)
             bar = pipe_q.producer_get_barrier(q_state)
-            cute.copy(tma_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar)
-            cute.copy(tma_LSE, tLgL[None, m_block], tLsL[None, q_state.index], tma_bar_ptr=bar)
+            cute.copy(tma_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar, **mask)
+            cute.copy(tma_LSE, tLgL[None, m_block], tLsL[None, q_state.index], tma_bar_ptr=bar, **mask)
             q_state.advance()
             pipe_do.producer_acquire(do_state)
             bar = pipe_do.producer_get_barrier(do_state)
-            cute.copy(tma_dO, tdOgdO[None, m_block], tdOsdO[None, do_state.index], tma_bar_ptr=bar)
-            cute.copy(tma_dPsum, tPgP[None, m_block], tPsP[None, do_state.index], tma_bar_ptr=bar)
+            cute.copy(tma_dO, tdOgdO[None, m_block], tdOsdO[None, do_state.index], tma_bar_ptr=bar, **mask)
+            cute.copy(tma_dPsum, tPgP[None, m_block], tPsP[None, do_state.index], tma_bar_ptr=bar, **mask)
             do_state.advance()
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
-    def mma(self, mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sLSE, sdPsum,
+    def mma(self, mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sKp, sdSp,
+            sLSE, sdPsum, sdS_raw, sdSp_raw, mbar_dsfull, mbar_dsempty,
             pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min, m_block_max,
-            num_n_blocks, seqlen_q, seqlen_k, softmax_scale, scale_log2):
-        tm, tn, d = self.tile_m, self.tile_n, self.hdim
+            num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank):
+        tm, tn, d, mc = self.tile_m, self.tile_n, self.hdim, self.cluster
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tid = tidx % 128
 
@@ -304,14 +402,30 @@ class FlashBwdSm90:
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
 
-        # ---- dQ[:, half w] = dS K[:, half w] ---------------------------------------------------------
+        # ---- dQ -----------------------------------------------------------------------------------------
         thr_dQ = mma_dQ.get_slice(tid)
-        tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS))
-        sKt_w = cute.local_tile(transpose_view(sK)[None, None, 0], (d // 2, tn), (wg, 0))
-        tdQrK = thr_dQ.make_fragment_B(thr_dQ.partition_B(sKt_w))
-        acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((tm, d // 2)), Float32)
-        gdQ_all = cute.local_tile(mdQaccum[None, None, head, batch], (tm, d // 2), (None, wg))
-        tdQgdQ_all = thr_dQ.partition_C(gdQ_all)
+        mdQ2 = mdQaccum[None, None, head, batch]  # (seqlen_q padded, d) fp32
+        if const_expr(not self.two_cta):
+            # dQ[:, half w] = dS K[:, half w]
+            tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS))
+            sKt_w = cute.local_tile(transpose_view(sK)[None, None, 0], (d // 2, tn), (wg, 0))
+            tdQrK = thr_dQ.make_fragment_B(thr_dQ.partition_B(sKt_w))
+            tdQrKp = tdQrK
+            acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((tm, d // 2)), Float32)
+            tdQgdQ_all = thr_dQ.partition_C(cute.local_tile(mdQ2, (tm, d // 2), (None, wg)))
+            tdQcdQ = tdQgdQ_all
+        else:
+            # dQ^T[d-slice, own Q rows] = K^T dS^T (own tile) + Kp^T dSp^T (peer tile)
+            d0 = wg * 64 if const_expr(d == 128) else 0
+            q0 = rank * (tm // 2) + (0 if const_expr(d == 128) else wg * self.dq_n)
+            sKt = cute.local_tile(transpose_view(sK)[None, None, 0], (64, tn), (d0 // 64, 0))
+            sKpt = cute.local_tile(transpose_view(sKp)[None, None, 0], (64, tn), (d0 // 64, 0))
+            tdQrK = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKt))
+            tdQrKp = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKpt))
+            acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((64, self.dq_n)), Float32)
+            tdQcdQ = thr_dQ.partition_C(cute.make_identity_tensor((64, self.dq_n)))
+            tdQgdQ_all = tdQcdQ
+        n_mc = self.tile_m // 2 * tn  # elements of one Q-row half of a dS stage
 
         # epilogue partitions (made before the main loop: the loop mutates the tiled MMAs' accumulate flag)
         tcKV = thr_KV.partition_C(cute.make_identity_tensor((64, d)))
@@ -322,6 +436,8 @@ class FlashBwdSm90:
         sem_bar = pipeline.NamedBarrier(barrier_id=2, num_threads=self.num_mma_threads)
         n_row0 = n_block * tn + wg * 64
         causal_off = seqlen_k - seqlen_q
+        group = n_block // mc
+        peer = rank ^ 1
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
@@ -330,6 +446,7 @@ class FlashBwdSm90:
 
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
             sidx = q_state.index
+            it = m_block - m_block_min
             pipe_q.consumer_wait(q_state)
             warpgroup.fence()
             self.gemm(mma_S, acc_S, tSrK, tSrQ[None, None, None, sidx], zero_init=True)
@@ -369,42 +486,75 @@ class FlashBwdSm90:
             self.gemm(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)
             warpgroup.commit_group()
 
-            # dS^T -> shared memory (transposed store: dS as the A operand of dQ)
+            if const_expr(self.two_cta):
+                # the peer must have consumed what we sent from this stage two Q tiles ago
+                if it >= 2:
+                    cute.arch.mbarrier_wait(mbar_dsempty + sidx, ((it // 2) + 1) % 2)
+            # dS^T -> shared memory (transposed store: dS is the A operand of dQ / the B operand of dQ^T)
             tSsdS = thr_S.partition_C(cute.local_tile(sdSt[None, None, sidx], (64, tm), (wg, 0)))
             for i in cutlass.range_constexpr(cute.size(rdS_acc)):
                 tSsdS[i] = rdS_acc[i]
             cute.arch.fence_view_async_shared()
             pds_bar.arrive_and_wait()
 
-            # dK += dS^T Q ; dQ_w = dS K_w-half
+            # dK += dS^T Q
             self.gemm(mma_dKV, acc_dK, rdS, tdKrQ[None, None, None, sidx], zero_init=False)
             warpgroup.commit_group()
-            self.gemm(mma_dQ, acc_dQ, tdQrdS[None, None, None, sidx], tdQrK, zero_init=True)
-            warpgroup.commit_group()
+            if const_expr(not self.two_cta):
+                # dQ_w = dS K_w-half
+                self.gemm(mma_dQ, acc_dQ, tdQrdS[None, None, None, sidx], tdQrK, zero_init=True)
+                warpgroup.commit_group()
+            else:
+                if tidx == 0:
+                    # send the peer's Q-row half of our dS (one contiguous 8 KB block) into its sdSp[sidx]
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_dsfull + sidx, self.bytes_ds_half)
+                    src = sdS_raw + (sidx * tm * tn + peer * n_mc)
+                    dst = cute.arch.map_dsmem_ptr(sdSp_raw + sidx * n_mc, peer)
+                    cp_async_bulk_shared_cluster_shared_cta(
+                        dst, src, cute.arch.map_dsmem_ptr(mbar_dsfull + sidx, peer), self.bytes_ds_half)
+                sdS_own = cute.local_tile(sdS[None, None, sidx], (self.dq_n, tn), (q0 // self.dq_n, 0))
+                tdQrdSo = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_own))
+                self.gemm(mma_dQ, acc_dQ, tdQrK, tdQrdSo, zero_init=True)
+                cute.arch.mbarrier_wait(mbar_dsfull + sidx, (it // 2) % 2)
+                sdS_peer = cute.local_tile(sdSp[None, None, sidx], (self.dq_n, tn),
+                                           ((q0 - rank * (tm // 2)) // self.dq_n, 0))
+                tdQrdSp = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_peer))
+                self.gemm(mma_dQ, acc_dQ, tdQrKp, tdQrdSp, zero_init=False)
+                warpgroup.commit_group()
             warpgroup.wait_group(0)
             pipe_q.consumer_release(q_state)
             pipe_do.consumer_release(do_state)
             q_state.advance()
             do_state.advance()
+            if const_expr(self.two_cta):
+                # hand sdSp[sidx] back to the peer
+                cute.arch.mbarrier_arrive(mbar_dsempty + sidx, peer, scope=_CLUSTER)
 
             # dQ accumulation in global memory
-            tdQgdQ = tdQgdQ_all[None, None, None, m_block]
-            sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
+            sem_ptr = mSem.iterator + cute.crd2idx((m_block * mc + rank, head, batch), mSem.layout)
             if const_expr(self.deterministic):
-                turn = n_block
+                turn = group
                 if const_expr(self.causal):
-                    n_max = cute.ceil_div((m_block + 1) * tm + causal_off, tn)
-                    if n_max > num_n_blocks:
-                        n_max = num_n_blocks
-                    turn = n_max - 1 - n_block
+                    g_max = cute.ceil_div((m_block + 1) * tm + causal_off, mc * tn)
+                    if g_max > num_groups:
+                        g_max = num_groups
+                    turn = g_max - 1 - group
                 if tidx == 0:
                     cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
                     while cur != turn:
                         cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
                 sem_bar.arrive_and_wait()
-            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                ptr = tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout)
-                cute.arch.red(ptr, acc_dQ[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
+            if const_expr(not self.two_cta):
+                tdQgdQ = tdQgdQ_all[None, None, None, m_block]
+                # accumulator values (2i, 2i+1) are adjacent columns: one red.global.add.v2.f32 each
+                for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                    ptr = tdQgdQ.iterator + cute.crd2idx(2 * i, tdQgdQ.layout)
+                    red_add_v2_f32(ptr, acc_dQ[2 * i], acc_dQ[2 * i + 1])
+            else:
+                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                    dl, ql = tdQcdQ[i]
+                    ptr = mdQ2.iterator + cute.crd2idx((m_row0 + q0 + ql, d0 + dl), mdQ2.layout)
+                    cute.arch.red(ptr, acc_dQ[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
             if const_expr(self.deterministic):
                 sem_bar.arrive_and_wait()
                 if tidx == 0:
