@@ -225,3 +225,16 @@ def test_microbench_smem_kernel_compiles_to_vector_loads(tmp_path):
         pytest.skip("no SASS disassembler here")
     ops = e._opcodes(sass)
     assert ops.count("LDS") >= s.UNROLL  # one 16-byte load per unrolled step inside the loop
+
+
+def test_hardware_agrees_with_the_peak_table():
+    peaks = pytest.importorskip("experiments.peaks")
+    names = {"h100": "H100 SXM", "h200": "H200", "b200": "B200", "b300": "B300"}
+    for key, pname in names.items():
+        pk, g = peaks.PEAKS.get(pname), GPUS[key]
+        if pk is None:
+            continue
+        assert g.peak_tflops == pytest.approx(pk.bf16_tflops, rel=2e-3), key
+        assert g.hbm_tb_s == pytest.approx(pk.hbm_tbps), key
+        if pk.sm_count is not None:
+            assert g.sms == pk.sm_count, key
