@@ -392,6 +392,11 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     flops = attention_flops(batch, heads, sq, sk, hdim, hdim_v, causal, mode)
     t = max(t_compute, t_hbm)
     bound = tc.bound if t_compute >= t_hbm else "hbm"
+    if mode == "bwd" and cfg.two_cta and not two_cta:
+        used["two_cta"] = ("not modelled on sm90: its gain there (dQ global reductions halved, Q/dO multicast) "
+                           "is outside the per-tile resources")
+    if mode == "bwd" and cfg.deterministic:
+        used["deterministic"] = "not modelled: the semaphore wait between dQ contributors is not a per-tile resource"
     cfg_d = cfg.to_dict()
     cfg_d["rescale_share"] = rescale_share
     return Prediction(gpu=gpu.name, mode=mode, tflops=flops / t / 1e12, bound=bound, tile=(tm, tn),
