@@ -112,11 +112,12 @@ def test_predict_bounds_and_switches():
 
 def test_calibration_from_microbench_rows(tmp_path):
     path = tmp_path / "rows.jsonl"
+    h200 = dict(unit="exp/clk/SM", gpu_name="NVIDIA H200", status="ok")
     rows = [
-        dict(metric="mufu_ex2_per_clk_sm", value=8.0, unit="exp/clk/SM", method="triton ex2.approx", gpu_name="NVIDIA H200", status="ok"),
-        dict(metric="poly_exp2_per_clk_sm", value=16.0, unit="exp/clk/SM", method="triton poly", gpu_name="NVIDIA H200", status="ok"),
-        dict(metric="mix_exp2_per_clk_sm", value=20.0, unit="exp/clk/SM", method="mix", fraction=0.5, gpu_name="NVIDIA H200", status="ok"),
-        dict(metric="smem_bytes_per_clk_sm", value=None, unit="B/clk/SM", method="x", gpu_name="NVIDIA H200", status="fail"),
+        dict(h200, metric="mufu_ex2_per_clk_sm", value=8.0, method="triton ex2.approx"),
+        dict(h200, metric="poly_exp2_per_clk_sm", value=16.0, method="triton poly"),
+        dict(h200, metric="mix_exp2_per_clk_sm", value=20.0, method="mix", fraction=0.5),
+        dict(h200, metric="smem_bytes_per_clk_sm", value=None, unit="B/clk/SM", method="x", status="fail"),
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     calib = rl.load_calibration([path])
