@@ -239,3 +239,32 @@ def test_hardware_agrees_with_the_peak_table():
         assert g.hbm_tb_s == pytest.approx(pk.hbm_tbps), key
         if pk.sm_count is not None:
             assert g.sms == pk.sm_count, key
+
+
+def test_microbench_one_failure_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    import json
+
+    import experiments.microbench as mb
+    from experiments.microbench import common, exp2_triton, gemm_bench, smem_cute
+
+    monkeypatch.setattr(common, "cuda_ok", lambda: (True, ""))
+    monkeypatch.setattr(common, "gpu_facts", lambda: dict(gpu_name="NVIDIA H200", sms=132))
+
+    def boom(w, facts, **kw):
+        raise RuntimeError("no triton here")
+
+    def ok(w, facts, **kw):
+        w.add(metric="smem_bytes_per_clk_sm", value=120.0, unit="B/clk/SM", method="fake")
+
+    monkeypatch.setattr(exp2_triton, "run", boom)
+    monkeypatch.setattr(gemm_bench, "run", boom)
+    monkeypatch.setattr(smem_cute, "run", ok)
+    out = tmp_path / "rows.jsonl"
+    rows = mb.run_all(str(out), quick=True)
+    assert [(r["metric"], r["status"]) for r in rows] == [
+        ("exp2_bench", "fail"), ("gemm_bench", "fail"), ("smem_bytes_per_clk_sm", "ok")]
+    on_disk = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(on_disk) == 3 and all(r["gpu_name"] == "NVIDIA H200" and r["kind"] == "microbench" for r in on_disk)
+    assert "no triton here" in on_disk[0]["reason"]
+    with pytest.raises(ValueError, match="only="):
+        mb.run_all(str(out), only=["nope"])

@@ -164,7 +164,11 @@ def run(writer, facts: dict, *, iters: int = 1024, u: int = 256, num_warps: int 
             writer.add(metric=f"{metric}_per_clk_sm", value=per_clk_per_sm(rate, sms, clk), unit="exp/clk/SM",
                        method=method, fraction=frac, time_ms=ms, reps=reps, clock_mhz=clk)
             if kp in (0, CHUNKS):
-                counts = sass_counts(c)
+                import torch
+
+                major, minor = torch.cuda.get_device_capability()
+                # the launched kernel's own listing when Triton returns it, else the same source compiled AOT
+                counts = sass_counts(c if getattr(c, "asm", None) else compile_for(kp, 10 * major + minor, u, num_warps))
                 bad = (counts.get("F2I") or 0) + (counts.get("FRND") or 0)
                 writer.add(metric=f"{metric}_sass_f2i_frnd", value=bad, unit="instructions",
                            method=f"opcode count in the compiled kernel ({counts['source']}): {counts}",
