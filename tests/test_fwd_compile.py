@@ -71,6 +71,16 @@ def test_compiles(row):
     assert kern.exp2_emu_fraction_compiled == round(row["exp2_emu_fraction"] * n_frag) / n_frag
 
 
+@pytest.mark.parametrize("causal,overlap", [(True, False), (False, True)])
+def test_three_consumer_warpgroups_compile(causal, overlap):
+    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
+
+    cfg = AttnConfig(tile_m=192, consumer_regs=160, producer_regs=32, intra_wg_overlap=overlap).resolve("sm90", 64, causal)
+    kern = make_fwd_kernel(cfg, "bfloat16", 64, 64, causal)
+    assert kern.num_consumer_wg == 3 and kern.num_threads == 512
+    assert compile_fwd(kern, tvm_ffi=False) is not None
+
+
 def test_two_configs_two_kernels_through_interface():
     from kernels import compile_cache
     from kernels.interface import compiled_exp2_fraction, get_fwd_kernel, resolve_config
@@ -89,7 +99,8 @@ def test_two_configs_two_kernels_through_interface():
 
 @pytest.mark.parametrize("kwargs,dtype,match", [
     (dict(rescale_threshold=16.0), "float16", "rescale_threshold"),
-    (dict(tile_m=192), "bfloat16", "tile_m"),
+    (dict(tile_m=256), "bfloat16", "tile_m"),
+    (dict(tile_m=192), "bfloat16", "registers"),  # 3 consumer warpgroups cannot have 240 registers each
     (dict(num_stages=4, tile_n=128), "bfloat16", "shared memory"),
 ])
 def test_invalid_combinations_fail_clearly(kwargs, dtype, match):

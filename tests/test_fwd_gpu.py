@@ -102,6 +102,16 @@ def test_switch_combos(combo, causal):
     run_case(cfg, 64, 64, torch.bfloat16, causal, SHAPES_SWITCH[0])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_three_consumer_warpgroups(overlap, causal):
+    """tile_m = 192: three consumer warpgroups (pingpong cycles through all three), 160/32 registers."""
+    cfg = AttnConfig(tile_m=192, consumer_regs=160, producer_regs=32, intra_wg_overlap=overlap)
+    for shape in SHAPES_SWITCH:
+        run_case(cfg, 64, 64, torch.bfloat16, causal, shape)
+    run_case(cfg, 64, 64, torch.float16, causal, (2, 4097, 17, 1), check_model=False)
+
+
 def test_two_configs_two_kernels():
     """The real path compiles a distinct kernel per config (no stale cubin across an ablation)."""
     from kernels.interface import get_fwd_kernel, resolve_config

@@ -2,11 +2,11 @@
 
 How the FA4 switches map onto Hopper (every one a compile-time constant of this class):
 a producer warp (warpgroup 0, register budget lowered with setmaxnreg) streams Q once and K/V blocks
-through a ``num_stages``-deep shared-memory ring with TMA on mbarriers (PipelineTmaAsync); two consumer
-warpgroups (registers raised with setmaxnreg) each own 64 rows of the 128-row Q tile and run QK^T as an
-SS wgmma and PV as an RS wgmma with P kept in registers, fp32 accumulators. ``pingpong`` orders the two
-warpgroups' GEMM issue with named barriers so one warpgroup's softmax (its MUFU work) runs under the
-other's GEMMs; off, they run unsynchronised. ``intra_wg_overlap`` issues QK^T(j+1) and PV(j) together and
+through a ``num_stages``-deep shared-memory ring with TMA on mbarriers (PipelineTmaAsync); tile_m / 64
+consumer warpgroups (2 for tile_m = 128, 3 for 192; registers raised with setmaxnreg) each own 64 rows of
+the Q tile and run QK^T as an SS wgmma and PV as an RS wgmma with P kept in registers, fp32 accumulators.
+``pingpong`` orders the warpgroups' GEMM issue round-robin with named barriers so one warpgroup's softmax
+(its MUFU work) runs under the others' GEMMs; off, they run unsynchronised. ``intra_wg_overlap`` issues QK^T(j+1) and PV(j) together and
 runs softmax(j+1) while PV(j) is in flight. ``rescale_threshold`` (tau) keeps a warp's stale row maxima
 until some row grows by more than tau (warp vote), skipping the O / row-sum rescale (the FA4 conditional
 rescale; Hopper has no correction warpgroup, so the saving is the FMULs and the dependency on the
@@ -40,13 +40,12 @@ LOG2_E = math.log2(math.e)
 
 # named barrier ids (0 is __syncthreads)
 BAR_EPILOGUE = 1
-BAR_SCHED_WG1 = 2  # + consumer warpgroup index (0, 1)
+BAR_SCHED_WG1 = 2  # + consumer warpgroup index (0, 1, 2)
 
 
 class FlashFwdSm90:
     """One compiled forward kernel per (dtype, head dims, causal, resolved AttnConfig)."""
 
-    num_consumer_wg = 2
     threads_per_wg = 128
 
     def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
@@ -57,15 +56,17 @@ class FlashFwdSm90:
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
             raise ValueError(f"head dims ({hdim}, {hdim_v}): supported (64,64), (128,128), (256,256), (192,128)")
-        if tile_m != 64 * self.num_consumer_wg:
-            raise ValueError(f"tile_m={tile_m}: the sm90 kernel uses 2 consumer warpgroups x 64 rows = 128")
+        if tile_m not in (128, 192):
+            raise ValueError(f"tile_m={tile_m}: the sm90 kernel uses 2 or 3 consumer warpgroups x 64 rows (128 or 192)")
+        self.num_consumer_wg = tile_m // 64
         if tile_n % 16 or not 16 <= tile_n <= 256:
             raise ValueError(f"tile_n={tile_n}: must be a multiple of 16 in [16, 256]")
         if not 1 <= num_stages <= 4:
             raise ValueError(f"num_stages={num_stages}: must be in [1, 4]")
-        if producer_regs + 2 * consumer_regs > 512 or consumer_regs % 8 or producer_regs % 8:
-            raise ValueError(f"registers ({producer_regs}, {consumer_regs}): need multiples of 8 with "
-                             "producer + 2 * consumer <= 512 per thread (64K registers, 3 warpgroups)")
+        if producer_regs + self.num_consumer_wg * consumer_regs > 512 or consumer_regs % 8 or producer_regs % 8:
+            raise ValueError(f"registers (producer {producer_regs}, consumer {consumer_regs}): need multiples of 8 with "
+                             f"producer + {self.num_consumer_wg} * consumer <= 512 per thread (64K registers / 128 "
+                             f"threads) for tile_m={tile_m}; e.g. 24/240 for tile_m=128, 32/160 for tile_m=192")
         if dtype is cutlass.Float16 and rescale_threshold > 15.0:
             raise ValueError(f"rescale_threshold={rescale_threshold}: with fp16 P can reach 2^tau, so tau must be <= 15")
         self.dtype = dtype
@@ -259,7 +260,12 @@ class FlashFwdSm90:
     @cute.jit
     def sched_arrive(self, wg: Int32):
         if const_expr(self.pingpong):
-            cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1 + (1 - wg), number_of_threads=2 * self.threads_per_wg)
+            nxt = wg + 1
+            if const_expr(self.num_consumer_wg == 2):
+                nxt = 1 - wg
+            else:
+                nxt = 0 if wg == self.num_consumer_wg - 1 else wg + 1
+            cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1 + nxt, number_of_threads=2 * self.threads_per_wg)
 
     @cute.jit
     def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,

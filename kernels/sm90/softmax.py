@@ -24,6 +24,17 @@ from .layout import acc_rows_cols
 LN2 = math.log(2.0)
 
 
+def _add(a, b):
+    return a + b
+
+
+def _tree(vals: list, op):
+    """Pairwise (tree) reduction of a Python list of DSL values (plain Python: unrolled at trace time)."""
+    while len(vals) > 1:
+        vals = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)] + ([vals[-1]] if len(vals) % 2 else [])
+    return vals[0]
+
+
 @cute.jit
 def quad_allreduce_max(x: Float32) -> Float32:
     x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
@@ -57,11 +68,12 @@ def online_softmax_step(
     n_rows = cute.size(s, mode=[0])
     n_cols = cute.size(s, mode=[1])
     new_max = cute.make_rmem_tensor(row_max.layout, Float32)
+    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)  # independent partials: short dependency chains
     for r in cutlass.range_constexpr(n_rows):
-        m = s[r, 0]
-        for c in cutlass.range(1, n_cols, unroll_full=True):
-            m = cute.arch.fmax(m, s[r, c])
-        m = quad_allreduce_max(m)
+        part = [s[r, j] for j in range(k)]
+        for c in cutlass.range_constexpr(k, n_cols):
+            part[c % k] = cute.arch.fmax(part[c % k], s[r, c])
+        m = quad_allreduce_max(_tree(part, cute.arch.fmax))
         if const_expr(not is_first):
             m = cute.arch.fmax(m, row_max[r])
         new_max[r] = m
@@ -92,14 +104,16 @@ def online_softmax_step(
     n_frag = n_cols // 2
     for r in cutlass.range_constexpr(n_rows):
         m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
-        acc = Float32(0.0)
         for c in cutlass.range_constexpr(n_cols):
             x = s[r, c] * scale_log2 - m_s
             if const_expr((c // 2) % n_frag in emu_frags):
                 s[r, c] = exp2_poly(x, poly)
             else:
                 s[r, c] = exp2_mufu(x)
-            acc = acc + s[r, c]
+        part = [s[r, j] for j in range(k)]
+        for c in cutlass.range_constexpr(k, n_cols):
+            part[c % k] = part[c % k] + s[r, c]
+        acc = _tree(part, _add)
         if const_expr(is_first):
             row_sum[r] = acc
         else:
