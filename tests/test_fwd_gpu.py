@@ -132,3 +132,19 @@ def test_public_api_and_autograd_shape():
     assert out.shape == q.shape and lse.shape == (1, 2, 300) and lse.dtype == torch.float32
     ref = attention_exact(q, q, q, True, None, dtype=torch.float32)
     assert _err(out, ref) <= _bound(attention_naive(q, q, q, True), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_through_kernels_attention(causal):
+    """kernels.attention is differentiable: its backward (kernels.sm90.backward) meets the same rule for dq, dk, dv."""
+    import kernels
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
+    grads = torch.autograd.grad(kernels.attention(q, k, v, causal=causal), (q, k, v), dout)
+    ref = torch.autograd.grad(attention_exact(q, k, v, causal, None, dtype=torch.float32), (q, k, v), dout.float())
+    pt = torch.autograd.grad(attention_naive(q, k, v, causal), (q, k, v), dout)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref, pt):
+        assert not torch.isnan(g).any(), name
+        assert _err(g, r) <= _bound(p, r, torch.bfloat16), f"{name}: err {_err(g, r):.3g} > {_bound(p, r, torch.bfloat16):.3g}"
