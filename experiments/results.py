@@ -1,0 +1,157 @@
+"""Results store: one JSON object per line in ``results/<experiment>/rows.jsonl``, appended and flushed.
+
+Every row carries the ``job_key`` of the job that produced it and ``job_nrows`` (how many rows that job
+wrote, all in one ``write``). A job counts as done only when all its rows are present, so a sweep that is
+killed at any point resumes by skipping exactly the finished jobs and never writes a row twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections import Counter, defaultdict
+from pathlib import Path
+
+
+def job_key(job: dict) -> str:
+    """Stable identity of a job: sha1 of its sorted JSON (12 hex digits are not enough across big sweeps)."""
+    blob = json.dumps(job, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()
+
+
+def _jsonable(v):
+    """Make a row value JSON-safe: NaN/inf become None, unknown objects their str()."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if hasattr(v, "item") and callable(v.item):  # numpy / torch scalars
+        try:
+            return _jsonable(v.item())
+        except (TypeError, ValueError):
+            pass
+    return str(v)
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """All complete rows of a rows.jsonl file; a torn last line (killed mid-write) is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # torn tail
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+class ResultStore:
+    """Append-only JSONL store of one experiment's rows, with the set of finished job keys."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair()
+        self._status: dict[str, Counter] = defaultdict(Counter)
+        for r in read_rows(self.path):
+            if r.get("job_key"):
+                self._status[r["job_key"]][r.get("status")] += 1
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def _repair(self) -> None:
+        """Drop a torn last line and rows of jobs whose rows are incomplete (killed between jobs' writes)."""
+        if not self.path.exists():
+            return
+        raw = self.path.read_text(encoding="utf-8")
+        rows = read_rows(self.path)
+        counts = Counter(r.get("job_key") for r in rows)
+        keep = [r for r in rows if r.get("job_nrows") is None or counts[r.get("job_key")] == r["job_nrows"]]
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep)
+        if len(keep) != len(rows) or not raw.endswith("\n") and raw:
+            self._rewrite(text)
+
+    def _rewrite(self, text: str) -> None:
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    # ---- queries ----------------------------------------------------------------------------
+    def existing_keys(self) -> set[str]:
+        """Job keys with rows in the store."""
+        return set(self._status)
+
+    def failed_keys(self) -> set[str]:
+        """Job keys with at least one row of status 'fail'."""
+        return {k for k, c in self._status.items() if c.get("fail")}
+
+    def is_done(self, key: str, retry_failed: bool = False) -> bool:
+        if key not in self._status:
+            return False
+        return not (retry_failed and self._status[key].get("fail"))
+
+    def rows(self) -> list[dict]:
+        self.flush()
+        return read_rows(self.path)
+
+    # ---- writes -----------------------------------------------------------------------------
+    def append(self, row: dict) -> None:
+        """Append one row and flush it to disk."""
+        self.append_job([row])
+
+    def append_job(self, rows: list[dict]) -> None:
+        """Append all rows of one job in a single write (so a kill never leaves half a job) and flush."""
+        if not rows:
+            return
+        n = len(rows)
+        lines = []
+        for r in rows:
+            r = _jsonable(dict(r))
+            r.setdefault("job_nrows", n)
+            lines.append(json.dumps(r, sort_keys=True) + "\n")
+            if r.get("job_key"):
+                self._status[r["job_key"]][r.get("status")] += 1
+        self._f.write("".join(lines))
+        self.flush()
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def drop_jobs(self, keys: set[str]) -> int:
+        """Remove every row of the given jobs (used before retrying failed jobs); returns rows removed."""
+        keys = set(keys)
+        if not keys:
+            return 0
+        self.flush()
+        rows = read_rows(self.path)
+        keep = [r for r in rows if r.get("job_key") not in keys]
+        self._f.close()
+        self._rewrite("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
+        self._f = open(self.path, "a", encoding="utf-8")
+        for k in keys:
+            self._status.pop(k, None)
+        return len(rows) - len(keep)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self.flush()
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

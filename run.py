@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""fa4lab entry point: ``python run.py <sweep|bench|check|roofline|figures> [hydra overrides]``.
+
+- ``sweep``    runs an experiment (conf/experiment/; ``experiment=<name>``), rows to results/<experiment>/.
+               Without ``experiment=`` it runs ``numerics`` on a machine without CUDA, ``fwd_peers`` with CUDA.
+               An override with a comma list (``key=a,b``) or a sweep function runs a Hydra multirun.
+- ``bench`` / ``check``  time / check one backend (``backend=<name>``) on the shape(s) of ``shape=`` (default one).
+- ``roofline`` / ``figures``  hand the remaining arguments to analysis.roofline.main / analysis.figures.main.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+CONF = ROOT / "conf"
+SUBCOMMANDS = ("sweep", "bench", "check", "roofline", "figures")
+DELEGATES = {"roofline": "analysis.roofline:main", "figures": "analysis.figures:main"}
+CHECKED_GROUPS = ("experiment", "backend", "shape", "bench", "hydra/launcher")
+HYDRA_LAUNCHERS = ("basic",)  # provided by Hydra itself; the submitit ones have files in conf/hydra/launcher/
+USAGE = f"usage: python run.py {{{'|'.join(SUBCOMMANDS)}}} [key=value ...]  (Hydra overrides; see README.md)"
+
+# conf/hydra/launcher/submitit_*.yaml extend the plugin's schemas of the same name on purpose.
+warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema")
+
+_STATE = {"cmd": "sweep", "exit": 0}
+
+
+def die(msg: str, code: int = 2):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def group_options(group: str) -> list[str]:
+    names = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    if group == "hydra/launcher":
+        names = sorted(set(names) | set(HYDRA_LAUNCHERS))
+    return names
+
+
+def _choices(override) -> list[str] | None:
+    """The literal value(s) of a parsed override, or None for sweep functions (glob, range...)."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    if override.is_delete():
+        return None
+    v = override.value()
+    if isinstance(v, ChoiceSweep):
+        return [str(x) for x in v.list]
+    if isinstance(v, (str, int, float)):
+        return [str(v)]
+    return None
+
+
+def _default_experiment() -> tuple[str, str]:
+    """(experiment, one-line note) that the `default` pointer resolves to on this machine."""
+    import yaml
+
+    pointer = yaml.safe_load((CONF / "experiment" / "default.yaml").read_text())["experiment"]["pointer"]
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if cuda:
+        return pointer["cuda"], f"CUDA device found: running the `{pointer['cuda']}` experiment (GPU)"
+    return pointer["cpu"], f"no CUDA device: running the CPU `{pointer['cpu']}` experiment (choose with experiment=<name>)"
+
+
+def prepare(cmd: str, args: list[str]) -> list[str]:
+    """Validate group choices, resolve the default experiment, add --multirun when an override sweeps."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        die(f"bad override: {str(e).splitlines()[0]}")
+    sweeping = False
+    exp_index = None
+    for i, o in enumerate(parsed):
+        sweeping = sweeping or o.is_sweep_override()
+        key = o.key_or_group
+        if key == "experiment":
+            exp_index = i
+        if key in CHECKED_GROUPS:
+            known = group_options(key)
+            for v in _choices(o) or []:
+                if v not in known:
+                    die(f"{key}={v!r} is unknown; supported: {', '.join(known)}")
+    if cmd == "sweep":
+        value = _choices(parsed[exp_index]) if exp_index is not None else None
+        if value is None or value == ["default"]:
+            name, note = _default_experiment()
+            print(note, flush=True)
+            ov = f"experiment={name}"
+            if exp_index is None:
+                overrides.append(ov)
+            else:
+                overrides[exp_index] = ov
+    if sweeping and not ({"-m", "--multirun"} & set(flags)):
+        flags.append("--multirun")
+    return flags + overrides + [f"cmd={cmd}"]
+
+
+def delegate(cmd: str, args: list[str]) -> int:
+    from experiments.runners import RunnerError, load_target
+
+    try:
+        fn = load_target(DELEGATES[cmd])
+    except RunnerError as e:
+        die(f"{cmd}: {e}")
+    return int(fn(args) or 0)
+
+
+def _task(cfg) -> None:
+    """Hydra task: one composed config (one job of a multirun)."""
+    from omegaconf import OmegaConf
+
+    from experiments.backends import UnknownBackendError
+    from experiments.isolation import WorkerSetupError
+    from experiments.runners import RunnerError
+    from experiments.sweep import SweepError, run_quick, run_sweep
+    from kernels.config import ConfigError
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        code = run_sweep(plain) if plain["cmd"] == "sweep" else run_quick(plain, plain["cmd"])
+    except (SweepError, UnknownBackendError, ConfigError, RunnerError, WorkerSetupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    _STATE["exit"] = max(_STATE["exit"], code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _STATE["exit"] = 0
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in SUBCOMMANDS:
+        die(f"unknown subcommand {cmd!r}; supported: {', '.join(SUBCOMMANDS)}")
+    if cmd in DELEGATES:
+        return delegate(cmd, rest)
+    import hydra
+
+    hydra_args = prepare(cmd, rest)
+    entry = hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")(_task)
+    sys.argv = [sys.argv[0], *hydra_args]
+    entry()
+    return _STATE["exit"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
