@@ -16,7 +16,9 @@ SOURCES = {
     "nv-hopper-wp": "NVIDIA H100 (Hopper) architecture whitepaper: 4 SM sub-partitions, 128 FP32 cores/SM, "
                     "tensor core 2x A100 per SM per clock (A100: 1024 dense FP16 FMA/clk/SM)",
     "cuda-guide": "CUDA C++ Programming Guide, 'Arithmetic Instructions' throughput table (results per clock "
-                  "per SM): fp32 add/mul/fma 128; 32-bit int add/shift 64; exp2/rcp/rsqrt (MUFU) 16, cc 9.0 and 10.0",
+                  "per SM): fp32 add/mul/fma 128; 32-bit int add/shift 64; exp2/rcp/rsqrt (MUFU) 16. The cc 9.0 / "
+                  "10.0 columns were not re-read for this project (the stored copies found hold older columns), "
+                  "so values sourced only to it are marked inferred",
     "fa4-paper": "Zadouri et al., FlashAttention-4 (arXiv 2603.05451), Sec. 3 'feeds and speeds' of B200: "
                  "8192 dense BF16 FLOPs/clk/SM, 16 exp2/clk/SM (MUFU), 128 B/clk/SM shared memory; "
                  "B200 = 2.25 dense BF16 PFLOP/s",
@@ -76,7 +78,8 @@ class GPU:
             if f.name in ("name", "arch", "sources"):
                 continue
             src = self.sources.get(f.name)
-            out.append(dict(gpu=self.name, field=f.name, value=getattr(self, f.name),
+            v = getattr(self, f.name)
+            out.append(dict(gpu=self.name, field=f.name, value=round(v, 1) if isinstance(v, float) else v,
                             source=src.label() if src else "", note=src.note if src else ""))
         return out
 
@@ -100,8 +103,9 @@ def _hopper_sources(ds_key: str) -> dict:
         "clock_mhz": Source(ds_key, inferred=True,
                             note="989.4e12 / (132 SMs x 4096 FLOP/clk) = 1830 MHz; max boost is 1980 MHz"),
         "mma_flops_per_clk": Source("nv-hopper-wp", inferred=True, note="2 x 1024 FMA x 2 FLOP"),
-        "mufu_ex2_per_clk": Source("cuda-guide", note="agrees with anchor-h200 (15.9/clk at 1.98 GHz)"),
-        "fma_per_clk": Source("cuda-guide"),
+        "mufu_ex2_per_clk": Source("anchor-h200", inferred=True,
+                                   note="measured 15.9/clk at 1.98 GHz, read as 16 (the guide's value)"),
+        "fma_per_clk": Source("nv-hopper-wp", note="128 FP32 cores per SM"),
         "alu_per_clk": Source("cuda-guide", inferred=True,
                               note="int add/shift 64; FMNMX and F2FP assumed on this pipe"),
         "issue_per_clk": Source("nv-hopper-wp", inferred=True,
@@ -132,10 +136,10 @@ def _blackwell_sources() -> dict:
                             note="2.25e15 / (148 SMs x 8192 FLOP/clk) = 1856 MHz"),
         "mma_flops_per_clk": Source("fa4-paper"),
         "mufu_ex2_per_clk": Source("fa4-paper"),
-        "fma_per_clk": Source("cuda-guide"),
+        "fma_per_clk": Source("nv-bwu-blog", inferred=True, note="128 CUDA cores per SM (stated for Blackwell Ultra)"),
         "alu_per_clk": Source("cuda-guide", inferred=True,
                               note="int add/shift 64; FMNMX and F2FP assumed on this pipe"),
-        "issue_per_clk": Source("cuda-guide", inferred=True,
+        "issue_per_clk": Source("nv-hopper-wp", inferred=True,
                                 note="4 warp schedulers x 1 instruction/clk x 32 lanes, as Hopper"),
         "smem_bytes_per_clk": Source("fa4-paper"),
         "hbm_tb_s": Source("nv-b200-ds"),

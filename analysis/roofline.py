@@ -245,8 +245,9 @@ def load_calibration(paths=None) -> dict:
 
 def calibrated_gpu(gpu: GPU, calib: dict | None) -> tuple[GPU, float, dict]:
     """Apply measured values (only to the GPU they were measured on). Returns the GPU, the polynomial
-    cost scale (measured issue cost of one software exp2 / POLY ops), and {field: 'measured'|'datasheet'}."""
-    used = {f: "datasheet" for f in ("clock_mhz", "mma_flops_per_clk", "mufu_ex2_per_clk", "smem_bytes_per_clk")}
+    cost scale (measured issue cost of one software exp2 / POLY ops), and {field: 'measured (...)' or
+    'hardware table'} (analysis/hardware.py, whose sources say datasheet / paper / inferred)."""
+    used = {f: "hardware table" for f in ("clock_mhz", "mma_flops_per_clk", "mufu_ex2_per_clk", "smem_bytes_per_clk")}
     used["poly_exp2"] = f"model ({POLY_FMA_OPS} fma + {POLY_ALU_OPS} alu ops)"
     if not calib:
         return gpu, 1.0, used
@@ -457,7 +458,7 @@ def _parse(args) -> argparse.Namespace:
     p.add_argument("--hdim", nargs="*", type=int, default=[64, 128, 192, 256])
     p.add_argument("--mode", nargs="*", default=["fwd", "bwd"])
     p.add_argument("--variant", nargs="*", default=list(VARIANTS))
-    p.add_argument("--datasheet", action="store_true", help="ignore measured microbench values")
+    p.add_argument("--datasheet", action="store_true", help="use the hardware table only (ignore measured microbench values)")
     if args is None:
         return p.parse_args([])
     if isinstance(args, (list, tuple)):
@@ -472,7 +473,7 @@ def _parse(args) -> argparse.Namespace:
         items = []
     for k, v in items:
         if hasattr(ns, k) and v is not None:
-            if k == "datasheet":
+            if k == "hardware table":
                 setattr(ns, k, bool(v))
             else:
                 setattr(ns, k, list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else [v])
@@ -481,7 +482,7 @@ def _parse(args) -> argparse.Namespace:
 
 def main(args=None) -> int:
     """`python run.py roofline [--gpu ...] [--hdim ...] [--mode ...] [--variant ...] [--datasheet]`: print the
-    hardware table, the values used (measured vs datasheet) and the bound per config and GPU. Returns 0."""
+    hardware table, the values used (measured vs hardware table) and the bound per config and GPU. Returns 0."""
     report(args)
     return 0
 

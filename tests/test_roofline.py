@@ -105,7 +105,7 @@ def test_predict_bounds_and_switches():
     e0 = rl.predict("b200", 128, False, {"exp2_emu_fraction": 0.0}, None, calib={})
     e3 = rl.predict("b300", 128, False, {"exp2_emu_fraction": 0.0}, None, calib={})
     assert e3.tile_cycles["mufu"] == e0.tile_cycles["mufu"] / 2
-    assert p.values_used["mufu_ex2_per_clk"] == "datasheet"
+    assert p.values_used["mufu_ex2_per_clk"] == "hardware table"
     with pytest.raises(ValueError, match="arch="):
         rl.predict("a100", 128)
 
@@ -124,12 +124,12 @@ def test_calibration_from_microbench_rows(tmp_path):
     assert set(calib) == {"mufu_ex2_per_clk_sm", "poly_exp2_per_clk_sm", "mix_exp2_per_clk_sm"}  # no failed row
     p = rl.predict("h200", 128, False, {"exp2_emu_fraction": 0.0}, None, calib=calib)
     assert p.values_used["mufu_ex2_per_clk"].startswith("measured")
-    assert p.values_used["smem_bytes_per_clk"] == "datasheet"
+    assert p.values_used["smem_bytes_per_clk"] == "hardware table"
     assert p.tile_cycles["mufu"] == 128 * 128 / 8.0
     assert "measured" in p.values_used["poly_exp2"]
     # measured on an H200: leaves the B200 alone
     q = rl.predict("b200", 128, False, None, None, calib=calib)
-    assert q.values_used["mufu_ex2_per_clk"] == "datasheet"
+    assert q.values_used["mufu_ex2_per_clk"] == "hardware table"
 
 
 def test_hardware_table_has_a_source_for_every_number():
