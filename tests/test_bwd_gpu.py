@@ -36,7 +36,7 @@ def _grads(q, k, v, do, causal, scale, dtype):
     return qq.grad.float(), kk.grad.float(), vv.grad.float()
 
 
-def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0):
+def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0, dq_via_smem=True):
     from kernels.sm90.backward import attention_backward
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -48,7 +48,7 @@ def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0):
     out = out32.to(dtype)
     ref = _grads(q.float(), k.float(), v.float(), do.float(), causal, scale, torch.float32)
     pt = _grads(q, k, v, do, causal, scale, dtype)
-    ours = attention_backward(q, k, v, out, do, lse.contiguous(), causal, scale, cfg)
+    ours = attention_backward(q, k, v, out, do, lse.contiguous(), causal, scale, cfg, _dq_via_smem=dq_via_smem)
     torch.cuda.synchronize()
     for name, x, r, p in zip(("dq", "dk", "dv"), ours, ref, pt):
         assert x.shape == r.shape and x.dtype == dtype, name
@@ -79,15 +79,17 @@ def test_bwd_default(dtype, hdim, causal, shape):
     _run_case(b, sq, sk, h, hdim, causal, getattr(torch, dtype), _cfg())
 
 
+# every switch value at both head dims, causal both ways; the dtype alternates with the head dim so each switch
+# meets both dtypes (the default config covers the full dtype x hdim x causal grid above)
 @pytest.mark.parametrize("switch", [dict(deterministic=True), dict(exp2_emu_fraction=0.0),
-                                    dict(exp2_emu_fraction=0.5), dict(exp2_emu_fraction=1.0),
-                                    dict(deterministic=True, exp2_emu_fraction=1.0), dict(two_cta=True),
-                                    dict(two_cta=True, deterministic=True, exp2_emu_fraction=0.5)])
-@pytest.mark.parametrize("hdim", [64, 128])
+                                    dict(exp2_emu_fraction=1.0), dict(two_cta=True),
+                                    dict(two_cta=True, deterministic=True, exp2_emu_fraction=0.5),
+                                    dict(deterministic=True, exp2_emu_fraction=0.5)])
+@pytest.mark.parametrize("hdim,dtype", [(64, "float16"), (128, "bfloat16")])
 @pytest.mark.parametrize("causal", [False, True])
-def test_bwd_switches(switch, hdim, causal):
-    _run_case(2, 333, 397, 2, hdim, causal, torch.bfloat16, _cfg(**switch), seed=1)
-    _run_case(1, 256, 256, 3, hdim, causal, torch.float16, _cfg(**switch), seed=2)
+def test_bwd_switches(switch, hdim, dtype, causal):
+    _run_case(2, 333, 397, 2, hdim, causal, getattr(torch, dtype), _cfg(**switch), seed=1)
+    _run_case(1, 256, 256, 3, hdim, causal, getattr(torch, dtype), _cfg(**switch), seed=2)
 
 
 def test_bwd_outputs_poisoned_then_written():
@@ -97,6 +99,13 @@ def test_bwd_outputs_poisoned_then_written():
     _run_case(1, 190, 190, 2, 128, True, torch.bfloat16, _cfg(), seed=3)
 
 
+@pytest.mark.parametrize("det,hdim,causal", [(False, 64, True), (True, 64, False), (False, 128, False),
+                                              (True, 128, True)])
+def test_bwd_register_atomics_path(det, hdim, causal):
+    """The older dQ path (red.global.add.v2.f32 from the MMA registers) stays correct."""
+    _run_case(2, 301, 333, 2, hdim, causal, torch.bfloat16, _cfg(deterministic=det), seed=6, dq_via_smem=False)
+
+
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_two_cta_odd_tile_count(hdim):
     """An odd number of K/V tiles leaves the last cluster with one CTA past seqlen_k."""
@@ -104,7 +113,7 @@ def test_two_cta_odd_tile_count(hdim):
     _run_case(2, 77, 260, 1, hdim, False, torch.float16, _cfg(two_cta=True, deterministic=True), seed=5)
 
 
-def _repeat_dq(cfg, causal, repeats):
+def _repeat_dq(cfg, causal, repeats, dq_via_smem=True):
     from kernels.sm90.backward import attention_backward
 
     b, s, h, d = 2, 2048, 8, 128
@@ -114,23 +123,26 @@ def _repeat_dq(cfg, causal, repeats):
     with torch.no_grad():
         out32, lse = _attn(q.float(), k.float(), v.float(), causal, scale)
     out = out32.to(torch.bfloat16)
-    first = attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
+    first = attention_backward(q, k, v, out, do, lse, causal, scale, cfg, _dq_via_smem=dq_via_smem)
     n_diff = 0
     for _ in range(repeats):
-        again = attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
+        again = attention_backward(q, k, v, out, do, lse, causal, scale, cfg, _dq_via_smem=dq_via_smem)
         n_diff += int(not all(torch.equal(a, c) for a, c in zip(first, again)))
     return n_diff
 
 
-@pytest.mark.parametrize("two_cta", [False, True])
+@pytest.mark.parametrize("variant", ["smem", "regs", "two_cta"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_bitwise(causal, two_cta):
-    n_diff = _repeat_dq(_cfg(deterministic=True, two_cta=two_cta), causal, 200)
+def test_deterministic_bitwise(causal, variant):
+    n_diff = _repeat_dq(_cfg(deterministic=True, two_cta=variant == "two_cta"), causal, 200,
+                        dq_via_smem=variant != "regs")
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 
 
-def test_nondeterministic_reorders(capsys):
-    """Report (not assert) whether plain atomics change dQ bits on the same shape."""
-    n_diff = _repeat_dq(_cfg(deterministic=False), False, 50)
+@pytest.mark.parametrize("variant", ["smem", "regs", "two_cta"])
+def test_nondeterministic_reorders(capsys, variant):
+    """Report (not assert) whether unordered dQ reductions change dQ bits on the same shape."""
+    n_diff = _repeat_dq(_cfg(deterministic=False, two_cta=variant == "two_cta"), False, 50,
+                        dq_via_smem=variant != "regs")
     with capsys.disabled():
-        print(f"\n[non-deterministic bwd] dq/dk/dv differed bitwise in {n_diff}/50 repeats")
+        print(f"\n[non-deterministic bwd, {variant}] dq/dk/dv differed bitwise in {n_diff}/50 repeats")

@@ -40,15 +40,15 @@ def _nvdisasm():
     pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
 
 
-def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False):
-    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}"
+def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, dq_via_smem=True):
+    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}_{int(dq_via_smem)}"
     dump.mkdir()
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
         compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}, two_cta={two_cta}),
-                         "bfloat16", {hdim}, {causal})
+                         "bfloat16", {hdim}, {causal}, dq_via_smem={dq_via_smem})
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
@@ -63,13 +63,23 @@ def test_deterministic_ordering_in_sass(tmp_path):
     plain = _main_sass(tmp_path, False, 0.0)
     for sass in (det, plain):
         assert "HGMMA.64x64x16.F32.BF16" in sass and "HGMMA.64x128x16.F32.BF16" in sass
-        assert "REDG.E.ADD.F32" in sass  # fp32 dQ accumulation in global memory
-    # acquire spin: a strong GPU-scope load of the semaphore, and a backward branch around it
+        assert "UBLKRED.G.S.ADD.F32" in sass  # dQ chunks bulk-reduced into global fp32 by the writer warp
+        assert "REDG.E.ADD.F32" not in sass
+    # acquire spin: a strong GPU-scope load of the semaphore; release add; fence before it
     assert re.search(r"LDG\.E\.STRONG\.GPU", det)
-    assert re.search(r"RED(G)?\.E\.ADD(\.S32)?\.STRONG\.GPU", det.replace("REDG.E.ADD.F32", ""))
-    assert "MEMBAR" in det or "FENCE" in det
+    assert re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", det)
+    assert "MEMBAR.ALL.GPU" in det
     assert not re.search(r"LDG\.E\.STRONG\.GPU", plain)
     assert "REDG.E.ADD.S32" not in plain
+
+
+def test_deterministic_ordering_register_atomics_path(tmp_path):
+    det = _main_sass(tmp_path, True, 0.0, dq_via_smem=False)
+    plain = _main_sass(tmp_path, False, 0.0, dq_via_smem=False)
+    for sass in (det, plain):
+        assert "REDG.E.ADD.F32x2" in sass and "UBLKRED" not in sass
+    assert re.search(r"LDG\.E\.STRONG\.GPU", det) and "REDG.E.ADD.S32.STRONG.GPU" in det
+    assert not re.search(r"LDG\.E\.STRONG\.GPU", plain)
 
 
 def test_exp2_fraction_in_sass(tmp_path):
@@ -81,7 +91,7 @@ def test_exp2_fraction_in_sass(tmp_path):
 
 def test_two_cta_cluster_in_sass(tmp_path):
     two = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=True)
-    one = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=False)
+    one = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=False, dq_via_smem=False)
     assert "UTMALDG.4D.MULTICAST" in two and "MULTICAST" not in one  # Q/dO (+LSE, dPsum) multicast
     assert re.search(r"UBLKCP\.S\.S", two) and "UBLKCP" not in one  # dS half -> peer's shared memory
     assert "UCGABAR_ARV" in two and "UCGABAR_WAIT" in two  # cluster barriers

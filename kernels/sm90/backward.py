@@ -30,7 +30,8 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
                           "(256 does not fit: dK+dV accumulators need 256 registers per thread)")
 
 
-def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool = True, args=None):
+def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool = True, args=None,
+           dq_via_smem: bool = True):
     """Compile (pre, main, post) for one key; with ``fake`` the arguments are symbolic (compile only)."""
     import cutlass
     import cutlass.cute as cute
@@ -43,9 +44,9 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool
     dt = _cutlass_dtype(dtype_name)
     main = FlashBwdSm90(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
                         exp2_emu_fraction=cfg.exp2_emu_fraction,
-                        consumer_regs=cfg.consumer_regs, producer_regs=cfg.producer_regs)
+                        consumer_regs=cfg.consumer_regs, producer_regs=cfg.producer_regs, dq_via_smem=dq_via_smem)
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m)
-    post = FlashBwdPostSm90(dt, hdim)
+    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem)
     if args is None:
         B, SQ, SK, H, SQP = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H", "SQP"))
         SQP = cute.sym_int32(divisibility=64, symbol="SQP")
@@ -70,12 +71,12 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool
                 tile_m=main.tile_m, tile_n=main.tile_n)
 
 
-def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool):
+def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, dq_via_smem: bool = True):
     """Compile the three backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host)."""
     cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
     _check_supported(cfg, hdim, hdim)
-    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim, causal, ARCH)
-    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal))
+    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim, causal, ARCH, dq_via_smem=dq_via_smem)
+    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, dq_via_smem=dq_via_smem))
 
 
 def _to_cute(t, leading_dim: int, align: int = 16):
@@ -84,8 +85,12 @@ def _to_cute(t, leading_dim: int, align: int = 16):
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config):
-    """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels."""
+def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, _dq_via_smem: bool = True):
+    """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels.
+
+    ``_dq_via_smem`` (internal, for A/B tests): False makes the one-CTA kernel reduce dQ with
+    red.global.add from registers instead of the shared-memory + bulk-reduce writer warp.
+    """
     import torch
     import cuda.bindings.driver as cuda
 
@@ -123,8 +128,9 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config):
     cargs = [_to_cute(t, 3) for t in (q, k, v, out, dout)] + [_to_cute(lse, 2, 4), _to_cute(lse2, 2), _to_cute(dpsum, 2),
                                                               _to_cute(dqacc, 3), _to_cute(dq, 3), _to_cute(dk, 3),
                                                               _to_cute(dv, 3), _to_cute(sem, 2, 4)]
-    key = cache_key("bwd", cfg, dtype_name, d, d, causal, ARCH)
-    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, fake=False, args=cargs + [stream]))
+    key = cache_key("bwd", cfg, dtype_name, d, d, causal, ARCH, dq_via_smem=_dq_via_smem)
+    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, fake=False, args=cargs + [stream],
+                                              dq_via_smem=_dq_via_smem))
     import cutlass
 
     scale = cutlass.Float32(softmax_scale)

@@ -13,11 +13,15 @@ computes, per Q tile, with wgmma:
     dK_w += dS^T Q      (RS)
     dQ[:, half w] = dS K[:, half w]   (SS; dS^T is stored transposed to shared memory, both warpgroups read it)
 
-dQ goes to a padded fp32 accumulator in global memory with red.global.add (``deterministic=False``) or,
-with ``deterministic=True``, in a fixed order: an int32 semaphore per (batch, head, Q tile); the CTA whose
-turn it is (acquire spin) adds its tile, fences and releases the next turn. For causal the turn order and the
-grid order are shortest-processing-time first (the K/V tile on the diagonal with the fewest Q tiles goes
-first). dK (times softmax_scale) and dV are written from registers at the end.
+dQ goes to a padded fp32 accumulator in global memory. One-CTA mode: each MMA warpgroup writes its fp32 dQ
+fragment to shared memory (in fragment order, so dQaccum is stored tile-blocked and the postprocess undoes
+the permutation) and warp 1 issues one ``cp.reduce.async.bulk .add.f32`` per warpgroup chunk (named barriers
+dQFull / dQEmpty hand the buffer over), so the MMA warps never wait on global memory. With
+``deterministic=True`` the writer adds in a fixed order: an int32 semaphore per (batch, head, Q tile); the
+CTA whose turn it is (acquire spin) adds its tile, waits for the reduction to complete, fences and releases
+the next turn. For causal the turn order and the grid order are shortest-processing-time first (the K/V tile
+on the diagonal, with the fewest Q tiles, goes first). dK (times softmax_scale) and dV are written from
+registers at the end. (``dq_via_smem=False`` keeps the older path: red.global.add.v2.f32 from registers.)
 
 ``two_cta=True``: clusters of 2 CTAs own adjacent K/V tiles (2p, 2p+1) and walk the same Q tiles. Q, dO,
 LSE and dPsum are loaded once per cluster: each CTA issues half of every tile with TMA multicast to both, and
@@ -50,6 +54,25 @@ from cutlass.experimental.primitives.nvvm_wrapper import cp_async_bulk_shared_cl
 from .bwd_exp2 import emulated_groups, exp2_poly
 
 _CLUSTER = _nvvm.MemScopeKind.CLUSTER
+
+
+_BAR_DQ_FULL = 3  # named barriers 3, 4: MMA warpgroup w -> writer warp (chunk w written)
+_BAR_DQ_EMPTY = 5  # named barriers 5, 6: writer warp -> MMA warpgroup w (chunk w free again)
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
+    """cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32: add nbytes of fp32 from smem into gmem."""
+    llvm.inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
 
 
 @dsl_user_op
@@ -85,7 +108,8 @@ class FlashBwdSm90:
     """Main backward kernel. Plain-Python knobs in, compile-time constants inside."""
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
-                 exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24):
+                 exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
+                 dq_via_smem: bool = True):
         if hdim not in BWD_TILES:
             raise ValueError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)}")
         self.dtype = dtype
@@ -97,6 +121,10 @@ class FlashBwdSm90:
         self.tile_m, self.tile_n = BWD_TILES[hdim]
         # two_cta: dQ^T per warpgroup is (64 head-dim rows) x (dq_n Q rows); the CTA owns tile_m/2 Q rows
         self.dq_n = self.tile_m // 2 if hdim == 128 else self.tile_m // 4
+        # one-CTA mode: dQ fragments staged in shared memory and bulk-reduced by a writer warp
+        self.dq_smem = bool(dq_via_smem) and not self.two_cta
+        self.dq_vals = self.tile_m * (hdim // 2) // 128  # fp32 dQ values per MMA thread
+        self.dq_chunk = 128 * self.dq_vals  # floats per warpgroup chunk
         self.num_mma_wg = 2
         assert self.tile_n == 64 * self.num_mma_wg
         self.num_threads = 128 * (self.num_mma_wg + 1)
@@ -180,6 +208,7 @@ class FlashBwdSm90:
         self.bytes_ds_half = (tm // 2) * tn * self.dtype.width // 8
         kp_cosize = cute.cosize(self.sK_layout) if const_expr(self.two_cta) else 0
         dsp_cosize = cute.cosize(self.sdSp_layout) if const_expr(self.two_cta) else 0
+        dq_cosize = self.num_mma_wg * self.dq_chunk if const_expr(self.dq_smem) else 0
 
         st = self.stages
 
@@ -197,6 +226,7 @@ class FlashBwdSm90:
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
             sKp: cute.struct.Align[cute.struct.MemRange[self.dtype, kp_cosize], 1024]
             sdSp: cute.struct.Align[cute.struct.MemRange[self.dtype, dsp_cosize], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_cosize], 128]
             mbar_dsfull: cute.struct.MemRange[cutlass.Int64, st]
             mbar_dsempty: cute.struct.MemRange[cutlass.Int64, st]
 
@@ -300,10 +330,14 @@ class FlashBwdSm90:
                 self.load(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
                           sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
                           n_block, head, batch, m_block_min, m_block_max, rank)
+            if const_expr(self.dq_smem):
+                if warp_idx == 1:
+                    self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), head, batch, m_block_min, m_block_max,
+                                   n_block, num_groups, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma(mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sKp, sdSp,
-                     sLSE, sdPsum, storage.sdS.data_ptr(), storage.sdSp.data_ptr(),
+                     sLSE, sdPsum, storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
                      storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr(),
                      pipe_q, pipe_do, pipe_kv, tidx - 128, n_block, head, batch, m_block_min, m_block_max,
                      num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank)
@@ -365,7 +399,7 @@ class FlashBwdSm90:
     # ---------------------------------------------------------------------------------------------
     @cute.jit
     def mma(self, mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sKp, sdSp,
-            sLSE, sdPsum, sdS_raw, sdSp_raw, mbar_dsfull, mbar_dsempty,
+            sLSE, sdPsum, sdS_raw, sdSp_raw, sdQ_raw, mbar_dsfull, mbar_dsempty,
             pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min, m_block_max,
             num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank):
         tm, tn, d, mc = self.tile_m, self.tile_n, self.hdim, self.cluster
@@ -531,8 +565,17 @@ class FlashBwdSm90:
                 cute.arch.mbarrier_arrive(mbar_dsempty + sidx, peer, scope=_CLUSTER)
 
             # dQ accumulation in global memory
+            if const_expr(self.dq_smem):
+                # hand the fp32 fragment to the writer warp: wait until it has read the previous one
+                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
+                sdQ_t = cute.make_tensor(sdQ_raw + (wg * self.dq_chunk + tid * 4),
+                                         cute.make_layout((4, self.dq_vals // 4), stride=(1, 512)))
+                for i in cutlass.range_constexpr(self.dq_vals):
+                    sdQ_t[i] = acc_dQ[i]
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
             sem_ptr = mSem.iterator + cute.crd2idx((m_block * mc + rank, head, batch), mSem.layout)
-            if const_expr(self.deterministic):
+            if const_expr(self.deterministic and not self.dq_smem):
                 turn = group
                 if const_expr(self.causal):
                     g_max = cute.ceil_div((m_block + 1) * tm + causal_off, mc * tn)
@@ -544,18 +587,18 @@ class FlashBwdSm90:
                     while cur != turn:
                         cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
                 sem_bar.arrive_and_wait()
-            if const_expr(not self.two_cta):
+            if const_expr(not self.two_cta and not self.dq_smem):
                 tdQgdQ = tdQgdQ_all[None, None, None, m_block]
                 # accumulator values (2i, 2i+1) are adjacent columns: one red.global.add.v2.f32 each
                 for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
                     ptr = tdQgdQ.iterator + cute.crd2idx(2 * i, tdQgdQ.layout)
                     red_add_v2_f32(ptr, acc_dQ[2 * i], acc_dQ[2 * i + 1])
-            else:
+            if const_expr(self.two_cta):
                 for i in cutlass.range_constexpr(cute.size(acc_dQ)):
                     dl, ql = tdQcdQ[i]
                     ptr = mdQ2.iterator + cute.crd2idx((m_row0 + q0 + ql, d0 + dl), mdQ2.layout)
                     cute.arch.red(ptr, acc_dQ[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
-            if const_expr(self.deterministic):
+            if const_expr(self.deterministic and not self.dq_smem):
                 sem_bar.arrive_and_wait()
                 if tidx == 0:
                     cute.arch.fence_acq_rel_gpu()
@@ -572,6 +615,48 @@ class FlashBwdSm90:
             if n_row0 + r < seqlen_k:
                 gdK[i] = rdK[i]
                 gdV[i] = rdV[i]
+
+    # ---------------------------------------------------------------------------------------------
+    @cute.jit
+    def dq_writer(self, mdQaccum, mSem, sdQ_raw, head, batch, m_block_min, m_block_max, n_block, num_groups,
+                  seqlen_q, seqlen_k):
+        """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic)."""
+        tm, tn = self.tile_m, self.tile_n
+        lane = cute.arch.lane_idx()
+        mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
+        causal_off = seqlen_k - seqlen_q
+        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            for w in cutlass.range_constexpr(self.num_mma_wg):
+                if const_expr(not self.deterministic):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+            sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
+            if const_expr(self.deterministic):
+                turn = n_block
+                if const_expr(self.causal):
+                    g_max = cute.ceil_div((m_block + 1) * tm + causal_off, tn)
+                    if g_max > num_groups:
+                        g_max = num_groups
+                    turn = g_max - 1 - n_block
+                if lane == 0:
+                    cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+                    while cur != turn:
+                        cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+                cute.arch.sync_warp()
+            for w in cutlass.range_constexpr(self.num_mma_wg):
+                cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                if lane == 0:
+                    gptr = mdQ2.iterator + (m_block * self.num_mma_wg + w) * self.dq_chunk
+                    bulk_reduce_add_f32(gptr, sdQ_raw + w * self.dq_chunk, self.dq_chunk * 4)
+                    cute.arch.cp_async_bulk_commit_group()
+            if const_expr(self.deterministic):
+                if lane == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_acq_rel_gpu()
+                    cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+                cute.arch.sync_warp()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):

@@ -1,17 +1,21 @@
 """Quick A/B timing of our sm90 backward against flash_attn.cute's (fa4_official), for the issue-4 report.
 
-``python -m kernels.sm90.bwd_bench [out.jsonl]`` on an H100/H200: hdim 64 and 128, seqlen 8k (batch 2,
-heads*hdim = 2048), causal both ways; ours (plain, deterministic, two_cta) and fa4_official (plain,
-deterministic). CUDA events, warm-up, variants interleaved round-robin, median of the repeats; backward FLOPs
+``python -m kernels.sm90.bwd_bench run --out rows.jsonl [--after f1 f2 ...]`` on an H100/H200: hdim 64 and 128,
+seqlen 8k (batch 2, heads*hdim = 2048), causal both ways; ours (plain, deterministic, two_cta, and the
+register-atomics dQ path) and fa4_official (plain, deterministic). ``--after`` waits for those files to exist
+before timing (compiles first, so a test run on the same GPU can finish meanwhile). ``warm-fa4 --hdim H
+--causal C`` compiles flash_attn.cute's kernels into its disk cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1). CUDA events, warm-up, variants interleaved round-robin, median of the repeats; backward FLOPs
 = 2.5 x forward (4*b*h*s^2*d, halved for causal). The sweep harness (experiments/) is the place for the
 committed benchmark; this module only gives the numbers one GPU session can afford.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import statistics
-import sys
+import time
 
 
 def _bench(fns: dict, repeats: int = 15, warmup: int = 3) -> dict:
@@ -32,52 +36,92 @@ def _bench(fns: dict, repeats: int = 15, warmup: int = 3) -> dict:
     return {k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}
 
 
-def main(path: str | None = None) -> list[dict]:
+def _inputs(hdim, causal, seqlen=8192):
     import torch
 
-    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    heads, batch = 2048 // hdim, 16384 // seqlen
+    q, k, v, do = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = 1.0 / math.sqrt(hdim)
+    out, lse = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)[:2]
+    return q, k, v, out, do, lse, scale, batch, heads, seqlen
+
+
+def _fns(q, k, v, out, do, lse, scale, causal, ours_only=False):
+    from flash_attn.cute.interface import _flash_attn_bwd
 
     from .. import AttnConfig
     from .backward import attention_backward
 
+    fns = {
+        "ours": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig()),
+        "ours_det": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(deterministic=True)),
+        "ours_2cta": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(two_cta=True)),
+        "ours_regs": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(), _dq_via_smem=False),
+    }
+    if not ours_only:
+        fns["fa4_official"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal)
+        fns["fa4_official_det"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal,
+                                                          deterministic=True)
+    return fns
+
+
+def warm_fa4(hdim: int, causal: bool) -> None:
+    import torch
+
+    q, k, v, out, do, lse, scale, *_ = _inputs(hdim, causal, seqlen=1024)
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    for det in (False, True):
+        _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal, deterministic=det)
+    torch.cuda.synchronize()
+
+
+def main(path: str | None = None, after: list[str] | None = None) -> list[dict]:
+    import torch
+
+    configs = [(h, c) for h in (64, 128) for c in (False, True)]
+    for hdim, causal in configs:  # compile everything first (small inputs; kernels are shape-generic)
+        q, k, v, out, do, lse, scale, *_ = _inputs(hdim, causal, seqlen=1024)
+        for fn in _fns(q, k, v, out, do, lse, scale, causal, ours_only=True).values():
+            fn()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    while after and not all(os.path.exists(f) for f in after) and time.time() - t0 < 400:
+        time.sleep(1.0)
     rows = []
-    seqlen = 8192
-    for hdim in (64, 128):
-        heads, batch = 2048 // hdim, 16384 // seqlen
-        for causal in (False, True):
-            q, k, v, do = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16)
-                           for _ in range(4))
-            scale = 1.0 / math.sqrt(hdim)
-            out, lse = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)[:2]
-            fns = {
-                "ours": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig()),
-                "ours_det": lambda: attention_backward(q, k, v, out, do, lse, causal, scale,
-                                                       AttnConfig(deterministic=True)),
-                "ours_2cta": lambda: attention_backward(q, k, v, out, do, lse, causal, scale,
-                                                        AttnConfig(two_cta=True)),
-                "fa4_official": lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal),
-                "fa4_official_det": lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale,
-                                                             causal=causal, deterministic=True),
-            }
-            res = _bench(fns)
-            flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
-            for name, (med, lo, hi) in res.items():
-                row = dict(backend=name, hdim=hdim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
-                           ms_median=med, ms_min=lo, ms_max=hi, tflops=flops / med / 1e9,
-                           gpu=torch.cuda.get_device_name())
-                rows.append(row)
-                print(f"hd{hdim} causal={int(causal)} {name:17s} {med:8.3f} ms  {flops / med / 1e9:7.1f} TFLOP/s"
-                      f"  [{lo:.3f}, {hi:.3f}]", flush=True)
-            base = res["ours"][0]
-            print(f"hd{hdim} causal={int(causal)} ratios: ours/fa4={res['fa4_official'][0] / base:.3f}  "
-                  f"det/ours={base / res['ours_det'][0]:.3f}  2cta/ours={base / res['ours_2cta'][0]:.3f}  "
-                  f"fa4det/fa4={res['fa4_official'][0] / res['fa4_official_det'][0]:.3f}", flush=True)
+    for hdim, causal in configs:
+        q, k, v, out, do, lse, scale, batch, heads, seqlen = _inputs(hdim, causal)
+        res = _bench(_fns(q, k, v, out, do, lse, scale, causal))
+        flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
+        for name, (med, lo, hi) in res.items():
+            row = dict(backend=name, hdim=hdim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
+                       ms_median=med, ms_min=lo, ms_max=hi, tflops=flops / med / 1e9,
+                       gpu=torch.cuda.get_device_name())
+            rows.append(row)
+            print(f"hd{hdim} causal={int(causal)} {name:17s} {med:8.3f} ms  {flops / med / 1e9:7.1f} TFLOP/s"
+                  f"  [{lo:.3f}, {hi:.3f}]", flush=True)
             if path:
                 with open(path, "a") as f:
-                    for row in rows[-len(res):]:
-                        f.write(json.dumps(row) + "\n")
+                    f.write(json.dumps(row) + "\n")
+        base = res["ours"][0]
+        print(f"hd{hdim} causal={int(causal)} ratios (speed): ours/fa4={res['fa4_official'][0] / base:.3f}  "
+              f"det/ours={base / res['ours_det'][0]:.3f}  2cta/ours={base / res['ours_2cta'][0]:.3f}  "
+              f"regs/ours={base / res['ours_regs'][0]:.3f}  "
+              f"fa4det/fa4={res['fa4_official'][0] / res['fa4_official_det'][0]:.3f}", flush=True)
     return rows
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd", choices=["run", "warm-fa4"])
+    ap.add_argument("--out")
+    ap.add_argument("--after", nargs="*")
+    ap.add_argument("--hdim", type=int)
+    ap.add_argument("--causal", type=int)
+    a = ap.parse_args()
+    if a.cmd == "warm-fa4":
+        warm_fa4(a.hdim, bool(a.causal))
+    else:
+        main(a.out, a.after)

@@ -1,28 +1,46 @@
 """Backward postprocess (sm_90a, CuTe DSL): dQ = fp32 dQaccum * softmax_scale, converted to the input dtype.
 
-dQaccum is (batch, heads, seqlen_q padded, head_dim) fp32; dQ is (batch, seqlen_q, heads, head_dim). Each
-thread converts 8 contiguous elements of one row.
+dQaccum is a (batch, heads, seqlen_q padded, head_dim) fp32 buffer in one of two orders:
+- ``blocked=False`` (two_cta kernel, red.global.add): row-major; each thread converts 8 elements of a row.
+- ``blocked=True`` (one-CTA kernel, bulk reductions): per Q tile, one chunk per MMA warpgroup holding each
+  thread's dQ accumulator fragment (values grouped by 4, thread-minor). The postprocess rebuilds the same
+  wgmma tiled MMA to recover each value's (row, column) and scatters into dQ (batch, seqlen_q, heads, hdim).
 """
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 
+import cutlass
 import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32
+from cutlass.cute.nvgpu import warpgroup
 
 
 class FlashBwdPostSm90:
-    def __init__(self, dtype, hdim: int):
+    def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False):
         self.dtype = dtype
         self.hdim = hdim
+        self.tile_m = tile_m
+        self.blocked = blocked
         self.tpr = hdim // 8
-        self.num_threads = 128
+        self.num_threads = 256 if blocked else 128
         self.rows_per_cta = self.num_threads // self.tpr
+        self.dq_vals = tile_m * (hdim // 2) // 128
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
-        grid = (cute.ceil_div(mdQ.shape[1], self.rows_per_cta), mdQ.shape[2], mdQ.shape[0])
-        self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+        if cutlass.const_expr(self.blocked):
+            mma_dQ = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
+                Float32, (1, 1, 1), (self.tile_m, self.hdim // 2))
+            grid = (cute.ceil_div(mdQ.shape[1], self.tile_m), mdQ.shape[2], mdQ.shape[0])
+            self.kernel_blocked(mdQaccum, mdQ, softmax_scale, mma_dQ).launch(
+                grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+        else:
+            grid = (cute.ceil_div(mdQ.shape[1], self.rows_per_cta), mdQ.shape[2], mdQ.shape[0])
+            self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[self.num_threads, 1, 1],
+                                                             stream=stream)
 
     @cute.kernel
     def kernel(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
@@ -37,3 +55,28 @@ class FlashBwdPostSm90:
             rdQ = cute.make_rmem_tensor((8,), self.dtype)
             rdQ.store((racc.load() * softmax_scale).to(self.dtype))
             cute.autovec_copy(rdQ, gdQ)
+
+    @cute.kernel
+    def kernel_blocked(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,
+                       mma_dQ: cute.TiledMma):
+        tm, d, nv = self.tile_m, self.hdim, self.dq_vals
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        wg = tidx // 128
+        tid = tidx % 128
+        thr = mma_dQ.get_slice(tid)
+        tcoord = thr.partition_C(cute.make_identity_tensor((tm, d // 2)))
+        mdQ2 = mdQaccum[batch, head, None, None]
+        base = mdQ2.iterator + ((m_block * 2 + wg) * 128 * nv + tid * 4)
+        gacc = cute.make_tensor(base, cute.make_layout((4, nv // 4), stride=(1, 512)))
+        racc = cute.make_rmem_tensor((4, nv // 4), Float32)
+        for j in cutlass.range_constexpr(nv // 4):
+            cute.autovec_copy(gacc[None, j], racc[None, j])
+        rdQ = cute.make_rmem_tensor((4, nv // 4), self.dtype)
+        rdQ.store((racc.load() * softmax_scale).to(self.dtype))
+        seqlen_q = mdQ.shape[1]
+        for i in cutlass.range_constexpr(nv):
+            r, c = tcoord[i]
+            row = m_block * tm + r
+            if row < seqlen_q:
+                mdQ[batch, row, head, wg * (d // 2) + c] = rdQ[i]
