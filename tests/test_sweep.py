@@ -202,3 +202,12 @@ def test_load_results_flattens_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a rows.jsonl file nor a folder"):
         load_results(tmp_path / "missing")
     assert os.path.basename(df["source"].iloc[0]) == "rows.jsonl"
+
+
+@pytest.mark.parametrize("name", ["numerics", "fwd_peers", "bwd_peers", "fwd_ablation", "bwd_ablation",
+                                  "fault_demo", "fault_cpu"])
+def test_every_experiment_expands(name):
+    """Backend names, variants and shapes of every shipped experiment are valid (nothing runs)."""
+    jobs = expand_jobs(composed(f"experiment={name}"))
+    assert jobs and all(j["experiment"] == name and j["kind"] for j in jobs)
+    assert len({job_key(j) for j in jobs}) == len(jobs)
