@@ -79,7 +79,7 @@ def fit_poly(degree: int, lo: float = -0.5, hi: float = 0.5, points: int = 4001,
 def _fma32(a: torch.Tensor, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
     """fp32 fused multiply-add: exact product in fp64 (24+24 bits fit in 53), one add, round to fp32."""
     a64 = a.double()
-    b64 = b.double() if isinstance(b, torch.Tensor) else float(b)
+    b64 = (b if b.dtype == torch.float64 else b.double()) if isinstance(b, torch.Tensor) else float(b)
     c64 = c.double() if isinstance(c, torch.Tensor) else float(c)
     return (a64 * b64 + c64).float()
 
@@ -114,9 +114,10 @@ def exp2_poly(x: torch.Tensor, degree: int = 3, coeffs=None, reduction: str = "r
     else:
         raise ValueError(f"reduction={reduction!r}: supported are 'round' (kernels) and 'floor' (paper's [0,1) fit)")
     f = xf - n  # exact in fp32 (Sterbenz)
+    f64 = f.double()
     p = torch.full_like(f, cs[-1])
     for c in reversed(cs[:-1]):
-        p = _fma32(p, f, c)
+        p = _fma32(p, f64, c)
     ni = torch.nan_to_num(n, nan=0.0).to(torch.int32)
     bits = p.view(torch.int32) + torch.bitwise_left_shift(ni, 23)
     out = bits.view(torch.float32)

@@ -165,7 +165,9 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
             valid = (j < tile_nmax[row_tile])[:, None].expand(rows, c1 - c0)
             if causal:
                 valid = valid & _causal_mask(sq, sk, r0, r1, c0, c1, q.device)
-            s2 = s2.masked_fill(~valid, float("-inf"))
+            all_valid = bool(valid.all())
+            if not all_valid:
+                s2 = s2.masked_fill(~valid, float("-inf"))
             bm = s2.amax(dim=-1)
             if tau > 0:
                 need = bm > m + tau  # -inf > -inf is False: an all-masked block never asks for a rescale
@@ -192,9 +194,12 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
             l = l + p.sum(dim=-1)
             p_in = p.to(q.dtype).to(acc)  # P rounded to the input dtype before the PV product
             o = o + torch.matmul(p_in, vf[:, :, c0:c1])
-            nvalid = int(valid.sum())
-            valid_elems += nvalid * b * h
-            emu_elems += int((valid & emu_cols[: c1 - c0]).sum()) * b * h
+            if all_valid:
+                valid_elems += rows * (c1 - c0) * b * h
+                emu_elems += rows * int(emu_cols[: c1 - c0].sum()) * b * h
+            else:
+                valid_elems += int(valid.sum()) * b * h
+                emu_elems += int((valid & emu_cols[: c1 - c0]).sum()) * b * h
         alive = l > 0
         out[:, :, r0:r1] = o * (1.0 / torch.where(alive, l, torch.ones_like(l)))[..., None]
         lse[:, :, r0:r1] = torch.where(alive, (m + torch.log2(torch.where(alive, l, torch.ones_like(l)))) * LN2,
