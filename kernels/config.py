@@ -19,9 +19,12 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #   exp2_emu_fraction : share of exponentials done on the FMA pipe, (non-causal, causal)
 #   consumer_regs / producer_regs : setmaxnreg budgets per thread (Hopper warp specialisation)
 DEFAULTS: dict[tuple[str, int], dict] = {
-    # sm90: tile_m = 64 rows per consumer warpgroup x 2 warpgroups (pingpong = one Q tile each)
-    ("sm90", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=240, producer_regs=24),
-    ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=240, producer_regs=24),
+    # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
+    # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
+    # (hd64: 515 -> 473 TFLOP/s at 1/4; hd128: 625 -> 591 at 1/8): each emulated exp2 costs ~9 FMA/ALU-pipe
+    # instructions and pingpong already hides MUFU under the GEMMs. The switch stays for ablations.
+    ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32),
+    ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
     ("sm90", 192): dict(tile_m=128, tile_n=112, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
