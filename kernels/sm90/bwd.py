@@ -489,23 +489,25 @@ class FlashBwdSm90:
             self.gemm(mma_S, acc_dP, tSrV, tSrdO[None, None, None, sidx], zero_init=True)
             warpgroup.commit_group()
 
-            # P^T = exp2(S^T * scale_log2 - LSE_log2), masked
+            # P^T = exp2(S^T * scale_log2 - LSE_log2); masks only on tiles that cross seqlen_k or the diagonal
             warpgroup.wait_group(1)
             m_row0 = m_block * tm
             tLSE = tSsLSE[None, None, None, sidx]
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                r, c = tScS[i]
-                n_g = n_row0 + r
-                x = acc_S[i] * scale_log2 - tLSE[i]
-                masked = n_g >= seqlen_k
-                if const_expr(self.causal):
-                    masked = masked | (n_g > m_row0 + c + causal_off)
-                p = Float32(0.0)
-                if const_expr((i // 4) < self.exp2_emu_groups):
-                    p = exp2_poly(x)
-                else:
-                    p = cute.math.exp2(x, fastmath=True)
-                acc_S[i] = Float32(0.0) if masked else p
+            need_mask = (n_block + 1) * tn > seqlen_k
+            if const_expr(self.causal):
+                need_mask = need_mask | ((n_block + 1) * tn - 1 > m_row0 + causal_off)
+            if need_mask:
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    r, c = tScS[i]
+                    n_g = n_row0 + r
+                    masked = n_g >= seqlen_k
+                    if const_expr(self.causal):
+                        masked = masked | (n_g > m_row0 + c + causal_off)
+                    p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+                    acc_S[i] = Float32(0.0) if masked else p
+            else:
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
             rP_acc.store(acc_S.load().to(self.dtype))
 
             # dS^T = P^T * (dP^T - dPsum)
@@ -657,6 +659,16 @@ class FlashBwdSm90:
                     cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def exp2_elem(self, x: Float32, i: cutlass.Constexpr) -> Float32:
+        """exp2 of accumulator element i: the polynomial for the first exp2_emu_groups fragments, else MUFU."""
+        p = Float32(0.0)
+        if const_expr((i // 4) < self.exp2_emu_groups):
+            p = exp2_poly(x)
+        else:
+            p = cute.math.exp2(x, fastmath=True)
+        return p
 
     @cute.jit
     def gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
