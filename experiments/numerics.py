@@ -265,7 +265,7 @@ def finalize(df, outdir) -> list[str]:
     dtypes = [x for x in DTYPES if x in set(wide["dtype"])]
     ncol = len(dtypes) + 1
     fig, axes = plt.subplots(len(dists), ncol, figsize=(5.2 * ncol, 3.6 * len(dists)), squeeze=False)
-    wide = wide.assign(frac=wide["exp2_fraction"].map(lambda f: f"{f:g}"), hd=wide["hdim"].map(lambda h: f"d{h}"))
+    wide = wide.assign(frac=wide["exp2_fraction"].map(lambda f: f"{f:g}"), hd=wide["hdim"].map(lambda h: f"d{int(h)}"))
     palette = dict(zip(sorted(wide["frac"].unique(), key=float), sns.color_palette("viridis", wide["frac"].nunique())))
     for i, dist in enumerate(dists):
         for j, dt in enumerate(dtypes):

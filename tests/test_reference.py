@@ -231,7 +231,7 @@ def test_errors_are_one_line_and_name_the_argument():
     with pytest.raises(ConfigError, match="softmax_scale"):
         attention_model(q, k, v, softmax_scale=-1.0)
     with pytest.raises(ConfigError, match="rescale_group"):
-        attention_model(q, k, v, rescale_group=48)
+        attention_model(q, k, v, rescale_group=7)
     with pytest.raises(ConfigError, match="block_order"):
         attention_model(q, k, v, block_order="random")
     with pytest.raises(ConfigError, match="config"):
