@@ -5,7 +5,8 @@ ever forked) and sends it one job at a time. A job past ``job_timeout_s`` gets i
 fail row of class ``timeout``; a worker that dies (segfault, CUDA fault, exit) gives a fail row of class
 ``cuda_fault`` (or ``crash`` when nothing in its stderr points at CUDA) with the first lines of its stderr;
 an exception inside the job comes back as a fail row (``compile_error``, ``cuda_fault`` or ``error``)
-without killing the worker, except after a CUDA fault, which poisons the context: that worker is replaced.
+without killing the worker, except after a CUDA fault (raised, or recorded in a row by the runner), which
+poisons the context: that worker is replaced.
 
 ``InlineExecutor`` runs jobs in the driver process (no fork/spawn cost): exceptions become fail rows,
 a SIGALRM watchdog interrupts Python-level hangs, and a CUDA fault stops the sweep (a rerun resumes).
@@ -18,6 +19,7 @@ import faulthandler
 import importlib
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -73,10 +75,14 @@ def classify_exception(exc: BaseException) -> str:
     explicit = getattr(exc, "error_class", None)
     if isinstance(explicit, str) and explicit:
         return explicit
-    from experiments.attn_job import _chain, classify_error
+    from experiments.attn_job import classify_error
 
     cls = classify_error(exc)
-    if cls == "error" and any(marker in fr.filename for e in _chain(exc)
+    chain, e = [], exc
+    while e is not None and len(chain) < 16:  # the exception and its causes
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if cls == "error" and any(marker in fr.filename for e in chain
                               for fr in traceback.extract_tb(e.__traceback__) for marker in _COMPILE_FRAMES):
         return "compile_error"
     return cls
@@ -205,6 +211,7 @@ class ProcessExecutor:
         self.imports = list(imports or ())
         self.job_timeout_s = float(job_timeout_s)
         self._ctx = mp.get_context("spawn")
+        self._own_dir = log_dir is None
         self._dir = log_dir or tempfile.mkdtemp(prefix="fa4lab-worker-")
         self.log_path = os.path.join(self._dir, f"worker-{os.getpid()}.log")
         self.proc = None
@@ -301,6 +308,8 @@ class ProcessExecutor:
             except (OSError, ValueError):
                 pass
         self._kill()
+        if self._own_dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class InlineExecutor:

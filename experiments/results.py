@@ -102,10 +102,6 @@ class ResultStore:
             return False
         return not (retry_failed and self._status[key].get("fail"))
 
-    def rows(self) -> list[dict]:
-        self.flush()
-        return read_rows(self.path)
-
     # ---- writes -----------------------------------------------------------------------------
     def append(self, row: dict) -> None:
         """Append one row and flush it to disk."""

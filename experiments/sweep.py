@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from experiments.isolation import CudaContextPoisoned, failure_row, import_plugins, make_executor
-from experiments.results import ResultStore, job_key
+from experiments.results import ResultStore, job_key, read_rows
 from experiments.runners import RUNNERS, get_runner, load_target
 
 PRODUCT_KINDS = ("attn", "smoke")  # kinds the built-in product expansion makes
@@ -275,7 +275,7 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
             executor.close()
         store.close()
     keys = {k for k, _ in keyed}
-    rows = [r for r in ResultStore(path).rows() if r.get("job_key") in keys]
+    rows = [r for r in read_rows(path) if r.get("job_key") in keys]
     print(summarize(rows), file=out)
     if stopped:
         print(f"{name}: stopped early: {stopped}; rerun to resume (isolation=process survives faults)", file=out)

@@ -11,7 +11,7 @@ import pytest
 import run
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.filterwarnings("ignore:.*validated against ConfigStore schema:UserWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema:UserWarning")
 
 
 def _error_line(capsys, argv) -> str:

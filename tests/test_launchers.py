@@ -16,7 +16,7 @@ from experiments.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 # conf/hydra/launcher/submitit_*.yaml deliberately extend the plugin's schemas of the same name
-pytestmark = pytest.mark.filterwarnings("ignore:.*validated against ConfigStore schema:UserWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema:UserWarning")
 LAUNCHERS = {
     "basic": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
     "submitit_local": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
@@ -87,3 +87,16 @@ def test_multirun_through_run_py(tmp_path):
     assert "#0 : " in done.stdout + done.stderr and "#1 : " in done.stdout + done.stderr  # Hydra's job lines
     rows = read_rows(tmp_path / "fault_cpu" / "rows.jsonl")
     assert len(rows) == 4 and len({r["job_key"] for r in rows}) == 4  # 2 shapes x 2 sleep values
+
+
+def test_submitit_local_multirun_runs(tmp_path):
+    """The submitit_local launcher really runs the jobs (in their own processes); SLURM is only composed."""
+    args = [sys.executable, str(ROOT / "run.py"), "sweep", "experiment=fault_cpu", "shape=cpu",
+            "shape.grid.seqlens=[64]", "experiment.backends=[reference]", "experiment.job_params.sleep_s=0,0.01",
+            "isolation=inline", "progress=false", "hydra/launcher=submitit_local", "hydra.launcher.gpus_per_node=0",
+            f"results_dir={tmp_path}", f"hydra.sweep.dir={tmp_path}/multirun"]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Submitit 'local' sweep output dir" in done.stdout + done.stderr
+    rows = read_rows(tmp_path / "fault_cpu" / "rows.jsonl")
+    assert len(rows) == 4 and len({r["job_key"] for r in rows}) == 4
