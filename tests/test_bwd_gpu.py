@@ -36,7 +36,7 @@ def _grads(q, k, v, do, causal, scale, dtype):
     return qq.grad.float(), kk.grad.float(), vv.grad.float()
 
 
-def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0, dq_via_smem=True):
+def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0, dq_via_smem=None):
     from kernels.sm90.backward import attention_backward
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -99,11 +99,14 @@ def test_bwd_outputs_poisoned_then_written():
     _run_case(1, 190, 190, 2, 128, True, torch.bfloat16, _cfg(), seed=3)
 
 
+@pytest.mark.parametrize("dq_via_smem", [False, True])
 @pytest.mark.parametrize("det,hdim,causal", [(False, 64, True), (True, 64, False), (False, 128, False),
                                               (True, 128, True)])
-def test_bwd_register_atomics_path(det, hdim, causal):
-    """The older dQ path (red.global.add.v2.f32 from the MMA registers) stays correct."""
-    _run_case(2, 301, 333, 2, hdim, causal, torch.bfloat16, _cfg(deterministic=det), seed=6, dq_via_smem=False)
+def test_bwd_dq_paths(dq_via_smem, det, hdim, causal):
+    """Both dQ reductions of the one-CTA kernel: red.global.add from registers, and shared memory +
+    cp.reduce.async.bulk from the writer warp (tile-blocked dQaccum, undone by the postprocess)."""
+    _run_case(2, 301, 333, 2, hdim, causal, torch.bfloat16, _cfg(deterministic=det), seed=6, dq_via_smem=dq_via_smem)
+    _run_case(1, 64, 64, 1, hdim, causal, torch.float16, _cfg(deterministic=det), seed=7, dq_via_smem=dq_via_smem)
 
 
 @pytest.mark.parametrize("hdim", [64, 128])
@@ -113,7 +116,7 @@ def test_two_cta_odd_tile_count(hdim):
     _run_case(2, 77, 260, 1, hdim, False, torch.float16, _cfg(two_cta=True, deterministic=True), seed=5)
 
 
-def _repeat_dq(cfg, causal, repeats, dq_via_smem=True):
+def _repeat_dq(cfg, causal, repeats, dq_via_smem=None):
     from kernels.sm90.backward import attention_backward
 
     b, s, h, d = 2, 2048, 8, 128
@@ -135,7 +138,7 @@ def _repeat_dq(cfg, causal, repeats, dq_via_smem=True):
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_bitwise(causal, variant):
     n_diff = _repeat_dq(_cfg(deterministic=True, two_cta=variant == "two_cta"), causal, 200,
-                        dq_via_smem=variant != "regs")
+                        dq_via_smem=variant == "smem")
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 
 
@@ -143,6 +146,6 @@ def test_deterministic_bitwise(causal, variant):
 def test_nondeterministic_reorders(capsys, variant):
     """Report (not assert) whether unordered dQ reductions change dQ bits on the same shape."""
     n_diff = _repeat_dq(_cfg(deterministic=False, two_cta=variant == "two_cta"), False, 50,
-                        dq_via_smem=variant != "regs")
+                        dq_via_smem=variant == "smem")
     with capsys.disabled():
         print(f"\n[non-deterministic bwd, {variant}] dq/dk/dv differed bitwise in {n_diff}/50 repeats")

@@ -12,6 +12,9 @@ from ..compile_cache import cache_key, get_or_compile
 from ..config import AttnConfig, ConfigError
 
 ARCH = "sm90"
+# dQ reduction of the one-CTA kernel: False = red.global.add.v2.f32 from the MMA registers (GPU-verified
+# path); True = shared memory + cp.reduce.async.bulk by a writer warp (FA4's scheme; compile/SASS-verified only).
+DQ_VIA_SMEM_DEFAULT = False
 
 
 def _cutlass_dtype(dtype_name: str):
@@ -31,7 +34,7 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
 
 
 def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool = True, args=None,
-           dq_via_smem: bool = True):
+           dq_via_smem: bool = DQ_VIA_SMEM_DEFAULT):
     """Compile (pre, main, post) for one key; with ``fake`` the arguments are symbolic (compile only)."""
     import cutlass
     import cutlass.cute as cute
@@ -71,7 +74,8 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool
                 tile_m=main.tile_m, tile_n=main.tile_n)
 
 
-def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, dq_via_smem: bool = True):
+def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool,
+                     dq_via_smem: bool = DQ_VIA_SMEM_DEFAULT):
     """Compile the three backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host)."""
     cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
     _check_supported(cfg, hdim, hdim)
@@ -85,12 +89,14 @@ def _to_cute(t, leading_dim: int, align: int = 16):
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, _dq_via_smem: bool = True):
+def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, _dq_via_smem: bool | None = None):
     """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels.
 
-    ``_dq_via_smem`` (internal, for A/B tests): False makes the one-CTA kernel reduce dQ with
-    red.global.add from registers instead of the shared-memory + bulk-reduce writer warp.
+    ``_dq_via_smem`` (internal, for A/B tests; None = DQ_VIA_SMEM_DEFAULT): True makes the one-CTA kernel
+    reduce dQ through shared memory and cp.reduce.async.bulk from a writer warp instead of red.global.add.
     """
+    if _dq_via_smem is None:
+        _dq_via_smem = DQ_VIA_SMEM_DEFAULT
     import torch
     import cuda.bindings.driver as cuda
 

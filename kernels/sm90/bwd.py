@@ -21,7 +21,8 @@ dQFull / dQEmpty hand the buffer over), so the MMA warps never wait on global me
 CTA whose turn it is (acquire spin) adds its tile, waits for the reduction to complete, fences and releases
 the next turn. For causal the turn order and the grid order are shortest-processing-time first (the K/V tile
 on the diagonal, with the fewest Q tiles, goes first). dK (times softmax_scale) and dV are written from
-registers at the end. (``dq_via_smem=False`` keeps the older path: red.global.add.v2.f32 from registers.)
+registers at the end. ``dq_via_smem=False`` (the default, see backward.py) instead has the MMA threads add
+their fragments with red.global.add.v2.f32 and take the semaphore turns themselves.
 
 ``two_cta=True``: clusters of 2 CTAs own adjacent K/V tiles (2p, 2p+1) and walk the same Q tiles. Q, dO,
 LSE and dPsum are loaded once per cluster: each CTA issues half of every tile with TMA multicast to both, and
@@ -51,7 +52,7 @@ from cutlass._mlir.dialects import nvvm as _nvvm
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.experimental.primitives.nvvm_wrapper import cp_async_bulk_shared_cluster_shared_cta
 
-from .bwd_exp2 import emulated_groups, exp2_poly
+from .exp2 import compiled_fraction, emulated_fragments, exp2_poly
 
 _CLUSTER = _nvvm.MemScopeKind.CLUSTER
 
@@ -109,7 +110,7 @@ class FlashBwdSm90:
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
-                 dq_via_smem: bool = True):
+                 dq_via_smem: bool = False):
         if hdim not in BWD_TILES:
             raise ValueError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)}")
         self.dtype = dtype
@@ -130,10 +131,11 @@ class FlashBwdSm90:
         self.num_threads = 128 * (self.num_mma_wg + 1)
         self.num_mma_threads = 128 * self.num_mma_wg
         self.stages = NUM_STAGES
-        # exp2 emulation: a thread's S^T fragment holds tile_m/8 groups of 4 values (one per 8 columns)
+        # exp2 emulation (the forward's polynomial, kernels/sm90/exp2.py): a thread's S^T accumulator holds
+        # tile_m/8 fragments of 4 values (one per 8 Q rows); whole fragments go to the FMA pipe
         self.exp2_groups = self.tile_m // 8
-        self.exp2_emu_groups = emulated_groups(exp2_emu_fraction, self.exp2_groups)
-        self.exp2_fraction_compiled = self.exp2_emu_groups / self.exp2_groups
+        self.exp2_emu_frags = emulated_fragments(self.exp2_groups, exp2_emu_fraction)
+        self.exp2_fraction_compiled = compiled_fraction(self.exp2_groups, exp2_emu_fraction)
         self.consumer_regs = min(240, consumer_regs)
         self.producer_regs = producer_regs
         assert self.producer_regs + self.num_mma_wg * self.consumer_regs <= 512
@@ -662,9 +664,9 @@ class FlashBwdSm90:
 
     @cute.jit
     def exp2_elem(self, x: Float32, i: cutlass.Constexpr) -> Float32:
-        """exp2 of accumulator element i: the polynomial for the first exp2_emu_groups fragments, else MUFU."""
+        """exp2 of accumulator element i: the FMA-pipe polynomial on the emulated fragments, else MUFU.EX2."""
         p = Float32(0.0)
-        if const_expr((i // 4) < self.exp2_emu_groups):
+        if const_expr((i // 4) in self.exp2_emu_frags):
             p = exp2_poly(x)
         else:
             p = cute.math.exp2(x, fastmath=True)

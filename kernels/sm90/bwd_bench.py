@@ -2,7 +2,7 @@
 
 ``python -m kernels.sm90.bwd_bench run --out rows.jsonl [--after f1 f2 ...]`` on an H100/H200: hdim 64 and 128,
 seqlen 8k (batch 2, heads*hdim = 2048), causal both ways; ours (plain, deterministic, two_cta, and the
-register-atomics dQ path) and fa4_official (plain, deterministic). ``--after`` waits for those files to exist
+register-atomics and shared-memory dQ paths explicitly) and fa4_official (plain, deterministic). ``--after`` waits for those files to exist
 before timing (compiles first, so a test run on the same GPU can finish meanwhile). ``warm-fa4 --hdim H
 --causal C`` compiles flash_attn.cute's kernels into its disk cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1). CUDA events, warm-up, variants interleaved round-robin, median of the repeats; backward FLOPs
 = 2.5 x forward (4*b*h*s^2*d, halved for causal). The sweep harness (experiments/) is the place for the
@@ -59,6 +59,9 @@ def _fns(q, k, v, out, do, lse, scale, causal, ours_only=False):
         "ours_det": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(deterministic=True)),
         "ours_2cta": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(two_cta=True)),
         "ours_regs": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(), _dq_via_smem=False),
+        "ours_smem": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(), _dq_via_smem=True),
+        "ours_smem_det": lambda: attention_backward(q, k, v, out, do, lse, causal, scale,
+                                                    AttnConfig(deterministic=True), _dq_via_smem=True),
     }
     if not ours_only:
         fns["fa4_official"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal)
@@ -108,7 +111,8 @@ def main(path: str | None = None, after: list[str] | None = None) -> list[dict]:
         base = res["ours"][0]
         print(f"hd{hdim} causal={int(causal)} ratios (speed): ours/fa4={res['fa4_official'][0] / base:.3f}  "
               f"det/ours={base / res['ours_det'][0]:.3f}  2cta/ours={base / res['ours_2cta'][0]:.3f}  "
-              f"regs/ours={base / res['ours_regs'][0]:.3f}  "
+              f"smem/regs={res['ours_regs'][0] / res['ours_smem'][0]:.3f}  "
+              f"smem_det/smem={res['ours_smem'][0] / res['ours_smem_det'][0]:.3f}  "
               f"fa4det/fa4={res['fa4_official'][0] / res['fa4_official_det'][0]:.3f}", flush=True)
     return rows
 
