@@ -113,7 +113,7 @@ def delegate(cmd: str, args: list[str]) -> int:
     try:
         fn = load_target(DELEGATES[cmd])
     except RunnerError as e:
-        die(f"{cmd}: {e}")
+        die(f"{cmd}: {DELEGATES[cmd]} is not available ({e})")
     return int(fn(args) or 0)
 
 

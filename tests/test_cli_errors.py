@@ -71,3 +71,9 @@ def test_help_and_missing_subcommand(capsys):
     assert run.main(["--help"]) == 0
     assert "usage: python run.py {sweep|bench|check|roofline|figures}" in capsys.readouterr().out
     assert run.main([]) == 2
+
+
+def test_delegate_that_is_missing(capsys, monkeypatch):
+    monkeypatch.setitem(run.DELEGATES, "figures", "analysis.no_such_module:main")
+    err = _error_line(capsys, ["figures"])
+    assert err.startswith("error: figures: analysis.no_such_module:main is not available")
