@@ -13,16 +13,17 @@ computes, per Q tile, with wgmma:
     dK_w += dS^T Q      (RS)
     dQ[:, half w] = dS K[:, half w]   (SS; dS^T is stored transposed to shared memory, both warpgroups read it)
 
-dQ goes to a padded fp32 accumulator in global memory. One-CTA mode: each MMA warpgroup writes its fp32 dQ
-fragment to shared memory (in fragment order, so dQaccum is stored tile-blocked and the postprocess undoes
-the permutation) and warp 1 issues one ``cp.reduce.async.bulk .add.f32`` per warpgroup chunk (named barriers
-dQFull / dQEmpty hand the buffer over), so the MMA warps never wait on global memory. With
-``deterministic=True`` the writer adds in a fixed order: an int32 semaphore per (batch, head, Q tile); the
-CTA whose turn it is (acquire spin) adds its tile, waits for the reduction to complete, fences and releases
-the next turn. For causal the turn order and the grid order are shortest-processing-time first (the K/V tile
-on the diagonal, with the fewest Q tiles, goes first). dK (times softmax_scale) and dV are written from
-registers at the end. ``dq_via_smem=False`` (the default, see backward.py) instead has the MMA threads add
-their fragments with red.global.add.v2.f32 and take the semaphore turns themselves.
+dQ goes to a padded fp32 accumulator in global memory, by one of two one-CTA paths (``dq_via_smem``):
+- False (default): the MMA threads add their fp32 fragments with red.global.add.v2.f32.
+- True: each MMA warpgroup writes its fragment to shared memory (in fragment order, so dQaccum is stored
+  tile-blocked and the postprocess undoes the permutation) and warp 1 issues one ``cp.reduce.async.bulk
+  .add.f32`` per warpgroup chunk (named barriers dQFull / dQEmpty hand the buffer over), so the MMA warps
+  do not wait on global memory (FA4's scheme).
+With ``deterministic=True`` the adds happen in a fixed order: an int32 semaphore per (batch, head, Q tile);
+the CTA whose turn it is (acquire spin, by MMA thread 0 or by the writer warp) adds its tile, fences (after
+waiting for the bulk reduction to complete) and releases the next turn (red.release). For causal the turn
+order and the grid order are shortest-processing-time first (the K/V tile on the diagonal, with the fewest
+Q tiles, goes first). dK (times softmax_scale) and dV are written from registers at the end.
 
 ``two_cta=True``: clusters of 2 CTAs own adjacent K/V tiles (2p, 2p+1) and walk the same Q tiles. Q, dO,
 LSE and dPsum are loaded once per cluster: each CTA issues half of every tile with TMA multicast to both, and
