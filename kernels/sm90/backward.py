@@ -46,8 +46,8 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool
 
     dt = _cutlass_dtype(dtype_name)
     main = FlashBwdSm90(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
-                        exp2_emu_fraction=cfg.exp2_emu_fraction,
-                        consumer_regs=cfg.consumer_regs, producer_regs=cfg.producer_regs, dq_via_smem=dq_via_smem)
+                        exp2_emu_fraction=cfg.exp2_emu_fraction, dq_via_smem=dq_via_smem)
+    # AttnConfig's tile and register fields describe the forward; the backward keeps its own (BWD_TILES, 24/240).
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m)
     post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem)
     if args is None:
