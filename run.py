@@ -19,6 +19,9 @@ SUBCOMMANDS = ("sweep", "bench", "check", "roofline", "figures")
 DELEGATES = {"roofline": "analysis.roofline:main", "figures": "analysis.figures:main"}
 CHECKED_GROUPS = ("experiment", "backend", "shape", "bench", "hydra/launcher")
 HYDRA_LAUNCHERS = ("basic",)  # provided by Hydra itself; the submitit ones have files in conf/hydra/launcher/
+HYDRA_VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc")
+HYDRA_INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 USAGE = f"usage: python run.py {{{'|'.join(SUBCOMMANDS)}}} [key=value ...]  (Hydra overrides; see README.md)"
 
 # conf/hydra/launcher/submitit_*.yaml extend the plugin's schemas of the same name on purpose.
@@ -69,13 +72,31 @@ def _default_experiment() -> tuple[str, str]:
     return pointer["cpu"], f"no CUDA device: running the CPU `{pointer['cpu']}` experiment (choose with experiment=<name>)"
 
 
+def split_flags(args: list[str]) -> tuple[list[str], list[str]]:
+    """Hydra's own flags (with their values: ``--cfg job``, ``-cn x``, ``--info defaults``) vs overrides."""
+    flags, overrides, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-"):
+            overrides.append(a)
+        elif a in HYDRA_VALUE_FLAGS and i + 1 < len(args):
+            flags += [a, args[i + 1]]
+            i += 1
+        elif a in ("--info", "-i") and i + 1 < len(args) and args[i + 1] in HYDRA_INFO_TOPICS:
+            flags += [a, args[i + 1]]
+            i += 1
+        else:
+            flags.append(a)
+        i += 1
+    return flags, overrides
+
+
 def prepare(cmd: str, args: list[str]) -> list[str]:
     """Validate group choices, resolve the default experiment, add --multirun when an override sweeps."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    flags = [a for a in args if a.startswith("-")]
-    overrides = [a for a in args if not a.startswith("-")]
+    flags, overrides = split_flags(args)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
@@ -102,7 +123,8 @@ def prepare(cmd: str, args: list[str]) -> list[str]:
                 overrides.append(ov)
             else:
                 overrides[exp_index] = ov
-    if sweeping and not ({"-m", "--multirun"} & set(flags)):
+    exclusive = {"-m", "--multirun", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+    if sweeping and not (exclusive & set(flags)):
         flags.append("--multirun")
     return flags + overrides + [f"cmd={cmd}"]
 

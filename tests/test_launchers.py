@@ -100,3 +100,10 @@ def test_submitit_local_multirun_runs(tmp_path):
     assert "Submitit 'local' sweep output dir" in done.stdout + done.stderr
     rows = read_rows(tmp_path / "fault_cpu" / "rows.jsonl")
     assert len(rows) == 4 and len({r["job_key"] for r in rows}) == 4
+
+
+def test_hydra_flags_keep_their_values():
+    assert run.split_flags(["--cfg", "job", "shape=small", "-p", "shape", "--info", "defaults", "-m", "x=1"]) == (
+        ["--cfg", "job", "-p", "shape", "--info", "defaults", "-m"], ["shape=small", "x=1"])
+    args = run.prepare("sweep", ["experiment=fwd_ablation", "shape=small,cpu", "--cfg", "job"])
+    assert "--multirun" not in args and args[:2] == ["--cfg", "job"]
