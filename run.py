@@ -114,8 +114,7 @@ def prepare(cmd: str, args: list[str]) -> list[str]:
                 if v not in known:
                     die(f"{key}={v!r} is unknown; supported: {', '.join(known)}")
     if cmd == "sweep":
-        value = _choices(parsed[exp_index]) if exp_index is not None else None
-        if value is None or value == ["default"]:
+        if exp_index is None or _choices(parsed[exp_index]) == ["default"]:
             name, note = _default_experiment()
             print(note, flush=True)
             ov = f"experiment={name}"
