@@ -6,6 +6,8 @@ killed at any point resumes by skipping exactly the finished jobs and never writ
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -59,33 +61,46 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
 
 
 class ResultStore:
-    """Append-only JSONL store of one experiment's rows, with the set of finished job keys."""
+    """Append-only JSONL store of one experiment's rows, with the set of finished job keys.
+
+    Several processes may share one store (a parallel Hydra multirun): every write and every rewrite holds an
+    exclusive flock on the store's folder, and each job's rows are appended through a fresh file handle, so a
+    rewrite by one process (repair, retry) never strands another's appends on a replaced file.
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair()
         self._status: dict[str, Counter] = defaultdict(Counter)
-        for r in read_rows(self.path):
-            if r.get("job_key"):
-                self._status[r["job_key"]][r.get("status")] += 1
-        self._f = open(self.path, "a", encoding="utf-8")
+        with self._lock():
+            self._repair()
+            for r in read_rows(self.path):
+                if r.get("job_key"):
+                    self._status[r["job_key"]][r.get("status")] += 1
+
+    @contextlib.contextmanager
+    def _lock(self):
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _repair(self) -> None:
-        """Drop a torn last line and rows of jobs whose rows are incomplete (killed between jobs' writes)."""
+        """Drop a torn last line and rows of jobs whose rows are incomplete (killed mid-write). Under the lock."""
         if not self.path.exists():
             return
         raw = self.path.read_text(encoding="utf-8")
         rows = read_rows(self.path)
         counts = Counter(r.get("job_key") for r in rows)
         keep = [r for r in rows if r.get("job_nrows") is None or counts[r.get("job_key")] == r["job_nrows"]]
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep)
-        if len(keep) != len(rows) or not raw.endswith("\n") and raw:
-            self._rewrite(text)
+        if len(keep) != len(rows) or (raw and not raw.endswith("\n")):
+            self._rewrite(keep)
 
-    def _rewrite(self, text: str) -> None:
+    def _rewrite(self, rows: list[dict]) -> None:
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
         os.replace(tmp, self.path)
 
     # ---- queries ----------------------------------------------------------------------------
@@ -97,10 +112,8 @@ class ResultStore:
         """Job keys with at least one row of status 'fail'."""
         return {k for k, c in self._status.items() if c.get("fail")}
 
-    def is_done(self, key: str, retry_failed: bool = False) -> bool:
-        if key not in self._status:
-            return False
-        return not (retry_failed and self._status[key].get("fail"))
+    def is_done(self, key: str) -> bool:
+        return key in self._status
 
     # ---- writes -----------------------------------------------------------------------------
     def append(self, row: dict) -> None:
@@ -108,7 +121,7 @@ class ResultStore:
         self.append_job([row])
 
     def append_job(self, rows: list[dict]) -> None:
-        """Append all rows of one job in a single write (so a kill never leaves half a job) and flush."""
+        """Append all rows of one job in a single write (so a kill never leaves half a job), flushed and synced."""
         if not rows:
             return
         n = len(rows)
@@ -117,37 +130,23 @@ class ResultStore:
             r = _jsonable(dict(r))
             r.setdefault("job_nrows", n)
             lines.append(json.dumps(r, sort_keys=True) + "\n")
+        with self._lock(), open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
+        for r in rows:
             if r.get("job_key"):
                 self._status[r["job_key"]][r.get("status")] += 1
-        self._f.write("".join(lines))
-        self.flush()
-
-    def flush(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
 
     def drop_jobs(self, keys: set[str]) -> int:
         """Remove every row of the given jobs (used before retrying failed jobs); returns rows removed."""
         keys = set(keys)
         if not keys:
             return 0
-        self.flush()
-        rows = read_rows(self.path)
-        keep = [r for r in rows if r.get("job_key") not in keys]
-        self._f.close()
-        self._rewrite("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
-        self._f = open(self.path, "a", encoding="utf-8")
+        with self._lock():
+            rows = read_rows(self.path)
+            keep = [r for r in rows if r.get("job_key") not in keys]
+            self._rewrite(keep)
         for k in keys:
             self._status.pop(k, None)
         return len(rows) - len(keep)
-
-    def close(self) -> None:
-        if not self._f.closed:
-            self.flush()
-            self._f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

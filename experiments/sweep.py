@@ -273,7 +273,6 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
     finally:
         if executor:
             executor.close()
-        store.close()
     keys = {k for k, _ in keyed}
     rows = [r for r in read_rows(path) if r.get("job_key") in keys]
     print(summarize(rows), file=out)
