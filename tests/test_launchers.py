@@ -107,3 +107,15 @@ def test_hydra_flags_keep_their_values():
         ["--cfg", "job", "-p", "shape", "--info", "defaults", "-m"], ["shape=small", "x=1"])
     args = run.prepare("sweep", ["experiment=fwd_ablation", "shape=small,cpu", "--cfg", "job"])
     assert "--multirun" not in args and args[:2] == ["--cfg", "job"]
+
+
+@pytest.mark.parametrize("name", ["fa4", "fa4_model"])
+def test_backend_config_lists_every_attnconfig_field(name):
+    """`backend.config.<field>=...` works for every switch without a `+` (and a new field is not forgotten)."""
+    import dataclasses
+
+    from kernels.config import AttnConfig
+
+    cfg = _compose(f"backend={name}")
+    assert set(cfg.backend.config) == {f.name for f in dataclasses.fields(AttnConfig)}
+    assert all(v is None for v in cfg.backend.config.values())  # null = the per-arch default
