@@ -27,7 +27,9 @@ def test_kill_midway_then_rerun_has_no_duplicates(tmp_path):
             "experiment.backends=[reference,fa4_model]", "experiment.job_params.sleep_s=0.4",
             "isolation=process", "progress=false", f"results_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra"]
     path = tmp_path / "fault_cpu" / "rows.jsonl"
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the killed driver's worker log folder stays in tmp_path
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
         deadline = time.time() + 120
         while len(read_rows(path)) < 3:
@@ -45,7 +47,7 @@ def test_kill_midway_then_rerun_has_no_duplicates(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     partial = read_rows(path)
     assert 3 <= len(partial) < 8
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"8 jobs, {len(partial)} already done, running {8 - len(partial)}" in done.stdout
     rows = read_rows(path)
