@@ -19,6 +19,9 @@ measurement they report (None without a GPU).
 """
 from __future__ import annotations
 
+import os
+import traceback
+
 import torch
 
 from .backends import get_backend
@@ -63,9 +66,20 @@ def classify_error(exc: BaseException) -> str:
         return "cuda_fault"
     from_dsl = any(type(e).__module__.split(".")[0] in ("cutlass", "_mlir", "mlir") or
                    type(e).__name__.startswith("DSL") for e in chain)
-    if from_dsl or any(m in text for m in COMPILE_MARKERS):
+    if from_dsl or any(m in text for m in COMPILE_MARKERS) or _raised_in_compiler(chain):
         return "compile_error"
     return "error"
+
+
+# A plain ValueError/TypeError raised inside a compiler's own frames (CuTe DSL tracing, Triton, Inductor) is a
+# compile error too: e.g. cute.compile of a layout whose shape and stride disagree raises ValueError.
+COMPILE_FRAMES = (f"{os.sep}cutlass{os.sep}", f"{os.sep}triton{os.sep}compiler{os.sep}",
+                  f"{os.sep}torch{os.sep}_inductor{os.sep}", f"kernels{os.sep}compile_cache.py")
+
+
+def _raised_in_compiler(chain: list[BaseException]) -> bool:
+    return any(marker in fr.filename for e in chain for fr in traceback.extract_tb(e.__traceback__)
+               for marker in COMPILE_FRAMES)
 
 
 def error_message(exc: BaseException) -> str:

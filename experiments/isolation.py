@@ -33,10 +33,6 @@ MESSAGE_LINES = 12  # first lines of an error kept in a fail row
 MESSAGE_CHARS = 2000
 STARTUP_TIMEOUT_S = 300.0
 
-# A failure raised from inside a compiler's frames is a compile error whatever its type (the CuTe DSL raises
-# plain ValueErrors from layout algebra while tracing); also our own compile cache's build step.
-_COMPILE_FRAMES = (f"{os.sep}cutlass{os.sep}", f"{os.sep}triton{os.sep}compiler{os.sep}",
-                   f"{os.sep}torch{os.sep}_inductor{os.sep}", f"kernels{os.sep}compile_cache.py")
 
 
 class JobTimeout(Exception):
@@ -68,8 +64,8 @@ def mentions_cuda_fault(text: str) -> bool:
 
 def classify_exception(exc: BaseException) -> str:
     """Error class of an exception that escaped a job: timeout, cuda_fault, compile_error, error, or the
-    exception's own ``error_class`` attribute. Extends experiments.attn_job.classify_error with the watchdog
-    and with compile errors recognised by where they were raised (inside a compiler's frames)."""
+    exception's own ``error_class`` attribute. Adds the watchdog's class to
+    experiments.attn_job.classify_error (which also spots compile errors by the compiler frames they came from)."""
     if isinstance(exc, (JobTimeout, TimeoutError)):
         return "timeout"
     explicit = getattr(exc, "error_class", None)
@@ -77,15 +73,7 @@ def classify_exception(exc: BaseException) -> str:
         return explicit
     from experiments.attn_job import classify_error
 
-    cls = classify_error(exc)
-    chain, e = [], exc
-    while e is not None and len(chain) < 16:  # the exception and its causes
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    if cls == "error" and any(marker in fr.filename for e in chain
-                              for fr in traceback.extract_tb(e.__traceback__) for marker in _COMPILE_FRAMES):
-        return "compile_error"
-    return cls
+    return classify_error(exc)
 
 
 def has_cuda_fault(rows: list[dict]) -> bool:

@@ -215,3 +215,15 @@ def test_missing_mode_is_a_skip_not_a_failure(fake):
         bwd = [r for r in rows if r["mode"] == "bwd"]
         assert len(bwd) == 1 and bwd[0]["status"] == "skip" and "not built yet" in bwd[0]["reason"]
         assert {r["status"] for r in rows if r["mode"] == "fwd"} == {"ok"}
+
+
+def test_value_error_raised_inside_the_dsl_compiler_is_a_compile_error():
+    """cute.compile of a bad layout raises a plain ValueError from cutlass frames: still a compile error."""
+    from experiments.fault_backends import FaultCompileBackend
+
+    try:
+        FaultCompileBackend().forward(None, None, None, False, None, None)
+    except Exception as e:  # noqa: BLE001 - any exception type; the class comes from where it was raised
+        assert classify_error(e) == "compile_error", repr(e)
+    else:
+        raise AssertionError("the bad layout compiled")
