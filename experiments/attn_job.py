@@ -186,6 +186,7 @@ def run(job: dict) -> list[dict]:
                 flops = attn_flops(shape, mode)
                 tf = tflops(flops, t.median_ms)
                 rows.add(mode, "first_call_s", t.first_call_s, state=state, timer=t.timer)
+                rows.add(mode, "second_call_s", t.second_call_s, state=state, timer=t.timer)
                 rows.add(mode, "time_ms", t.median_ms, state=state, p20=t.p20_ms, p80=t.p80_ms, iqr=t.iqr_ms,
                          min=t.min_ms, max=t.max_ms, n=t.n, timer=t.timer, flush_l2=t.flush_l2, flops=flops,
                          tflops=tf, peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None)

@@ -79,6 +79,7 @@ class Timing:
     timer: str  # cuda_events | perf_counter
     flush_l2: bool
     times_ms: list
+    second_call_s: float = float("nan")  # wall seconds of the call after the first: cached compile + launch + run
 
     def to_dict(self, with_samples: bool = False) -> dict:
         d = asdict(self)
@@ -98,13 +99,14 @@ def quantile(xs, q: float) -> float:
     return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
 
 
-def summarize(times_ms, first_call_s: float, timer: str, flush_l2: bool) -> Timing:
+def summarize(times_ms, first_call_s: float, timer: str, flush_l2: bool, second_call_s: float = float("nan")) -> Timing:
     if not times_ms:
         raise ValueError("repeats: need at least one timed repeat")
     return Timing(median_ms=float(statistics.median(times_ms)), p20_ms=quantile(times_ms, 0.2),
                   p80_ms=quantile(times_ms, 0.8), iqr_ms=quantile(times_ms, 0.75) - quantile(times_ms, 0.25),
                   min_ms=float(min(times_ms)), max_ms=float(max(times_ms)), n=len(times_ms),
-                  first_call_s=first_call_s, timer=timer, flush_l2=flush_l2, times_ms=list(times_ms))
+                  first_call_s=first_call_s, timer=timer, flush_l2=flush_l2, times_ms=list(times_ms),
+                  second_call_s=second_call_s)
 
 
 def _is_cuda(device) -> bool:
@@ -158,11 +160,12 @@ def time_first_call(fn: Callable, device=None) -> float:
 
 def time_fn(fn: Callable, device=None, warmup: int = 5, repeats: int = 30, flush_l2: bool = True,
             max_time_s: float | None = None, first_call: bool = True) -> Timing:
-    """Time ``fn()``: first call (seconds, compile included), ``warmup`` untimed calls, then up to ``repeats``
-    timed calls (fewer if ``max_time_s`` of timed work is exceeded; at least 3)."""
+    """Time ``fn()``: first call (seconds, compile included), the second call (seconds: the cached path), ``warmup``
+    untimed calls, then up to ``repeats`` timed calls (fewer if ``max_time_s`` of timed work is exceeded; at least 3)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats}, warmup={warmup}: need repeats >= 1 and warmup >= 0")
     first = time_first_call(fn, device) if first_call else float("nan")
+    second = time_first_call(fn, device) if first_call else float("nan")
     for _ in range(warmup):
         fn()
     timer = _Timer(device, flush_l2)
@@ -175,7 +178,7 @@ def time_fn(fn: Callable, device=None, warmup: int = 5, repeats: int = 30, flush
         if max_time_s is not None and i >= 2 and time.perf_counter() - t_start > max_time_s:
             break
     times += timer.collect()
-    return summarize(times, first, timer.name, timer.flush is not None)
+    return summarize(times, first, timer.name, timer.flush is not None, second_call_s=second)
 
 
 @dataclass
