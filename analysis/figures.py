@@ -439,6 +439,25 @@ SWITCH_OFF = {"no_pingpong": "pingpong", "tau0": "tau (rescale_threshold)", "no_
 WATERFALL = ("fa3_like", "fa3_like+pingpong", "fa3_like+pingpong+tau8", "full")
 
 
+def resolved_hashes(d: pd.DataFrame) -> list:
+    """Per row, the hash of the config the kernel compiled: the row's resolved_config_hash where recorded, else
+    its config resolved with today's sm90 defaults table (rows measured before 2026-11-30 lack the field)."""
+    from kernels import AttnConfig, ConfigError
+
+    rec = d["resolved_config_hash"] if "resolved_config_hash" in d else pd.Series([None] * len(d), index=d.index)
+    cfgs = d["config"] if "config" in d else pd.Series([None] * len(d), index=d.index)
+    out = []
+    for h, c, hd, causal in zip(rec, cfgs, d["hdim"], d["causal"]):
+        if isinstance(h, str):
+            out.append(h)
+            continue
+        try:
+            out.append(AttnConfig.from_dict(c if isinstance(c, dict) else {}).resolve("sm90", int(hd), bool(causal)).config_hash())
+        except (ConfigError, TypeError, ValueError):
+            out.append(None)
+    return out
+
+
 def switch_speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Per (mode, causal, seqlen, switch): speedup = t(switch off) / t(full) from medians, with a spread
     interval from the p20/p80 of both timings: [p20_off / p80_full, p80_off / p20_full]. For variants
@@ -452,12 +471,17 @@ def switch_speedups(df: pd.DataFrame) -> pd.DataFrame:
     for c in ("p20", "p80"):
         if c not in d:
             d[c] = d["value"]
-    agg = d.groupby(keys + ["variant"], as_index=False)[["value", "p20", "p80"]].median()
+    d = d.assign(resolved=resolved_hashes(d))
+    agg = d.groupby(keys + ["variant"], as_index=False).agg(
+        value=("value", "median"), p20=("p20", "median"), p80=("p80", "median"), resolved=("resolved", "first"))
     full = agg[agg["variant"] == "full"].set_index(keys)
     out = []
     for v, label in SWITCH_OFF.items():
         x = agg[agg["variant"] == v].set_index(keys)
         j = x.join(full.add_suffix("_full"), how="inner")
+        # a variant that resolves to the full config's kernel (its switch is already off by default on this arch)
+        # measures no switch: leave it out rather than plot run-to-run noise as a speedup
+        j = j[j["resolved"].isna() | (j["resolved"] != j["resolved_full"])]
         if j.empty:
             continue
         on_variant = label.endswith("(on)")
@@ -477,17 +501,18 @@ def ablation_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
     if s.empty:
         return None, "no rows for the ablation speedups yet (need fa4 rows of variant 'full' and a switch-off variant)"
     plt, _ = _setup()
-    cases = sorted(set(zip(s["mode"], s["causal"])), key=lambda mc: (mc[0] != "fwd", mc[1]))
+    # one panel per (mode, causal, head dim): switches at different head dims never share a point
+    cases = sorted(set(zip(s["mode"], s["causal"], s["hdim"])), key=lambda k: (k[0] != "fwd", k[1], k[2]))
     fig, axes = _grid(plt, len(cases))
-    for ax, (m, c) in zip(axes, cases):
-        p = s[(s["mode"] == m) & (s["causal"] == c)]
+    for ax, (m, c, h) in zip(axes, cases):
+        p = s[(s["mode"] == m) & (s["causal"] == c) & (s["hdim"] == h)]
         for i, (sw, q) in enumerate(p.groupby("switch")):
             q = q.sort_values("seqlen_q")
             x = [str(int(v)) for v in q["seqlen_q"]]
             ax.errorbar(x, q["speedup"], yerr=[q["speedup"] - q["lo"], q["hi"] - q["speedup"]], marker="o",
                         capsize=3, label=sw)
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set(title=f"{m}, {'causal' if c else 'non-causal'}", xlabel="sequence length",
+        ax.set(title=f"{m}, hdim {int(h)}, {'causal' if c else 'non-causal'}", xlabel="sequence length",
                ylabel="speedup of the switch (x)")
         ax.legend(fontsize=7)
     fig.suptitle("Speedup per switch (t(without) / t(with); bars: p20/p80 spread)")

@@ -98,13 +98,30 @@ def _no_state() -> dict:
     return {f"{k}_{w}": None for w in ("before", "after") for k in STATE_KEYS}
 
 
+def _resolved(cfg, shape: Shape, arch: str | None):
+    """The config as the backend will resolve it for ``arch`` (None without one, or for an unsupported hdim)."""
+    from kernels import AttnConfig, ConfigError
+
+    if arch is None:
+        return None
+    try:
+        return (cfg or AttnConfig()).resolve(arch, shape.hdim, shape.causal)
+    except ConfigError:  # unsupported head dim: supports() turns it into a skip row with the reason
+        return None
+
+
 class _Rows:
     """Builds rows that share the job's identity fields."""
 
-    def __init__(self, job: dict, shape: Shape, cfg, device: str):
+    def __init__(self, job: dict, shape: Shape, cfg, device: str, config_arch: str | None = None):
+        # resolved_config: what the backend compiles / models once per-arch defaults fill the None fields, so two
+        # variants that resolve to one kernel (e.g. a switch already off by default) are recognisable as such
+        resolved = _resolved(cfg, shape, config_arch)
         self.base = dict(experiment=job.get("experiment"), job_key=_job_key(job), kind="attn",
                          backend=job["backend"], **shape.to_dict(), config=cfg.to_dict() if cfg else None,
-                         config_hash=cfg.config_hash() if cfg else None, device=device)
+                         config_hash=cfg.config_hash() if cfg else None,
+                         resolved_config=resolved.to_dict() if resolved else None,
+                         resolved_config_hash=resolved.config_hash() if resolved else None, device=device)
         self.rows: list[dict] = []
 
     def add(self, mode, metric, value, status="ok", reason=None, error_class=None, state=None, **extra) -> dict:
@@ -150,7 +167,7 @@ def run(job: dict) -> list[dict]:
     shape, cfg, modes, bench = _parse(job)
     backend = get_backend(job["backend"])  # unknown name: one-line error listing the known ones
     device = job.get("device") or backend.default_device()
-    rows = _Rows(job, shape, cfg, device)
+    rows = _Rows(job, shape, cfg, device, backend.config_arch)
     mode_label = "+".join(modes)
 
     ok, why = backend.available()

@@ -153,3 +153,15 @@ def test_load_experiments_reads_gpu_folders(tmp_path, monkeypatch):
     assert len(got) == 2
     monkeypatch.setenv("FA4LAB_RESULTS", str(tmp_path))
     assert F.load_experiments("bwd_peers").empty
+
+
+def test_switch_already_off_by_default_is_not_a_speedup():
+    """On sm90 the exp2 split defaults to 0: `no_exp2_emu` compiles the same kernel as `full`, so no point."""
+    rows = [_attn("fa4", "full", "fwd", 128, 128, False, 8192, 700.0, config={}),
+            _attn("fa4", "no_exp2_emu", "fwd", 128, 128, False, 8192, 720.0, config={"exp2_emu_fraction": 0.0}),
+            _attn("fa4", "no_pingpong", "fwd", 128, 128, False, 8192, 650.0, config={"pingpong": False})]
+    s = F.switch_speedups(pd.DataFrame(rows))
+    assert list(s["switch"]) == ["pingpong"]
+    recorded = dict(rows[1], resolved_config_hash="something-else")  # a recorded hash wins over re-resolving
+    s = F.switch_speedups(pd.DataFrame([rows[0], recorded]))
+    assert list(s["switch"]) == ["exp2 emulation"]

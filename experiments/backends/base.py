@@ -27,6 +27,7 @@ class Backend:
     name: str = "?"
     cpu_capable: bool = False  # runs (and means the same thing) on a CPU tensor
     takes_out: bool = False  # implements forward_into (writes caller-allocated out / lse buffers)
+    config_arch: str | None = None  # arch whose AttnConfig defaults this backend resolves against (None: no AttnConfig)
 
     # ---- availability ------------------------------------------------------------------------
     def available(self) -> tuple[bool, str]:

@@ -12,6 +12,7 @@ from .base import Backend, cuda_arch, first_line, need_cuda
 
 class FA4Backend(Backend):
     takes_out = True
+    config_arch = "sm90"  # kernels.interface resolves every config for sm_90a
 
     def _available(self):
         ok, why = need_cuda(self.name)

@@ -12,6 +12,7 @@ from .base import Backend
 
 class FA4ModelBackend(Backend):
     cpu_capable = True
+    config_arch = "sm90"  # kernels.reference.attention_model's default arch
 
     def __init__(self):
         self.last_stats: dict | None = None
