@@ -5,6 +5,7 @@ locks clocks. Everything degrades to None on a machine without a GPU, NVML or gi
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import socket
 import subprocess
@@ -105,8 +106,9 @@ def _static() -> tuple:
     md = dict(gpu_name=None, sm_count=None, compute_capability=None, gpu_mem_gib=None, l2_mib=None,
               max_sm_clock_mhz=None, max_mem_clock_mhz=None, driver=None, cuda=torch.version.cuda,
               torch=torch.__version__, cutlass_dsl=_pkg_version("nvidia-cutlass-dsl"),
-              flash_attn_4=_pkg_version("flash-attn-4", "flash_attn_4"), git_sha=_git("rev-parse", "HEAD"),
-              git_dirty=None, hostname=socket.gethostname(), python=platform.python_version())
+              flash_attn_4=_pkg_version("flash-attn-4", "flash_attn_4"),
+              # a copy of the tree without .git (the device tool's) gets the SHA from the caller's environment
+              git_sha=_git("rev-parse", "HEAD") or os.environ.get("FA4LAB_GIT_SHA"), git_dirty=None, hostname=socket.gethostname(), python=platform.python_version())
     status = _git("status", "--porcelain", "--untracked-files=no")
     md["git_dirty"] = None if status is None else bool(status)
     if torch.cuda.is_available():
