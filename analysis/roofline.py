@@ -210,6 +210,7 @@ def tile_cost(gpu: GPU, mode: str, m: int, n: int, d: int, dv: int | None = None
 # Calibration: measured per-SM rates from the microbenchmarks
 # ---------------------------------------------------------------------------------------------------
 MICROBENCH_PATHS = ("results/h200/microbench/rows.jsonl", "results/microbench/rows.jsonl")
+MIN_CEILING_SHARE = 0.9  # a measured rate replaces the table's peak only if it reaches this share of it
 # microbench metric -> GPU field it calibrates
 CALIBRATES = {
     "mufu_ex2_per_clk_sm": "mufu_ex2_per_clk",
@@ -257,7 +258,14 @@ def calibrated_gpu(gpu: GPU, calib: dict | None) -> tuple[GPU, float, dict]:
     vals = {}
     for metric, fld in CALIBRATES.items():
         if metric in calib and _gpu_matches(gpu, calib[metric][2]):
-            vals[fld] = calib[metric][0]
+            value, table = calib[metric][0], getattr(gpu, fld)
+            if fld != "clock_mhz" and table and value < MIN_CEILING_SHARE * table:
+                # a bound must bound: a benchmark far below the documented peak (e.g. a GEMM at 66% of the tensor
+                # rate, which our own attention forward exceeds) measured itself, not the hardware's ceiling
+                used[fld] = (f"hardware table (measured {value:.4g} is below {MIN_CEILING_SHARE:.0%} of it: "
+                             f"a lower bound, not a ceiling; {calib[metric][1]})")
+                continue
+            vals[fld] = value
             used[fld] = f"measured ({calib[metric][1]})"
     scale = 1.0
     if "poly_exp2_per_clk_sm" in calib and _gpu_matches(gpu, calib["poly_exp2_per_clk_sm"][2]):

@@ -114,7 +114,7 @@ def test_calibration_from_microbench_rows(tmp_path):
     path = tmp_path / "rows.jsonl"
     h200 = dict(unit="exp/clk/SM", gpu_name="NVIDIA H200", status="ok")
     rows = [
-        dict(h200, metric="mufu_ex2_per_clk_sm", value=8.0, method="triton ex2.approx"),
+        dict(h200, metric="mufu_ex2_per_clk_sm", value=15.0, method="triton ex2.approx"),
         dict(h200, metric="poly_exp2_per_clk_sm", value=16.0, method="triton poly"),
         dict(h200, metric="mix_exp2_per_clk_sm", value=20.0, method="mix", fraction=0.5),
         dict(h200, metric="smem_bytes_per_clk_sm", value=None, unit="B/clk/SM", method="x", status="fail"),
@@ -125,7 +125,7 @@ def test_calibration_from_microbench_rows(tmp_path):
     p = rl.predict("h200", 128, False, {"exp2_emu_fraction": 0.0}, None, calib=calib)
     assert p.values_used["mufu_ex2_per_clk"].startswith("measured")
     assert p.values_used["smem_bytes_per_clk"] == "hardware table"
-    assert p.tile_cycles["mufu"] == 128 * 128 / 8.0
+    assert p.tile_cycles["mufu"] == 128 * 128 / 15.0
     assert "measured" in p.values_used["poly_exp2"]
     # measured on an H200: leaves the B200 alone
     q = rl.predict("b200", 128, False, None, None, calib=calib)
@@ -268,3 +268,16 @@ def test_microbench_one_failure_does_not_stop_the_others(tmp_path, monkeypatch, 
     assert "no triton here" in on_disk[0]["reason"]
     with pytest.raises(ValueError, match="only="):
         mb.run_all(str(out), only=["nope"])
+
+
+def test_a_measured_rate_far_below_the_peak_is_not_used_as_a_ceiling():
+    """A GEMM benchmark at 66% of the tensor peak measured itself: the bound keeps the table's peak."""
+    from analysis import roofline as rl
+    from analysis.hardware import get_gpu
+
+    gpu = get_gpu("H200")
+    calib = {"mma_bf16_flops_per_clk_sm": (0.66 * gpu.mma_flops_per_clk, "test gemm", "NVIDIA H200"),
+             "mufu_ex2_per_clk_sm": (0.95 * gpu.mufu_ex2_per_clk, "test mufu", "NVIDIA H200")}
+    g, _, used = rl.calibrated_gpu(gpu, calib)
+    assert g.mma_flops_per_clk == gpu.mma_flops_per_clk and "lower bound" in used["mma_flops_per_clk"]
+    assert g.mufu_ex2_per_clk == 0.95 * gpu.mufu_ex2_per_clk and used["mufu_ex2_per_clk"].startswith("measured")
