@@ -4,7 +4,7 @@ A job::
 
     {"kind": "attn", "experiment": str, "backend": str, "config": dict | None, "shape": Shape dict,
      "modes": ["fwd", "bwd"], "check": bool, "bench": {"warmup", "repeats", "flush_l2", "max_time_s"} | None,
-     optional "device", "softmax_scale", "seed"}
+     optional "device", "softmax_scale", "seed", "ab": {"variant": str, "config": dict | None}}
 
 Per mode the timing runs first (so ``first_call_s``, compile + first call in wall seconds, is this job's
 first call of the backend), then the check. Rows (docs/INTERFACES.md), per mode: a ``first_call_s`` row; a
@@ -16,6 +16,13 @@ the backend does not implement (NotImplementedError) is a skip row for that mode
 unsupported backend gives one skip row with the reason; an exception gives a fail row with its error_class
 and the first lines of its message. Rows carry the GPU's clocks/temperature/power before and after the
 measurement they report (None without a GPU).
+
+With ``ab`` (a baseline variant, set by the sweep's ``ab_baseline``) and ``bench``, each mode's timing is
+followed by an interleaved A/B run on the same inputs (experiments.bench.compare_ab, A = the baseline config,
+B = this job's config) and an ``ab_ratio`` row: value = median over pairs of t_baseline / t_variant (> 1: the
+variant is faster), p20/p80/min/max/n_pairs of the ratio, baseline_ms/variant_ms (medians of the interleaved
+run), ab_baseline (its name), ab_config, ab_config_hash, ab_resolved_config_hash. A failure of this step is a
+fail row with metric ``ab_ratio``; the variant's own rows stay.
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ import traceback
 import torch
 
 from .backends import get_backend
-from .bench import attn_flops, tflops, time_fn
+from .bench import attn_flops, compare_ab, tflops, time_fn
 from .check import check_backend, check_fits, fit_check_shape
 from .metadata import STATE_KEYS, gpu_state_fields
 from .shapes import Shape, make_inputs, randn
@@ -132,9 +139,9 @@ class _Rows:
         self.rows.append(row)
         return row
 
-    def fail(self, mode, exc: BaseException, state=None) -> str:
+    def fail(self, mode, exc: BaseException, state=None, metric=None, **extra) -> str:
         cls = classify_error(exc)
-        self.add(mode, None, None, status="fail", reason=error_message(exc), error_class=cls, state=state)
+        self.add(mode, metric, None, status="fail", reason=error_message(exc), error_class=cls, state=state, **extra)
         return cls
 
 
@@ -159,12 +166,20 @@ def _parse(job: dict):
         if unknown:
             raise ValueError(f"bench: unknown key(s) {unknown}; known: {sorted(DEFAULT_BENCH)}")
         bench = {**DEFAULT_BENCH, **bench}
-    return shape, cfg, modes, bench
+    ab = job.get("ab")
+    if ab is not None:
+        if not isinstance(ab, dict) or "variant" not in ab or set(ab) - {"variant", "config"}:
+            raise ValueError(f"ab={ab!r}: expected {{'variant': <baseline name>, 'config': <AttnConfig dict or None>}}")
+        from kernels import AttnConfig
+
+        ab = {"variant": str(ab["variant"]),
+              "config": None if ab.get("config") is None else AttnConfig.from_dict(ab["config"])}
+    return shape, cfg, modes, bench, ab
 
 
 def run(job: dict) -> list[dict]:
     """Run one "attn" job; never raises for a backend failure (a bad job description does raise)."""
-    shape, cfg, modes, bench = _parse(job)
+    shape, cfg, modes, bench, ab = _parse(job)
     backend = get_backend(job["backend"])  # unknown name: one-line error listing the known ones
     device = job.get("device") or backend.default_device()
     rows = _Rows(job, shape, cfg, device, backend.config_arch)
@@ -189,7 +204,8 @@ def run(job: dict) -> list[dict]:
         if bench is not None:
             before = gpu_state_fields("before")
             try:
-                fn = _timed_fn(backend, shape, cfg, mode, device, scale, job.get("seed"))
+                inputs = _timed_inputs(shape, mode, device, job.get("seed"))
+                fn = _timed_fn(backend, shape, cfg, mode, scale, inputs)
                 t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
                             flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
             except NotImplementedError as e:  # the backend lacks this mode: a skip, and nothing to check
@@ -212,6 +228,9 @@ def run(job: dict) -> list[dict]:
                     for key, val in stats.items():
                         if isinstance(val, (int, float)) and not isinstance(val, bool):
                             rows.add(mode, f"model_{key}", val, state=state)
+                if ab is not None and _ab_row(rows, backend, shape, ab, mode, scale, inputs, fn, device,
+                                              bench) == "cuda_fault":
+                    return rows.rows
         if not job.get("check"):
             continue
         if check_shape is None:
@@ -246,9 +265,17 @@ def _peak(shape: Shape) -> float | None:
     return peak_tflops(torch.cuda.get_device_name(), shape.dtype)
 
 
-def _timed_fn(backend, shape: Shape, cfg, mode: str, device, scale, seed):
-    """The zero-argument callable that one timed repeat runs (inputs made once, outside the timing)."""
+def _timed_inputs(shape: Shape, mode: str, device, seed):
+    """q, k, v (and dout for bwd) of one timed mode, made once, outside the timing."""
     q, k, v = make_inputs(shape, device, seed)
+    dout = randn((shape.batch, shape.seqlen_q, shape.heads, shape.hdim_v), shape.torch_dtype, device) \
+        if mode == "bwd" else None
+    return q, k, v, dout
+
+
+def _timed_fn(backend, shape: Shape, cfg, mode: str, scale, inputs):
+    """The zero-argument callable that one timed repeat runs on ``inputs`` (from _timed_inputs)."""
+    q, k, v, dout = inputs
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
@@ -256,5 +283,35 @@ def _timed_fn(backend, shape: Shape, cfg, mode: str, device, scale, seed):
 
         return fwd
     bwd = backend.backward_fn(q, k, v, shape.causal, scale, cfg)
-    dout = randn((shape.batch, shape.seqlen_q, shape.heads, shape.hdim_v), shape.torch_dtype, device)
     return lambda: bwd(dout)
+
+
+def _ab_row(rows: _Rows, backend, shape: Shape, ab: dict, mode: str, scale, inputs, fn_variant, device,
+            bench: dict) -> str | None:
+    """Time the baseline config (A) and this job's config (B) interleaved on the same inputs; add the ``ab_ratio``
+    row (value = median t_A / t_B), or a skip/fail row with that metric. Returns the error class of a failure."""
+    base_cfg = ab["config"]
+    resolved = _resolved(base_cfg, shape, backend.config_arch)
+    ident = dict(ab_baseline=ab["variant"], ab_config=base_cfg.to_dict() if base_cfg else None,
+                 ab_config_hash=base_cfg.config_hash() if base_cfg else None,
+                 ab_resolved_config_hash=resolved.config_hash() if resolved else None)
+    before = gpu_state_fields("before")
+    ok, why = backend.supports(shape, base_cfg)
+    if not ok:
+        rows.add(mode, "ab_ratio", None, status="skip", reason=f"ab baseline {ab['variant']!r}: {why}", state=before,
+                 **ident)
+        return None
+    try:
+        fn_base = _timed_fn(backend, shape, base_cfg, mode, scale, inputs)
+        r = compare_ab(fn_base, fn_variant, device=device, warmup=int(bench["warmup"]),
+                       repeats=int(bench["repeats"]), flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+    except NotImplementedError as e:  # the baseline config lacks this mode
+        rows.add(mode, "ab_ratio", None, status="skip", reason=f"ab baseline {ab['variant']!r}: {error_message(e)}",
+                 state=before, **ident)
+        return None
+    except Exception as e:  # noqa: BLE001 -- recorded as a row; the variant's own rows stay
+        return rows.fail(mode, e, state=before, metric="ab_ratio", **ident)
+    rows.add(mode, "ab_ratio", r.ratio, state={**before, **gpu_state_fields("after")}, p20=r.ratio_p20,
+             p80=r.ratio_p80, min=r.ratio_min, max=r.ratio_max, n_pairs=r.n_pairs, baseline_ms=r.a.median_ms,
+             variant_ms=r.b.median_ms, timer=r.a.timer, flush_l2=r.a.flush_l2, **ident)
+    return None

@@ -199,8 +199,11 @@ class ABResult:
 
 
 def compare_ab(fn_a: Callable, fn_b: Callable, device=None, warmup: int = 5, repeats: int = 30,
-               flush_l2: bool = True) -> ABResult:
-    """Interleave A and B (order A B, B A, A B, ... so neither always runs second) and report the ratio."""
+               flush_l2: bool = True, max_time_s: float | None = None) -> ABResult:
+    """Interleave A and B (order A B, B A, A B, ... so neither always runs second) and report the ratio; up to
+    ``repeats`` pairs (fewer if ``max_time_s`` of timed work is exceeded; at least 3)."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats}, warmup={warmup}: need repeats >= 1 and warmup >= 0")
     first_a = time_first_call(fn_a, device)
     first_b = time_first_call(fn_b, device)
     for _ in range(warmup):
@@ -209,12 +212,15 @@ def compare_ab(fn_a: Callable, fn_b: Callable, device=None, warmup: int = 5, rep
     timer = _Timer(device, flush_l2)
     order = []
     ta, tb = [], []
+    t_start = time.perf_counter()
     for i in range(repeats):
         for which in (("a", "b") if i % 2 == 0 else ("b", "a")):
             r = timer.run(fn_a if which == "a" else fn_b)
             order.append(which)
             if r is not None:
                 (ta if which == "a" else tb).append(r)
+        if max_time_s is not None and i >= 2 and time.perf_counter() - t_start > max_time_s:
+            break
     if timer.cuda:
         for which, t in zip(order, timer.collect()):
             (ta if which == "a" else tb).append(t)

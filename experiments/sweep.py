@@ -3,8 +3,11 @@
 An experiment (conf/experiment/*.yaml) either names an ``expand`` hook ("module:function", called with its
 ``params``) or is a product: for each shape of the ``shape`` grid, for each named AttnConfig variant (``configs``
 and the one-field ``sweep_fields``), for each of ``backends``, one job; each of ``peers`` (backends that take
-no AttnConfig) runs once per shape. Jobs go through an executor (experiments/isolation.py) and their rows are
-appended to ``<results_dir>/<experiment>/rows.jsonl`` with metadata, the job key and the time.
+no AttnConfig) runs once per shape. With ``ab_baseline: <variant name>``, each job of another variant of
+``backends`` also carries ``ab = {"variant": <name>, "config": <its config>}``: the job then times the variant
+against that baseline interleaved and records the ratio (experiments/attn_job.py, metric ``ab_ratio``). Jobs go
+through an executor (experiments/isolation.py) and their rows are appended to
+``<results_dir>/<experiment>/rows.jsonl`` with metadata, the job key and the time.
 """
 from __future__ import annotations
 
@@ -79,6 +82,18 @@ def expand_variants(exp: dict) -> list[tuple[str, dict | None]]:
     return out
 
 
+def _ab_baseline(exp: dict, variants: list[tuple[str, dict | None]]) -> dict | None:
+    """``{"variant", "config"}`` of the experiment's ``ab_baseline`` variant (None without one)."""
+    base = exp.get("ab_baseline")
+    if base is None:
+        return None
+    configs = dict(variants)
+    if str(base) not in configs:
+        raise SweepError(f"experiment.ab_baseline={base!r}: not a variant of this experiment; "
+                         f"variants: {', '.join(configs)}")
+    return {"variant": str(base), "config": configs[str(base)]}
+
+
 def _check_backends(names: list[str]) -> None:
     from experiments.backends import BACKENDS
 
@@ -97,6 +112,9 @@ def expand_jobs(cfg: dict) -> list[dict]:
     name, kind = exp["name"], exp.get("kind", "attn")
     import_plugins(exp.get("imports"))
     if exp.get("expand"):
+        if exp.get("ab_baseline") is not None:
+            raise SweepError(f"experiment {name!r}: ab_baseline applies to product experiments (backends x "
+                             f"configs), not to an 'expand' hook")
         try:
             jobs = load_target(exp["expand"])(dict(exp.get("params") or {}))
         except (ValueError, TypeError) as e:  # a bad parameter: one line, as for the built-in expansion
@@ -110,6 +128,7 @@ def expand_jobs(cfg: dict) -> list[dict]:
         raise SweepError(f"experiment {name!r}: lists no backends (experiment.backends / experiment.peers)")
     _check_backends(backends + peers)
     variants = expand_variants(exp)
+    ab = _ab_baseline(exp, variants)
     common = {"kind": kind, "experiment": name, "modes": list(exp.get("modes") or ["fwd"]),
               "check": bool(exp.get("check", True)),
               "bench": dict(cfg.get("bench") or {}) if exp.get("timed", True) else None,
@@ -118,7 +137,10 @@ def expand_jobs(cfg: dict) -> list[dict]:
     for shape in expand_shapes(cfg["shape"]):
         for vname, config in variants:
             for b in backends:
-                jobs.append({**common, "backend": b, "variant": vname, "config": config, "shape": shape})
+                job = {**common, "backend": b, "variant": vname, "config": config, "shape": shape}
+                if ab is not None and vname != ab["variant"]:
+                    job["ab"] = ab  # part of the job key: a rerun with a new baseline measures again
+                jobs.append(job)
         for b in peers:
             jobs.append({**common, "backend": b, "variant": "peer", "config": None, "shape": shape})
     return jobs

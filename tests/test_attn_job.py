@@ -1,4 +1,6 @@
 """The "attn" job runner on CPU: rows for check + timing, skip rows with reasons, fail rows with error classes."""
+import time
+
 import pytest
 import torch
 
@@ -227,3 +229,52 @@ def test_value_error_raised_inside_the_dsl_compiler_is_a_compile_error():
         assert classify_error(e) == "compile_error", repr(e)
     else:
         raise AssertionError("the bad layout compiled")
+
+
+class Sleepy(Backend):
+    """Forward sleeps 6 ms without ping-pong, 2 ms with it; raises for a config with two_cta (a failing baseline)."""
+    cpu_capable = True
+    config_arch = "sm90"
+
+    def forward(self, q, k, v, causal, scale, cfg=None):
+        if cfg is not None and cfg.two_cta:
+            raise ValueError("two_cta: not on this backend")
+        time.sleep(0.006 if cfg is not None and cfg.pingpong is False else 0.002)
+        return q, None
+
+
+def test_ab_ratio_rows_on_the_model():
+    from kernels import AttnConfig
+
+    j = job("fa4_model", config={"rescale_threshold": 0.0}, check=False, ab={"variant": "full", "config": {}})
+    rows = run(j)
+    by = {(r["mode"], r["metric"]): r for r in rows}
+    for mode in ("fwd", "bwd"):
+        assert by[(mode, "time_ms")]["status"] == "ok"  # the variant's own timing is still there
+        r = by[(mode, "ab_ratio")]
+        assert r["status"] == "ok" and r["job_key"] == job_key(j) and r["ab_baseline"] == "full"
+        assert r["n_pairs"] == FAST["repeats"] and r["min"] <= r["p20"] <= r["value"] <= r["p80"] <= r["max"]
+        assert 0 < r["min"] and r["baseline_ms"] > 0 and r["variant_ms"] > 0
+        assert r["config"]["rescale_threshold"] == 0.0 and r["ab_config_hash"] == AttnConfig().config_hash()
+        assert r["ab_resolved_config_hash"] != r["resolved_config_hash"]  # tau 0 vs the default tau 8
+    assert not [r for r in run(dict(j, bench=None)) if r["metric"] == "ab_ratio"]  # untimed: no A/B either
+    with pytest.raises(ValueError, match="ab="):
+        run(dict(j, ab={"config": {}}))
+
+
+def test_ab_ratio_is_t_baseline_over_t_variant(fake):
+    name = fake("_sleepy", Sleepy)
+    rows = run(job(name, modes=["fwd"], check=False, config={"pingpong": False}, ab={"variant": "full", "config": {}}))
+    r = {x["metric"]: x for x in rows}["ab_ratio"]
+    assert 0.15 < r["value"] < 0.6, r  # variant 6 ms, baseline 2 ms: ratio ~ 1/3 (< 1: the variant is slower)
+    assert r["variant_ms"] > r["baseline_ms"]
+
+
+def test_ab_failure_is_a_fail_row_and_keeps_the_variant_rows(fake):
+    name = fake("_sleepy", Sleepy)
+    rows = run(job(name, modes=["fwd"], check=False, config={}, ab={"variant": "two_cta", "config": {"two_cta": True}}))
+    by = {r["metric"]: r for r in rows}
+    assert by["time_ms"]["status"] == "ok"
+    f = by["ab_ratio"]
+    assert f["status"] == "fail" and f["error_class"] == "error" and f["value"] is None
+    assert f["ab_baseline"] == "two_cta" and "two_cta: not on this backend" in f["reason"]

@@ -71,6 +71,29 @@ def test_bwd_ablation_variants():
     assert "deterministic+two_cta" in variants and "exp2_emu_fraction=0.25" in variants
 
 
+def test_ab_baseline_rides_on_the_other_variants_only():
+    for name in ("fwd_ablation", "bwd_ablation"):
+        cfg = composed(f"experiment={name}")
+        assert cfg["experiment"]["ab_baseline"] == "full"
+        jobs = expand_jobs(cfg)
+        ours = [j for j in jobs if j["backend"] == "fa4"]
+        assert {j["variant"] for j in ours if "ab" not in j} == {"full"}  # the baseline is never timed against itself
+        others = [j for j in ours if j["variant"] != "full"]
+        assert others and all(j["ab"] == {"variant": "full", "config": {}} for j in others)
+        assert all("ab" not in j for j in jobs if j["backend"] != "fa4")  # peers take no AttnConfig
+        assert len({job_key(j) for j in jobs}) == len(jobs)
+    cfg = composed("experiment=fwd_ablation", "experiment.ab_baseline=no_pingpong")
+    jobs = [j for j in expand_jobs(cfg) if j["backend"] == "fa4"]
+    assert all(j["ab"] == {"variant": "no_pingpong", "config": {"pingpong": False}} for j in jobs
+               if j["variant"] != "no_pingpong")
+    assert all("ab" not in j for j in jobs if j["variant"] == "no_pingpong")
+    # without ab_baseline the jobs (and their keys: committed rows stay done) are as before
+    plain = expand_jobs(composed("experiment=fwd_ablation", "experiment.ab_baseline=null"))
+    assert all("ab" not in j for j in plain)
+    with pytest.raises(SweepError, match=r"ab_baseline='nope': not a variant of this experiment; variants: full"):
+        expand_jobs(composed("experiment=fwd_ablation", "experiment.ab_baseline=nope"))
+
+
 def test_bad_variant_and_duplicate_names_are_one_line_errors():
     exp = {"configs": [{"name": "x", "config": {"tile_m": 7}}]}
     with pytest.raises(SweepError, match=r"variant 'x': tile_m=7"):
