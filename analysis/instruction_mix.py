@@ -1,0 +1,95 @@
+"""Static instruction mix of our compiled sm90 kernels (SASS opcode counts), the evidence behind what limits them.
+
+`python -m analysis.instruction_mix [--out results/cpu/instruction_mix.csv]` compiles (CPU, CUTE_DSL_ARCH=sm_90a)
+the forward at its default config and a few switch values, and the backward main kernel, then counts per kernel:
+tensor-core ops (HGMMA), exponentials (MUFU.EX2), FMA-pipe work (FFMA/FADD/FMUL/FMNMX), spills (LDL/STL), global
+reductions (RED/ATOM) and barriers. Counts are static (instructions in the binary, not executed ones).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = {"HGMMA": ("HGMMA",), "MUFU.EX2": ("MUFU.EX2",), "FFMA": ("FFMA",), "FADD": ("FADD",), "FMUL": ("FMUL",),
+          "FMNMX": ("FMNMX",), "LDL(spill)": ("LDL",), "STL(spill)": ("STL",), "RED/ATOM": ("RED", "REDG", "ATOM", "ATOMG"),
+          "BAR": ("BAR",), "SYNCS": ("SYNCS",), "UTMALDG": ("UTMALDG",), "VOTE": ("VOTE",), "F2I/FRND": ("F2I", "FRND")}
+
+# (label, kind, config kwargs, hdim, causal)
+CASES = [
+    ("fwd hd64 default", "fwd", {}, 64, False),
+    ("fwd hd64 exp2 1/4", "fwd", {"exp2_emu_fraction": 0.25}, 64, False),
+    ("fwd hd64 exp2 1/2", "fwd", {"exp2_emu_fraction": 0.5}, 64, False),
+    ("fwd hd128 default", "fwd", {}, 128, False),
+    ("fwd hd128 tau0", "fwd", {"rescale_threshold": 0.0}, 128, False),
+    ("bwd hd128 default", "bwd", {}, 128, False),
+    ("bwd hd128 deterministic", "bwd", {"deterministic": True}, 128, False),
+    ("bwd hd128 two_cta", "bwd", {"two_cta": True}, 128, False),
+]
+
+_PROGRAM = """
+import sys; sys.path.insert(0, {root!r})
+from kernels import AttnConfig
+cfg = AttnConfig(**{cfg!r})
+if {kind!r} == "fwd":
+    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
+    r = cfg.resolve("sm90", {hdim}, {causal})
+    compile_fwd(make_fwd_kernel(r, "bfloat16", {hdim}, {hdim}, {causal}), tvm_ffi=False, dump_dir={dump!r})
+else:
+    from kernels.sm90.backward import compile_backward
+    compile_backward(cfg, "bfloat16", {hdim}, {causal})
+"""
+
+
+def kernel_sass(kind: str, cfg: dict, hdim: int, causal: bool, dump: str) -> str:
+    """Compile one kernel in a fresh process (the DSL dumps its cubin into ``dump``) and return its SASS."""
+    from kernels.sm90.sass import disassemble
+
+    code = textwrap.dedent(_PROGRAM.format(root=str(ROOT), cfg=cfg, kind=kind, hdim=hdim, causal=causal, dump=dump))
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=dump, CUTE_DSL_NO_CACHE="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=900, capture_output=True)
+    cubins = sorted(glob.glob(os.path.join(dump, "*.cubin")))
+    if kind == "bwd":
+        cubins = [c for c in cubins if "FlashBwdSm90" in os.path.basename(c)]
+    if len(cubins) != 1:
+        raise RuntimeError(f"expected one cubin for {kind} in {dump}, found {cubins}")
+    return disassemble(cubins[0])
+
+
+def mix(sass: str) -> dict:
+    from kernels.sm90.sass import count, opcode_counts
+
+    c = opcode_counts(sass)
+    return {g: sum(count(c, p) for p in prefixes) for g, prefixes in GROUPS.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.instruction_mix", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="CSV to write (default: print only)")
+    a = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (label, kind, cfg, hdim, causal) in enumerate(CASES):
+            dump = os.path.join(tmp, str(i))
+            os.makedirs(dump)
+            rows.append({"kernel": label, **mix(kernel_sass(kind, cfg, hdim, causal, dump))})
+            print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.out, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
