@@ -458,40 +458,79 @@ def resolved_hashes(d: pd.DataFrame) -> list:
     return out
 
 
-def switch_speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (mode, causal, seqlen, switch): speedup = t(switch off) / t(full) from medians, with a spread
-    interval from the p20/p80 of both timings: [p20_off / p80_full, p80_off / p20_full]. For variants
-    that turn something *on* (two_cta, deterministic) the ratio is t(full) / t(variant) inverted so >1
-    still means "the variant is faster"."""
+SPEEDUP_KEYS = ["mode", "causal", "hdim", "hdim_v", "seqlen_q", "seqlen_k", "batch", "heads"]
+
+
+def _median_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (shape, mode, variant): r = t(full) / t(variant) from the medians of separately timed jobs, with the
+    interval [p20_full / p80_variant, p80_full / p20_variant]."""
     d = attn_times(df)
     if d.empty or "variant" not in d:
         return pd.DataFrame()
     d = d[d["backend"] == "fa4"]
-    keys = ["mode", "causal", "hdim", "hdim_v", "seqlen_q", "seqlen_k", "batch", "heads"]
     for c in ("p20", "p80"):
         if c not in d:
             d[c] = d["value"]
     d = d.assign(resolved=resolved_hashes(d))
-    agg = d.groupby(keys + ["variant"], as_index=False).agg(
+    agg = d.groupby(SPEEDUP_KEYS + ["variant"], as_index=False).agg(
         value=("value", "median"), p20=("p20", "median"), p80=("p80", "median"), resolved=("resolved", "first"))
-    full = agg[agg["variant"] == "full"].set_index(keys)
+    full = agg[agg["variant"] == "full"].set_index(SPEEDUP_KEYS)
+    j = agg[agg["variant"] != "full"].set_index(SPEEDUP_KEYS).join(full.add_suffix("_full"), how="inner")
+    # a variant that resolves to the full config's kernel (its switch is already off by default on this arch)
+    # measures no switch: leave it out rather than plot run-to-run noise as a speedup
+    j = j[j["resolved"].isna() | (j["resolved"] != j["resolved_full"])]
+    return pd.DataFrame({"variant": j["variant"], "r": j["value_full"] / j["value"], "r_lo": j["p20_full"] / j["p80"],
+                         "r_hi": j["p80_full"] / j["p20"], "basis": "medians"}).reset_index()
+
+
+def _ab_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (shape, mode, variant): r = the ab_ratio rows' median t(full) / t(variant) over interleaved pairs (GPU
+    rows of fa4 against baseline 'full'; the median over repeated rows), interval [p20, p80] of the pair ratios."""
+    need = {"kind", "metric", "status", "ab_baseline", "backend", "variant"}
+    if df is None or df.empty or not need <= set(df.columns):
+        return pd.DataFrame()
+    d = df[(df["kind"] == "attn") & (df["metric"] == "ab_ratio") & (df["status"] == "ok") & (df["backend"] == "fa4")
+           & (df["ab_baseline"] == "full") & pd.to_numeric(df["value"], errors="coerce").notna()].copy()
+    if "gpu_name" in d:
+        d = d[d["gpu_name"].notna()]
+    if d.empty:
+        return pd.DataFrame()
+    d["hdim_v"] = d["hdim_v"].fillna(d["hdim"]) if "hdim_v" in d else d["hdim"]
+    for c in ("p20", "p80"):
+        d[c] = d[c].fillna(d["value"]) if c in d else d["value"]
+    base = d.assign(resolved_config_hash=d.get("ab_resolved_config_hash"), config=d.get("ab_config"))
+    d = d.assign(resolved=resolved_hashes(d), resolved_full=resolved_hashes(base))
+    d = d[d["resolved"].isna() | (d["resolved"] != d["resolved_full"])]  # same kernel as full: no switch measured
+    agg = d.groupby(SPEEDUP_KEYS + ["variant"], as_index=False).agg(
+        r=("value", "median"), r_lo=("p20", "median"), r_hi=("p80", "median"))
+    return agg.assign(basis="ab_ratio")
+
+
+def switch_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (mode, causal, shape, switch): the speedup of the switch with a spread interval [lo, hi] and its
+    ``basis``. From the ``ab_ratio`` rows (ratio r = t(full) / t(variant), the variant timed interleaved with full
+    in one job; interval = the pair ratios' p20/p80) where a cell has them, else from the medians of the
+    separately timed jobs (r = t(full) / t(variant), interval [p20_full / p80_variant, p80_full / p20_variant]).
+    A variant that switches something off: speedup = t(variant) / t(full) = 1 / r; one that turns it on (two_cta,
+    deterministic): speedup = r; >1 means the switch makes the kernel faster."""
+    ab, med = _ab_ratios(df), _median_ratios(df)
+    if not ab.empty and not med.empty:  # a cell with A/B rows takes them; the medians fill the rest
+        have = pd.MultiIndex.from_frame(ab[SPEEDUP_KEYS + ["variant"]])
+        med = med[~pd.MultiIndex.from_frame(med[SPEEDUP_KEYS + ["variant"]]).isin(have)]
+    parts = [x for x in (ab, med) if not x.empty]
+    if not parts:
+        return pd.DataFrame()
+    r = pd.concat(parts, ignore_index=True)
     out = []
     for v, label in SWITCH_OFF.items():
-        x = agg[agg["variant"] == v].set_index(keys)
-        j = x.join(full.add_suffix("_full"), how="inner")
-        # a variant that resolves to the full config's kernel (its switch is already off by default on this arch)
-        # measures no switch: leave it out rather than plot run-to-run noise as a speedup
-        j = j[j["resolved"].isna() | (j["resolved"] != j["resolved_full"])]
-        if j.empty:
+        x = r[r["variant"] == v]
+        if x.empty:
             continue
-        on_variant = label.endswith("(on)")
-        if on_variant:  # variant turns the switch on: speedup of the switch = t(full) / t(variant)
-            sp = j["value_full"] / j["value"]
-            lo, hi = j["p20_full"] / j["p80"], j["p80_full"] / j["p20"]
+        if label.endswith("(on)"):  # the variant turns the switch on
+            sp, lo, hi = x["r"], x["r_lo"], x["r_hi"]
         else:
-            sp = j["value"] / j["value_full"]
-            lo, hi = j["p20"] / j["p80_full"], j["p80"] / j["p20_full"]
-        out.append(pd.DataFrame({"switch": label, "speedup": sp, "lo": lo, "hi": hi}).reset_index())
+            sp, lo, hi = 1 / x["r"], 1 / x["r_hi"], 1 / x["r_lo"]
+        out.append(x[SPEEDUP_KEYS + ["variant", "basis"]].assign(switch=label, speedup=sp, lo=lo, hi=hi))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -515,7 +554,9 @@ def ablation_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
         ax.set(title=f"{m}, hdim {int(h)}, {'causal' if c else 'non-causal'}", xlabel="sequence length",
                ylabel="speedup of the switch (x)")
         ax.legend(fontsize=7)
-    fig.suptitle("Speedup per switch (t(without) / t(with); bars: p20/p80 spread)")
+    how = {"ab_ratio": "interleaved A/B vs full", "medians": "medians of separate jobs"}
+    fig.suptitle(f"Speedup per switch (t(without) / t(with); "
+                 f"{', '.join(how[b] for b in sorted(set(s['basis'])))}; bars: p20/p80 spread)")
     fig.tight_layout()
     out = Path(outdir) / "ablation_speedups.png"
     out.parent.mkdir(parents=True, exist_ok=True)

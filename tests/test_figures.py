@@ -165,3 +165,43 @@ def test_switch_already_off_by_default_is_not_a_speedup():
     recorded = dict(rows[1], resolved_config_hash="something-else")  # a recorded hash wins over re-resolving
     s = F.switch_speedups(pd.DataFrame([rows[0], recorded]))
     assert list(s["switch"]) == ["exp2 emulation"]
+
+
+def _ab(variant, mode, seqlen, ratio, config, ab_baseline="full", **extra):
+    """An ab_ratio row: t(full) / t(variant) over interleaved pairs, spread +-10% (so it cannot pass for a median)."""
+    row = _attn("fa4", variant, mode, 128, 128, False, seqlen, 1.0, config=config, ab_baseline=ab_baseline,
+                ab_config={})
+    return dict(row, metric="ab_ratio", value=ratio, p20=ratio * 0.9, p80=ratio * 1.1, tflops=None, n_pairs=50,
+                **extra)
+
+
+def test_switch_speedups_prefer_interleaved_ab_rows(tmp_path):
+    rows = []
+    for s in (4096, 8192):  # medians: no_pingpong 0.8x of full (switch 1.25x), two_cta 1.05x (switch 1.05x)
+        rows += [_attn("fa4", "full", "fwd", 128, 128, False, s, 600.0, config={}),
+                 _attn("fa4", "no_pingpong", "fwd", 128, 128, False, s, 480.0, config={"pingpong": False}),
+                 _attn("fa4", "full", "bwd", 128, 128, False, s, 450.0, config={}),
+                 _attn("fa4", "two_cta", "bwd", 128, 128, False, s, 472.5, config={"two_cta": True})]
+    # A/B rows disagree with the medians; only seqlen 8192 has them
+    rows += [_ab("no_pingpong", "fwd", 8192, 0.5, {"pingpong": False}),  # t_full / t_variant = 0.5: switch 2x
+             _ab("two_cta", "bwd", 8192, 1.2, {"two_cta": True}),  # two_cta on is 1.2x faster
+             _ab("no_pingpong", "fwd", 4096, 0.1, {"pingpong": False}, ab_baseline="tau0"),  # another baseline
+             _ab("no_pingpong", "fwd", 4096, 0.1, {"pingpong": False}, status="fail"),
+             _ab("no_pingpong", "fwd", 4096, 0.1, {"pingpong": False}, gpu_name=None),  # a CPU run
+             _ab("no_exp2_emu", "fwd", 8192, 0.5, {"exp2_emu_fraction": 0.0})]  # sm90 default: the same kernel
+    s = F.switch_speedups(pd.DataFrame(rows)).set_index(["switch", "seqlen_q"])
+    pp, cta = s.loc[("pingpong", 8192)], s.loc[("2-CTA (on)", 8192)]
+    assert pp["basis"] == "ab_ratio" and pp["speedup"] == pytest.approx(2.0)
+    assert (pp["lo"], pp["hi"]) == pytest.approx((1 / 0.55, 1 / 0.45))
+    assert cta["basis"] == "ab_ratio" and cta["speedup"] == pytest.approx(1.2)
+    assert (cta["lo"], cta["hi"]) == pytest.approx((1.08, 1.32))
+    # the cell without (usable) A/B rows keeps the medians
+    assert s.loc[("pingpong", 4096), "basis"] == "medians"
+    assert s.loc[("pingpong", 4096), "speedup"] == pytest.approx(1.25)
+    assert s.loc[("2-CTA (on)", 4096), "speedup"] == pytest.approx(1.05)
+    assert "exp2 emulation" not in s.index.get_level_values("switch")
+    assert len(s) == 4
+    # A/B rows alone (no separately timed rows) are enough
+    only = F.switch_speedups(pd.DataFrame(rows[8:]))
+    assert set(only["basis"]) == {"ab_ratio"} and len(only) == 2
+    _png(F.ablation_figure(pd.DataFrame(rows), tmp_path))
