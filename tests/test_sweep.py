@@ -261,3 +261,10 @@ def _append_many(path: str, tag: str, n: int) -> None:
     store = ResultStore(path)
     for i in range(n):
         store.append_job([{"job_key": f"{tag}{i}", "status": "ok"}])
+
+
+def test_readme_documents_ab_baseline():
+    text = (ROOT / "README.md").read_text()
+    table_on = text.index("| `fwd_ablation` |")
+    near = text[table_on:text.index("## Sweeps: resume")]  # the experiment table and the paragraph below it
+    assert "ab_baseline" in near and "ab_ratio" in near
