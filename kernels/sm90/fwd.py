@@ -289,6 +289,20 @@ class FlashFwdSm90:
                                    self.poly, is_first)
 
     @cute.jit
+    def softmax_later_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
+                            n_block: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Boolean:
+        """Softmax of a block after the first: masked only where causal and on or past the diagonal blocks."""
+        do_rescale = Boolean(True)
+        if const_expr(self.causal):
+            if n_block >= n_block_min_masked:
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
+            else:
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+        else:
+            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+        return do_rescale
+
+    @cute.jit
     def to_p(self, acc_S, tOrP):
         tOrP.store(acc_as_a_operand(acc_S).load().to(self.dtype))
 
@@ -358,14 +372,7 @@ class FlashFwdSm90:
                 self.sched_arrive(wg)
                 warpgroup.wait_group(1)
                 pipe_k.consumer_release(state)
-                do_rescale = Boolean(True)
-                if const_expr(self.causal):
-                    if n_block >= n_block_min_masked:
-                        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
-                    else:
-                        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
-                else:
-                    do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+                do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(state_v)
                 self.to_p(acc_S, tOrP)
@@ -391,13 +398,7 @@ class FlashFwdSm90:
                 if i == 0:
                     self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
                 else:
-                    if const_expr(self.causal):
-                        if n_block >= n_block_min_masked:
-                            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
-                        else:
-                            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
-                    else:
-                        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+                    do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
                     self.maybe_rescale(acc_O, row_scale, do_rescale)
                 self.to_p(acc_S, tOrP)
                 pipe_v.consumer_wait(state)

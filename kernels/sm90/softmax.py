@@ -48,6 +48,18 @@ def quad_allreduce_sum(x: Float32) -> Float32:
 
 
 @cute.jit
+def _take_new_max(row_max: cute.Tensor, new_max: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
+                  n_rows: cutlass.Constexpr[int]) -> None:
+    """Adopt the new row maxima; row_scale = 2^((m_old - m_new) * scale_log2), the factor O and the row sum need."""
+    for r in cutlass.range_constexpr(n_rows):
+        m_old = row_max[r]
+        m_new = new_max[r]
+        m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new * scale_log2
+        row_scale[r] = exp2_mufu(m_old * scale_log2 - m_new_s)
+        row_max[r] = m_new
+
+
+@cute.jit
 def online_softmax_step(
     acc_S: cute.Tensor,
     row_max: cute.Tensor,
@@ -83,24 +95,14 @@ def online_softmax_step(
             row_max[r] = new_max[r]
             row_scale[r] = Float32(1.0)
     elif const_expr(tau == 0.0):
-        for r in cutlass.range_constexpr(n_rows):
-            m_old = row_max[r]
-            m_new = new_max[r]
-            m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new * scale_log2
-            row_scale[r] = exp2_mufu(m_old * scale_log2 - m_new_s)
-            row_max[r] = m_new
+        _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     else:
         grow = Boolean(False)
         for r in cutlass.range_constexpr(n_rows):
             grow = grow | ((new_max[r] - row_max[r]) * scale_log2 > Float32(tau))
         do_rescale = cute.arch.vote_any_sync(grow)
         if do_rescale:
-            for r in cutlass.range_constexpr(n_rows):
-                m_old = row_max[r]
-                m_new = new_max[r]
-                m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new * scale_log2
-                row_scale[r] = exp2_mufu(m_old * scale_log2 - m_new_s)
-                row_max[r] = m_new
+            _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     n_frag = n_cols // 2
     for r in cutlass.range_constexpr(n_rows):
         m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
