@@ -99,6 +99,14 @@ BWD_TILES = {64: (64, 128), 128: (64, 128)}
 NUM_STAGES = 2  # Q/dO (and dS) pipeline depth
 
 
+@cute.jit
+def wait_for_turn(sem_ptr: cute.Pointer, turn: Int32) -> None:
+    """Spin (acquire loads, GPU scope) until the dQ tile's semaphore reaches this contributor's turn."""
+    cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+    while cur != turn:
+        cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+
+
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
     """Swap the first two modes of a shared-memory tensor (keeps the swizzle)."""
     shape = (t.shape[1], t.shape[0], *t.shape[2:])
@@ -581,16 +589,9 @@ class FlashBwdSm90:
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
             sem_ptr = mSem.iterator + cute.crd2idx((m_block * mc + rank, head, batch), mSem.layout)
             if const_expr(self.deterministic and not self.dq_smem):
-                turn = group
-                if const_expr(self.causal):
-                    g_max = cute.ceil_div((m_block + 1) * tm + causal_off, mc * tn)
-                    if g_max > num_groups:
-                        g_max = num_groups
-                    turn = g_max - 1 - group
+                turn = self.dq_turn(group, m_block, mc * tn, causal_off, num_groups)
                 if tidx == 0:
-                    cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
-                    while cur != turn:
-                        cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+                    wait_for_turn(sem_ptr, turn)
                 sem_bar.arrive_and_wait()
             if const_expr(not self.two_cta and not self.dq_smem):
                 tdQgdQ = tdQgdQ_all[None, None, None, m_block]
@@ -626,7 +627,7 @@ class FlashBwdSm90:
     def dq_writer(self, mdQaccum, mSem, sdQ_raw, head, batch, m_block_min, m_block_max, n_block, num_groups,
                   seqlen_q, seqlen_k):
         """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic)."""
-        tm, tn = self.tile_m, self.tile_n
+        tn = self.tile_n
         lane = cute.arch.lane_idx()
         mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
@@ -638,16 +639,9 @@ class FlashBwdSm90:
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
             sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
             if const_expr(self.deterministic):
-                turn = n_block
-                if const_expr(self.causal):
-                    g_max = cute.ceil_div((m_block + 1) * tm + causal_off, tn)
-                    if g_max > num_groups:
-                        g_max = num_groups
-                    turn = g_max - 1 - n_block
+                turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
                 if lane == 0:
-                    cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
-                    while cur != turn:
-                        cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+                    wait_for_turn(sem_ptr, turn)
                 cute.arch.sync_warp()
             for w in cutlass.range_constexpr(self.num_mma_wg):
                 cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
@@ -662,6 +656,19 @@ class FlashBwdSm90:
                     cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def dq_turn(self, idx: Int32, m_block: Int32, cols_per_group: cutlass.Constexpr[int], causal_off: Int32,
+                num_groups: Int32) -> Int32:
+        """This contributor's turn on a dQ tile: its K/V group index, or for causal shortest-processing-time
+        first, the reverse over the groups that see this Q tile (the diagonal-most, least-work group goes first)."""
+        turn = idx
+        if const_expr(self.causal):
+            g_max = cute.ceil_div((m_block + 1) * self.tile_m + causal_off, cols_per_group)
+            if g_max > num_groups:
+                g_max = num_groups
+            turn = g_max - 1 - idx
+        return turn
 
     @cute.jit
     def exp2_elem(self, x: Float32, i: cutlass.Constexpr) -> Float32:
