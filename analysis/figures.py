@@ -199,10 +199,7 @@ def tflops_vs_seqlen(df: pd.DataFrame, *, mode: str, hdim: int, hdim_v: int | No
     nrows = -(-len(labels) // ncol)
     fig.suptitle(f"{title} ({_gpu_title(d)})")
     fig.tight_layout(rect=(0, 0.05 + 0.06 * nrows, 1, 1))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
+    out = _save_png(plt, fig, out)
     return out, f"wrote {out} ({len(d)} rows)"
 
 
@@ -279,6 +276,15 @@ def markdown_table(t: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
         cells = [floatfmt.format(v) if isinstance(v, float) else str(v) for v in r.tolist()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _save_png(plt, fig, out) -> Path:
+    """Write ``fig`` to ``out`` (folders made as needed) and close it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out
 
 
 def _write_table(t: pd.DataFrame, out: Path, title: str) -> Path:
@@ -401,10 +407,7 @@ def roofline_figure(df: pd.DataFrame, outdir, calib: dict | None = None) -> tupl
     axes[1].legend(fontsize=6)
     fig.suptitle(f"Roofline: our kernel ({_gpu_title(d)})")
     fig.tight_layout()
-    out = Path(outdir) / "roofline_pred_vs_measured.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
+    out = _save_png(plt, fig, Path(outdir) / "roofline_pred_vs_measured.png")
     return out, f"wrote {out} ({len(d)} rows)"
 
 
@@ -558,10 +561,7 @@ def ablation_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
     fig.suptitle(f"Speedup per switch (t(without) / t(with); "
                  f"{', '.join(how[b] for b in sorted(set(s['basis'])))}; bars: p20/p80 spread)")
     fig.tight_layout()
-    out = Path(outdir) / "ablation_speedups.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
+    out = _save_png(plt, fig, Path(outdir) / "ablation_speedups.png")
     return out, f"wrote {out} ({len(s)} points)"
 
 
@@ -603,10 +603,7 @@ def waterfall_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
         ax.set(title=f"{m}, {'causal' if c else 'non-causal'}", ylabel="TFLOP/s (median, seqlen >= 4k)")
     fig.suptitle("Waterfall: from an FA3-like configuration to full FA4, one idea at a time")
     fig.tight_layout()
-    out = Path(outdir) / "ablation_waterfall.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
+    out = _save_png(plt, fig, Path(outdir) / "ablation_waterfall.png")
     return out, f"wrote {out}"
 
 
@@ -658,10 +655,7 @@ def numerics_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
     sns.lineplot(data=w, x="tau", y="skipped_share", hue="dist" if "dist" in w else None, marker="o", ax=axes[1])
     axes[1].set(ylabel="share of rescales skipped", title="rescales skipped vs tau")
     fig.tight_layout()
-    out = Path(outdir) / "numerics_tau_exp2.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
+    out = _save_png(plt, fig, Path(outdir) / "numerics_tau_exp2.png")
     return out, f"wrote {out} ({len(d)} rows)"
 
 
@@ -696,10 +690,7 @@ def microbench_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
     ax.set(xlabel="share of exp2 on the FMA pipe", ylabel="exp2 per clock per SM", title="exp2 throughput mix")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    out = Path(outdir) / "microbench_exp2_mix.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
+    out = _save_png(plt, fig, Path(outdir) / "microbench_exp2_mix.png")
     return out, f"wrote {out}"
 
 
