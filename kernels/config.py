@@ -102,17 +102,33 @@ class AttnConfig:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "AttnConfig":
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown AttnConfig field(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
+        return cls(**dict(d or {}))
 
     def config_hash(self) -> str:
         """Stable 12-hex-digit hash of every field (same config -> same hash across processes)."""
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _unknown_fields_error(names) -> ConfigError:
+    """One line naming the unknown field(s) and listing every AttnConfig field."""
+    known = [f.name for f in fields(AttnConfig)]
+    bad = ", ".join(repr(n) for n in sorted(names))
+    return ConfigError(f"unknown AttnConfig field{'s' if len(names) > 1 else ''} {bad}; fields: {', '.join(known)}")
+
+
+def _init_checking_names(init):
+    def __init__(self, *args, **kwargs):
+        unknown = set(kwargs) - {f.name for f in fields(AttnConfig)}
+        if unknown:
+            raise _unknown_fields_error(unknown)
+        init(self, *args, **kwargs)
+
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+    return __init__
+
+
+AttnConfig.__init__ = _init_checking_names(AttnConfig.__init__)  # AttnConfig(bogus=1): a ConfigError with the list
 
 
 def normalize_arch(arch: str) -> str:
