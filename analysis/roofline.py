@@ -30,6 +30,9 @@ dV += P^T dO (P^T from TMEM), dK += dS^T Q (dS^T from TMEM), dQ = dS K (SS); plu
 128 x 128 x 128, 1-CTA: MMA 2560, smem (8 + 1 + 4 tiles of 32 KiB) = 3328, exp 1024. 2-CTA halves each
 GEMM's B operand: (5.5 + 5) tiles = 2688. This accounting is our reconstruction: it reproduces the
 paper's totals from operand sources, but the paper's own per-term split was not available to check.
+Tiles: the forward's from the resolved AttnConfig, the backward's from the kernel package (kernels/tiles.py:
+the tiles our kernel runs; sm100 the paper's 128 x 128); the exp2 split is the fraction the kernel compiles
+(whole register fragments). FLOPs: kernels/flops.py; GPU rates and peaks: kernels/hardware.py.
 
 Switches: ``exp2_emu_fraction`` f moves f of the exps from MUFU to the polynomial (POLY_FMA_OPS fp32
 ops: 3 FADD for the magic-add rounding and split + 3 FFMA Horner; POLY_ALU_OPS integer ops: shift and
@@ -53,7 +56,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.hardware import GPU, GPUS, Source, get_gpu
+from kernels.flops import attention_flops
+from kernels.hardware import GPU, GPUS, Source, get_gpu
+from kernels.tiles import bwd_tile, compiled_config
 
 BF16 = 2
 F32 = 4
@@ -71,15 +76,6 @@ BWD_ALU_PER_ELEM = 1.0  # two F2FP packs (P and dS) at 0.5 each
 RESOURCES = ("mma", "smem", "mufu", "fma", "alu", "issue")
 MMA_SIDE = ("mma", "smem")
 SOFTMAX_SIDE = ("mufu", "fma", "alu", "issue")
-
-# Backward tiles (q rows x kv rows) per (arch, hdim): Hopper from FA3 / FA4-sm90 (../shared/HOPPER_FACTS.md
-# sec. 3), Blackwell from the FA4 paper (128 x 128). AttnConfig's tile fields are the forward's.
-BWD_TILES = {
-    ("sm90", 64): (128, 128), ("sm90", 128): (64, 128), ("sm90", 192): (64, 96), ("sm90", 256): (64, 64),
-    ("sm100", 64): (128, 128), ("sm100", 128): (128, 128), ("sm100", 192): (128, 128), ("sm100", 256): (128, 128),
-}
-SM90_BWD_TILES_NONCAUSAL = {128: (80, 128)}
-
 
 @dataclass(frozen=True)
 class Gemm:
@@ -247,7 +243,7 @@ def load_calibration(paths=None) -> dict:
 def calibrated_gpu(gpu: GPU, calib: dict | None) -> tuple[GPU, float, dict]:
     """Apply measured values (only to the GPU they were measured on). Returns the GPU, the polynomial
     cost scale (measured issue cost of one software exp2 / POLY ops), and {field: 'measured (...)' or
-    'hardware table'} (analysis/hardware.py, whose sources say datasheet / paper / inferred)."""
+    'hardware table'} (kernels/hardware.py, whose sources say datasheet / paper / inferred)."""
     used = {f: "hardware table" for f in ("clock_mhz", "mma_flops_per_clk", "mufu_ex2_per_clk", "smem_bytes_per_clk")}
     used["poly_exp2"] = f"model ({POLY_FMA_OPS} fma + {POLY_ALU_OPS} alu ops)"
     if not calib:
@@ -308,21 +304,6 @@ def count_tiles(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: 
     return total
 
 
-def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
-    """(query, key) pairs attended; causal aligned bottom-right (query i sees keys j <= i + sk - sq)."""
-    if not causal:
-        return seqlen_q * seqlen_k
-    lo = max(seqlen_k - seqlen_q, 0)
-    return (seqlen_k * (seqlen_k + 1) - lo * (lo + 1)) // 2
-
-
-def attention_flops(batch, heads, seqlen_q, seqlen_k, hdim, hdim_v, causal, mode="fwd") -> float:
-    """FLOPs by the harness convention (experiments/bench.py): forward 2*b*h*pairs*(d + dv)
-    (= 4*b*h*s_q*avg_s_k*d when dv = d), backward 2.5x forward."""
-    f = 2.0 * batch * heads * visible_pairs(seqlen_q, seqlen_k, causal) * (hdim + hdim_v)
-    return f * (2.5 if mode == "bwd" else 1.0)
-
-
 @dataclass
 class Prediction:
     gpu: str
@@ -356,7 +337,7 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     rescale_threshold == 0, else 0.0 (every rescale skipped: the bound).
     ``calib``: measured microbench values (default: read results/*microbench*/rows.jsonl).
     """
-    from kernels.config import AttnConfig  # local import: analysis must not need kernels at import time
+    from kernels.config import AttnConfig
 
     gpu = get_gpu(arch)
     if mode not in ("fwd", "bwd"):
@@ -376,14 +357,13 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     if mode == "fwd":
         tm, tn = cfg.tile_m, cfg.tile_n
     else:
-        tm, tn = BWD_TILES[(cfg_arch, hdim)]
-        if cfg_arch == "sm90" and not causal and hdim in SM90_BWD_TILES_NONCAUSAL:
-            tm, tn = SM90_BWD_TILES_NONCAUSAL[hdim]
+        tm, tn = bwd_tile(cfg_arch, hdim, causal)  # the kernel package's own tiles (kernels/tiles.py)
     if rescale_share is None:
         rescale_share = 1.0 if cfg.rescale_threshold == 0 else 0.0
     overlap = bool(cfg.pingpong or cfg.intra_wg_overlap)
     two_cta = bool(cfg.two_cta and mode == "bwd" and cfg_arch == "sm100")
-    tc = tile_cost(gpu, mode, tm, tn, hdim, hdim_v, exp2_emu_fraction=cfg.exp2_emu_fraction,
+    frac = compiled_config(cfg, cfg_arch, hdim, causal, mode)["exp2_emu_fraction"]  # whole fragments
+    tc = tile_cost(gpu, mode, tm, tn, hdim, hdim_v, exp2_emu_fraction=frac,
                    rescale_share=rescale_share, overlap=overlap, two_cta=two_cta, poly_cost_scale=poly_scale)
 
     batch = int(_get(shape, "batch", DEFAULT_SHAPE["batch"]))
@@ -397,7 +377,7 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     if mode == "bwd":
         io = io * 2 + sq * hdim_v * BF16 * batch * heads  # + dQ, dK, dV written; dO read
     t_hbm = io / (gpu.hbm_tb_s * 1e12)
-    flops = attention_flops(batch, heads, sq, sk, hdim, hdim_v, causal, mode)
+    flops = attention_flops(batch, heads, sq, sk, hdim, hdim_v, causal, mode)  # kernels/flops.py
     t = max(t_compute, t_hbm)
     bound = tc.bound if t_compute >= t_hbm else "hbm"
     if mode == "bwd" and cfg.two_cta and not two_cta:
@@ -428,7 +408,10 @@ VARIANTS = {
 
 def table(gpus=("h100", "h200", "b200", "b300"), hdims=(64, 128, 192, 256), modes=("fwd", "bwd"),
           causals=(False, True), variants=None, calib=None, use_measured=True) -> list[dict]:
-    """Rows (gpu, mode, hdim, causal, variant, tflops, bound, tile cycles) for every combination."""
+    """Rows (gpu, mode, hdim, causal, variant, tflops, bound, tile cycles) for every combination the kernels
+    have (a backward head dim without a kernel, kernels/tiles.py, has no row)."""
+    from kernels.config import ConfigError
+
     variants = variants or list(VARIANTS)
     if calib is None and use_measured:
         calib = load_calibration()
@@ -442,8 +425,11 @@ def table(gpus=("h100", "h200", "b200", "b300"), hdims=(64, 128, 192, 256), mode
                         ov = VARIANTS[v]
                         if v == "2cta" and (mode != "bwd" or GPUS[g].arch != "sm100"):
                             continue
-                        p = predict(g, hd, c, ov, dict(hdim_v=hv), mode=mode, calib=calib,
-                                    use_measured=use_measured)
+                        try:
+                            p = predict(g, hd, c, ov, dict(hdim_v=hv), mode=mode, calib=calib,
+                                        use_measured=use_measured)
+                        except ConfigError:  # no backward kernel for this head dim
+                            continue
                         rows.append(dict(gpu=p.gpu, mode=mode, hdim=f"{hd}" if hv == hd else f"{hd}/{hv}",
                                          causal=c, variant=v, **{k: x for k, x in p.row().items()
                                                                  if k not in ("gpu", "mode")}))
@@ -505,7 +491,7 @@ def report(args=None) -> list[dict]:
         raise SystemExit(f"variant={unknown}: supported variants are {sorted(VARIANTS)}")
     calib = {} if ns.datasheet else load_calibration()
     hw = [r for g in ns.gpu for r in get_gpu(g).rows()]
-    print("Hardware table (per SM per clock; sources in analysis/hardware.py):")
+    print("Hardware table (per SM per clock; sources in kernels/hardware.py):")
     print(_format([{k: r[k] for k in ("gpu", "field", "value", "source")} for r in hw]))
     print()
     for g in ns.gpu:

@@ -260,7 +260,7 @@ def _peak(shape: Shape) -> float | None:
     """Dense tensor-core peak (TFLOP/s) of this GPU at the shape's dtype, from the one peak table."""
     if not torch.cuda.is_available():
         return None
-    from .peaks import peak_tflops
+    from kernels.hardware import peak_tflops
 
     return peak_tflops(torch.cuda.get_device_name(), shape.dtype)
 

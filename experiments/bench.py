@@ -15,37 +15,15 @@ from typing import Callable
 
 import torch
 
+from kernels.flops import BWD_FLOP_FACTOR, attention_flops, tflops, visible_pairs  # noqa: F401 -- the one count
+
 from .shapes import Shape
-
-BWD_FLOP_FACTOR = 2.5  # backward = 2.5 x forward (five matmuls vs two)
-
-
-# ---- FLOPs ---------------------------------------------------------------------------------------
-def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
-    """Number of (query, key) pairs attended. Causal is bottom-right aligned: query i sees keys
-    j <= i + seqlen_k - seqlen_q, so row i sees max(0, min(seqlen_k, i + seqlen_k - seqlen_q + 1)) keys."""
-    if not causal:
-        return seqlen_q * seqlen_k
-    lo = max(seqlen_k - seqlen_q, 0)  # keys seen by row 0 minus 1 when seqlen_k >= seqlen_q
-    # rows see lo+1, lo+2, ..., seqlen_k keys (rows before that see none): sum = T(seqlen_k) - T(lo)
-    return (seqlen_k * (seqlen_k + 1) - lo * (lo + 1)) // 2
 
 
 def attn_flops(shape: Shape, mode: str = "fwd") -> float:
-    """Matmul FLOPs: forward 2*b*h*pairs*(d + d_v) (= 4*b*h*s_q*avg_s_k*d when d_v = d); backward 2.5x."""
-    fwd = 2.0 * shape.batch * shape.heads * visible_pairs(shape.seqlen_q, shape.seqlen_k, shape.causal) * (
-        shape.hdim + shape.hdim_v)
-    if mode == "fwd":
-        return fwd
-    if mode == "bwd":
-        return BWD_FLOP_FACTOR * fwd
-    if mode == "fwd_bwd":
-        return (1.0 + BWD_FLOP_FACTOR) * fwd
-    raise ValueError(f"mode={mode!r}: supported modes are 'fwd', 'bwd', 'fwd_bwd'")
-
-
-def tflops(flops: float, ms: float) -> float:
-    return flops / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
+    """kernels.flops.attention_flops of a Shape: forward 2*b*h*pairs*(d + d_v), backward 2.5x."""
+    return attention_flops(shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.hdim, shape.hdim_v,
+                           shape.causal, mode)
 
 
 # ---- L2 flush -----------------------------------------------------------------------------------

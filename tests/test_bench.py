@@ -8,7 +8,7 @@ import torch
 from experiments import bench
 from experiments.bench import attn_flops, compare_ab, quantile, summarize, time_fn, tflops, visible_pairs
 from experiments.metadata import STATE_KEYS, gpu_state, gpu_state_fields, static_metadata
-from experiments.peaks import PEAKS, peak_for, peak_tflops
+from kernels.hardware import GPUS, gpu_for_device, peak_tflops
 from experiments.shapes import Shape, paper_grid
 
 
@@ -109,22 +109,22 @@ def test_l2_flusher_is_noop_on_cpu():
 
 
 def test_peak_table_has_sources_and_dense_rates():
-    assert set(PEAKS) == {"H100 SXM", "H200", "B200", "B300"}
-    for p in PEAKS.values():
-        assert p.source and len(p.source) > 40
-        assert 500 < p.bf16_tflops < 4000  # dense: sparse figures (1979, 4500) would be the doubled ones
-        assert p.hbm_tbps > 3
-    assert PEAKS["H200"].bf16_tflops == pytest.approx(989.4)
-    assert PEAKS["H100 SXM"].sm_count == 132
+    assert set(GPUS) == {"h100", "h200", "b200", "b300"}
+    for g in GPUS.values():
+        assert all(len(g.sources[f].label()) > 3 for f in ("sms", "clock_mhz", "mma_flops_per_clk", "hbm_tb_s"))
+        assert 500 < g.peak_tflops < 4000  # dense: sparse figures (1979, 4500) would be the doubled ones
+        assert g.hbm_tb_s > 3
+    assert GPUS["h200"].peak_tflops == pytest.approx(989.4, rel=1e-3)
+    assert GPUS["h100"].sms == 132
 
 
 def test_peak_lookup_by_device_name():
-    assert peak_for("NVIDIA H200").gpu == "H200"
-    assert peak_for("NVIDIA H100 80GB HBM3").gpu == "H100 SXM"
-    assert peak_for("NVIDIA H100 PCIe") is None
-    assert peak_for("NVIDIA B200").gpu == "B200"
-    assert peak_for(None) is None and peak_for("NVIDIA A100-SXM4-80GB") is None
-    assert peak_tflops("NVIDIA H200", "float16") == pytest.approx(989.4)
+    assert gpu_for_device("NVIDIA H200").name == "H200"
+    assert gpu_for_device("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    assert gpu_for_device("NVIDIA H100 PCIe") is None
+    assert gpu_for_device("NVIDIA B200").name == "B200"
+    assert gpu_for_device(None) is None and gpu_for_device("NVIDIA A100-SXM4-80GB") is None
+    assert peak_tflops("NVIDIA H200", "float16") == pytest.approx(989.4, rel=1e-3)
 
 
 def test_static_metadata_cached_and_complete():

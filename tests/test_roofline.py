@@ -6,7 +6,7 @@ from dataclasses import fields
 import pytest
 
 from analysis import roofline as rl
-from analysis.hardware import GPUS, get_gpu
+from kernels.hardware import GPUS, get_gpu
 
 B200 = GPUS["b200"]
 PAPER = ("mma", "smem", "mufu")
@@ -228,17 +228,26 @@ def test_microbench_smem_kernel_compiles_to_vector_loads(tmp_path):
     assert ops.count("LDS") >= s.UNROLL  # one 16-byte load per unrolled step inside the loop
 
 
-def test_hardware_agrees_with_the_peak_table():
-    peaks = pytest.importorskip("experiments.peaks")
-    names = {"h100": "H100 SXM", "h200": "H200", "b200": "B200", "b300": "B300"}
-    for key, pname in names.items():
-        pk, g = peaks.PEAKS.get(pname), GPUS[key]
-        if pk is None:
-            continue
-        assert g.peak_tflops == pytest.approx(pk.bf16_tflops, rel=2e-3), key
-        assert g.hbm_tb_s == pytest.approx(pk.hbm_tbps), key
-        if pk.sm_count is not None:
-            assert g.sms == pk.sm_count, key
+def test_peaks_come_from_the_one_hardware_table():
+    """Timing rows' peak_tflops and the roofline read one table: the datasheet dense rates follow from per-SM rates."""
+    from kernels.hardware import gpu_for_device, peak_tflops
+
+    assert peak_tflops("NVIDIA H200") == pytest.approx(989.4, rel=1e-3)
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == pytest.approx(989.4, rel=1e-3)
+    assert peak_tflops("NVIDIA B200") == pytest.approx(2250.0, rel=1e-3)
+    assert gpu_for_device("NVIDIA GB300") is GPUS["b300"] and gpu_for_device("NVIDIA H100 PCIe") is None
+    assert peak_tflops(None) is None and peak_tflops("NVIDIA A100-SXM4-80GB") is None
+
+
+def test_backward_tiles_are_the_kernels():
+    """The roofline's backward tile is whatever kernels/tiles.py reads from the kernel package (no copy here)."""
+    from analysis import roofline as rl
+    from kernels.tiles import bwd_tile
+
+    for hd in (64, 128):
+        p = rl.predict("h200", hd, False, None, None, mode="bwd", calib={})
+        assert p.tile == bwd_tile("sm90", hd, False)
+    assert not [r for r in rl.table(gpus=("h200",), modes=("bwd",), calib={}) if r["hdim"] == "256"]
 
 
 def test_microbench_one_failure_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
@@ -273,7 +282,7 @@ def test_microbench_one_failure_does_not_stop_the_others(tmp_path, monkeypatch, 
 def test_a_measured_rate_far_below_the_peak_is_not_used_as_a_ceiling():
     """A GEMM benchmark at 66% of the tensor peak measured itself: the bound keeps the table's peak."""
     from analysis import roofline as rl
-    from analysis.hardware import get_gpu
+    from kernels.hardware import get_gpu
 
     gpu = get_gpu("H200")
     calib = {"mma_bf16_flops_per_clk_sm": (0.66 * gpu.mma_flops_per_clk, "test gemm", "NVIDIA H200"),

@@ -1,4 +1,5 @@
-"""Hardware table for the roofline: per-SM rates of H100 SXM, H200, B200 and B300, each with its source.
+"""The one GPU spec table: per-SM rates of H100 SXM, H200, B200 and B300, each with its source, and the dense
+tensor-core peak (TFLOP/s) that timing rows report (``peak_tflops``) derived from the same numbers.
 
 Every number carries a ``Source``: where it comes from (datasheet, CUDA programming guide throughput
 table, the FA4 paper, a vendor blog) and whether it is read directly or *inferred* (derived from other
@@ -11,8 +12,13 @@ from dataclasses import dataclass, field, fields, replace
 
 # Source labels. Short keys so that a table can print them; full text in SOURCES.
 SOURCES = {
-    "nv-h100-ds": "NVIDIA H100 Tensor Core GPU datasheet (SXM: 132 SMs, 989 dense BF16 TFLOP/s, 3.35 TB/s HBM3)",
-    "nv-h200-ds": "NVIDIA H200 Tensor Core GPU datasheet (SXM: same GH100 compute as H100, 141 GB HBM3e, 4.8 TB/s)",
+    "nv-h100-ds": "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100; SXM: 132 SMs, BF16/FP16 "
+                  "Tensor Core 1,979 TFLOPS with sparsity = 989 dense, 3.35 TB/s HBM3); H100 SXM5 final specs (GPU "
+                  "boost 1.98 GHz, 132 SMs / 66 TPCs) as reported by prohardver.hu and "
+                  "glennklockwood.com/garden/processors/h100 (BF16 matrix 989.4 dense)",
+    "nv-h200-ds": "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200; SXM: same GH100 compute "
+                  "as H100 SXM, BF16/FP16 1,979 TFLOPS with sparsity, 141 GB HBM3e, 4.8 TB/s); geektopia.es (H200 "
+                  "launch report) quotes a ~1930 MHz max boost; rows record the NVML clock",
     "nv-hopper-wp": "NVIDIA H100 (Hopper) architecture whitepaper: 4 SM sub-partitions, 128 FP32 cores/SM, "
                     "tensor core 2x A100 per SM per clock (A100: 1024 dense FP16 FMA/clk/SM)",
     "cuda-guide": "CUDA C++ Programming Guide, 'Arithmetic Instructions' throughput table (results per clock "
@@ -22,7 +28,10 @@ SOURCES = {
     "fa4-paper": "Zadouri et al., FlashAttention-4 (arXiv 2603.05451), Sec. 3 'feeds and speeds' of B200: "
                  "8192 dense BF16 FLOPs/clk/SM, 16 exp2/clk/SM (MUFU), 128 B/clk/SM shared memory; "
                  "B200 = 2.25 dense BF16 PFLOP/s",
-    "nv-b200-ds": "NVIDIA DGX/HGX B200 datasheet (148 SMs per GPU, 8 TB/s HBM3e per GPU)",
+    "nv-b200-ds": "NVIDIA DGX/HGX B200 datasheet (FP16/BF16 Tensor Core 36 PFLOPS with sparsity per 8 GPUs = 2.25 "
+                  "dense PFLOPS per GPU at 1000 W, 8 TB/s HBM3e per GPU); 148 SMs per the hmc-tech.com B200 spec page",
+    "nv-b300-ds": "NVIDIA HGX B300 datasheet: FP16/BF16 Tensor Core 36 PFLOPS with sparsity per 8 GPUs (2.25 dense "
+                  "PFLOPS per GPU, as glennklockwood.com/garden/processors/B300 tabulates)",
     "nv-bwu-blog": "NVIDIA technical blog 'Inside NVIDIA Blackwell Ultra' (2025): 160 SMs in the full die, "
                    "SFU (MUFU.EX2) throughput doubled over Blackwell for attention (10.7 vs 5 Tera-exp/s), "
                    "8 TB/s HBM3e",
@@ -152,8 +161,8 @@ def _b300_sources() -> dict:
         "sms": Source("nv-bwu-blog", inferred=True,
                       note="the full die has 160 SMs; 148 enabled as on B200 is our assumption"),
         "clock_mhz": Source("fa4-paper", inferred=True, note="assumed equal to B200"),
-        "mma_flops_per_clk": Source("fa4-paper", inferred=True,
-                                    note="dense BF16 per SM per clock assumed unchanged from B200"),
+        "mma_flops_per_clk": Source("nv-b300-ds", inferred=True,
+                                    note="2.25 dense PFLOPS as B200: per SM per clock assumed unchanged"),
         "mufu_ex2_per_clk": Source("nv-bwu-blog", inferred=True, note="2 x B200's 16"),
         "smem_bytes_per_clk": Source("fa4-paper", inferred=True, note="assumed unchanged from B200"),
         "hbm_tb_s": Source("nv-bwu-blog"),
@@ -182,3 +191,28 @@ def get_gpu(name: str) -> GPU:
     if arch in ARCH_DEFAULT_GPU:
         return GPUS[ARCH_DEFAULT_GPU[arch]]
     raise ValueError(f"arch={name!r}: supported GPUs are {sorted(GPUS)} or archs {sorted(ARCH_DEFAULT_GPU)}")
+
+
+# ---- device names -> table rows, and the dense peak of a timed row ---------------------------------------------
+# substrings of torch.cuda.get_device_name() -> GPUS key (most specific first); H100 PCIe / NVL are other parts
+_NAME_MATCH = (("GB300", "b300"), ("B300", "b300"), ("GB200", "b200"), ("B200", "b200"), ("H200", "h200"),
+               ("H100", "h100"))
+
+
+def gpu_for_device(device_name: str | None) -> GPU | None:
+    """The table row of a device name such as 'NVIDIA H200' or 'NVIDIA H100 80GB HBM3'; None if not in the table."""
+    if not device_name:
+        return None
+    name = str(device_name).upper()
+    if "H100" in name and ("PCIE" in name or "NVL" in name):
+        return None
+    for sub, key in _NAME_MATCH:
+        if sub in name:
+            return GPUS[key]
+    return None
+
+
+def peak_tflops(device_name: str | None, dtype: str = "bfloat16") -> float | None:
+    """Dense bf16/fp16 tensor-core peak (TFLOP/s; the two are equal on these parts) of a device; None if unknown."""
+    g = gpu_for_device(device_name)
+    return None if g is None else g.peak_tflops
