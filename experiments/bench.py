@@ -96,8 +96,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
-class _Timer:
-    """Times one call: CUDA events on a GPU (the flush happens before the start event), else perf_counter."""
+class CallTimer:
+    """Times one call: CUDA events on a GPU (the flush happens before the start event), else perf_counter.
+    ``run(fn)`` returns the milliseconds on the CPU path (None on CUDA: ``collect()`` syncs and returns them)."""
 
     def __init__(self, device, flush_l2: bool):
         self.cuda = _is_cuda(device)
@@ -146,7 +147,7 @@ def time_fn(fn: Callable, device=None, warmup: int = 5, repeats: int = 30, flush
     second = time_first_call(fn, device) if first_call else float("nan")
     for _ in range(warmup):
         fn()
-    timer = _Timer(device, flush_l2)
+    timer = CallTimer(device, flush_l2)
     times: list[float] = []
     t_start = time.perf_counter()
     for i in range(repeats):
@@ -187,7 +188,7 @@ def compare_ab(fn_a: Callable, fn_b: Callable, device=None, warmup: int = 5, rep
     for _ in range(warmup):
         fn_a()
         fn_b()
-    timer = _Timer(device, flush_l2)
+    timer = CallTimer(device, flush_l2)
     order = []
     ta, tb = [], []
     t_start = time.perf_counter()

@@ -37,20 +37,29 @@ def _git(*args: str) -> str | None:
 
 
 # ---- NVML --------------------------------------------------------------------------------------
-_NVML = {"ok": None}
+_NVML = {"ok": None, "why": ""}
 
 
 def _nvml():
-    """The pynvml module, initialised once; None when NVML is unusable here."""
+    """The pynvml module, initialised once; None when NVML is unusable here (``nvml_unavailable()`` says why)."""
     if _NVML["ok"] is None:
         try:
             import pynvml
 
             pynvml.nvmlInit()
             _NVML["ok"] = pynvml
-        except Exception:
-            _NVML["ok"] = False
+        except Exception as e:  # no driver, no GPU, no pynvml
+            _NVML["ok"], _NVML["why"] = False, f"{type(e).__name__}: {e}"[:200]
     return _NVML["ok"] or None
+
+
+def nvml_unavailable() -> str | None:
+    """None when NVML can be read for the current CUDA device, else why not (one line)."""
+    if _nvml() is None:
+        return f"NVML not usable ({_NVML['why']})"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return None if _nvml_handle() is not None else "no NVML handle for the CUDA device"
 
 
 def _nvml_handle(device_index: int | None = None):
@@ -59,14 +68,19 @@ def _nvml_handle(device_index: int | None = None):
     if nv is None or not torch.cuda.is_available():
         return None
     idx = torch.cuda.current_device() if device_index is None else device_index
-    try:
-        uuid = str(torch.cuda.get_device_properties(idx).uuid)
-        return nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
-    except Exception:
+    if idx not in _HANDLES:  # looked up once per device: the sampler thread reads state every few ms
         try:
-            return nv.nvmlDeviceGetHandleByIndex(idx)
+            uuid = str(torch.cuda.get_device_properties(idx).uuid)
+            _HANDLES[idx] = nv.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
         except Exception:
-            return None
+            try:
+                _HANDLES[idx] = nv.nvmlDeviceGetHandleByIndex(idx)
+            except Exception:
+                return None
+    return _HANDLES[idx]
+
+
+_HANDLES: dict = {}
 
 
 def _try(fn, *args):
