@@ -15,7 +15,9 @@ was checked; a ``check`` skip row when not even one slice fits; timing always us
 the backend does not implement (NotImplementedError) is a skip row for that mode. An unavailable or
 unsupported backend gives one skip row with the reason; an exception gives a fail row with its error_class
 and the first lines of its message. Rows carry the GPU's clocks/temperature/power before and after the
-measurement they report (None without a GPU).
+measurement they report (None without a GPU); timed rows add the GPU sampler's summary of the timing
+(experiments/timing/sampler.py: clock/power/temperature statistics, ``throttled_share``), and every row of a
+backend with an AttnConfig its ``compiled_config`` / ``compiled_hash`` for the row's mode (kernels/tiles.py).
 
 With ``ab`` (a baseline variant, set by the sweep's ``ab_baseline``) and ``bench``, each mode's timing is
 followed by an interleaved A/B run on the same inputs (experiments.bench.compare_ab, A = the baseline config,
@@ -36,6 +38,7 @@ from .bench import attn_flops, compare_ab, tflops, time_fn
 from .check import check_backend, check_fits, fit_check_shape
 from .metadata import STATE_KEYS, gpu_state_fields
 from .shapes import Shape, make_inputs, randn
+from .timing.sampler import GpuSampler
 
 MODES = ("fwd", "bwd")
 DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None)
@@ -120,20 +123,44 @@ def _resolved(cfg, shape: Shape, arch: str | None):
 class _Rows:
     """Builds rows that share the job's identity fields."""
 
-    def __init__(self, job: dict, shape: Shape, cfg, device: str, config_arch: str | None = None):
+    def __init__(self, job: dict, shape: Shape, cfg, device: str, config_arch: str | None = None, backend=None,
+                 variant=None):
         # resolved_config: what the backend compiles / models once per-arch defaults fill the None fields, so two
         # variants that resolve to one kernel (e.g. a switch already off by default) are recognisable as such
         resolved = _resolved(cfg, shape, config_arch)
         self.base = dict(experiment=job.get("experiment"), job_key=_job_key(job), kind="attn",
-                         backend=job["backend"], **shape.to_dict(), config=cfg.to_dict() if cfg else None,
+                         backend=backend or job["backend"], **shape.to_dict(), config=cfg.to_dict() if cfg else None,
                          config_hash=cfg.config_hash() if cfg else None,
                          resolved_config=resolved.to_dict() if resolved else None,
                          resolved_config_hash=resolved.config_hash() if resolved else None, device=device)
+        if variant is not None:
+            self.base["variant"] = variant
         self.rows: list[dict] = []
+        self._cfg, self._shape, self._arch, self._compiled = cfg, shape, config_arch if resolved else None, {}
+
+    def compiled(self, mode) -> dict:
+        """compiled_config / compiled_hash of ``mode``'s kernel (kernels/tiles.py: the exp2 fraction rounded to whole
+        fragments, the backward's own tiles), so variants that compile one kernel are seen as one; {} without one."""
+        if self._arch is None or mode not in MODES:
+            return {}
+        if mode not in self._compiled:
+            import hashlib
+            import json
+
+            from kernels.tiles import compiled_config
+
+            try:
+                c = compiled_config(self._cfg, self._arch, self._shape.hdim, self._shape.causal, mode)
+            except ValueError:  # no kernel for this head dim in this mode: supports() says so in a skip row
+                self._compiled[mode] = {}
+            else:
+                blob = json.dumps(c, sort_keys=True).encode()
+                self._compiled[mode] = dict(compiled_config=c, compiled_hash=hashlib.sha1(blob).hexdigest()[:12])
+        return self._compiled[mode]
 
     def add(self, mode, metric, value, status="ok", reason=None, error_class=None, state=None, **extra) -> dict:
         row = dict(self.base, mode=mode, metric=metric, value=value, status=status, reason=reason,
-                   error_class=error_class)
+                   error_class=error_class, **self.compiled(mode))
         row.update(state if state is not None else _no_state())
         row.update(extra)
         self.rows.append(row)
@@ -206,8 +233,9 @@ def run(job: dict) -> list[dict]:
             try:
                 inputs = _timed_inputs(shape, mode, device, job.get("seed"))
                 fn = _timed_fn(backend, shape, cfg, mode, scale, inputs)
-                t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
-                            flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+                with GpuSampler() as sampler:  # GPU state during the timing, not only before/after
+                    t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
+                                flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
             except NotImplementedError as e:  # the backend lacks this mode: a skip, and nothing to check
                 rows.add(mode, None, None, status="skip", reason=error_message(e), state=before)
                 continue
@@ -222,7 +250,8 @@ def run(job: dict) -> list[dict]:
                 rows.add(mode, "second_call_s", t.second_call_s, state=state, timer=t.timer)
                 rows.add(mode, "time_ms", t.median_ms, state=state, p20=t.p20_ms, p80=t.p80_ms, iqr=t.iqr_ms,
                          min=t.min_ms, max=t.max_ms, n=t.n, timer=t.timer, flush_l2=t.flush_l2, flops=flops,
-                         tflops=tf, peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None)
+                         tflops=tf, peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None,
+                         **sampler.summary())
                 stats = getattr(backend, "last_stats", None)
                 if mode == "fwd" and stats:
                     for key, val in stats.items():

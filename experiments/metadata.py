@@ -1,10 +1,12 @@
-"""Run metadata: what machine and software produced a row (``static_metadata``) and the GPU's clocks,
-temperature and power around a measurement (``gpu_state``, via NVML). Read-only: nothing here sets or
+"""Run metadata: what machine and software produced a row (``static_metadata``; ``provenance``: git SHA, dirty
+flag, a hash of the kernels/ tree) and the GPU's clocks, temperature and power around a measurement
+(``gpu_state``, via NVML; experiments/timing/sampler.py samples it during a timing). Read-only: nothing here sets or
 locks clocks. Everything degrades to None on a machine without a GPU, NVML or git.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import socket
@@ -114,6 +116,38 @@ def gpu_state_fields(when: str, device_index: int | None = None) -> dict:
     return {f"{k}_{when}": v for k, v in gpu_state(device_index).items()}
 
 
+# ---- provenance ----------------------------------------------------------------------------------
+def _in_own_repo() -> bool:
+    """True when git sees this tree as its own repository (not a parent folder's, not none)."""
+    top = _git("rev-parse", "--show-toplevel")
+    return top is not None and Path(top).resolve() == REPO
+
+
+def kernels_hash() -> str:
+    """sha1 (12 hex) of every .py file under kernels/ (relative path and bytes): rows of an unchanged kernel
+    package compare across commits, and a tree copied without .git still says which kernels it ran."""
+    h = hashlib.sha1()
+    root = REPO / "kernels"
+    for f in sorted(root.rglob("*.py")):
+        if "__pycache__" in f.parts:
+            continue
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def provenance() -> dict:
+    """git_sha (this repository's HEAD, else $FA4LAB_GIT_SHA, else None), git_sha_source ('repo' / 'env' / None),
+    git_dirty (tracked files modified; None when not known: no repository of our own), kernels_hash."""
+    sha = _git("rev-parse", "HEAD") if _in_own_repo() else None
+    if sha is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        dirty, source = (None if status is None else bool(status)), "repo"
+    else:
+        sha = os.environ.get("FA4LAB_GIT_SHA") or None
+        dirty, source = None, ("env" if sha else None)
+    return dict(git_sha=sha, git_sha_source=source, git_dirty=dirty, kernels_hash=kernels_hash())
+
+
 # ---- static ------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _static() -> tuple:
@@ -121,10 +155,7 @@ def _static() -> tuple:
               max_sm_clock_mhz=None, max_mem_clock_mhz=None, driver=None, cuda=torch.version.cuda,
               torch=torch.__version__, cutlass_dsl=_pkg_version("nvidia-cutlass-dsl"),
               flash_attn_4=_pkg_version("flash-attn-4", "flash_attn_4"),
-              # a copy of the tree without .git (the device tool's) gets the SHA from the caller's environment
-              git_sha=_git("rev-parse", "HEAD") or os.environ.get("FA4LAB_GIT_SHA"), git_dirty=None, hostname=socket.gethostname(), python=platform.python_version())
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    md["git_dirty"] = None if status is None else bool(status)
+              **provenance(), hostname=socket.gethostname(), python=platform.python_version())
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
         md.update(gpu_name=p.name, sm_count=p.multi_processor_count, compute_capability=f"{p.major}.{p.minor}",

@@ -11,6 +11,8 @@ from typing import Callable
 
 RUNNERS: dict[str, str] = {
     "attn": "experiments.attn_job:run",
+    "compare": "experiments.compare_job:run",
+    "compile_time": "experiments.compile_time:run",
     "numerics": "experiments.numerics:run",
     "poly": "experiments.numerics:run",
     "smoke": "experiments.fault_backends:run_smoke_job",

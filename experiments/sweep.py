@@ -5,7 +5,9 @@ An experiment (conf/experiment/*.yaml) either names an ``expand`` hook ("module:
 and the one-field ``sweep_fields``), for each of ``backends``, one job; each of ``peers`` (backends that take
 no AttnConfig) runs once per shape. With ``ab_baseline: <variant name>``, each job of another variant of
 ``backends`` also carries ``ab = {"variant": <name>, "config": <its config>}``: the job then times the variant
-against that baseline interleaved and records the ratio (experiments/attn_job.py, metric ``ab_ratio``). Jobs go
+against that baseline interleaved and records the ratio (experiments/attn_job.py, metric ``ab_ratio``). With
+``kind: compare`` the same product becomes one job per shape that times every backend and variant round-robin
+(experiments/compare_job.py; ``ab_baseline`` names the baseline variant, else the first). Jobs go
 through an executor (experiments/isolation.py) and their rows are appended to
 ``<results_dir>/<experiment>/rows.jsonl`` with metadata, the job key and the time.
 """
@@ -23,7 +25,7 @@ from experiments.isolation import CudaContextPoisoned, failure_row, import_plugi
 from experiments.results import ResultStore, job_key, read_rows
 from experiments.runners import RUNNERS, get_runner, load_target
 
-PRODUCT_KINDS = ("attn", "smoke")  # kinds the built-in product expansion makes
+PRODUCT_KINDS = ("attn", "smoke", "compare")  # kinds the built-in product expansion makes
 
 
 class SweepError(ValueError):
@@ -143,6 +145,10 @@ def expand_jobs(cfg: dict) -> list[dict]:
                 jobs.append(job)
         for b in peers:
             jobs.append({**common, "backend": b, "variant": "peer", "config": None, "shape": shape})
+    if kind == "compare":  # one job per shape times them all round-robin (experiments/compare_job.py)
+        from experiments.compare_job import group_jobs
+
+        return group_jobs(jobs, ab["variant"] if ab else None)
     return jobs
 
 
@@ -313,9 +319,7 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
 def _finalize(target: str, rows: list[dict], outdir: Path, out) -> None:
     import pandas as pd
 
-    from analysis.load import flatten_config
-
-    written = load_target(target)(flatten_config(pd.DataFrame(rows)), outdir)
+    written = load_target(target)(pd.DataFrame(rows), outdir)  # experiments never import analysis
     if written:
         print(f"finalize: wrote {written}", file=out)
 

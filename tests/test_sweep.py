@@ -36,12 +36,13 @@ def test_paper_grid_and_fwd_peers_expansion():
     assert {s["seqlen_q"] for s in shapes} == {1024, 2048, 4096, 8192, 16384, 32768}
     assert all(s["batch"] * s["seqlen_q"] == 32768 and s["heads"] == 2048 // s["hdim"] for s in shapes)
     jobs = expand_jobs(cfg)
-    assert len(jobs) == len(shapes) * 5  # fa4 (one config) + 4 peers
+    assert len(jobs) == len(shapes)  # kind compare: one job per shape times fa4 and the 4 peers round-robin
     assert len({job_key(j) for j in jobs}) == len(jobs)
     j = jobs[0]
-    assert j["kind"] == "attn" and j["modes"] == ["fwd"] and j["check"] is True
+    assert j["kind"] == "compare" and j["modes"] == ["fwd"] and j["check"] is True
     assert set(j["bench"]) >= {"repeats", "warmup", "flush_l2"}
-    assert {j["backend"] for j in jobs} == {"fa4", "fa4_official", "sdpa_cudnn", "sdpa_flash", "flex"}
+    assert [e["backend"] for e in j["entries"]] == ["fa4", "fa4_official", "sdpa_cudnn", "sdpa_flash", "flex"]
+    assert j["baseline"] == {"backend": "fa4", "variant": "default"}
 
 
 def test_fwd_ablation_variants():
@@ -60,9 +61,10 @@ def test_fwd_ablation_variants():
     for v in variants.values():
         AttnConfig.from_dict(v)  # every variant is a valid config
     jobs = expand_jobs(cfg)
-    ours = [j for j in jobs if j["backend"] == "fa4"]
-    assert len(ours) == 12 * len(variants)
-    assert all(j["config"] is None for j in jobs if j["backend"] == "fa4_official")
+    assert len(jobs) == 12  # one round-robin job per shape of the hdim 128 grid
+    for j in jobs:
+        assert [e["variant"] for e in j["entries"] if e["backend"] == "fa4"] == list(variants)
+        assert [e["config"] for e in j["entries"] if e["backend"] == "fa4_official"] == [None]
 
 
 def test_bwd_ablation_variants():
@@ -71,27 +73,34 @@ def test_bwd_ablation_variants():
     assert "deterministic+two_cta" in variants and "exp2_emu_fraction=0.25" in variants
 
 
-def test_ab_baseline_rides_on_the_other_variants_only():
+def test_ablations_are_one_round_robin_job_per_shape_with_the_ab_baseline():
     for name in ("fwd_ablation", "bwd_ablation"):
         cfg = composed(f"experiment={name}")
         assert cfg["experiment"]["ab_baseline"] == "full"
         jobs = expand_jobs(cfg)
-        ours = [j for j in jobs if j["backend"] == "fa4"]
-        assert {j["variant"] for j in ours if "ab" not in j} == {"full"}  # the baseline is never timed against itself
-        others = [j for j in ours if j["variant"] != "full"]
-        assert others and all(j["ab"] == {"variant": "full", "config": {}} for j in others)
-        assert all("ab" not in j for j in jobs if j["backend"] != "fa4")  # peers take no AttnConfig
-        assert len({job_key(j) for j in jobs}) == len(jobs)
+        assert len(jobs) == len(expand_shapes(cfg["shape"])) and all(j["kind"] == "compare" for j in jobs)
+        variants = [e["variant"] for e in jobs[0]["entries"] if e["backend"] == "fa4"]
+        assert variants == [n for n, _ in expand_variants(cfg["experiment"])]
+        assert jobs[0]["baseline"] == {"backend": "fa4", "variant": "full"}
+        assert all("ab" not in j and "ab" not in e for j in jobs for e in j["entries"])
     cfg = composed("experiment=fwd_ablation", "experiment.ab_baseline=no_pingpong")
-    jobs = [j for j in expand_jobs(cfg) if j["backend"] == "fa4"]
-    assert all(j["ab"] == {"variant": "no_pingpong", "config": {"pingpong": False}} for j in jobs
-               if j["variant"] != "no_pingpong")
-    assert all("ab" not in j for j in jobs if j["variant"] == "no_pingpong")
-    # without ab_baseline the jobs (and their keys: committed rows stay done) are as before
-    plain = expand_jobs(composed("experiment=fwd_ablation", "experiment.ab_baseline=null"))
-    assert all("ab" not in j for j in plain)
+    assert expand_jobs(cfg)[0]["baseline"] == {"backend": "fa4", "variant": "no_pingpong"}
     with pytest.raises(SweepError, match=r"ab_baseline='nope': not a variant of this experiment; variants: full"):
         expand_jobs(composed("experiment=fwd_ablation", "experiment.ab_baseline=nope"))
+
+
+def test_ab_baseline_of_attn_jobs_rides_on_the_other_variants_only():
+    """kind=attn keeps the older scheme: a job per variant, each timed A/B against the baseline (ab_ratio rows)."""
+    cfg = composed("experiment=fwd_ablation", "experiment.kind=attn")
+    jobs = expand_jobs(cfg)
+    ours = [j for j in jobs if j["backend"] == "fa4"]
+    assert {j["variant"] for j in ours if "ab" not in j} == {"full"}  # the baseline is never timed against itself
+    others = [j for j in ours if j["variant"] != "full"]
+    assert others and all(j["ab"] == {"variant": "full", "config": {}} for j in others)
+    assert all("ab" not in j for j in jobs if j["backend"] != "fa4")  # peers take no AttnConfig
+    assert len({job_key(j) for j in jobs}) == len(jobs)
+    plain = expand_jobs(composed("experiment=fwd_ablation", "experiment.kind=attn", "experiment.ab_baseline=null"))
+    assert all("ab" not in j for j in plain)
 
 
 def test_bad_variant_and_duplicate_names_are_one_line_errors():
@@ -267,4 +276,4 @@ def test_readme_documents_ab_baseline():
     text = (ROOT / "README.md").read_text()
     table_on = text.index("| `fwd_ablation` |")
     near = text[table_on:text.index("## Sweeps: resume")]  # the experiment table and the paragraph below it
-    assert "ab_baseline" in near and "ab_ratio" in near
+    assert "ab_baseline" in near and "time_ratio" in near and "round-robin" in near
