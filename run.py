@@ -125,6 +125,12 @@ def prepare(cmd: str, args: list[str]) -> list[str]:
     exclusive = {"-m", "--multirun", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
     if sweeping and not (exclusive & set(flags)):
         flags.append("--multirun")
+    if not ({"--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--help", "-h", "--hydra-help"} & set(flags)):
+        from experiments.cli import precheck
+
+        err = precheck(str(CONF), overrides + [f"cmd={cmd}"])
+        if err:
+            die(err)
     return flags + overrides + [f"cmd={cmd}"]
 
 
@@ -142,16 +148,15 @@ def _task(cfg) -> None:
     """Hydra task: one composed config (one job of a multirun)."""
     from omegaconf import OmegaConf
 
-    from experiments.backends import UnknownBackendError
-    from experiments.isolation import WorkerSetupError
-    from experiments.runners import RunnerError
-    from experiments.sweep import SweepError, run_quick, run_sweep
-    from kernels.config import ConfigError
+    from experiments.cli import check_errors
+    from experiments.config_check import check_run_config
+    from experiments.sweep import run_quick, run_sweep
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
+        check_run_config(plain)  # again per job: a multirun's other values
         code = run_sweep(plain) if plain["cmd"] == "sweep" else run_quick(plain, plain["cmd"])
-    except (SweepError, UnknownBackendError, ConfigError, RunnerError, WorkerSetupError) as e:
+    except check_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2
     _STATE["exit"] = max(_STATE["exit"], code)

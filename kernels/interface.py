@@ -13,7 +13,7 @@ import torch
 
 from .compile_cache import cache_key, get_or_compile
 from .config import AttnConfig, ConfigError
-from .validate import InputError, check_qkv, check_scale
+from .validate import InputError, check_devices, check_qkv, check_scale
 
 ARCH = "sm90"
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -104,12 +104,14 @@ class _FlashAttnFunc(torch.autograd.Function):
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
-    check_qkv(q, k, v, need_cuda=True)
+    """Checks in order: shapes, dtype, head dim, layout (check_qkv), scale, causal, config, then device and arch."""
+    check_qkv(q, k, v, devices=False)
     check_scale(softmax_scale)
     if not isinstance(causal, bool):
         raise InputError(f"causal={causal!r}: must be a bool")
-    _check_arch(q.device)
     cfg = resolve_config(config, q.shape[3], causal)
+    check_devices(q, k, v, need_cuda=True)
+    _check_arch(q.device)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
     out, lse = _FlashAttnFunc.apply(q, k, v, causal, scale, cfg)
     return (out, lse) if return_lse else out

@@ -17,36 +17,49 @@ class InputError(ValueError):
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dtypes=SUPPORTED_DTYPES,
-              hdim_pairs=SUPPORTED_HDIM_PAIRS, need_cuda: bool = False) -> None:
-    """Validate (batch, seqlen, heads, head_dim) tensors as flash_attn_func takes them."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+              hdim_pairs=SUPPORTED_HDIM_PAIRS, need_cuda: bool = False, devices: bool = True) -> None:
+    """Validate (batch, seqlen, heads, head_dim) tensors as flash_attn_func takes them.
+
+    Order: type and rank, shapes (agreement, sizes >= 1), dtype, head dims, layout, then (``devices``) device.
+    """
+    named = (("q", q), ("k", k), ("v", v))
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise InputError(f"{name}: expected rank 4 (batch, seqlen, heads, head_dim), got rank {t.dim()} with shape {tuple(t.shape)}")
-        if t.dtype not in dtypes:
-            raise InputError(f"{name}: dtype {t.dtype} is not supported; supported: {', '.join(str(d) for d in dtypes)}")
-        if t.stride(-1) != 1:
-            raise InputError(f"{name}: last dim (head_dim) must be contiguous (stride 1), got stride {t.stride(-1)}")
-        if need_cuda and t.device.type != "cuda":
-            raise InputError(f"{name}: device {t.device} is not supported; the kernels need a CUDA tensor")
-    if not (q.device == k.device == v.device):
-        raise InputError(f"q, k, v: must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise InputError(f"q, k, v: must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
         raise InputError(f"batch: q, k, v must share batch, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
         raise InputError(f"seqlen_k: k and v must share seqlen, got {k.shape[1]} and {v.shape[1]}")
     if not (q.shape[2] == k.shape[2] == v.shape[2]):
         raise InputError(f"heads: q, k, v must share the number of heads, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
-    if q.shape[3] != k.shape[3]:
-        raise InputError(f"head_dim: q and k must share head_dim, got {q.shape[3]} and {k.shape[3]}")
     if min(q.shape[1], k.shape[1]) < 1 or q.shape[0] < 1 or q.shape[2] < 1:
         raise InputError(f"shape: batch, seqlen and heads must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    for name, t in named:
+        if t.dtype not in dtypes:
+            raise InputError(f"{name}: dtype {t.dtype} is not supported; supported: {', '.join(str(d) for d in dtypes)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k, v: must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[3] != k.shape[3]:
+        raise InputError(f"head_dim: q and k must share head_dim, got {q.shape[3]} and {k.shape[3]}")
     pair = (q.shape[3], v.shape[3])
     if hdim_pairs is not None and pair not in hdim_pairs:
         raise InputError(f"head_dim: (qk, v) = {pair} is not supported; supported: {list(hdim_pairs)}")
+    for name, t in named:
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}: last dim (head_dim) must be contiguous (stride 1), got stride {t.stride(-1)}")
+    if devices:
+        check_devices(q, k, v, need_cuda=need_cuda)
+
+
+def check_devices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_cuda: bool = False) -> None:
+    """q, k, v on one device, a CUDA one when ``need_cuda`` (the kernels' only device)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if need_cuda and t.device.type != "cuda":
+            raise InputError(f"{name}: device {t.device} is not supported; the kernels need a CUDA tensor")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v: must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
 def check_scale(softmax_scale) -> None:

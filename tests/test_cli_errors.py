@@ -60,11 +60,9 @@ def test_unknown_backend_inside_experiment_via_cli(tmp_path):
 
 
 def test_bad_variant_via_cli(capsys, tmp_path):
-    assert run.main(["sweep", "experiment=fwd_ablation", "experiment.configs=[{name: x, config: {tile_m: 7}}]",
-                     f"results_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: variant 'x': tile_m=7: must be None (per-arch default) or an int in [64, 256], "
-                   "a multiple of 64"]
+    err = _error_line(capsys, ["sweep", "experiment=fwd_ablation", "experiment.configs=[{name: x, config: {tile_m: 7}}]",
+                               f"results_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra"])
+    assert err == "error: variant 'x': tile_m=7: must be None (per-arch default) or an int in [64, 256], a multiple of 64"
 
 
 def test_help_and_missing_subcommand(capsys):

@@ -1,0 +1,99 @@
+"""What run.py does before Hydra runs a job: compose the config once and check it (one error line, exit 2).
+
+``precheck(conf_dir, overrides)`` composes ``conf/config.yaml`` with the command line's overrides (a sweep
+override at its first value), turns a Hydra composition error into one line that lists the keys that do
+exist, and runs experiments.config_check on the result. It returns the error line, or None when all is well.
+"""
+from __future__ import annotations
+
+import re
+
+
+def check_errors() -> tuple[type, ...]:
+    """Exception types that mean "this config cannot run" (one line each, no traceback)."""
+    from experiments.backends import UnknownBackendError
+    from experiments.config_check import RunConfigError
+    from experiments.isolation import WorkerSetupError
+    from experiments.runners import RunnerError
+    from experiments.shapes import ShapeError
+    from experiments.sweep import SweepError
+    from kernels.config import ConfigError
+
+    return RunConfigError, SweepError, UnknownBackendError, ConfigError, RunnerError, WorkerSetupError, ShapeError
+
+
+def first_values(overrides: list[str]) -> list[str] | None:
+    """The overrides with each sweep (``key=a,b``) at its first value; None if a sweep is not a plain list."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    out = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            out.append(o.input_line)
+            continue
+        v = o.value()
+        if not isinstance(v, ChoiceSweep) or not v.list or not isinstance(v.list[0], (str, int, float, bool)):
+            return None
+        first = v.list[0]
+        out.append(f"{o.get_key_element()}={str(first).lower() if isinstance(first, bool) else first}")
+    return out
+
+
+def _compose(conf_dir: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _unknown_key_line(conf_dir: str, overrides: list[str], bad_override: str, full_key: str) -> str:
+    """``<key>: unknown key; keys of <parent>: ...`` from a config composed without the bad override."""
+    parent, _, name = full_key.rpartition(".")
+    line = f"{full_key}: unknown key"
+    try:
+        from omegaconf import OmegaConf
+
+        rest = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != bad_override]
+        node = _compose(conf_dir, rest)
+        node = OmegaConf.select(node, parent) if parent else node
+    except Exception:  # another bad override: the line without the list
+        return line + f" (+{bad_override}=<value> adds a new key)"
+    if node is None:
+        line += f"; {parent} is null with these choices"
+        if parent == "backend.config":
+            line += " (this backend takes no AttnConfig)"
+    elif hasattr(node, "keys"):
+        line += f"; keys of {parent or 'the top level'}: {', '.join(str(k) for k in node.keys())}"
+    return line if parent == "backend.config" else line + f" (+{bad_override}=<value> adds a new key)"
+
+
+def hydra_error_line(conf_dir: str, overrides: list[str], e: Exception) -> str:
+    """One line for a Hydra composition error."""
+    cause = str(e.__cause__ or "")
+    key = re.search(r"full_key: (\S+)", cause)
+    over = re.search(r"Could not override '([^']+)'", str(e))
+    if key and over and "not in struct" in cause:
+        return _unknown_key_line(conf_dir, overrides, over.group(1), key.group(1))
+    return "; ".join(ln.strip() for ln in str(e).splitlines() if ln.strip() and "provider=" not in ln)
+
+
+def precheck(conf_dir: str, overrides: list[str]) -> str | None:
+    """Compose and check; the one-line error (without the ``error:`` prefix) or None."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from experiments.config_check import check_run_config
+
+    plain = first_values(overrides)
+    if plain is None:
+        return None  # range()/glob() sweeps: each job is checked when it starts
+    try:
+        cfg = _compose(conf_dir, plain)
+    except HydraException as e:
+        return hydra_error_line(conf_dir, plain, e)
+    try:
+        check_run_config(OmegaConf.to_container(cfg, resolve=True))
+    except check_errors() as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
