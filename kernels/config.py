@@ -34,6 +34,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48),
 }
 
+DET_SCHEDULES = ("spt", "naive")
 EXP2_FRACTION_QUANTUM = 1.0 / 8.0  # kernels split a row's exponentials in whole eighths (register fragments)
 
 
@@ -51,6 +52,7 @@ class AttnConfig:
     intra_wg_overlap: bool = True  # a warpgroup's softmax(j) overlaps its own QK^T(j+1) / PV(j)
     deterministic: bool = False  # backward: dQ accumulated in a fixed order
     two_cta: bool = False  # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS
+    det_schedule: str = "spt"  # deterministic causal backward: "spt" (shortest first) or "naive" (K/V tile order)
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None
@@ -68,6 +70,9 @@ class AttnConfig:
         f = self.exp2_emu_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not (0.0 <= float(f) <= 1.0)):
             raise ConfigError(f"exp2_emu_fraction={f!r}: must be None (per-arch default) or a number in [0, 1]")
+        if self.det_schedule not in DET_SCHEDULES:
+            raise ConfigError(f"det_schedule={self.det_schedule!r}: must be one of {DET_SCHEDULES} "
+                              "(deterministic causal backward: shortest-processing-time first, or K/V tile order)")
         for name in ("pingpong", "intra_wg_overlap", "deterministic", "two_cta"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")

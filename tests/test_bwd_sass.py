@@ -40,15 +40,15 @@ def _nvdisasm():
     pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
 
 
-def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, dq_via_smem=True):
-    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}_{int(dq_via_smem)}"
+def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, det_schedule="spt"):
+    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}_{det_schedule}"
     dump.mkdir()
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
-        compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}, two_cta={two_cta}),
-                         "bfloat16", {hdim}, {causal}, dq_via_smem={dq_via_smem})
+        compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}, two_cta={two_cta},
+                                    det_schedule={det_schedule!r}), "bfloat16", {hdim}, {causal})
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
@@ -73,13 +73,15 @@ def test_deterministic_ordering_in_sass(tmp_path):
     assert "REDG.E.ADD.S32" not in plain
 
 
-def test_deterministic_ordering_register_atomics_path(tmp_path):
-    det = _main_sass(tmp_path, True, 0.0, dq_via_smem=False)
-    plain = _main_sass(tmp_path, False, 0.0, dq_via_smem=False)
-    for sass in (det, plain):
-        assert "REDG.E.ADD.F32x2" in sass and "UBLKRED" not in sass
-    assert re.search(r"LDG\.E\.STRONG\.GPU", det) and "REDG.E.ADD.S32.STRONG.GPU" in det
-    assert not re.search(r"LDG\.E\.STRONG\.GPU", plain)
+@pytest.mark.parametrize("hdim,causal", [(64, True), (128, False), (128, True)])
+def test_default_configs_have_no_spills(tmp_path, hdim, causal):
+    """Every default backward config (and the deterministic one) keeps its working set in registers, and
+    the MMA warps store dS with stmatrix and issue no global reduction (the writer warp bulk-reduces dQ)."""
+    for det in (False, True):
+        sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=hdim)
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"spills in hd{hdim} causal={causal} det={det}"
+        assert "STSM" in sass and "UBLKRED.G.S.ADD.F32" in sass
+        assert not re.search(r"REDG\.E\.ADD\.F32", sass)
 
 
 def test_exp2_fraction_in_sass(tmp_path):
@@ -92,12 +94,20 @@ def test_exp2_fraction_in_sass(tmp_path):
 
 def test_two_cta_cluster_in_sass(tmp_path):
     two = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=True)
-    one = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=False, dq_via_smem=False)
+    one = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=False)
     assert "UTMALDG.4D.MULTICAST" in two and "MULTICAST" not in one  # Q/dO (+LSE, dPsum) multicast
     assert re.search(r"UBLKCP\.S\.S", two) and "UBLKCP" not in one  # dS half -> peer's shared memory
     assert "UCGABAR_ARV" in two and "UCGABAR_WAIT" in two  # cluster barriers
     assert "HGMMA.64x32x16.F32.BF16" in two  # dQ^T = K^T dS^T, 32 Q rows per CTA
-    # each thread issues half the dQ reduction instructions of the one-CTA kernel (16 f32 vs 16 f32x2)
-    n_two = len(re.findall(r"REDG\.E\.ADD\.F32\.", two))
-    n_one = len(re.findall(r"REDG\.E\.ADD\.F32x2\.", one))
-    assert n_two == 16 and n_one == 16, (n_two, n_one)
+    # dQ: 16 fp32 register reductions per thread per Q tile (half the rows of the one-CTA kernel, which
+    # bulk-reduces whole tiles from shared memory instead)
+    assert len(re.findall(r"REDG\.E\.ADD\.F32\.", two)) == 16 and "UBLKRED" in one
+
+
+def test_det_schedule_changes_the_kernel(tmp_path):
+    """det_schedule reaches the machine code of the deterministic causal kernel (grid order and dQ turns)."""
+    spt = _main_sass(tmp_path, True, 0.0, causal=True, hdim=64, det_schedule="spt")
+    naive = _main_sass(tmp_path, True, 0.0, causal=True, hdim=64, det_schedule="naive")
+    strip = lambda s: re.sub(r"/\*[0-9a-f]{4}\*/", "", s)
+    assert strip(spt) != strip(naive)
+    assert re.search(r"LDG\.E\.STRONG\.GPU", naive) and re.search(r"LDG\.E\.STRONG\.GPU", spt)

@@ -12,9 +12,6 @@ from ..compile_cache import cache_key, get_or_compile
 from ..config import AttnConfig, ConfigError
 
 ARCH = "sm90"
-# dQ reduction of the one-CTA kernel: False = red.global.add.v2.f32 from the MMA registers (GPU-verified
-# path); True = shared memory + cp.reduce.async.bulk by a writer warp (FA4's scheme; compile/SASS-verified only).
-DQ_VIA_SMEM_DEFAULT = False
 
 
 def _cutlass_dtype(dtype_name: str):
@@ -33,9 +30,12 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
                           "(256 does not fit: dK+dV accumulators need 256 registers per thread)")
 
 
-def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool = True, args=None,
-           dq_via_smem: bool = DQ_VIA_SMEM_DEFAULT):
-    """Compile (pre, main, post) for one key; with ``fake`` the arguments are symbolic (compile only)."""
+def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: bool = False):
+    """Compile (pre, main, post) for one key from symbolic-shape fake tensors (no GPU needed).
+
+    With ``tvm_ffi`` (the GPU path) the compiled functions take torch tensors and run on the current CUDA
+    stream, so a call costs a few microseconds of host time instead of a DLPack conversion per tensor.
+    """
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
@@ -46,59 +46,59 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, fake: bool
 
     dt = _cutlass_dtype(dtype_name)
     main = FlashBwdSm90(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
-                        exp2_emu_fraction=cfg.exp2_emu_fraction, dq_via_smem=dq_via_smem)
+                        exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule)
     # AttnConfig's tile and register fields describe the forward; the backward keeps its own (BWD_TILES, 24/240).
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m)
     post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem)
-    if args is None:
-        B, SQ, SK, H, SQP = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H", "SQP"))
-        SQP = cute.sym_int32(divisibility=64, symbol="SQP")
-        qkv = lambda s: make_fake_compact_tensor(dt, (B, s, H, hdim), stride_order=(3, 2, 1, 0), assumed_align=16)
-        f32 = lambda shape: make_fake_compact_tensor(cutlass.Float32, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
-                                                      assumed_align=16)
-        q, o, do, dq = qkv(SQ), qkv(SQ), qkv(SQ), qkv(SQ)
-        k, v, dk, dv = qkv(SK), qkv(SK), qkv(SK), qkv(SK)
-        lse = make_fake_compact_tensor(cutlass.Float32, (B, H, SQ), stride_order=(2, 1, 0), assumed_align=4)
-        lse2, dpsum = f32((B, H, SQP)), f32((B, H, SQP))
-        dqacc = f32((B, H, SQP, hdim))
-        sem = make_fake_compact_tensor(cutlass.Int32, (B, H, cute.sym_int32(symbol="NM")), stride_order=(2, 1, 0),
-                                       assumed_align=4)
-        stream = make_fake_stream()
-    else:
-        q, k, v, o, do, lse, lse2, dpsum, dqacc, dq, dk, dv, sem, stream = args
+    B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
+    SQP = cute.sym_int32(divisibility=64, symbol="SQP")
+    qkv = lambda s: make_fake_compact_tensor(dt, (B, s, H, hdim), stride_order=(3, 2, 1, 0), assumed_align=16)
+    f32 = lambda shape: make_fake_compact_tensor(cutlass.Float32, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
+                                                  assumed_align=16)
+    q, o, do, dq = qkv(SQ), qkv(SQ), qkv(SQ), qkv(SQ)
+    k, v, dk, dv = qkv(SK), qkv(SK), qkv(SK), qkv(SK)
+    lse = make_fake_compact_tensor(cutlass.Float32, (B, H, SQ), stride_order=(2, 1, 0), assumed_align=4)
+    lse2, dpsum = f32((B, H, SQP)), f32((B, H, SQP))
+    dqacc = f32((B, H, SQP, hdim))
+    sem = make_fake_compact_tensor(cutlass.Int32, (B, H, cute.sym_int32(symbol="NM")), stride_order=(2, 1, 0),
+                                   assumed_align=4)
+    stream = make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    opts = "--enable-tvm-ffi" if tvm_ffi else ""
     scale = cutlass.Float32(1.0)
-    c_pre = cute.compile(pre, o, do, lse, dpsum, lse2, dqacc, stream)
-    c_main = cute.compile(main, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale, stream)
-    c_post = cute.compile(post, dqacc, dq, scale, stream)
+    c_pre = cute.compile(pre, o, do, lse, dpsum, lse2, dqacc, stream, options=opts)
+    c_main = cute.compile(main, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale, stream, options=opts)
+    c_post = cute.compile(post, dqacc, dq, scale, stream, options=opts)
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
                 tile_m=main.tile_m, tile_n=main.tile_n)
 
 
-def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool,
-                     dq_via_smem: bool = DQ_VIA_SMEM_DEFAULT):
+def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool):
     """Compile the three backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host)."""
     cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
     _check_supported(cfg, hdim, hdim)
-    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim, causal, ARCH, dq_via_smem=dq_via_smem)
-    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, dq_via_smem=dq_via_smem))
+    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim, causal, ARCH)
+    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal))
 
 
-def _to_cute(t, leading_dim: int, align: int = 16):
-    from cutlass.cute.runtime import from_dlpack
+def _grad_buffer(g, like, name: str):
+    """A preallocated gradient checked against the tensor it belongs to, or a fresh one."""
+    import torch
 
-    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
+    if g is None:
+        return torch.empty_like(like)
+    if g.shape != like.shape or g.dtype != like.dtype or g.device != like.device or not g.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous {tuple(like.shape)} {like.dtype} tensor on {like.device}, "
+                         f"got {tuple(g.shape)} {g.dtype} on {g.device}")
+    return g
 
 
-def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, _dq_via_smem: bool | None = None):
+def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=None, dk=None, dv=None):
     """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels.
 
-    ``_dq_via_smem`` (internal, for A/B tests; None = DQ_VIA_SMEM_DEFAULT): True makes the one-CTA kernel
-    reduce dQ through shared memory and cp.reduce.async.bulk from a writer warp instead of red.global.add.
+    ``dq`` / ``dk`` / ``dv`` may be preallocated (contiguous, like q / k / v), e.g. NaN-poisoned by a test to
+    prove the kernels write every element.
     """
-    if _dq_via_smem is None:
-        _dq_via_smem = DQ_VIA_SMEM_DEFAULT
     import torch
-    import cuda.bindings.driver as cuda
 
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
         if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16) or t.dim() != 4:
@@ -127,21 +127,11 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, _
     dqacc = torch.empty(b, h, sqp, d, device=dev, dtype=torch.float32)
     sem = torch.zeros(b, h, n_m, device=dev, dtype=torch.int32) if cfg.deterministic else \
         torch.empty(b, h, n_m, device=dev, dtype=torch.int32)
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    cargs = [_to_cute(t, 3) for t in (q, k, v, out, dout)] + [_to_cute(lse, 2, 4), _to_cute(lse2, 2), _to_cute(dpsum, 2),
-                                                              _to_cute(dqacc, 3), _to_cute(dq, 3), _to_cute(dk, 3),
-                                                              _to_cute(dv, 3), _to_cute(sem, 2, 4)]
-    key = cache_key("bwd", cfg, dtype_name, d, d, causal, ARCH, dq_via_smem=_dq_via_smem)
-    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, fake=False, args=cargs + [stream],
-                                              dq_via_smem=_dq_via_smem))
-    import cutlass
-
-    scale = cutlass.Float32(softmax_scale)
-    q_, k_, v_, o_, do_, lse_, lse2_, dpsum_, dqacc_, dq_, dk_, dv_, sem_ = cargs
-    kern["pre"](o_, do_, lse_, dpsum_, lse2_, dqacc_, stream)
-    kern["main"](q_, k_, v_, do_, lse2_, dpsum_, dqacc_, dk_, dv_, sem_, scale, stream)
-    kern["post"](dqacc_, dq_, scale, stream)
+    dq, dk, dv = (_grad_buffer(g, like, name) for g, like, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv")))
+    key = cache_key("bwd", cfg, dtype_name, d, d, causal, ARCH, tvm_ffi=True)
+    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True))
+    with torch.cuda.device(q.device):
+        kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
+        kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk, dv, sem, float(softmax_scale))
+        kern["post"](dqacc, dq, float(softmax_scale))
     return dq, dk, dv
