@@ -236,7 +236,7 @@ def test_load_results_flattens_config(tmp_path):
     assert os.path.basename(df["source"].iloc[0]) == "rows.jsonl"
 
 
-@pytest.mark.parametrize("name", ["numerics", "fwd_peers", "bwd_peers", "fwd_ablation", "bwd_ablation",
+@pytest.mark.parametrize("name", ["numerics", "fwd_peers", "bwd_peers", "fwd_ablation", "bwd_ablation", "compile_time",
                                   "fault_demo", "fault_cpu"])
 def test_every_experiment_expands(name):
     """Backend names, variants and shapes of every shipped experiment are valid (nothing runs)."""
