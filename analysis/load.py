@@ -1,12 +1,29 @@
-"""Load sweep results (rows.jsonl files) into one pandas DataFrame across runs and experiments."""
+"""Load sweep results (rows.jsonl files) into one pandas DataFrame across runs and experiments.
+
+Reads the format experiments/results.py writes (one JSON object per line; a torn last line of a killed run is
+skipped) without importing experiments/: analysis depends only on the files and on kernels/.
+"""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.results import read_rows
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """The complete rows of one rows.jsonl file (a torn or unparsable line is skipped)."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n") or not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
 
 
 def _files(p: str | os.PathLike) -> list[Path]:

@@ -4,7 +4,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from experiments.microbench.smem_cute import BUF, THREADS, UNROLL, VEC, WINDOW
+from experiments.microbench.smem_params import BUF, THREADS, UNROLL, VEC, WINDOW
 
 
 class SmemBandwidth:

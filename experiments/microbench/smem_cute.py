@@ -8,11 +8,7 @@ per SM. Needs CUTLASS DSL 4.x and a GPU to run; compiles anywhere (``compile_for
 """
 from __future__ import annotations
 
-THREADS = 512
-VEC = 4  # fp32 per 16-byte load
-UNROLL = 8  # loads per thread per iteration
-WINDOW = THREADS * VEC * UNROLL  # fp32 words read per iteration by the CTA (64 KiB)
-BUF = 2 * WINDOW  # the window slides over [0, BUF)
+from experiments.microbench.smem_params import BUF, THREADS, UNROLL, VEC, WINDOW  # noqa: F401
 
 
 def _build():

@@ -1,13 +1,14 @@
 """Quick A/B timing of our sm90 backward against flash_attn.cute's (fa4_official), for the issue-4 report.
 
-``python -m kernels.sm90.bwd_bench run --out rows.jsonl [--after f1 f2 ...]`` on an H100/H200: hdim 64 and 128,
+``python -m experiments.bwd_bench run --out rows.jsonl [--after f1 f2 ...]`` on an H100/H200: hdim 64 and 128,
 seqlen 8k (batch 2, heads*hdim = 2048), causal both ways. Pass 1: ours (plain, deterministic) and
 fa4_official (plain, deterministic); pass 2: ours against the shared-memory dQ path and two_cta (each also
 deterministic). Ratios are speed ratios (time of the second / time of the first). ``--after`` waits for those files to exist
 before timing (compiles first, so a test run on the same GPU can finish meanwhile). ``warm-fa4 --hdim H
---causal C`` compiles flash_attn.cute's kernels into its disk cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1). CUDA events, warm-up, variants interleaved round-robin, median of the repeats; backward FLOPs
-= 2.5 x forward (4*b*h*s^2*d, halved for causal). The sweep harness (experiments/) is the place for the
-committed benchmark; this module only gives the numbers one GPU session can afford.
+--causal C`` compiles flash_attn.cute's kernels into its disk cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1).
+Timing: experiments/timing/roundrobin.py (CUDA events, warm-up, L2 flushed, variants round-robin, median of the
+rounds); FLOPs: kernels/flops.py. The sweep (bwd_peers, bwd_ablation) is the place for committed numbers; this
+module only gives the numbers one GPU session can afford, including the internal dQ-via-smem path.
 """
 from __future__ import annotations
 
@@ -15,26 +16,16 @@ import argparse
 import json
 import math
 import os
-import statistics
 import time
+
+from kernels.flops import attention_flops
 
 
 def _bench(fns: dict, repeats: int = 15, warmup: int = 3) -> dict:
-    import torch
+    from experiments.timing.roundrobin import round_robin
 
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times[k].append(a.elapsed_time(b))
-    return {k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}
+    rr = round_robin(fns, device="cuda", warmup=warmup, rounds=repeats)
+    return {k: (rr.stats(k)["median"], rr.stats(k)["min"], rr.stats(k)["max"]) for k in fns}
 
 
 def _inputs(hdim, causal, seqlen=8192):
@@ -52,8 +43,8 @@ def _inputs(hdim, causal, seqlen=8192):
 def _fns(q, k, v, out, do, lse, scale, causal, names):
     from flash_attn.cute.interface import _flash_attn_bwd
 
-    from .. import AttnConfig
-    from .backward import attention_backward
+    from kernels import AttnConfig
+    from kernels.sm90.backward import attention_backward
 
     def ours(cfg, **kw):
         return lambda: attention_backward(q, k, v, out, do, lse, causal, scale, cfg, **kw)
@@ -110,7 +101,7 @@ def main(path: str | None = None, after: list[str] | None = None) -> list[dict]:
         for hdim, causal in configs:
             q, k, v, out, do, lse, scale, batch, heads, seqlen = _inputs(hdim, causal)
             res = _bench(_fns(q, k, v, out, do, lse, scale, causal, names))
-            flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim * (0.5 if causal else 1.0)
+            flops = attention_flops(batch, heads, seqlen, seqlen, hdim, hdim, causal, "bwd")
             for name, (med, lo, hi) in res.items():
                 row = dict(backend=name, hdim=hdim, seqlen=seqlen, batch=batch, heads=heads, causal=causal,
                            ms_median=med, ms_min=lo, ms_max=hi, tflops=flops / med / 1e9,
