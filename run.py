@@ -23,6 +23,11 @@ HYDRA_VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "
                      "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc")
 HYDRA_INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 USAGE = f"usage: python run.py {{{'|'.join(SUBCOMMANDS)}}} [key=value ...]  (Hydra overrides; see README.md)"
+COMMANDS = {"sweep": "run an experiment (experiment=<name>); rows to <results_dir>/<experiment>/rows.jsonl, resumable",
+            "bench": "time one backend (backend=<name>) on the shape(s) of shape= (default: one mid-size shape)",
+            "check": "check one backend against the fp32 reference (DESIGN.md rule) on the shape(s) of shape=",
+            "roofline": "the roofline model (analysis/roofline.py; `python run.py roofline --help` for its flags)",
+            "figures": "the figures (analysis/figures.py; `python run.py figures --help` for its flags)"}
 
 # conf/hydra/launcher/submitit_*.yaml extend the plugin's schemas of the same name on purpose.
 warnings.filterwarnings("ignore", message=r"(?s).*validated against ConfigStore schema")
@@ -160,14 +165,21 @@ def _task(cfg) -> None:
         print(f"error: {e}", file=sys.stderr)
         code = 2
     _STATE["exit"] = max(_STATE["exit"], code)
+    if code == 130:  # Ctrl-C inside the sweep (already reported): stop a multirun too
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _STATE["exit"] = 0
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0 if argv else 2
+    if not argv:
+        print(f"{USAGE}\n`python run.py --help` lists the commands, experiments, backends, shapes and bench presets")
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
+        from experiments.cli import help_text
+
+        print(help_text(str(CONF), USAGE, COMMANDS))
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in SUBCOMMANDS:
         die(f"unknown subcommand {cmd!r}; supported: {', '.join(SUBCOMMANDS)}")
@@ -178,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     hydra_args = prepare(cmd, rest)
     entry = hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")(_task)
     sys.argv = [sys.argv[0], *hydra_args]
-    entry()
+    try:
+        entry()
+    except KeyboardInterrupt:
+        if _STATE["exit"] != 130:
+            print("\ninterrupted; rerun the same command to resume (finished jobs are kept)", file=sys.stderr)
+        return 130
     return _STATE["exit"]
 
 

@@ -168,6 +168,7 @@ def _worker_main(conn, setup: dict) -> None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     faulthandler.enable(file=sys.stderr, all_threads=False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the sweep and kills this worker
     threading.Thread(target=_watch_parent, args=(setup["ppid"],), daemon=True).start()
     try:
         import_plugins(setup.get("imports"))
@@ -287,6 +288,11 @@ class ProcessExecutor:
             self._kill()
             self.restarts += 1
         return rows
+
+    def abort(self) -> None:
+        """Kill the worker now (Ctrl-C: its job is abandoned, nothing is recorded)."""
+        self._kill()
+        self.close()
 
     def close(self) -> None:
         if self.conn is not None and self.proc is not None and self.proc.is_alive():

@@ -186,6 +186,25 @@ def _table(index: list[str], columns: list[str], cell, corner: str = "") -> str:
                      for r in grid)
 
 
+def _job_label(r: dict) -> str:
+    return f"{r.get('backend')} [{r.get('variant')}] {_shape_label(r)}"
+
+
+def _reasons(rows: list[dict], max_jobs: int = 3) -> list[str]:
+    """Each distinct (status/error_class, reason) once, in full, with how many jobs gave it and which."""
+    groups: dict[tuple, dict[str, str]] = {}
+    for r in rows:
+        key = (r.get("error_class") or r.get("status"), str(r.get("reason") or "(no reason recorded)"))
+        groups.setdefault(key, {}).setdefault(str(r.get("job_key")), _job_label(r))
+    out = []
+    for i, ((cls, reason), jobs) in enumerate(groups.items(), 1):
+        labels = list(jobs.values())
+        more = f", +{len(labels) - max_jobs} more" if len(labels) > max_jobs else ""
+        out.append(f"  [{i}] {cls}, {len(labels)} job{'s' * (len(labels) != 1)}: {'; '.join(labels[:max_jobs])}{more}")
+        out += [f"      {line}" for line in reason.splitlines() or [""]]
+    return out
+
+
 def summarize(rows: list[dict]) -> str:
     """Rows by backend x status, failures by error class, median TFLOP/s per shape x backend (timed rows)."""
     if not rows:
@@ -199,13 +218,9 @@ def summarize(rows: list[dict]) -> str:
     if fails:
         classes = Counter(str(r.get("error_class")) for r in fails)
         parts += ["failures by error_class:", _table(sorted(classes), ["rows"], lambda c, _: classes[c], "class")]
-        seen = set()
-        for r in fails:
-            if r.get("job_key") in seen or len(seen) >= 10:
-                continue
-            seen.add(r.get("job_key"))
-            first = (str(r.get("reason") or "").splitlines() or [""])[0]
-            parts.append(f"  {r.get('error_class')}: {r.get('backend')} [{r.get('variant')}] {_shape_label(r)}: {first}"[:200])
+        parts += ["failure reasons (each in full, once):", *_reasons(fails)]
+    if rows and all(r.get("status") == "skip" for r in rows):
+        parts += ["every row is a skip; reasons:", *_reasons(rows)]
     cells: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         if r.get("metric") == "time_ms" and r.get("status") == "ok" and r.get("tflops") is not None:
@@ -254,7 +269,8 @@ def _progress(items, enabled: bool, desc: str):
 
 
 def run_sweep(cfg: dict, out=sys.stdout) -> int:
-    """Run the experiment in ``cfg``; returns the exit code (non-zero only with fail_on_error and a failure)."""
+    """Run the experiment in ``cfg``; returns the exit code: 0, 1 (stopped by a CUDA fault, or fail_on_error and a
+    failure), 130 (Ctrl-C: the finished jobs are kept, a rerun resumes)."""
     exp = cfg["experiment"]
     name = exp["name"]
     if exp.get("pointer"):
@@ -269,6 +285,11 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
         dropped = store.drop_jobs(store.failed_keys() & {k for k, _ in keyed})
         if dropped:
             print(f"{name}: retry_failed=true: removed {dropped} fail rows to rerun their jobs", file=out)
+    rerun = machine_skips(path, {k for k, _ in keyed})
+    if rerun:
+        dropped = store.drop_jobs(rerun)
+        print(f"{name}: {len(rerun)} jobs were skipped on a machine without CUDA; this one has CUDA: running them "
+              f"again ({dropped} skip rows replaced)", file=out)
     todo = [(k, j) for k, j in keyed if not store.is_done(k)]
     runners = {**RUNNERS, **dict(exp.get("runners") or {})}
     for kind in sorted({j.get("kind") for _, j in todo}):
@@ -281,7 +302,7 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
           f"(isolation={mode}, job_timeout_s={timeout:g}) -> {path}", file=out, flush=True)
     run_id = uuid.uuid4().hex[:12]
     counts: Counter = Counter()
-    stopped = None
+    stopped, finished = None, 0
     try:
         meta = executor.metadata() if executor else {}
         bar = _progress(todo, bool(cfg.get("progress", True)), name)
@@ -293,17 +314,26 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
             if not rows:
                 rows = [failure_row(job, "error", f"runner for kind={job.get('kind')!r} returned no rows")]
             store.append_job([stamp(r, job, key, meta, run_id, mode) for r in rows])
+            finished += 1
             counts.update(r.get("status") or "?" for r in rows)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix({k: counts[k] for k in ("ok", "skip", "fail") if counts[k]}, refresh=False)
             if stopped:
                 break
+    except KeyboardInterrupt:  # Ctrl-C: finished jobs are on disk; the interrupted one left no row
+        stopped = "interrupted"
     finally:
         if executor:
-            executor.close()
+            getattr(executor, "abort", executor.close)() if stopped == "interrupted" else executor.close()
+    if stopped == "interrupted":
+        print(f"\n{name}: interrupted after {finished} of {len(todo)} jobs; rerun the same command to resume",
+              file=out, flush=True)
+        return 130
     keys = {k for k, _ in keyed}
     rows = [r for r in read_rows(path) if r.get("job_key") in keys]
     print(summarize(rows), file=out)
+    if rows and all(r.get("status") == "skip" for r in rows):
+        print(f"{name}: nothing ran here. {_runs_here()}", file=out)
     if stopped:
         print(f"{name}: stopped early: {stopped}; rerun to resume (isolation=process survives faults)", file=out)
     if exp.get("finalize") and rows:
@@ -316,6 +346,22 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
     return 0
 
 
+def machine_skips(path: Path, keys: set[str]) -> set[str]:
+    """Jobs whose skip rows were recorded without a GPU (``gpu_name`` null), when this machine has CUDA."""
+    from experiments.isolation import cuda_available
+
+    if not Path(path).exists() or not cuda_available():
+        return set()
+    return {r["job_key"] for r in read_rows(path)
+            if r.get("job_key") in keys and r.get("status") == "skip" and r.get("gpu_name") is None}
+
+
+def _runs_here() -> str:
+    from experiments.cli import runs_here_line
+
+    return runs_here_line(str(Path(__file__).resolve().parents[1] / "conf")) + " (python run.py --help lists them)"
+
+
 def _finalize(target: str, rows: list[dict], outdir: Path, out) -> None:
     import pandas as pd
 
@@ -326,28 +372,57 @@ def _finalize(target: str, rows: list[dict], outdir: Path, out) -> None:
 
 # ---- bench / check: one backend, the shape(s) of the shape group ----------------------------
 def run_quick(cfg: dict, cmd: str, out=sys.stdout) -> int:
-    """``bench`` (time) or ``check`` (correctness) of ``cfg.backend`` on each shape of ``cfg.shape``; rows printed."""
+    """``bench`` (time) or ``check`` (correctness) of ``cfg.backend`` on each shape of ``cfg.shape``: a progress line
+    per shape, then the rows as a table whose reasons are printed in full once below it."""
+    import time
+
+    from experiments.backends import get_backend
+
     bname = cfg["backend"]["name"]
     _check_backends([bname])
+    ok, why = get_backend(bname).available()
+    if not ok:
+        print(f"{cmd} {bname}: not available here ({why}); every row will be a skip. {_runs_here()}", file=out)
     runners = {**RUNNERS}
     get_runner("attn", runners)
+    shapes = expand_shapes(cfg["shape"])
     executor = make_executor(str(cfg.get("isolation", "auto")), runners, (), float(cfg.get("job_timeout_s", 600)))
     rows = []
     try:
-        for shape in expand_shapes(cfg["shape"]):
+        for n, shape in enumerate(shapes, 1):
             job = {"kind": "attn", "experiment": cmd, "backend": bname, "variant": "cli",
                    "config": _clean_config(cfg["backend"].get("config")), "shape": shape,
                    "modes": list(cfg.get("modes") or ["fwd"]), "check": cmd == "check",
                    "bench": dict(cfg.get("bench") or {}) if cmd == "bench" else None}
-            rows += executor.run(job)
+            label = f"[{n}/{len(shapes)}] {cmd} {bname} {_shape_label(shape)} b{shape['batch']} h{shape['heads']}"
+            if cfg.get("progress", True):
+                print(f"{label} ...", end="", file=out, flush=True)
+            t0 = time.perf_counter()
+            new = executor.run(job)
+            rows += [{**r, "job_key": f"shape{n}"} for r in new]
+            if cfg.get("progress", True):
+                st = Counter(r.get("status") for r in new)
+                print(f" {time.perf_counter() - t0:.1f} s ({', '.join(f'{v} {k}' for k, v in st.items())})",
+                      file=out, flush=True)
+    except KeyboardInterrupt:
+        print(f"\n{cmd} {bname}: interrupted after {len({r['job_key'] for r in rows})} of {len(shapes)} shapes",
+              file=out, flush=True)
+        getattr(executor, "abort", executor.close)()
+        return 130
     finally:
         executor.close()
+    reasons = list(dict.fromkeys(str(r["reason"]) for r in rows if r.get("reason")))
     cols = ["mode", "metric", "value", "tflops", "status", "error_class", "reason"]
 
     def cell(i, c):
         v = rows[int(i.split(":")[0])].get(c)
-        return "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v).splitlines()[0][:80] if v else str(v)
+        if c == "reason":
+            return f"[{reasons.index(str(v)) + 1}]" if v else ""
+        return "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
     labels = [f"{k}: {_shape_label(r)}" for k, r in enumerate(rows)]
-    print(f"{cmd} {bname}:\n" + (_table(labels, cols, cell, "#: shape") if rows else "no rows"), file=out)
+    text = f"{cmd} {bname}:\n" + (_table(labels, cols, cell, "#: shape") if rows else "no rows")
+    if reasons:
+        text += "\nreasons:\n" + "\n".join(f"  [{i}] " + r.replace("\n", "\n      ") for i, r in enumerate(reasons, 1))
+    print(text, file=out)
     return 1 if any(r.get("status") == "fail" for r in rows) else 0
