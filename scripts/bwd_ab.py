@@ -1,0 +1,178 @@
+"""Backward A/B on one GPU, one process, round-robin with an L2 flush: our variants vs official FA4 and cuDNN.
+
+``python scripts/bwd_ab.py [--out rows.jsonl] [--hdims 64 128] [--seqlens 8192] [--repeats 20]``: per (hdim, causal,
+seqlen) at 16k total tokens and hidden 2048, times each backend's backward (dq, dk, dv from out, dout, lse), prints
+TFLOP/s and per-round speed ratios against `ours`, and the host wall time of forward+backward on a tiny problem.
+A session script for kernel work; the committed benchmark is `python run.py sweep experiment=bwd_peers`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _variants(q, k, v, out, do, lse, scale, causal):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels import AttnConfig
+    from kernels.sm90.backward import attention_backward
+
+    def ours(**kw):
+        cfg = AttnConfig(**kw)
+        return lambda: attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
+
+    fns = {"ours": ours(), "ours_det": ours(deterministic=True), "ours_2cta": ours(two_cta=True)}
+    if causal:
+        fns["ours_det_naive"] = ours(deterministic=True, det_schedule="naive")
+    try:
+        from flash_attn.cute.interface import _flash_attn_bwd
+
+        fns["fa4_official"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal)
+        fns["fa4_official_det"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal,
+                                                          deterministic=True)
+    except ImportError:
+        pass
+    qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+    dot = do.transpose(1, 2)
+    fns["sdpa_cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
+    return fns
+
+
+def round_robin(fns: dict, repeats: int, warmup: int = 3) -> dict:
+    import torch
+
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each round
+            flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fns[name]()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return times
+
+
+def host_overhead(n: int = 200, profile: bool = False) -> dict:
+    """Wall time per forward+backward call (and forward alone) on 1x128x16x128 causal bf16."""
+    import torch
+
+    import kernels
+
+    q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16)
+    res = {}
+    calls = {"ours": lambda: kernels.attention(q, k, v, causal=True)}
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        calls["fa4_official"] = lambda: flash_attn_func(q, k, v, causal=True)
+    except ImportError:
+        pass
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    calls["sdpa_cudnn"] = cudnn
+    for name, f in calls.items():
+        for _ in range(10):
+            o = f()
+            o = o[0] if isinstance(o, tuple) else o
+            o.backward(do)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            o = f()
+            o = o[0] if isinstance(o, tuple) else o
+        torch.cuda.synchronize()
+        fwd = (time.perf_counter() - t0) / n * 1e6
+        t0 = time.perf_counter()
+        for _ in range(n):
+            o = f()
+            o = o[0] if isinstance(o, tuple) else o
+            o.backward(do)
+        torch.cuda.synchronize()
+        res[name] = dict(fwd_us=fwd, fwd_bwd_us=(time.perf_counter() - t0) / n * 1e6)
+        print(f"host {name:14s} fwd {fwd:7.1f} us  fwd+bwd {res[name]['fwd_bwd_us']:7.1f} us", flush=True)
+    if profile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(n):
+            calls["ours"]().backward(do)
+        torch.cuda.synchronize()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    return res
+
+
+def main():
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[8192])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--host", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="with --host: cProfile of our forward+backward calls")
+    a = ap.parse_args()
+    rows = []
+    for s in a.seqlens:
+        for hdim in a.hdims:
+            for causal in map(bool, a.causal):
+                heads, batch = 2048 // hdim, max(1, 16384 // s)
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k, v, do = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+                               for _ in range(4))
+                scale = 1.0 / math.sqrt(hdim)
+                import kernels
+
+                out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+                fns = _variants(q, k, v, out, do, lse, scale, causal)
+                if a.only:
+                    fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
+                times = round_robin(fns, a.repeats)
+                flops = 2.5 * 4 * batch * heads * s * s * hdim * (0.5 if causal else 1.0)
+                base = times["ours"]
+                for name, t in times.items():
+                    med = statistics.median(t)
+                    ratios = sorted(b / x for b, x in zip(base, t))  # speed of `name` relative to ours, per round
+                    row = dict(backend=name, hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal,
+                               ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=statistics.median(ratios),
+                               p20=ratios[len(ratios) // 5], p80=ratios[(4 * len(ratios)) // 5], n=len(t),
+                               gpu=torch.cuda.get_device_name())
+                    rows.append(row)
+                    print(f"hd{hdim} s{s} causal={int(causal)} {name:17s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
+                          f"  speed/ours {row['speed_vs_ours']:.3f} [{row['p20']:.3f}, {row['p80']:.3f}]", flush=True)
+                    if a.out:
+                        with open(a.out, "a") as f:
+                            f.write(json.dumps(row) + "\n")
+    if a.host:
+        host_overhead(profile=a.profile)
+
+
+if __name__ == "__main__":
+    main()
