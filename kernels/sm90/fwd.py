@@ -27,8 +27,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 from . import exp2 as exp2_mod
 from .layout import acc_as_a_operand, acc_rows_cols
@@ -100,10 +100,10 @@ class FlashFwdSm90:
     def _tiled_mmas(self):
         wg_layout = (self.num_consumer_wg, 1, 1)
         mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
             wg_layout, (64, self.tile_n))
         mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             wg_layout, (64, self.hdim_v), warpgroup.OperandSource.RMEM)
         return mma_qk, mma_pv
 
