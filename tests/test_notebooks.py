@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from analysis import ablation_figs as A, numerics_figs as N, paper_figs as P, roofline_figs as R
 from analysis import figures as F
+from analysis import select as S, tables as T
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = F.notebook_paths()
@@ -53,8 +55,10 @@ def test_figures_main_with_rows(tmp_path, monkeypatch):
               "h200/fwd_ablation": (df["kind"] == "attn") & (df["mode"] == "fwd") & ~df["variant"].isin(["default", "peer"]),
               "h200/bwd_peers": (df["kind"] == "attn") & (df["mode"] == "bwd") & df["variant"].isin(["default", "peer"]),
               "h200/bwd_ablation": (df["kind"] == "attn") & (df["mode"] == "bwd") & ~df["variant"].isin(["default", "peer"]),
-              "numerics": df["kind"].isin(["numerics", "poly"]),
-              "h200/microbench": df["kind"] == "microbench"}
+              "cpu/numerics": df["kind"].isin(["numerics", "poly"]),
+              "h200/compile_time": df["kind"] == "compile_time",
+              "h200/microbench": df["kind"] == "microbench",
+              "fwd_peers": df["kind"] == "compile_time"}  # a scratch run: not drawn without --scratch
     for sub, mask in groups.items():
         p = res / sub / "rows.jsonl"
         p.parent.mkdir(parents=True)
@@ -67,9 +71,13 @@ def test_figures_main_with_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("FA4LAB_FIGURES", "unset")
     assert F.main(["--results", str(res), "--out", str(figs)]) == 0
     names = {p.name for p in figs.glob("*.png")}
-    assert {"fig4_fwd_hd128.png", "fig5_fwd_hd192_128.png", "fig6_bwd_hd128.png", "fig7_bwd_det_noncausal.png",
-            "fig8_bwd_det_causal.png", "ablation_speedups.png", "ablation_waterfall.png", "numerics_tau_exp2.png",
+    assert {"fig4_fwd.png", "fig5_fwd_hd192_128.png", "fig6_bwd.png", "fig7_bwd_det_causal.png",
+            "fig8_bwd_det_noncausal.png", "ablation_speedups.png", "ablation_waterfall.png", "numerics_tau_exp2.png",
             "microbench_exp2_mix.png", "roofline_pred_vs_measured.png", "roofline_tile_cycles_hd128.png"} <= names
     assert (figs / "table2_poly_accuracy.md").exists() and (figs / "table4_compile_time.md").exists()
+    assert "from the committed sets" in (figs / "index.md").read_text()
+    (figs / "stale.png").write_text("from an older run")
+    assert F.main(["--results", str(res), "--out", str(figs), "--scratch"]) == 0
+    assert "scratch runs" in (figs / "index.md").read_text() and not (figs / "stale.png").exists()
     index = (figs / "index.md").read_text()
-    assert "![fig4_fwd_hd128.png](fig4_fwd_hd128.png)" in index
+    assert "![fig4_fwd.png](fig4_fwd.png)" in index

@@ -13,21 +13,23 @@ _here = Path(globals().get("__file__", Path.cwd() / "ablations.py")).resolve()
 ROOT = next(p for p in [*_here.parents, Path.cwd(), *Path.cwd().parents] if (p / "analysis" / "figures.py").exists())
 sys.path.insert(0, str(ROOT))
 
-from analysis import figures as F  # noqa: E402
+from analysis import ablation_figs as A, numerics_figs as N, paper_figs as P, roofline_figs as R  # noqa: E402
+from analysis import select as S, tables as T  # noqa: E402
+from analysis.figures import show  # noqa: E402
 
-OUT = F.figures_dir()
-df = F.load_experiments("fwd_ablation", "bwd_ablation")
+OUT = S.figures_dir()
+df = S.load_experiments("fwd_ablation", "bwd_ablation")
 print(f"{len(df)} rows from", sorted(set(df["source"])) if "source" in df else "no files")
 
 # %%
-F.show(F.ablation_figure(df, OUT))
-s = F.switch_speedups(df)
+show(A.ablation_figure(df, OUT))
+s = A.switch_speedups(df)
 if not s.empty:
     print(s.groupby(["mode", "causal", "switch"])[["speedup", "lo", "hi"]].median().round(3))
 
 # %%
-F.show(F.waterfall_figure(df, OUT))
-w = F.waterfall_table(df)
+show(A.waterfall_figure(df, OUT))
+w = A.waterfall_table(df)
 if not w.empty:
     print(w.round(1).to_string(index=False))
 
@@ -35,5 +37,5 @@ if not w.empty:
 # ## One-at-a-time sweeps: tau and the emulated exp2 share
 
 # %%
-F.show(F.sweep_figure(df, OUT, "rescale_threshold"))
-F.show(F.sweep_figure(df, OUT, "exp2_emu_fraction"))
+show(A.sweep_figure(df, OUT, "rescale_threshold"))
+show(A.sweep_figure(df, OUT, "exp2_emu_fraction"))

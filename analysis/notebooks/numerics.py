@@ -13,14 +13,16 @@ _here = Path(globals().get("__file__", Path.cwd() / "numerics.py")).resolve()
 ROOT = next(p for p in [*_here.parents, Path.cwd(), *Path.cwd().parents] if (p / "analysis" / "figures.py").exists())
 sys.path.insert(0, str(ROOT))
 
-from analysis import figures as F  # noqa: E402
+from analysis import ablation_figs as A, numerics_figs as N, paper_figs as P, roofline_figs as R  # noqa: E402
+from analysis import select as S, tables as T  # noqa: E402
+from analysis.figures import show  # noqa: E402
 
-OUT = F.figures_dir()
-df = F.load_experiments("numerics")
+OUT = S.figures_dir()
+df = S.load_experiments("numerics")
 print(f"{len(df)} numerics rows")
 
 # %%
-F.show(F.numerics_figure(df, OUT))
+show(N.numerics_figure(df, OUT))
 
 # %%
-F.show(F.table2(df, OUT))
+show(T.table2(df, OUT))

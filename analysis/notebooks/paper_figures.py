@@ -13,45 +13,56 @@ _here = Path(globals().get("__file__", Path.cwd() / "paper_figures.py")).resolve
 ROOT = next(p for p in [*_here.parents, Path.cwd(), *Path.cwd().parents] if (p / "analysis" / "figures.py").exists())
 sys.path.insert(0, str(ROOT))
 
-from analysis import figures as F  # noqa: E402
+from analysis import ablation_figs as A, numerics_figs as N, paper_figs as P, roofline_figs as R  # noqa: E402
+from analysis import select as S, tables as T  # noqa: E402
+from analysis.figures import show  # noqa: E402
 
-OUT = F.figures_dir()
-attn = F.load_experiments(*F.ATTN_EXPERIMENTS)
+OUT = S.figures_dir()
+attn = S.load_experiments(*S.ATTN_EXPERIMENTS)
 print(f"{len(attn)} attention rows")
 
 # %% [markdown]
-# ## Fig. 4: forward, hdim 128 (non-causal, causal)
+# ## Fig. 4: forward, hdim 64 / 128 / 256 (non-causal, causal)
 
 # %%
-F.show(F.fig4(attn, OUT))
+show(P.fig4(attn, OUT))
 
 # %% [markdown]
 # ## Fig. 5: forward, hdim (192, 128), causal
 
 # %%
-F.show(F.fig5(attn, OUT))
+show(P.fig5(attn, OUT))
 
 # %% [markdown]
-# ## Fig. 6: backward, hdim 128
+# ## Fig. 6: backward, per head dim
 
 # %%
-F.show(F.fig6(attn, OUT))
+show(P.fig6(attn, OUT))
 
 # %% [markdown]
-# ## Figs. 7-8: deterministic backward (non-causal; causal with shortest-processing-time order)
+# ## Figs. 7-8: deterministic backward (Fig. 7 causal, shortest-processing-time order; Fig. 8 non-causal)
 
 # %%
-F.show(F.fig7(attn, OUT))
-F.show(F.fig8(attn, OUT))
+show(P.fig7(attn, OUT))
+show(P.fig8(attn, OUT))
 
 # %% [markdown]
 # ## Table 2: software exp2 accuracy per polynomial degree
 
 # %%
-F.show(F.table2(F.load_experiments("numerics"), OUT))
+show(T.table2(S.load_experiments("numerics"), OUT))
 
 # %% [markdown]
-# ## Table 4: compile time (first call), ours vs the official FA4
+# ## Table 4: compile time, ours vs the official FA4 (experiment compile_time: fresh processes, caches off)
 
 # %%
-F.show(F.table4(attn, OUT))
+show(T.table4(S.load_experiments("compile_time"), OUT))
+
+# %% [markdown]
+# ## Coverage: which cells of the grid have timed rows
+
+# %%
+cov = T.coverage(attn)
+if not cov.empty:
+    (OUT / "coverage.md").write_text("**Coverage of timed rows**\n\n" + T.markdown_table(cov) + "\n")
+print(T.markdown_table(cov) if not cov.empty else "no timed rows yet")

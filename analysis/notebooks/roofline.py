@@ -15,11 +15,13 @@ _here = Path(globals().get("__file__", Path.cwd() / "roofline.py")).resolve()
 ROOT = next(p for p in [*_here.parents, Path.cwd(), *Path.cwd().parents] if (p / "analysis" / "figures.py").exists())
 sys.path.insert(0, str(ROOT))
 
-from analysis import figures as F  # noqa: E402
+from analysis import ablation_figs as A, numerics_figs as N, paper_figs as P, roofline_figs as R  # noqa: E402
+from analysis import select as S, tables as T  # noqa: E402
+from analysis.figures import show  # noqa: E402
 from analysis import roofline as rl  # noqa: E402
 
-OUT = F.figures_dir()
-calib = rl.load_calibration([F.results_root() / p.split("results/", 1)[1] for p in rl.MICROBENCH_PATHS])
+OUT = S.figures_dir()
+calib = rl.load_calibration([S.results_root() / p.split("results/", 1)[1] for p in rl.MICROBENCH_PATHS])
 print("calibration rows found:", sorted(calib) or "none (datasheet values)")
 
 # %% [markdown]
@@ -48,21 +50,21 @@ for g in ("h200", "b200"):
     print(g, "values used:", used)
 
 # %%
-F.show(F.roofline_bounds_figure(OUT, calib=calib))
+show(R.roofline_bounds_figure(OUT, calib=calib))
 
 # %% [markdown]
 # ## Calibration: exp2 throughput vs the share emulated on the FMA pipe
 
 # %%
-mb = F.load_experiments("microbench")
-F.show(F.microbench_figure(mb, OUT))
+mb = S.load_experiments("microbench")
+show(R.microbench_figure(mb, OUT))
 
 # %% [markdown]
 # ## Measured vs predicted, per config of our kernel
 
 # %%
-attn = F.load_experiments(*F.ATTN_EXPERIMENTS)
-F.show(F.roofline_figure(attn, OUT, calib=calib))
-pts = F.roofline_points(attn, calib)
+attn = S.load_experiments(*S.ATTN_EXPERIMENTS)
+show(R.roofline_figure(attn, OUT, calib=calib))
+pts = R.roofline_points(attn, calib)
 if not pts.empty:
     print(pts.groupby(["mode", "causal", "variant"])[["tflops", "predicted_tflops", "efficiency"]].median().round(2))

@@ -1,0 +1,150 @@
+"""Where result rows live and which of them a figure draws: committed sets by default, scratch runs on request.
+
+Committed sets are ``results/<machine>/<experiment>/rows.jsonl`` (h200, cpu); a plain sweep writes a scratch set
+``results/<experiment>/rows.jsonl`` (git-ignored). Figures read only the committed sets unless scratch runs are
+asked for (``python run.py figures --scratch``, which sets FA4LAB_SCRATCH=1 for the notebooks and says so on every
+figure). ``attn_times`` selects timed GPU attention rows; ``provenance_note`` is the line each figure carries
+(GPU, dates, rounds, throttled share, sources).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+ATTN_EXPERIMENTS = ("fwd_peers", "fwd_ablation", "bwd_peers", "bwd_ablation")
+
+# display names of the backends, in legend order (ours first, as the paper puts FA4 first)
+BACKEND_LABELS = {
+    "fa4": "ours (fa4lab)",
+    "fa4_official": "FA4 official (sm90)",
+    "fa4_official_det": "FA4 official, deterministic",
+    "sdpa_cudnn": "cuDNN (SDPA)",
+    "sdpa_flash": "FA2 (SDPA flash)",
+    "sdpa_efficient": "xFormers-style (SDPA efficient)",
+    "flex": "FlexAttention",
+    "fa4_model": "FA4 model (PyTorch)",
+    "reference": "reference",
+}
+
+
+def results_root() -> Path:
+    return Path(os.environ.get("FA4LAB_RESULTS", REPO / "results"))
+
+
+def figures_dir() -> Path:
+    return Path(os.environ.get("FA4LAB_FIGURES", results_root() / "figures"))
+
+
+def with_scratch() -> bool:
+    """Whether figures also read scratch runs (results/<experiment>/), set by ``run.py figures --scratch``."""
+    return os.environ.get("FA4LAB_SCRATCH", "") not in ("", "0")
+
+
+def experiment_files(name: str, root: Path | None = None, scratch: bool | None = None) -> list[Path]:
+    """The committed sets' results/<machine>/<name>/rows.jsonl, plus the scratch results/<name>/rows.jsonl when
+    ``scratch`` (default: ``with_scratch()``)."""
+    root = Path(root or results_root())
+    scratch = with_scratch() if scratch is None else scratch
+    if not root.exists():
+        return []
+    out = sorted(p for p in root.glob(f"*/{name}/rows.jsonl") if p.parent.parent.name != name)
+    if scratch and (root / name / "rows.jsonl").exists():
+        out.insert(0, root / name / "rows.jsonl")
+    return out
+
+
+def load_experiments(*names: str, root: Path | None = None, scratch: bool | None = None) -> pd.DataFrame:
+    """Rows of the named experiments (every result file found for each); an empty DataFrame if none."""
+    from analysis.load import load_results
+
+    files = [f for n in names for f in experiment_files(n, root, scratch)]
+    return load_results(*files) if files else pd.DataFrame()
+
+
+def attn_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Timed attention rows measured on a GPU: kind attn, metric time_ms, status ok, tflops present."""
+    need = {"kind", "metric", "status"}
+    if df is None or df.empty or not need <= set(df.columns):
+        return pd.DataFrame()
+    d = df[df["kind"].isin(["attn", "compare"]) & (df["metric"] == "time_ms") & (df["status"] == "ok")].copy()
+    if "gpu_name" in d:
+        d = d[d["gpu_name"].notna()]
+    if "tflops" not in d:
+        return pd.DataFrame()
+    d = d[pd.to_numeric(d["tflops"], errors="coerce").notna()]
+    d["tflops"] = d["tflops"].astype(float)
+    d["hdim_v"] = d["hdim_v"].fillna(d["hdim"]) if "hdim_v" in d else d["hdim"]
+    if "variant" not in d:
+        d["variant"] = None
+    d = prefer_round_robin(d)
+    if "series" not in d:  # rows already labelled (e.g. deterministic_series) keep their labels
+        d["series"] = [series_label(b, v) for b, v in zip(d["backend"], d["variant"])]
+    return d
+
+
+CELL = ["mode", "hdim", "hdim_v", "causal", "seqlen_q", "seqlen_k", "batch", "heads", "backend", "variant"]
+
+
+def prefer_round_robin(d: pd.DataFrame) -> pd.DataFrame:
+    """Drop separately timed rows (kind attn) of a cell that also has round-robin rows (kind compare)."""
+    if d.empty or "kind" not in d or not (d["kind"] == "compare").any():
+        return d
+    key = pd.MultiIndex.from_frame(d[CELL].astype(str))
+    rr = set(key[(d["kind"] == "compare").to_numpy()])
+    return d[[(k not in rr) or kind == "compare" for k, kind in zip(key, d["kind"])]]
+
+
+def series_label(backend: str, variant) -> str:
+    base = BACKEND_LABELS.get(backend, str(backend))
+    if backend == "fa4" and variant not in (None, "default", "full", "peer", "cli") and not (
+            isinstance(variant, float) and pd.isna(variant)):
+        return f"{base} [{variant}]"
+    return base
+
+
+def series_order(series) -> list[str]:
+    labels = list(BACKEND_LABELS.values())
+
+    def key(s):
+        if s.startswith("ours"):
+            return (0, s)
+        return (1 + next((i for i, x in enumerate(labels) if s.startswith(x)), 99), s)
+
+    return sorted(set(series), key=key)
+
+
+def only_variant(df: pd.DataFrame, variants) -> pd.DataFrame:
+    if df is None or df.empty or "variant" not in df:
+        return df
+    return df[df["variant"].isin(variants) | df["variant"].isna()]
+
+
+def gpu_title(d: pd.DataFrame) -> str:
+    if "gpu_name" in d and d["gpu_name"].notna().any():
+        return ", ".join(sorted(set(map(str, d["gpu_name"].dropna()))))
+    return ""
+
+
+def provenance_note(d: pd.DataFrame) -> str:
+    """'NVIDIA H200; 2026-11-29; 10 rounds per point (round-robin); throttled: 37% of samples; committed sets' --
+    the line under every figure (what is unknown for the rows is said so)."""
+    if d is None or d.empty:
+        return ""
+    parts = [gpu_title(d) or "no GPU"]
+    if "time" in d and d["time"].notna().any():
+        days = sorted({str(t)[:10] for t in d["time"].dropna()})
+        parts.append(days[0] if len(days) == 1 else f"{days[0]}..{days[-1]}")
+    if "n" in d and pd.to_numeric(d["n"], errors="coerce").notna().any():
+        n = pd.to_numeric(d["n"], errors="coerce").dropna()
+        how = "round-robin" if "kind" in d and (d["kind"] == "compare").all() else (
+            "separately timed jobs" if "kind" in d and (d["kind"] != "compare").all() else "mixed methods")
+        parts.append(f"{int(n.min())}-{int(n.max())} samples per point ({how})" if n.min() != n.max()
+                     else f"{int(n.min())} samples per point ({how})")
+    share = pd.to_numeric(d["throttled_share"], errors="coerce") if "throttled_share" in d else pd.Series(dtype=float)
+    parts.append(f"throttled: {share.mean():.0%} of GPU samples" if share.notna().any()
+                 else "throttling not recorded")
+    parts.append("includes scratch runs" if with_scratch() else "committed sets")
+    return "; ".join(parts)

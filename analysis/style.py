@@ -1,0 +1,48 @@
+"""Plot plumbing shared by the figure modules: matplotlib setup, panel grids, legends outside the data, and saving
+with the provenance line (analysis/select.py) under the figure."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def setup():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    return plt, sns
+
+
+def grid(plt, n: int, w: float = 5.5, h: float = 3.6, cols: int = 2):
+    """Figure with n panels, ``cols`` per row; returns (fig, flat list of the n axes)."""
+    cols = max(1, min(n, cols))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False)
+    flat = [a for r in axes for a in r]
+    for a in flat[n:]:
+        a.set_visible(False)
+    return fig, flat[:n]
+
+
+def legend_below(fig, handles, labels, ncol: int | None = None) -> float:
+    """One legend for the figure, below every panel (never over data); returns the bottom margin it needs."""
+    if not labels:
+        return 0.0
+    ncol = ncol or min(len(labels), 4)
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=ncol, fontsize=8, frameon=False)
+    return 0.04 + 0.04 * -(-len(labels) // ncol)
+
+
+def save_png(plt, fig, out, note: str = "", bottom: float = 0.0) -> Path:
+    """Write ``fig`` to ``out`` with ``note`` (GPU, date, samples, throttled share) as its last line; close it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if note:
+        fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, bottom + (0.03 if note else 0.0), 1, 1))
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+    return out

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 10, point 7: re-run the paper grid with round-robin timing (kind: compare) into the committed H200 set
+# results/h200/, one part per device command (each part is capped at 500 s of sweeping, so a command stays under
+# 9 minutes). Rows are flushed per job and every sweep resumes: run the same part again until its sweep line says
+# "running 0". Older separately timed rows stay in the files; analysis prefers the round-robin rows cell by cell.
+# Usage on the GPU host:
+#   source .gpu/boot.sh && FA4LAB_GIT_SHA=<commit> bash scripts/h200_rerun.sh <out_dir> <part>
+# parts (rough time on one H200 with bench=quick: 10 rounds, settle <= 2 s per mode):
+#   fwd128   fwd_peers, hdim 128, with flex           (12 shapes x 5 backends; flex compiles per shape: 5-9 min)
+#   fwd      fwd_peers, hdim 64 / 256 / (192, 128)    (36 shapes x 4 backends: ~6-8 min)
+#   bwd128   bwd_peers, hdim 128, with flex           (12 shapes x 6 backends: ~6-9 min)
+#   bwd      bwd_peers, hdim 64 / 256 / (192, 128)    (36 shapes; ours only at 64: ~5-7 min)
+#   abl_fwd  fwd_ablation, hdim 128 + hdim 64 at 8k   (13 shapes x 19 entries, each checked: ~6-9 min)
+#   abl_bwd  bwd_ablation, hdim 128                   (12 shapes x 8 entries: ~4-6 min)
+#   compile  compile_time (fresh process per sample)  (24 samples x ~10-20 s: ~5-8 min)
+set -u
+OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
+PART=${2:?part: fwd128 fwd bwd128 bwd abl_fwd abl_bwd compile}
+R=results/h200
+CAP=500
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
+LOG=$OUT/$PART.log
+sweep() {
+  local exp=$1; shift
+  echo "=== $(date -u +%T) $exp $*" | tee -a "$LOG"
+  timeout "$CAP" python run.py sweep experiment="$exp" results_dir="$R" bench=quick progress=false "$@" >>"$LOG" 2>&1
+  echo "=== rc=$? $(date -u +%T)" | tee -a "$LOG"
+  cp "$R/$exp/rows.jsonl" "$OUT/$exp.jsonl" 2>/dev/null
+  grep -E "^$exp: .* jobs" "$LOG" | tail -1
+}
+NOFLEX='experiment.peers=[fa4_official,sdpa_cudnn,sdpa_flash]'
+case "$PART" in
+  fwd128)  sweep fwd_peers 'shape.grid.hdims=[128]' ;;
+  fwd)     sweep fwd_peers 'shape.grid.hdims=[64,256,[192,128]]' "$NOFLEX" ;;
+  bwd128)  sweep bwd_peers 'shape.grid.hdims=[128]' 'experiment.peers=[fa4_official,fa4_official_det,sdpa_cudnn,sdpa_flash,flex]' ;;
+  bwd)     sweep bwd_peers 'shape.grid.hdims=[64,256,[192,128]]' "$NOFLEX" ;;
+  abl_fwd) CAP=260; sweep fwd_ablation; sweep fwd_ablation 'shape.grid.hdims=[64]' 'shape.grid.seqlens=[8192]' ;;
+  abl_bwd) sweep bwd_ablation job_timeout_s=300 ;;
+  compile) sweep compile_time ;;
+  *) echo "unknown part $PART"; exit 2 ;;
+esac
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv >>"$OUT/gpu.txt" 2>&1
