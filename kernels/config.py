@@ -23,15 +23,21 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
     # (hd64: 515 -> 473 TFLOP/s at 1/4; hd128: 625 -> 591 at 1/8): each emulated exp2 costs ~9 FMA/ALU-pipe
     # instructions and pingpong already hides MUFU under the GEMMs. The switch stays for ablations.
-    ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32),
-    ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
-    ("sm90", 192): dict(tile_m=128, tile_n=112, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
-    ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24),
+    # bwd_tile_m: the backward's Q rows per step (its K/V tile is 128 rows, two MMA warpgroups); hd 192/256 have
+    # no sm90 backward yet, their entry is FA3's 64 so a config still resolves
+    ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
+                       bwd_tile_m=64),
+    ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
+                        bwd_tile_m=64),
+    ("sm90", 192): dict(tile_m=128, tile_n=112, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
+                        bwd_tile_m=64),
+    ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
+                        bwd_tile_m=64),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
-    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48),
-    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48),
-    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48),
-    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48),
+    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
+    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
+    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
+    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
 }
 
 DET_SCHEDULES = ("spt", "naive")
@@ -53,6 +59,7 @@ class AttnConfig:
     deterministic: bool = False  # backward: dQ accumulated in a fixed order
     two_cta: bool = False  # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS
     det_schedule: str = "spt"  # deterministic causal backward: "spt" (shortest first) or "naive" (K/V tile order)
+    bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128); K/V rows per CTA stay 128
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None
@@ -76,7 +83,7 @@ class AttnConfig:
         for name in ("pingpong", "intra_wg_overlap", "deterministic", "two_cta"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
-        for name, lo, hi, mult in (("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
+        for name, lo, hi, mult in (("bwd_tile_m", 64, 128, 64), ("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
                                    ("consumer_regs", 24, 256, 8), ("producer_regs", 24, 256, 8)):
             v = getattr(self, name)
             if v is None:
@@ -92,7 +99,7 @@ class AttnConfig:
         if key not in DEFAULTS:
             raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
         d = DEFAULTS[key]
-        updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs")
+        updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m")
                    if getattr(self, k) is None}
         if self.exp2_emu_fraction is None:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]

@@ -53,13 +53,14 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     r = (cfg or AttnConfig()).resolve(arch, hdim, causal)
     d = r.to_dict()
     if mode == "fwd":
-        for k in ("deterministic", "two_cta"):  # backward-only switches
+        for k in ("deterministic", "two_cta", "det_schedule", "bwd_tile_m"):  # backward-only fields
             d.pop(k)
         d["exp2_emu_fraction"] = quantized_exp2_fraction(r.exp2_emu_fraction, r.tile_n // 8)
         return d
     tm, tn = bwd_tile(arch, hdim, causal)
+    tm = r.bwd_tile_m if normalize_arch(arch) == "sm90" else tm
     for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
-              "rescale_threshold"):  # forward-only fields
+              "rescale_threshold", "bwd_tile_m"):  # forward-only fields; bwd_tile_m becomes tile_m
         d.pop(k)
     d.update(tile_m=tm, tile_n=tn, exp2_emu_fraction=quantized_exp2_fraction(r.exp2_emu_fraction, tm // 8))
     return d

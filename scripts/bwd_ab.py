@@ -30,6 +30,9 @@ def _variants(q, k, v, out, do, lse, scale, causal):
         return lambda: attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
 
     fns = {"ours": ours(), "ours_det": ours(deterministic=True), "ours_2cta": ours(two_cta=True)}
+    if q.shape[-1] == 64:
+        fns["ours_t128"] = ours(bwd_tile_m=128)
+        fns["ours_t128_det"] = ours(bwd_tile_m=128, deterministic=True)
     if causal:
         fns["ours_det_naive"] = ours(deterministic=True, det_schedule="naive")
     try:

@@ -97,6 +97,17 @@ def test_bwd_switches(switch, hdim, dtype, causal):
     _run_case(1, 256, 256, 3, hdim, causal, getattr(torch, dtype), _cfg(**switch), seed=2)
 
 
+@pytest.mark.parametrize("switch", [dict(), dict(deterministic=True), dict(two_cta=True),
+                                    dict(deterministic=True, det_schedule="naive", exp2_emu_fraction=0.5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_tile_m_128(switch, causal):
+    """hd64 with 128-row Q tiles (the warpgroups split dQ by rows): odd lengths, both dtypes."""
+    cfg = _cfg(bwd_tile_m=128, **switch)
+    _run_case(2, 333, 397, 2, 64, causal, torch.bfloat16, cfg, seed=8)
+    _run_case(1, 17, 129, 3, 64, causal, torch.float16, cfg, seed=9)
+    _run_case(1, 256, 256, 2, 64, causal, torch.bfloat16, cfg, seed=10)
+
+
 @pytest.mark.parametrize("hdim,causal,dtype", [(64, True, torch.bfloat16), (128, True, torch.float16),
                                                (128, False, torch.bfloat16)])
 def test_bwd_det_schedule_naive(hdim, causal, dtype):
@@ -130,13 +141,16 @@ def _repeat_dq(cfg, causal, repeats, d=128):
     return n_diff
 
 
-VARIANTS = {"spt": dict(), "naive": dict(det_schedule="naive"), "two_cta": dict(two_cta=True)}
+VARIANTS = {"spt": dict(), "naive": dict(det_schedule="naive"), "two_cta": dict(two_cta=True),
+            "tile128": dict(bwd_tile_m=128)}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("hdim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_bitwise(causal, hdim, variant):
+    if variant == "tile128" and hdim == 128:
+        pytest.skip("bwd_tile_m=128 is a hd64 option")
     n_diff = _repeat_dq(_cfg(deterministic=True, **VARIANTS[variant]), causal, 200, d=hdim)
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 

@@ -40,15 +40,15 @@ def _nvdisasm():
     pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
 
 
-def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, det_schedule="spt"):
-    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}_{det_schedule}"
+def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, det_schedule="spt", tile_m=None):
+    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}_{det_schedule}_{tile_m}"
     dump.mkdir()
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
         compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}, two_cta={two_cta},
-                                    det_schedule={det_schedule!r}), "bfloat16", {hdim}, {causal})
+                                    det_schedule={det_schedule!r}, bwd_tile_m={tile_m}), "bfloat16", {hdim}, {causal})
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
@@ -73,12 +73,14 @@ def test_deterministic_ordering_in_sass(tmp_path):
     assert "REDG.E.ADD.S32" not in plain
 
 
-@pytest.mark.parametrize("hdim,causal", [(64, True), (128, False), (128, True)])
-def test_default_configs_have_no_spills(tmp_path, hdim, causal):
-    """Every default backward config (and the deterministic one) keeps its working set in registers, and
-    the MMA warps store dS with stmatrix and issue no global reduction (the writer warp bulk-reduces dQ)."""
+@pytest.mark.parametrize("hdim,causal,tile_m", [(64, True, None), (128, False, None), (128, True, None),
+                                                (64, False, 128)])
+def test_default_configs_have_no_spills(tmp_path, hdim, causal, tile_m):
+    """Every default backward config (and the deterministic one, and hd64's 128-row tiles) keeps its working
+    set in registers, and the MMA warps store dS with stmatrix and issue no global reduction (the writer warp
+    bulk-reduces dQ)."""
     for det in (False, True):
-        sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=hdim)
+        sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=hdim, tile_m=tile_m)
         assert not re.search(r"\b(LDL|STL)\b", sass), f"spills in hd{hdim} causal={causal} det={det}"
         assert "STSM" in sass and "UBLKRED.G.S.ADD.F32" in sass
         assert not re.search(r"REDG\.E\.ADD\.F32", sass)

@@ -20,6 +20,9 @@ from kernels.config import normalize_arch, quantized_exp2_fraction
     (dict(tile_n=8), "tile_n"),
     (dict(num_stages=0), "num_stages"),
     (dict(consumer_regs=250), "consumer_regs"),
+    (dict(det_schedule="lpt"), "det_schedule"),
+    (dict(bwd_tile_m=96), "bwd_tile_m"),
+    (dict(bwd_tile_m=256), "bwd_tile_m"),
 ])
 def test_bad_fields_name_the_field(kwargs, needle):
     with pytest.raises(ConfigError, match=needle) as e:
@@ -63,3 +66,18 @@ def test_quantized_fraction():
     assert quantized_exp2_fraction(0.3, 8) == 0.25
     assert quantized_exp2_fraction(1.0, 8) == 1.0
     assert quantized_exp2_fraction(0.0, 16) == 0.0
+
+
+def test_backward_fields_resolve_and_reject_what_does_not_fit():
+    from kernels.tiles import bwd_tile, compiled_config
+
+    r = AttnConfig().resolve("sm90", 64, False)
+    assert r.bwd_tile_m == DEFAULTS[("sm90", 64)]["bwd_tile_m"] and r.det_schedule == "spt"
+    assert AttnConfig(bwd_tile_m=128).resolve("sm90", 64, False).bwd_tile_m == 128
+    assert compiled_config(AttnConfig(bwd_tile_m=128), "sm90", 64, False, mode="bwd")["tile_m"] == 128
+    assert bwd_tile("sm90", 128)[0] == DEFAULTS[("sm90", 128)]["bwd_tile_m"]
+    pytest.importorskip("cutlass")
+    from kernels.sm90.backward import compile_backward
+
+    with pytest.raises(ConfigError, match="bwd_tile_m=128 at hdim 128"):
+        compile_backward(AttnConfig(bwd_tile_m=128), "bfloat16", 128, False)

@@ -28,6 +28,9 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
     if hdim not in BWD_TILES:
         raise ConfigError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)} "
                           "(256 does not fit: dK+dV accumulators need 256 registers per thread)")
+    if hdim == 128 and cfg.bwd_tile_m == 128:
+        raise ConfigError("bwd_tile_m=128 at hdim 128: S, dP, dK and dV accumulators would need 256 registers per "
+                          "thread (124 spills in the SASS); use 64")
 
 
 def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: bool = False):
@@ -46,8 +49,9 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
 
     dt = _cutlass_dtype(dtype_name)
     main = FlashBwdSm90(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
-                        exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule)
-    # AttnConfig's tile and register fields describe the forward; the backward keeps its own (BWD_TILES, 24/240).
+                        exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule,
+                        tile_m=cfg.bwd_tile_m)
+    # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x 128, 24/240.
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m)
     post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem)
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
@@ -116,9 +120,7 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
-    from .bwd import BWD_TILES
-
-    tile_m, tile_n = BWD_TILES[d]
+    tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m
     n_m = sqp // tile_m * (2 if cfg.two_cta else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
     dev = q.device

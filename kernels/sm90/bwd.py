@@ -53,6 +53,7 @@ from cutlass._mlir.dialects import nvvm as _nvvm
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.experimental.primitives.nvvm_wrapper import cp_async_bulk_shared_cluster_shared_cta
 
+from ..config import DEFAULTS
 from .exp2 import compiled_fraction, emulated_fragments, exp2_poly
 
 _CLUSTER = _nvvm.MemScopeKind.CLUSTER
@@ -79,10 +80,12 @@ def bulk_reduce_add_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, 
 
 LOG2_E = math.log2(math.e)
 
-# Backward tiles per head dim: (tile_m = Q rows per step, tile_n = K/V rows per CTA). Two MMA warpgroups
-# each own 64 K/V rows. hdim 256 does not fit: dK+dV accumulators alone need 256 registers per thread.
-BWD_TILES = {64: (64, 128), 128: (64, 128)}
+# Backward tiles per head dim: (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m in
+# kernels/config.py; tile_n = K/V rows per CTA). Two MMA warpgroups each own 64 K/V rows. hdim 256 does not fit
+# this layout: dK+dV accumulators alone need 256 registers per thread.
+BWD_TILES = {d: (DEFAULTS[("sm90", d)]["bwd_tile_m"], 128) for d in (64, 128)}
 NUM_STAGES = 2  # Q/dO (and dS) pipeline depth
+SMEM_BYTES = 227 * 1024  # dynamic shared memory per CTA on sm_90
 
 
 @cute.jit
@@ -105,7 +108,7 @@ class FlashBwdSm90:
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
-                 det_schedule: str = "spt"):
+                 det_schedule: str = "spt", tile_m: int | None = None):
         if hdim not in BWD_TILES:
             raise ValueError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)}")
         if det_schedule not in ("spt", "naive"):
@@ -120,12 +123,26 @@ class FlashBwdSm90:
         self.two_cta = bool(two_cta)
         self.cluster = 2 if self.two_cta else 1
         self.tile_m, self.tile_n = BWD_TILES[hdim]
+        if tile_m is not None:
+            if tile_m not in (64, 128):
+                raise ValueError(f"bwd_tile_m={tile_m}: the sm90 backward supports 64 or 128")
+            self.tile_m = tile_m
+        # one-CTA dQ = dS K per warpgroup: with 64-row Q tiles each warpgroup takes half of the head dim, with
+        # 128-row tiles half of the rows (wgmma M is 64 per warpgroup); either way tile_m * hdim / 2 values
+        self.dq_shape = (self.tile_m, hdim // 2) if self.tile_m == 64 else (64, hdim)
+        self.dq_split_rows = int(self.dq_shape[0] < self.tile_m)  # 1: warpgroups split dQ by rows, 0: by columns
         # two_cta: dQ^T per warpgroup is (64 head-dim rows) x (dq_n Q rows); the CTA owns tile_m/2 Q rows
         self.dq_n = self.tile_m // 2 if hdim == 128 else self.tile_m // 4
         # one-CTA mode: dQ fragments staged in shared memory and bulk-reduced by the writer warp
         self.dq_smem = not self.two_cta
         self.dq_vals = self.tile_m * (hdim // 2) // 128  # fp32 dQ values per MMA thread
         self.dq_chunk = 128 * self.dq_vals  # floats per warpgroup chunk
+        # dQ staging buffers: two when shared memory allows, so an MMA warpgroup never waits for the writer's
+        # bulk read of the previous Q tile's chunk (hd128: 192 KB of operand tiles + 2 x 32 KB fits 227 KB)
+        operands = (2 * NUM_STAGES * self.tile_m * hdim + 2 * self.tile_n * hdim + NUM_STAGES * self.tile_m
+                    * self.tile_n) * dtype.width // 8 + 2 * NUM_STAGES * self.tile_m * 4
+        dq_bytes = self.tile_m * hdim * 4
+        self.dq_stages = 2 if operands + 2 * dq_bytes + 2048 <= SMEM_BYTES else 1
         self.num_mma_wg = 2
         assert self.tile_n == 64 * self.num_mma_wg
         self.num_threads = 128 * (self.num_mma_wg + 1)
@@ -186,7 +203,7 @@ class FlashBwdSm90:
         if const_expr(not self.two_cta):
             mma_dQ = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
-                Float32, (1, 1, 1), (tm, d // 2))
+                Float32, (1, 1, 1), self.dq_shape)
         else:  # dQ^T = K^T dS^T: A = K^T (head dim contiguous), B = dS^T (Q rows contiguous)
             mma_dQ = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
@@ -210,7 +227,7 @@ class FlashBwdSm90:
         self.bytes_ds_half = (tm // 2) * tn * self.dtype.width // 8
         kp_cosize = cute.cosize(self.sK_layout) if const_expr(self.two_cta) else 0
         dsp_cosize = cute.cosize(self.sdSp_layout) if const_expr(self.two_cta) else 0
-        dq_cosize = self.num_mma_wg * self.dq_chunk if const_expr(self.dq_smem) else 0
+        dq_cosize = self.dq_stages * self.num_mma_wg * self.dq_chunk if const_expr(self.dq_smem) else 0
 
         st = self.stages
 
@@ -446,12 +463,14 @@ class FlashBwdSm90:
         thr_dQ = mma_dQ.get_slice(tid)
         mdQ2 = mdQaccum[None, None, head, batch]  # (seqlen_q padded, d) fp32
         if const_expr(not self.two_cta):
-            # dQ[:, half w] = dS K[:, half w]
-            tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS))
-            sKt_w = cute.local_tile(transpose_view(sK)[None, None, 0], (d // 2, tn), (wg, 0))
+            # dQ[:, half w] = dS K[:, half w] (64-row tiles) or dQ[rows w] = dS[rows w] K (128-row tiles)
+            dq_m, dq_n = self.dq_shape
+            sdS_w = cute.local_tile(sdS, (dq_m, tn, self.stages), (wg * self.dq_split_rows, 0, 0))
+            tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS_w))
+            sKt_w = cute.local_tile(transpose_view(sK)[None, None, 0], (dq_n, tn), (wg * (1 - self.dq_split_rows), 0))
             tdQrK = thr_dQ.make_fragment_B(thr_dQ.partition_B(sKt_w))
             tdQrKp = tdQrK
-            acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((tm, d // 2)), Float32)
+            acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32)
             tdQcdQ = None
         else:
             # dQ^T[d-slice, own Q rows] = K^T dS^T (own tile) + Kp^T dSp^T (peer tile)
@@ -535,14 +554,21 @@ class FlashBwdSm90:
             cute.arch.fence_view_async_shared()
             pds_bar.arrive_and_wait()
 
-            # dK += dS^T Q
-            self.gemm(mma_dKV, acc_dK, rdS, tdKrQ[None, None, None, sidx], zero_init=False)
-            warpgroup.commit_group()
             if const_expr(not self.two_cta):
-                # dQ_w = dS K_w-half
+                # dQ_w = dS K_w-half first, then dK += dS^T Q: dQ goes to the writer while dK runs
                 self.gemm(mma_dQ, acc_dQ, tdQrdS[None, None, None, sidx], tdQrK, zero_init=True)
                 warpgroup.commit_group()
+                self.gemm(mma_dKV, acc_dK, rdS, tdKrQ[None, None, None, sidx], zero_init=False)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                pipe_do.consumer_release(do_state)
+                self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
             else:
+                # dK += dS^T Q
+                self.gemm(mma_dKV, acc_dK, rdS, tdKrQ[None, None, None, sidx], zero_init=False)
+                warpgroup.commit_group()
                 if tidx == 0:
                     # send the peer's Q-row half of our dS (one contiguous 8 KB block) into its sdSp[sidx]
                     cute.arch.mbarrier_arrive_and_expect_tx(mbar_dsfull + sidx, self.bytes_ds_half)
@@ -559,25 +585,14 @@ class FlashBwdSm90:
                 tdQrdSp = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_peer))
                 self.gemm(mma_dQ, acc_dQ, tdQrKp, tdQrdSp, zero_init=False)
                 warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(q_state)
-            pipe_do.consumer_release(do_state)
-            q_state.advance()
-            do_state.advance()
-            if const_expr(self.two_cta):
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
+                pipe_do.consumer_release(do_state)
                 # hand sdSp[sidx] back to the peer
                 cute.arch.mbarrier_arrive(mbar_dsempty + sidx, peer, scope=_CLUSTER)
+            q_state.advance()
+            do_state.advance()
 
-            # dQ accumulation in global memory
-            if const_expr(self.dq_smem):
-                # hand the fp32 fragment to the writer warp: wait until it has read the previous one
-                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
-                sdQ_t = cute.make_tensor(sdQ_raw + (wg * self.dq_chunk + tid * 4),
-                                         cute.make_layout((4, self.dq_vals // 4), stride=(1, 512)))
-                for i in cutlass.range_constexpr(self.dq_vals):
-                    sdQ_t[i] = acc_dQ[i]
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
             if const_expr(self.two_cta):
                 sem_ptr = mSem.iterator + cute.crd2idx((m_block * mc + rank, head, batch), mSem.layout)
                 if const_expr(self.deterministic):
@@ -607,6 +622,18 @@ class FlashBwdSm90:
                 gdK[i] = rdK[i]
                 gdV[i] = rdV[i]
 
+    @cute.jit
+    def dq_to_writer(self, acc_dQ, sdQ_raw, wg, tid, it):
+        """Hand warpgroup wg's fp32 dQ fragment to the writer warp through its staging buffer (fragment order)."""
+        buf = (it % self.dq_stages) * self.num_mma_wg * self.dq_chunk
+        cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
+        sdQ_t = cute.make_tensor(sdQ_raw + (buf + wg * self.dq_chunk + tid * 4),
+                                 cute.make_layout((4, self.dq_vals // 4), stride=(1, 512)))
+        for i in cutlass.range_constexpr(self.dq_vals):
+            sdQ_t[i] = acc_dQ[i]
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
+
     # ---------------------------------------------------------------------------------------------
     @cute.jit
     def dq_writer(self, mdQaccum, mSem, sdQ_raw, head, batch, m_block_min, m_block_max, n_block, num_groups,
@@ -617,9 +644,11 @@ class FlashBwdSm90:
         mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            buf = ((m_block - m_block_min) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
             for w in cutlass.range_constexpr(self.num_mma_wg):
                 if const_expr(not self.deterministic):
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    # this buffer's previous chunks (dq_stages Q tiles ago) have been read
+                    cute.arch.cp_async_bulk_wait_group(self.num_mma_wg * (self.dq_stages - 1), read=True)
                 cute.arch.sync_warp()
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
             sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
@@ -632,7 +661,7 @@ class FlashBwdSm90:
                 cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                 if lane == 0:
                     gptr = mdQ2.iterator + (m_block * self.num_mma_wg + w) * self.dq_chunk
-                    bulk_reduce_add_f32(gptr, sdQ_raw + w * self.dq_chunk, self.dq_chunk * 4)
+                    bulk_reduce_add_f32(gptr, sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                     cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):
                 if lane == 0:

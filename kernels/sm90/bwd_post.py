@@ -3,7 +3,8 @@
 dQaccum is a (batch, heads, seqlen_q padded, head_dim) fp32 buffer in one of two orders:
 - ``blocked=False`` (two_cta kernel, red.global.add): row-major; each thread converts 8 elements of a row.
 - ``blocked=True`` (one-CTA kernel, bulk reductions): per Q tile, one chunk per MMA warpgroup holding each
-  thread's dQ accumulator fragment (values grouped by 4, thread-minor). The postprocess rebuilds the same
+  thread's dQ accumulator fragment (values grouped by 4, thread-minor); warpgroup w's chunk covers columns
+  [w*hdim/2, ...) of a 64-row tile, or rows [64w, 64w+64) of a 128-row tile. The postprocess rebuilds the same
   wgmma tiled MMA to recover each value's (row, column) and scatters into dQ (batch, seqlen_q, heads, hdim).
 """
 from __future__ import annotations
@@ -27,13 +28,17 @@ class FlashBwdPostSm90:
         self.num_threads = 256 if blocked else 128
         self.rows_per_cta = self.num_threads // self.tpr
         self.dq_vals = tile_m * (hdim // 2) // 128
+        self.dq_shape = (tile_m, hdim // 2) if tile_m == 64 else (64, hdim)  # as the main kernel's dQ GEMM
+        # offset of warpgroup w's chunk in the tile: (w * row_step, w * col_step)
+        self.row_step = self.dq_shape[0] if self.dq_shape[0] < tile_m else 0
+        self.col_step = self.dq_shape[1] if self.dq_shape[1] < hdim else 0
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
         if cutlass.const_expr(self.blocked):
             mma_dQ = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
-                Float32, (1, 1, 1), (self.tile_m, self.hdim // 2))
+                Float32, (1, 1, 1), self.dq_shape)
             grid = (cute.ceil_div(mdQ.shape[1], self.tile_m), mdQ.shape[2], mdQ.shape[0])
             self.kernel_blocked(mdQaccum, mdQ, softmax_scale, mma_dQ).launch(
                 grid=grid, block=[self.num_threads, 1, 1], stream=stream)
@@ -65,7 +70,7 @@ class FlashBwdPostSm90:
         wg = tidx // 128
         tid = tidx % 128
         thr = mma_dQ.get_slice(tid)
-        tcoord = thr.partition_C(cute.make_identity_tensor((tm, d // 2)))
+        tcoord = thr.partition_C(cute.make_identity_tensor(self.dq_shape))
         mdQ2 = mdQaccum[batch, head, None, None]
         base = mdQ2.iterator + ((m_block * 2 + wg) * 128 * nv + tid * 4)
         gacc = cute.make_tensor(base, cute.make_layout((4, nv // 4), stride=(1, 512)))
@@ -77,6 +82,6 @@ class FlashBwdPostSm90:
         seqlen_q = mdQ.shape[1]
         for i in cutlass.range_constexpr(nv):
             r, c = tcoord[i]
-            row = m_block * tm + r
+            row = m_block * tm + r + wg * self.row_step
             if row < seqlen_q:
-                mdQ[batch, row, head, wg * (d // 2) + c] = rdQ[i]
+                mdQ[batch, row, head, c + wg * self.col_step] = rdQ[i]
