@@ -357,7 +357,7 @@ def machine_skips(path: Path, keys: set[str]) -> set[str]:
 
 
 def _runs_here() -> str:
-    from experiments.cli import runs_here_line
+    from experiments.here import runs_here_line
 
     return runs_here_line(str(Path(__file__).resolve().parents[1] / "conf")) + " (python run.py --help lists them)"
 
