@@ -357,7 +357,7 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     if mode == "fwd":
         tm, tn = cfg.tile_m, cfg.tile_n
     else:
-        tm, tn = bwd_tile(cfg_arch, hdim, causal)  # the kernel package's own tiles (kernels/tiles.py)
+        tm, tn = bwd_tile(cfg_arch, hdim, causal, cfg)  # the kernel package's own tiles (kernels/tiles.py)
     if rescale_share is None:
         rescale_share = 1.0 if cfg.rescale_threshold == 0 else 0.0
     overlap = bool(cfg.pingpong or cfg.intra_wg_overlap)

@@ -1,47 +1,39 @@
 """What a config compiles to, read from the kernel package itself: backward tiles and the effective exp2 split.
 
 The roofline and the result rows ask here instead of keeping their own copies, so a change of tiles in the
-kernels shows up everywhere. Backward tiles come from ``config.DEFAULTS`` when an entry has ``bwd_tile_m`` /
-``bwd_tile_n``, else from ``BWD_TILES`` of the sm90 backward kernel (kernels/sm90/bwd.py; keyed by hdim or by
-(hdim, causal)); that module needs cutlass-dsl, so without it the table is read from the module's source text.
-sm100 has no backward kernel here: its tile is the FA4 paper's (128 x 128), for the model only.
+kernels shows up everywhere. The backward's Q rows per step are the resolved ``AttnConfig.bwd_tile_m`` (per-arch
+default in ``config.DEFAULTS``); its K/V rows and the head dims it supports come from ``BWD_TILES`` of the sm90
+backward kernel (kernels/sm90/bwd.py, which needs cutlass-dsl; without it every head dim of the defaults table
+counts as supported and K/V rows are 128). sm100 has no backward kernel here: its tile is the FA4 paper's
+(128 x 128), for the model only.
 """
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-from .config import DEFAULTS, AttnConfig, ConfigError, normalize_arch, quantized_exp2_fraction
+from .config import AttnConfig, ConfigError, normalize_arch, quantized_exp2_fraction
 
 SM100_BWD_TILE = (128, 128)  # FA4 paper (B200): 128 x 128 backward tiles; no sm100 kernel in this package
+SM90_BWD_TILE_N = 128  # K/V rows per CTA when the kernel module cannot be imported (two 64-row MMA warpgroups)
 
 
-def _sm90_bwd_table() -> dict:
+def _sm90_bwd_table() -> dict | None:
     try:
         from .sm90.bwd import BWD_TILES
-    except ImportError:  # no cutlass-dsl here: read the literal table from the kernel's source
-        src = (Path(__file__).parent / "sm90" / "bwd.py").read_text(encoding="utf-8")
-        for node in ast.parse(src).body:
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BWD_TILES" for t in node.targets):
-                return ast.literal_eval(node.value)
-        raise
+    except ImportError:  # no cutlass-dsl here
+        return None
     return dict(BWD_TILES)
 
 
-def bwd_tile(arch: str, hdim: int, causal: bool = False) -> tuple[int, int]:
-    """(tile_m = Q rows per step, tile_n = K/V rows per CTA) of the backward kernel for (arch, hdim, causal)."""
+def bwd_tile(arch: str, hdim: int, causal: bool = False, cfg: AttnConfig | None = None) -> tuple[int, int]:
+    """(tile_m = Q rows per step, tile_n = K/V rows per CTA) of the backward kernel for (arch, hdim, causal, cfg)."""
     arch = normalize_arch(arch)
     if arch == "sm100":
         return SM100_BWD_TILE
-    d = DEFAULTS.get((arch, int(hdim)), {})
-    if "bwd_tile_m" in d and "bwd_tile_n" in d:
-        return int(d["bwd_tile_m"]), int(d["bwd_tile_n"])
     table = _sm90_bwd_table()
-    tile = table.get((int(hdim), bool(causal)), table.get(int(hdim)))
-    if tile is None:
-        hdims = sorted({k[0] if isinstance(k, tuple) else k for k in table})
-        raise ConfigError(f"hdim={hdim}: the {arch} backward supports head dims {hdims}")
-    return int(tile[0]), int(tile[1])
+    if table is not None and int(hdim) not in table:
+        raise ConfigError(f"hdim={hdim}: the {arch} backward supports head dims {sorted(table)}")
+    r = (cfg or AttnConfig()).resolve(arch, hdim, causal)
+    tile_n = table[int(hdim)][1] if table is not None else SM90_BWD_TILE_N
+    return int(r.bwd_tile_m), int(tile_n)
 
 
 def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, mode: str = "fwd") -> dict:
