@@ -87,9 +87,9 @@ def test_default_configs_have_no_spills(tmp_path, hdim, causal, tile_m):
 
 
 def test_exp2_fraction_in_sass(tmp_path):
-    mufu_none = _main_sass(tmp_path, False, 0.0, causal=False, hdim=64).count("MUFU.EX2")
-    mufu_half = _main_sass(tmp_path, False, 0.5, causal=False, hdim=64).count("MUFU.EX2")
-    mufu_all = _main_sass(tmp_path, False, 1.0, causal=False, hdim=64).count("MUFU.EX2")
+    mufu_none = _main_sass(tmp_path, False, 0.0, causal=False, hdim=64, tile_m=64).count("MUFU.EX2")
+    mufu_half = _main_sass(tmp_path, False, 0.5, causal=False, hdim=64, tile_m=64).count("MUFU.EX2")
+    mufu_all = _main_sass(tmp_path, False, 1.0, causal=False, hdim=64, tile_m=64).count("MUFU.EX2")
     # the P loop exists twice (masked boundary tiles / unmasked tiles), 32 exponentials per thread in each
     assert mufu_none == 64 and mufu_half == 32 and mufu_all == 0, (mufu_none, mufu_half, mufu_all)
 

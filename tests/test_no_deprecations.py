@@ -20,7 +20,7 @@ DEPRECATED = {
     r"\batomicAdd\(": "cute.arch.atomic_add",
 }
 # Files the lead is migrating (kernels/sm90/bwd*.py): drop each from here once it is clean.
-PENDING = {"kernels/sm90/bwd.py", "kernels/sm90/bwd_post.py"}
+PENDING: set[str] = set()
 
 
 def _uses(path: Path) -> list[str]:

@@ -43,10 +43,11 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 from cutlass._mlir.dialects import llvm
 from cutlass._mlir.dialects import nvvm as _nvvm
@@ -160,7 +161,7 @@ class FlashBwdSm90:
     # ---------------------------------------------------------------------------------------------
     def _smem_layout(self, rows, cols, stages, major_cols):
         """Row-major (rows, cols, stages) tile of K-major swizzle atoms ``major_cols`` wide."""
-        atom_kind = sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.dtype, major_cols)
+        atom_kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, major_cols)
         atom = warpgroup.make_smem_layout_atom(atom_kind, self.dtype)
         return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
 
@@ -183,7 +184,7 @@ class FlashBwdSm90:
         self.sV_layout = self._smem_layout(tn, d, 1, min(d, 64))
         if const_expr(not self.two_cta):
             self.sdS_layout = sm90_utils.make_smem_layout_a(
-                utils.LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, self.stages)
+                LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, self.stages)
             self.sdSp_layout = self.sdS_layout
         else:
             # m-major atoms as wide as one warpgroup's dQ^T N slice, tiled along n first: each half of the
@@ -195,18 +196,18 @@ class FlashBwdSm90:
             self.sdSp_layout = cute.tile_to_shape(atom, (tm // 2, tn, self.stages), order=(1, 0, 2))
 
         mma_S = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K,
             Float32, (1, 1, 1), (64, tm))
         mma_dKV = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN,
             Float32, (1, 1, 1), (64, d), warpgroup.OperandSource.RMEM)
         if const_expr(not self.two_cta):
             mma_dQ = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
+                self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
                 Float32, (1, 1, 1), self.dq_shape)
         else:  # dQ^T = K^T dS^T: A = K^T (head dim contiguous), B = dS^T (Q rows contiguous)
             mma_dQ = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
+                self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
                 Float32, (1, 1, 1), (64, self.dq_n))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -300,7 +301,7 @@ class FlashBwdSm90:
             for atom in (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum):
                 cpasync.prefetch_descriptor(atom)
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)

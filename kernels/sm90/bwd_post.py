@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode
 
 
 class FlashBwdPostSm90:
@@ -37,7 +37,7 @@ class FlashBwdPostSm90:
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
         if cutlass.const_expr(self.blocked):
             mma_dQ = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN,
+                self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
                 Float32, (1, 1, 1), self.dq_shape)
             grid = (cute.ceil_div(mdQ.shape[1], self.tile_m), mdQ.shape[2], mdQ.shape[0])
             self.kernel_blocked(mdQaccum, mdQ, softmax_scale, mma_dQ).launch(
