@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {"HGMMA": ("HGMMA",), "MUFU.EX2": ("MUFU.EX2",), "FFMA": ("FFMA",), "FADD": ("FADD",), "FMUL": ("FMUL",),
           "FMNMX": ("FMNMX",), "LDL(spill)": ("LDL",), "STL(spill)": ("STL",), "RED/ATOM": ("RED", "REDG", "ATOM", "ATOMG"),
-          "BAR": ("BAR",), "SYNCS": ("SYNCS",), "UTMALDG": ("UTMALDG",), "VOTE": ("VOTE",), "F2I/FRND": ("F2I", "FRND")}
+          "BAR": ("BAR",), "SYNCS": ("SYNCS",), "UTMALDG": ("UTMALDG",), "VOTE": ("VOTE",), "F2I/FRND": ("F2I", "FRND"),
+          "STSM": ("STSM",), "UBLKRED": ("UBLKRED",)}
 
 # (label, kind, config kwargs, hdim, causal)
 CASES = [
@@ -29,8 +30,11 @@ CASES = [
     ("fwd hd64 exp2 1/2", "fwd", {"exp2_emu_fraction": 0.5}, 64, False),
     ("fwd hd128 default", "fwd", {}, 128, False),
     ("fwd hd128 tau0", "fwd", {"rescale_threshold": 0.0}, 128, False),
+    ("bwd hd64 default (128-row tiles)", "bwd", {}, 64, False),
+    ("bwd hd64 64-row tiles", "bwd", {"bwd_tile_m": 64}, 64, False),
     ("bwd hd128 default", "bwd", {}, 128, False),
     ("bwd hd128 deterministic", "bwd", {"deterministic": True}, 128, False),
+    ("bwd hd128 deterministic naive causal", "bwd", {"deterministic": True, "det_schedule": "naive"}, 128, True),
     ("bwd hd128 two_cta", "bwd", {"two_cta": True}, 128, False),
 ]
 
