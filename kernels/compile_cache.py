@@ -6,6 +6,7 @@ bug this module exists to prevent: two configs that differ in any field get two 
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -30,8 +31,13 @@ def cache_key(kind: str, cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, ca
     """Hashable key: kernel kind, every field of the resolved config, dtype, head dims, causal, arch, extras."""
     if not cfg.is_resolved:
         raise ValueError("cache_key: pass a resolved AttnConfig (cfg.resolve(arch, hdim, causal))")
-    fields = tuple(sorted(cfg.to_dict().items()))
-    return (kind, fields, str(dtype), int(hdim), int(hdim_v), bool(causal), normalize_arch(arch), tuple(sorted(extra.items())))
+    return _key(kind, cfg, str(dtype), int(hdim), int(hdim_v), bool(causal), str(arch), tuple(sorted(extra.items())))
+
+
+@functools.lru_cache(maxsize=1024)
+def _key(kind, cfg, dtype, hdim, hdim_v, causal, arch, extra) -> tuple:
+    # memoised: the key is built on every attention call, and a frozen AttnConfig is hashable
+    return (kind, tuple(sorted(cfg.to_dict().items())), dtype, hdim, hdim_v, causal, normalize_arch(arch), extra)
 
 
 def get_or_compile(key: tuple, build: Callable[[], Any]) -> Any:

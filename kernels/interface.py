@@ -7,6 +7,7 @@ whose backward calls ``kernels.sm90.backward.attention_backward`` (imported lazi
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -20,14 +21,25 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _check_arch(device: torch.device) -> None:
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = _capability(device.index if device.index is not None else torch.cuda.current_device())
     if major != 9:
         raise InputError(f"device: compute capability {major}.{minor} is not supported; the kernels need sm_90a (Hopper)")
+
+
+@functools.lru_cache(maxsize=64)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
     if config is not None and not isinstance(config, AttnConfig):
         raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
+    return _resolve(config, int(hdim), bool(causal))
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
+    # memoised: resolution runs on every call and a frozen AttnConfig is hashable
     return (config or AttnConfig()).resolve(ARCH, hdim, causal)
 
 

@@ -36,3 +36,19 @@ def test_two_configs_two_builds_and_hits_counted():
 def test_unresolved_config_rejected():
     with pytest.raises(ValueError, match="resolved"):
         cc.cache_key("fwd", AttnConfig(), "bfloat16", 128, 128, False, "sm90")
+
+
+def test_per_call_memos_keep_configs_apart():
+    """The per-call fast paths (memoised resolution and key) return one object per input and never merge
+    configs that differ in any field (here only the backward's det_schedule / bwd_tile_m)."""
+    from kernels import AttnConfig
+    from kernels.compile_cache import cache_key
+    from kernels.interface import resolve_config
+
+    a = resolve_config(AttnConfig(deterministic=True), 64, True)
+    assert resolve_config(AttnConfig(deterministic=True), 64, True) is a
+    b = resolve_config(AttnConfig(deterministic=True, det_schedule="naive"), 64, True)
+    c = resolve_config(AttnConfig(deterministic=True, bwd_tile_m=64), 64, True)
+    keys = {cache_key("bwd", r, "bfloat16", 64, 64, True, "sm90") for r in (a, b, c)}
+    assert len(keys) == 3
+    assert cache_key("bwd", a, "bfloat16", 64, 64, True, "sm90") != cache_key("bwd", a, "float16", 64, 64, True, "sm90")
