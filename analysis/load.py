@@ -1,10 +1,13 @@
 """Load sweep results (rows.jsonl files) into one pandas DataFrame across runs and experiments.
 
 Reads the format experiments/results.py writes (one JSON object per line; a torn last line of a killed run is
-skipped) without importing experiments/: analysis depends only on the files and on kernels/.
+skipped; a set's archived rows in ``rows.jsonl.gz`` beside its ``rows.jsonl`` come first) without importing
+experiments/: analysis depends only on the files and on kernels/.
 """
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 from pathlib import Path
@@ -12,25 +15,58 @@ from pathlib import Path
 import pandas as pd
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    """The complete rows of one rows.jsonl file (a torn or unparsable line is skipped)."""
+ARCHIVE_SUFFIX = ".gz"  # rows.jsonl.gz: a set's archived rows (experiments/results.py archive)
+
+
+def _parse(f) -> list[dict]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n") or not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in f:
+        if not line.endswith("\n") or not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _read_archive(path: Path) -> list[dict]:
+    with io.TextIOWrapper(io.BytesIO(gzip.decompress(path.read_bytes())), encoding="utf-8") as f:
+        return _parse(f)
+
+
+def set_path(p: str | os.PathLike) -> Path:
+    """The live ``rows.jsonl`` of a set named by it or by its archive ``rows.jsonl.gz``."""
+    p = Path(p)
+    return p.with_name(p.name[: -len(ARCHIVE_SUFFIX)]) if p.name.endswith(".jsonl" + ARCHIVE_SUFFIX) else p
+
+
+def set_exists(p: str | os.PathLike) -> bool:
+    """Whether a set has rows on disk: its rows.jsonl or its archive rows.jsonl.gz."""
+    p = set_path(p)
+    return p.exists() or Path(str(p) + ARCHIVE_SUFFIX).exists()
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """The complete rows of one set: its archive ``rows.jsonl.gz`` (if any), then its ``rows.jsonl`` (a torn or
+    unparsable line is skipped). A path ending in ``.gz`` reads that archive only."""
+    path = Path(path)
+    if path.name.endswith(ARCHIVE_SUFFIX):
+        return _read_archive(path)
+    gz = Path(str(path) + ARCHIVE_SUFFIX)
+    rows = _read_archive(gz) if gz.exists() else []
+    if path.exists():
+        with open(path, encoding="utf-8") as f:
+            rows += _parse(f)
     return rows
 
 
 def _files(p: str | os.PathLike) -> list[Path]:
+    """The sets under ``p``, each named by its rows.jsonl (whether or not only its archive is on disk)."""
     p = Path(p)
     if p.is_dir():
-        return sorted(p.rglob("*.jsonl"))
-    if p.exists():
+        return sorted({set_path(f) for f in [*p.rglob("*.jsonl"), *p.rglob("*.jsonl" + ARCHIVE_SUFFIX)]})
+    if set_exists(p):
         return [p]
     raise FileNotFoundError(f"load_results: {str(p)!r} is neither a rows.jsonl file nor a folder of them")
 
@@ -45,7 +81,8 @@ def flatten_config(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_results(*paths: str | os.PathLike) -> pd.DataFrame:
-    """Rows of every rows.jsonl under ``paths`` (files or folders; default ``results/``), one DataFrame.
+    """Rows of every rows.jsonl under ``paths`` (files or folders; default ``results/``), one DataFrame; a set's
+    archive rows.jsonl.gz is read with it.
 
     Each row keeps its ``config`` dict and gains ``config.<field>`` columns; ``source`` names its file.
     """

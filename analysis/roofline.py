@@ -51,7 +51,6 @@ whichever is longer. Tile-scheduling waves, launch and epilogue costs are not mo
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,18 +221,16 @@ def _repo_root() -> Path:
 
 def load_calibration(paths=None) -> dict:
     """Measured values from microbenchmark rows: {metric: (value, method, gpu_name)}. Missing file: {}."""
+    from analysis.load import read_rows, set_exists  # a set's archived rows (rows.jsonl.gz) count too
+
     out: dict = {}
     for p in paths or MICROBENCH_PATHS:
         p = Path(p)
         if not p.is_absolute():
             p = _repo_root() / p
-        if not p.exists():
+        if not set_exists(p):
             continue
-        for line in p.read_text(encoding="utf-8").splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for r in read_rows(p):
             if r.get("status", "ok") != "ok" or r.get("value") is None:
                 continue
             out[r.get("metric")] = (float(r["value"]), r.get("method", ""), r.get("gpu_name", ""))

@@ -3,17 +3,39 @@
 Every row carries the ``job_key`` of the job that produced it and ``job_nrows`` (how many rows that job
 wrote, all in one ``write``). A job counts as done only when all its rows are present, so a sweep that is
 killed at any point resumes by skipping exactly the finished jobs and never writes a row twice.
+
+A set may also have an archive beside its live file: ``rows.jsonl.gz``, the gzip of rows moved out of
+``rows.jsonl`` byte for byte (``python -m experiments.results archive <set>``). A set's rows are the archive's
+then the live file's: every reader here (``read_rows``, the store's resume and repair) reads both, appends go to
+the live file only, and the archive changes only by ``archive`` and ``drop_jobs``.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import hashlib
 import json
 import math
 import os
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+
+ARCHIVE_SUFFIX = ".gz"
+
+
+def archive_path(path: str | os.PathLike) -> Path:
+    """The archive beside a live rows file: ``rows.jsonl`` -> ``rows.jsonl.gz``."""
+    return Path(str(path) + ARCHIVE_SUFFIX)
+
+
+def live_path(path: str | os.PathLike) -> Path:
+    """The live rows file of a set given by its folder, its ``rows.jsonl`` or its ``rows.jsonl.gz``."""
+    p = Path(path)
+    if p.is_dir():
+        return p / "rows.jsonl"
+    return p.with_name(p.name[: -len(ARCHIVE_SUFFIX)]) if p.name.endswith(ARCHIVE_SUFFIX) else p
 
 
 def job_key(job: dict) -> str:
@@ -40,24 +62,43 @@ def _jsonable(v):
     return str(v)
 
 
+def _lines(text: str) -> list[tuple[str, dict]]:
+    """(line, row) for every complete, parsable line; reading stops at a torn tail (killed mid-write)."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # torn tail
+        if not line.strip():
+            continue
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _archive_text(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode("utf-8") if path.exists() else ""
+
+
+def _live_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def _write_archive(path: Path, text: str) -> None:
+    """Write the archive atomically; gzip without a time stamp, so equal rows give equal bytes."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
+    os.replace(tmp, path)
+
+
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """All complete rows of a rows.jsonl file; a torn last line (killed mid-write) is ignored."""
+    """All complete rows of a set: its archive ``rows.jsonl.gz`` (if any), then its live ``rows.jsonl``; a torn
+    last line (killed mid-write) is ignored. A path ending in ``.gz`` reads that archive only."""
     path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break  # torn tail
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
+    if path.name.endswith(ARCHIVE_SUFFIX):
+        return [r for _, r in _lines(_archive_text(path))]
+    return [r for _, r in _lines(_archive_text(archive_path(path))) + _lines(_live_text(path))]
 
 
 class ResultStore:
@@ -70,6 +111,7 @@ class ResultStore:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self.archive_file = archive_path(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._status: dict[str, Counter] = defaultdict(Counter)
         with self._lock():
@@ -88,19 +130,26 @@ class ResultStore:
             os.close(fd)  # releases the lock
 
     def _repair(self) -> None:
-        """Drop a torn last line and rows of jobs whose rows are incomplete (killed mid-write). Under the lock."""
+        """Drop a torn last line, live lines already in the archive (an archive step killed between writing the
+        archive and emptying the live file) and rows of jobs whose rows are incomplete (killed mid-write). Only
+        the live file is rewritten. Under the lock."""
         if not self.path.exists():
             return
         raw = self.path.read_text(encoding="utf-8")
-        rows = read_rows(self.path)
-        counts = Counter(r.get("job_key") for r in rows)
-        keep = [r for r in rows if r.get("job_nrows") is None or counts[r.get("job_key")] == r["job_nrows"]]
-        if len(keep) != len(rows) or (raw and not raw.endswith("\n")):
+        archived = _lines(_archive_text(self.archive_file))
+        parsed = _lines(raw)
+        seen = {line for line, _ in archived}
+        live = [(line, r) for line, r in parsed if line not in seen]
+        counts = Counter(r.get("job_key") for _, r in archived + live)
+        keep = [(line, r) for line, r in live
+                if r.get("job_nrows") is None or counts[r.get("job_key")] == r["job_nrows"]]
+        if len(keep) != len(parsed) or (raw and not raw.endswith("\n")):
             self._rewrite(keep)
 
-    def _rewrite(self, rows: list[dict]) -> None:
+    def _rewrite(self, lines: list[tuple[str, dict]]) -> None:
+        """Replace the live file with these lines, byte for byte."""
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+        tmp.write_text("".join(line for line, _ in lines), encoding="utf-8")
         os.replace(tmp, self.path)
 
     # ---- queries ----------------------------------------------------------------------------
@@ -139,14 +188,77 @@ class ResultStore:
                 self._status[r["job_key"]][r.get("status")] += 1
 
     def drop_jobs(self, keys: set[str]) -> int:
-        """Remove every row of the given jobs (used before retrying failed jobs); returns rows removed."""
+        """Remove every row of the given jobs, archived or live (used before retrying failed jobs); returns rows
+        removed."""
         keys = set(keys)
         if not keys:
             return 0
+        removed = 0
         with self._lock():
-            rows = read_rows(self.path)
-            keep = [r for r in rows if r.get("job_key") not in keys]
+            archived = _lines(_archive_text(self.archive_file))
+            keep = [(line, r) for line, r in archived if r.get("job_key") not in keys]
+            if len(keep) != len(archived):
+                _write_archive(self.archive_file, "".join(line for line, _ in keep))
+                removed += len(archived) - len(keep)
+            live = _lines(_live_text(self.path))
+            keep = [(line, r) for line, r in live if r.get("job_key") not in keys]
             self._rewrite(keep)
+            removed += len(live) - len(keep)
         for k in keys:
             self._status.pop(k, None)
-        return len(rows) - len(keep)
+        return removed
+
+    # ---- archive ----------------------------------------------------------------------------
+    def archive_live(self) -> int:
+        """Move the live file's rows into the archive, byte for byte (appended after the rows already there), and
+        leave the live file empty; returns the rows moved. The archive is written (atomically) before the live
+        file is emptied; a kill in between leaves rows in both, which the next open drops from the live file."""
+        with self._lock():
+            self._repair()
+            live = _live_text(self.path)
+            if not live:
+                return 0
+            _write_archive(self.archive_file, _archive_text(self.archive_file) + live)
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.flush()
+                os.fsync(f.fileno())
+        return len(_lines(live))
+
+
+def archive(path: str | os.PathLike) -> tuple[Path, int]:
+    """Archive one set (its folder, rows.jsonl or rows.jsonl.gz); returns (archive path, rows moved). Checks that
+    the set reads back exactly the rows it had, in order, before returning."""
+    live = live_path(path)
+    if not live.exists() and not archive_path(live).exists():
+        raise FileNotFoundError(f"archive: no result set at {str(path)!r} (neither rows.jsonl nor rows.jsonl.gz)")
+    store = ResultStore(live)
+    before = read_rows(live)
+    moved = store.archive_live()
+    after = read_rows(live)
+    if after != before:
+        raise RuntimeError(f"archive: {live} reads back {len(after)} rows, not the {len(before)} it had")
+    return store.archive_file, moved
+
+
+def main(argv=None) -> int:
+    """``python -m experiments.results archive SET [SET ...]``: compress committed sets (see the module doc)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m experiments.results",
+                                description="maintenance of result sets (results/<machine>/<experiment>/)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("archive", help="move a set's rows.jsonl into rows.jsonl.gz (lossless; readers, resume "
+                                       "and appends keep working); leaves rows.jsonl empty for new rows")
+    a.add_argument("sets", nargs="+", help="a set's folder or its rows.jsonl (e.g. results/h200/bwd_peers)")
+    ns = p.parse_args(argv)
+    for s in ns.sets:
+        live = live_path(s)
+        size = live.stat().st_size if live.exists() else 0
+        gz, moved = archive(s)
+        print(f"{live}: {moved} rows ({size} bytes) archived -> {gz} ({gz.stat().st_size if gz.exists() else 0} "
+              f"bytes, {len(read_rows(live))} rows in the set)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

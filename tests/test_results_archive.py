@@ -1,0 +1,213 @@
+"""Archived result sets (rows.jsonl.gz beside rows.jsonl): lossless round trip, resume, retry, appends, every
+loader, a killed archive step, the committed sets, and the size of the tracked tree (each GPU run ships it)."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from experiments.results import ResultStore, archive, archive_path, read_rows
+from experiments.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+TREE_LIMIT = 7 * 2**20  # each GPU run ships the tree plus a 56 MiB bundle under a 64 MiB cap
+
+
+def cpu_sweep(tmp_path, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=[
+            "experiment=fault_cpu", "shape=cpu", "isolation=inline", "progress=false", f"results_dir={tmp_path}",
+            *overrides]), resolve=True)
+
+
+def _jobs(n: int, tag: str = "j") -> list[list[dict]]:
+    """n jobs of 1-3 rows each, with the value kinds real rows have (floats, None, nested dicts, unicode)."""
+    out = []
+    for i in range(n):
+        rows = [{"job_key": f"{tag}{i}", "status": "ok" if i % 4 else "fail", "metric": f"m{k}", "value": i / 7 + k,
+                 "config": {"rescale_threshold": 8.0, "pingpong": bool(i % 2)}, "reason": None,
+                 "gpu_name": "NVIDIA H200", "note": "τ ≈ ½"} for k in range(1 + i % 3)]
+        out.append(rows)
+    return out
+
+
+def _store(path: Path, jobs) -> ResultStore:
+    store = ResultStore(path)
+    for rows in jobs:
+        store.append_job(rows)
+    return store
+
+
+def test_archive_round_trip_is_lossless_and_appends_continue(tmp_path):
+    path = tmp_path / "exp" / "rows.jsonl"
+    _store(path, _jobs(12))
+    raw, rows = path.read_bytes(), read_rows(path)
+    gz, moved = archive(path.parent)
+    assert gz == archive_path(path) and gz.exists() and moved == len(rows)
+    assert path.exists() and path.read_bytes() == b""  # live file kept, empty, for new rows
+    assert gzip.decompress(gz.read_bytes()) == raw  # byte for byte
+    assert read_rows(path) == rows and read_rows(gz) == rows
+    # appends after archiving go to the live file; the set reads archive then live
+    store = ResultStore(path)
+    assert store.existing_keys() == {r["job_key"] for r in rows}
+    new = _jobs(3, tag="n")
+    for job in new:
+        store.append_job(job)
+    assert read_rows(path) == rows + read_rows(path)[len(rows):] and len(read_rows(path)) == len(rows) + 6
+    assert gzip.decompress(gz.read_bytes()) == raw  # the archive is untouched by appends
+    # a second archive step appends the live rows after the archived ones; equal rows give equal bytes
+    both = read_rows(path)
+    archive(path)
+    assert read_rows(path) == both and path.read_bytes() == b""
+    first = gz.read_bytes()
+    archive(path)  # nothing new: a no-op
+    assert gz.read_bytes() == first
+
+
+def test_killed_archive_step_leaves_no_duplicates(tmp_path):
+    """Archive written, live file not yet emptied (killed in between): the next open drops the live copies."""
+    path = tmp_path / "rows.jsonl"
+    _store(path, _jobs(5))
+    rows = read_rows(path)
+    archive_path(path).write_bytes(gzip.compress(path.read_bytes()))
+    store = ResultStore(path)
+    assert path.read_bytes() == b"" and read_rows(path) == rows
+    assert len(store.existing_keys()) == 5
+
+
+def test_repair_counts_archived_rows_and_drops_torn_live_jobs(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    _store(path, _jobs(4))
+    archive(path)
+    with open(path, "a") as f:  # a job killed mid-write after the archive step: one of its two rows, torn tail
+        f.write(json.dumps({"job_key": "x", "status": "ok", "job_nrows": 2}) + "\n" + '{"job_key": "y", "st')
+    store = ResultStore(path)
+    assert not store.is_done("x") and len(store.existing_keys()) == 4 and path.read_bytes() == b""
+
+
+def test_drop_jobs_and_retry_reach_archived_rows(tmp_path):
+    cfg = cpu_sweep(tmp_path, "experiment.backends=[reference,fault_compile]", "shape.grid.seqlens=[64]",
+                    "shape.grid.causal=[false]")
+    assert run_sweep(cfg, out=io.StringIO()) == 0
+    path = tmp_path / "fault_cpu" / "rows.jsonl"
+    before = read_rows(path)
+    assert sorted(r["status"] for r in before) == ["fail", "ok"]
+    archive(path)
+    out = io.StringIO()
+    run_sweep({**cfg, "retry_failed": True}, out=out)
+    assert "removed 1 fail rows" in out.getvalue() and "running 1" in out.getvalue()
+    after = read_rows(path)
+    ok = [r for r in before if r["status"] == "ok"]
+    assert after[:1] == ok and len(after) == 2  # the ok row stays archived, the fail row is redone once
+    assert read_rows(archive_path(path)) == ok and len(read_rows(archive_path(path))) == 1
+
+
+def test_resumed_sweep_skips_archived_jobs(tmp_path):
+    cfg = cpu_sweep(tmp_path, "experiment.backends=[reference]")
+    assert run_sweep(cfg, out=io.StringIO()) == 0
+    path = tmp_path / "fault_cpu" / "rows.jsonl"
+    rows = read_rows(path)
+    assert len(rows) == 4
+    archive(path.parent)
+    out = io.StringIO()
+    assert run_sweep(cfg, out=out) == 0
+    assert "4 jobs, 4 already done, running 0" in out.getvalue()
+    assert path.read_bytes() == b"" and read_rows(path) == rows  # nothing appended
+    out = io.StringIO()  # a wider sweep runs only the new jobs, appending them to the live file
+    assert run_sweep(cpu_sweep(tmp_path, "experiment.backends=[reference,fa4_model]"), out=out) == 0
+    assert "8 jobs, 4 already done, running 4" in out.getvalue()
+    assert read_rows(path)[:4] == rows and len(read_rows(path)) == 8
+    assert {r["backend"] for r in read_rows(path)[4:]} == {"fa4_model"}
+    assert "ok" in out.getvalue()
+
+
+def test_loaders_read_archive_and_live(tmp_path, monkeypatch):
+    from analysis.load import load_results
+    from analysis.load import read_rows as load_rows
+    from analysis.roofline import load_calibration
+    from analysis.select import experiment_files, load_experiments
+
+    root = tmp_path / "results"
+    mixed = root / "h200" / "e1" / "rows.jsonl"  # archived rows and new live ones
+    _store(mixed, _jobs(6, "a"))
+    archive(mixed)
+    _store(mixed, _jobs(2, "b"))
+    only_gz = root / "cpu" / "e1" / "rows.jsonl"  # archived, its empty live file deleted
+    _store(only_gz, _jobs(3, "c"))
+    archive(only_gz)
+    only_gz.unlink()
+    plain = root / "h200" / "e2" / "rows.jsonl"  # never archived
+    _store(plain, _jobs(2, "d"))
+    expect = {p: read_rows(p) for p in (mixed, only_gz, plain)}
+    assert [r["job_key"] for r in expect[mixed]][:1] == ["a0"] and expect[mixed][-1]["job_key"] == "b1"
+    for p, rows in expect.items():
+        assert load_rows(p) == rows
+    df = load_results(root)
+    assert len(df) == sum(map(len, expect.values()))
+    assert set(df["source"]) == {str(p) for p in expect}  # a set is named by its rows.jsonl
+    assert len(load_results(only_gz)) == len(expect[only_gz])  # a set given by its rows.jsonl, only archived
+    assert experiment_files("e1", root, scratch=False) == sorted([mixed, only_gz])
+    monkeypatch.setenv("FA4LAB_SCRATCH", "0")
+    assert len(load_experiments("e1", "e2", root=root)) == len(df)
+    # a scratch set with only an archive is found with --scratch
+    scratch = root / "e1" / "rows.jsonl"
+    _store(scratch, _jobs(1, "s"))
+    archive(scratch)
+    scratch.unlink()
+    assert experiment_files("e1", root, scratch=True)[0] == scratch
+    # the roofline calibration reads archived microbench rows
+    mb = tmp_path / "mb" / "rows.jsonl"
+    _store(mb, [[{"metric": "sm_clock_mhz", "value": 1755.0, "status": "ok", "method": "m", "gpu_name": "g"}]])
+    archive(mb)
+    assert load_calibration([mb]) == {"sm_clock_mhz": (1755.0, "m", "g")}
+
+
+def test_archive_command_line(tmp_path):
+    path = tmp_path / "h200" / "exp" / "rows.jsonl"
+    _store(path, _jobs(4))
+    rows = read_rows(path)
+    done = subprocess.run([sys.executable, "-m", "experiments.results", "archive", str(path.parent)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "archived" in done.stdout and read_rows(path) == rows and path.read_bytes() == b""
+    bad = subprocess.run([sys.executable, "-m", "experiments.results", "archive", str(tmp_path / "nope")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "no result set" in bad.stderr
+
+
+def _tracked() -> list[Path]:
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    done = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if done.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [ROOT / p for p in done.stdout.decode().split("\0") if p and (ROOT / p).is_file()]
+
+
+def test_committed_archives_read_back():
+    """Every committed archive is a whole set's rows: gzip of complete JSON lines, each with a job key."""
+    archives = [p for p in _tracked() if p.name == "rows.jsonl.gz"]
+    for gz in archives:
+        text = gzip.decompress(gz.read_bytes()).decode("utf-8")
+        assert text.endswith("\n"), gz
+        rows = [json.loads(line) for line in text.splitlines()]
+        assert rows and all(r.get("job_key") for r in rows), gz
+
+
+def test_tracked_tree_fits_the_gpu_transfer():
+    """The tree ships with every GPU run next to a 56 MiB bundle under a 64 MiB cap: keep it under 7 MiB."""
+    files = _tracked()
+    total = sum(p.stat().st_size for p in files)
+    big = sorted(files, key=lambda p: -p.stat().st_size)[:5]
+    assert total < TREE_LIMIT, (
+        f"tracked tree is {total / 2**20:.2f} MiB (limit {TREE_LIMIT / 2**20:.0f} MiB); biggest: "
+        + ", ".join(f"{p.relative_to(ROOT)} {p.stat().st_size // 1024} KiB" for p in big)
+        + "; compress a grown result set with: python -m experiments.results archive results/<machine>/<experiment>")
