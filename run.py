@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""fa4lab entry point: ``python run.py <sweep|bench|check|roofline|figures> [hydra overrides]``.
+"""fa4lab entry point: ``python run.py <sweep|bench|check|tune|roofline|figures> [hydra overrides]``.
 
 - ``sweep``    runs an experiment (conf/experiment/; ``experiment=<name>``), rows to results/<experiment>/.
                Without ``experiment=`` it runs ``numerics`` on a machine without CUDA, ``fwd_peers`` with CUDA.
                An override with a comma list (``key=a,b``) or a sweep function runs a Hydra multirun.
 - ``bench`` / ``check``  time / check one backend (``backend=<name>``) on the shape(s) of ``shape=`` (default one).
+- ``tune``     searches tile sizes, stages, register split, pingpong, exp2 fraction per (hdim, causal), each
+               candidate timed round-robin against the default (experiments/tune.py); winners to conf/tuned/<arch>.yaml.
 - ``roofline`` / ``figures``  hand the remaining arguments to analysis.roofline.main / analysis.figures.main.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 CONF = ROOT / "conf"
-SUBCOMMANDS = ("sweep", "bench", "check", "roofline", "figures")
+SUBCOMMANDS = ("sweep", "bench", "check", "tune", "roofline", "figures")
 DELEGATES = {"roofline": "analysis.roofline:main", "figures": "analysis.figures:main"}
 CHECKED_GROUPS = ("experiment", "backend", "shape", "bench", "hydra/launcher")
 HYDRA_LAUNCHERS = ("basic",)  # provided by Hydra itself; the submitit ones have files in conf/hydra/launcher/
@@ -26,6 +28,8 @@ USAGE = f"usage: python run.py {{{'|'.join(SUBCOMMANDS)}}} [key=value ...]  (Hyd
 COMMANDS = {"sweep": "run an experiment (experiment=<name>); rows to <results_dir>/<experiment>/rows.jsonl, resumable",
             "bench": "time one backend (backend=<name>) on the shape(s) of shape= (default: one mid-size shape)",
             "check": "check one backend against the fp32 reference (DESIGN.md rule) on the shape(s) of shape=",
+            "tune": "search the kernel-shaping AttnConfig fields per (hdim, causal) against the default, within budget= "
+                    "seconds (resumable); winners to conf/tuned/<arch>.yaml; dry_run=true lists the candidates",
             "roofline": "the roofline model (analysis/roofline.py; `python run.py roofline --help` for its flags)",
             "figures": "the figures (analysis/figures.py; `python run.py figures --help` for its flags)"}
 
@@ -160,7 +164,12 @@ def _task(cfg) -> None:
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
         check_run_config(plain)  # again per job: a multirun's other values
-        code = run_sweep(plain) if plain["cmd"] == "sweep" else run_quick(plain, plain["cmd"])
+        if plain["cmd"] == "tune":
+            from experiments.tune import run_tune
+
+            code = run_tune(plain)
+        else:
+            code = run_sweep(plain) if plain["cmd"] == "sweep" else run_quick(plain, plain["cmd"])
     except check_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2

@@ -17,9 +17,11 @@ def check_errors() -> tuple[type, ...]:
     from experiments.runners import RunnerError
     from experiments.shapes import ShapeError
     from experiments.sweep import SweepError
+    from experiments.tune import TuneError
     from kernels.config import ConfigError
 
-    return RunConfigError, SweepError, UnknownBackendError, ConfigError, RunnerError, WorkerSetupError, ShapeError
+    return (RunConfigError, SweepError, UnknownBackendError, ConfigError, RunnerError, WorkerSetupError, ShapeError,
+            TuneError)
 
 
 def first_values(overrides: list[str]) -> list[str] | None:

@@ -7,7 +7,7 @@ grid, the backend and its AttnConfig, and for ``sweep`` the experiment's expansi
 from __future__ import annotations
 
 ISOLATIONS = ("auto", "process", "inline")
-COMMANDS = ("sweep", "bench", "check")
+COMMANDS = ("sweep", "bench", "check", "tune")
 FLAGS = ("retry_failed", "fail_on_error", "progress")
 
 
@@ -126,6 +126,15 @@ def check_top(cfg: dict) -> None:
 def check_run_config(cfg: dict) -> None:
     """Raise RunConfigError (one line) unless every job of this command could start with ``cfg``."""
     check_top(cfg)
+    if cfg.get("cmd") == "tune":
+        from experiments.tune import TuneError, check_args
+
+        check_backend(cfg.get("backend"))
+        try:
+            check_args(cfg)
+        except TuneError as e:
+            raise RunConfigError(str(e)) from None
+        return
     if cfg.get("cmd", "sweep") != "sweep":
         check_backend(cfg.get("backend"))
         check_shape(cfg.get("shape"))

@@ -1,7 +1,9 @@
 """AttnConfig: every FA4 switch as one frozen, hashable, validated dataclass, plus per-arch defaults.
 
 A config is *resolved* against (arch, hdim, causal): fields left as ``None`` take the value of the
-defaults table below. The resolved config is what kernels compile against and what results record.
+defaults table below, or of the tuned-defaults file ``conf/tuned/<arch>.yaml`` where ``python run.py tune`` wrote a
+measured winner for (hdim, causal) (read once, at import; no file = the table; a malformed file = a ConfigError
+naming the file and the key). The resolved config is what kernels compile against and what results record.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 SUPPORTED_ARCHS = ("sm90", "sm100")
 SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it except (192, 128)
@@ -103,6 +106,8 @@ class AttnConfig:
                    if getattr(self, k) is None}
         if self.exp2_emu_fraction is None:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
+        tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
+        updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
         return dataclasses.replace(self, **updates) if updates else self
 
     @property
@@ -155,3 +160,114 @@ def quantized_exp2_fraction(fraction: float, fragments_per_row: int) -> float:
     """The fraction a kernel actually compiles: whole fragments out of ``fragments_per_row``."""
     n = round(float(fraction) * fragments_per_row)
     return n / fragments_per_row
+
+
+# ---- tuned defaults: conf/tuned/<arch>.yaml, written by `python run.py tune`, read here once at import -----------
+# Format (kernels/tuning.py writes it):
+#   arch: sm90
+#   entries:
+#     - {hdim: 128, causal: false, direction: fwd, config: {tile_m: 128, tile_n: 176, ...}, evidence: {...}}
+# An entry overrides the table above for its (hdim, causal), only for the fields of its direction. No file: the table.
+TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction"),
+                "bwd": ("bwd_tile_m",)}
+TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
+TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
+_ENTRY_KEYS = ("hdim", "causal", "direction", "config", "evidence")
+
+
+def load_tuned(path: str | Path) -> dict[tuple[str, int, bool], dict]:
+    """Read and check one tuned-defaults file; ``{(arch, hdim, causal): {field: value}}``. Any problem is a
+    ConfigError that names the file and the key (``conf/tuned/sm90.yaml: entries[1].config.tile_n=...: ...``)."""
+    path = Path(path)
+    arch = path.stem
+
+    def bad(key: str, msg: str) -> ConfigError:
+        return ConfigError(f"{path}: {key}: {msg} (delete the file to use the defaults table; `python run.py tune` "
+                           "writes it)")
+
+    try:
+        import yaml
+    except ImportError as e:
+        raise bad("(file)", "reading tuned defaults needs PyYAML") from e
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise bad("(file)", f"not readable YAML ({str(e).splitlines()[0]})") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise bad("(top level)", f"expected a mapping with keys arch, entries; got {type(doc).__name__}")
+    unknown = sorted(set(doc) - {"arch", "entries"})
+    if unknown:
+        raise bad(str(unknown[0]), "unknown key; keys: arch, entries")
+    if doc.get("arch", arch) != arch:
+        raise bad("arch", f"{doc.get('arch')!r} does not match the file name ({arch}.yaml)")
+    try:
+        arch = normalize_arch(arch)
+    except ConfigError as e:
+        raise bad("(file name)", str(e)) from None
+    entries = doc.get("entries") or []
+    if not isinstance(entries, list):
+        raise bad("entries", f"expected a list of entries, got {type(entries).__name__}")
+    out: dict[tuple[str, int, bool], dict] = {}
+    seen = set()
+    for i, e in enumerate(entries):
+        at = f"entries[{i}]"
+        if not isinstance(e, dict):
+            raise bad(at, f"expected a mapping with keys {', '.join(_ENTRY_KEYS)}")
+        unknown = sorted(set(e) - set(_ENTRY_KEYS))
+        if unknown:
+            raise bad(f"{at}.{unknown[0]}", f"unknown key; keys: {', '.join(_ENTRY_KEYS)}")
+        hdim, causal, direction, config = e.get("hdim"), e.get("causal"), e.get("direction"), e.get("config")
+        if isinstance(hdim, bool) or not isinstance(hdim, int) or (arch, hdim) not in DEFAULTS:
+            raise bad(f"{at}.hdim", f"{hdim!r}: must be one of the table's head dims {SUPPORTED_HDIMS}")
+        if not isinstance(causal, bool):
+            raise bad(f"{at}.causal", f"{causal!r}: must be true or false")
+        if direction not in TUNED_FIELDS:
+            raise bad(f"{at}.direction", f"{direction!r}: must be one of {', '.join(TUNED_FIELDS)}")
+        if (hdim, causal, direction) in seen:
+            raise bad(at, f"a second entry for hdim={hdim} causal={causal} direction={direction}")
+        seen.add((hdim, causal, direction))
+        if not isinstance(config, dict) or not config:
+            raise bad(f"{at}.config", f"expected a non-empty mapping of {', '.join(TUNED_FIELDS[direction])}")
+        for k, v in config.items():
+            if k not in TUNED_FIELDS[direction]:
+                raise bad(f"{at}.config.{k}", f"not a tuned {direction} field; fields: {', '.join(TUNED_FIELDS[direction])}")
+            try:
+                AttnConfig(**{k: v})
+            except ConfigError as x:
+                raise bad(f"{at}.config.{k}", str(x)) from None
+        if e.get("evidence") is not None and not isinstance(e["evidence"], dict):
+            raise bad(f"{at}.evidence", "expected a mapping (what the rows measured) or nothing")
+        merged = {**out.get((arch, hdim, causal), {}), **config}
+        try:  # the combination with the table's other fields must be a valid config too
+            AttnConfig(**merged).resolve(arch, hdim, causal)
+        except ConfigError as x:
+            raise bad(f"{at}.config", str(x)) from None
+        out[(arch, hdim, causal)] = merged
+    return out
+
+
+def _load_tuned_dir(folder: Path = TUNED_DIR) -> dict[tuple[str, int, bool], dict]:
+    out: dict[tuple[str, int, bool], dict] = {}
+    for arch in SUPPORTED_ARCHS:
+        p = Path(folder) / f"{arch}.yaml"
+        if p.is_file():
+            out.update(load_tuned(p))
+    return out
+
+
+def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> dict:
+    """The resolved default of every table field for (arch, hdim, causal): the DEFAULTS row (exp2 fraction for this
+    ``causal``), with the tuned file's entry over it unless ``tuned=False``."""
+    arch = normalize_arch(arch)
+    if (arch, int(hdim)) not in DEFAULTS:
+        raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
+    d = dict(DEFAULTS[(arch, int(hdim))])
+    d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
+    if tuned:
+        d.update(TUNED.get((arch, int(hdim), bool(causal)), {}))
+    return d
+
+
+TUNED.update(_load_tuned_dir())

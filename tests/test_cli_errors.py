@@ -26,7 +26,7 @@ def _error_line(capsys, argv) -> str:
 
 def test_unknown_subcommand(capsys):
     err = _error_line(capsys, ["frobnicate"])
-    assert err == "error: unknown subcommand 'frobnicate'; supported: sweep, bench, check, roofline, figures"
+    assert err == "error: unknown subcommand 'frobnicate'; supported: sweep, bench, check, tune, roofline, figures"
 
 
 def test_unknown_experiment(capsys):
@@ -67,7 +67,7 @@ def test_bad_variant_via_cli(capsys, tmp_path):
 
 def test_help_and_missing_subcommand(capsys):
     assert run.main(["--help"]) == 0
-    assert "usage: python run.py {sweep|bench|check|roofline|figures}" in capsys.readouterr().out
+    assert "usage: python run.py {sweep|bench|check|tune|roofline|figures}" in capsys.readouterr().out
     assert run.main([]) == 2
 
 

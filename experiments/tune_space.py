@@ -1,0 +1,216 @@
+"""The search space of ``python run.py tune``: the valid combinations of the AttnConfig fields that shape a kernel,
+and the order in which a time budget visits them.
+
+Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows), tile_n, num_stages, the register split
+(producer_regs, consumer_regs), pingpong and exp2_emu_fraction. Backward: bwd_tile_m. (AttnConfig has no cluster or
+persistent-scheduling field, so the search has none.) A combination is *valid* when AttnConfig accepts it, the
+kernel class's constructor accepts it (its shared-memory and register-budget asserts; no compilation), and the live
+accumulators of a consumer thread fit its register budget (a lower bound, below): near that bound a kernel may still
+spill, which its timing then shows. Combinations that compile to the same kernel as another (the exp2 fraction is
+rounded to whole register fragments) are kept once.
+
+Order: first every one-field change of the default (each field at each of its valid values, the others at the
+default), then a greedy all-pairs cover: candidates added one at a time, each covering the most value pairs (two
+fields at two values) not yet covered, until every pair that any valid combination has is covered by some candidate
+or the default. A budget that stops early has measured the one-field neighbourhood first.
+"""
+from __future__ import annotations
+
+import itertools
+
+from kernels.config import AttnConfig, ConfigError, TUNED_FIELDS, normalize_arch, table_defaults
+from kernels.tiles import compiled_config
+
+FWD_HDIMS = {64: 64, 128: 128, 192: 128, 256: 256}  # QK head dim -> V head dim of the shapes tuned
+BWD_HDIMS = (64, 128)
+DIRECTIONS = ("fwd", "bwd")
+
+# sm90 forward values. The register split is one factor, a level whose (producer_regs, consumer_regs) depends on
+# tile_m (2 or 3 consumer warpgroups share 512 registers per thread with the producer): 0 = FA3's split, 1 = the
+# other small producer budget, 2 = a larger producer budget.
+REG_SPLITS = {128: ((24, 240), (32, 240), (56, 224)), 192: ((32, 160), (24, 160), (56, 152))}
+SM90_FWD_VALUES = {
+    "tile_m": (128, 192),
+    "tile_n": tuple(range(64, 257, 16)),
+    "num_stages": (1, 2, 3, 4),
+    "reg_split": (0, 1, 2),
+    "pingpong": (True, False),
+    "exp2_emu_fraction": (0.0, 0.125, 0.25, 0.5),
+}
+SM90_BWD_VALUES = {"bwd_tile_m": (64, 128)}
+REG_RESERVE = 16  # registers per consumer thread beyond the accumulators: row max/sum, indices, addresses (minimum)
+
+
+class TuneSpaceError(ValueError):
+    """A search that cannot be set up (arch without a kernel, head dim without a kernel)."""
+
+
+def hdims_for(direction: str) -> tuple[int, ...]:
+    return tuple(FWD_HDIMS) if direction == "fwd" else BWD_HDIMS
+
+
+def check_target(arch: str, hdim: int, direction: str) -> str:
+    """The normalised arch; TuneSpaceError for a target with no kernel to time."""
+    arch = normalize_arch(arch)
+    if arch != "sm90":
+        raise TuneSpaceError(f"arch={arch}: tune times kernels, and this package has sm90 kernels only "
+                             "(sm100 is a model/compile target here)")
+    if direction not in DIRECTIONS:
+        raise TuneSpaceError(f"direction={direction!r}: supported: {', '.join(DIRECTIONS)}")
+    if int(hdim) not in hdims_for(direction):
+        raise TuneSpaceError(f"hdim={hdim}: the sm90 {direction} kernel is tuned at head dims {list(hdims_for(direction))}")
+    return arch
+
+
+# ---- one candidate: a dict of the direction's fields (+ pingpong for the forward) --------------------------------
+def fields_of(direction: str) -> tuple[str, ...]:
+    return TUNED_FIELDS[direction] + (("pingpong",) if direction == "fwd" else ())
+
+
+def default_point(arch: str, hdim: int, causal: bool, direction: str) -> dict:
+    """The table default (kernels/config.py DEFAULTS, without conf/tuned/) as a point of the space."""
+    d = table_defaults(arch, hdim, causal, tuned=False)
+    return {k: (AttnConfig().pingpong if k == "pingpong" else d[k]) for k in fields_of(direction)}
+
+
+def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str | None:
+    """The kernel constructor's own asserts (no compilation); None when accepted or cutlass-dsl is absent."""
+    try:
+        import cutlass
+    except ImportError:
+        return None
+    if direction == "fwd":
+        from kernels.sm90.fwd import FlashFwdSm90
+
+        try:
+            FlashFwdSm90(cutlass.BFloat16, hdim, FWD_HDIMS[hdim], causal, tile_m=point["tile_m"],
+                         tile_n=point["tile_n"], num_stages=point["num_stages"],
+                         exp2_emu_fraction=point["exp2_emu_fraction"], pingpong=point["pingpong"],
+                         consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"])
+        except (ValueError, AssertionError) as e:
+            return str(e).splitlines()[0]
+        return None
+    from kernels.sm90.backward import _check_supported
+    from kernels.sm90.bwd import FlashBwdSm90
+
+    try:
+        cfg = AttnConfig(**point).resolve("sm90", hdim, causal)
+        _check_supported(cfg, hdim, hdim)
+        FlashBwdSm90(cutlass.BFloat16, hdim, causal, tile_m=point["bwd_tile_m"])
+    except (ValueError, AssertionError) as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def register_floor(point: dict, hdim: int) -> int:
+    """Registers a consumer thread needs at least: its O accumulator (64 rows x hdim_v fp32 over 128 threads), S of
+    the next block (64 x tile_n fp32) and P of the current one (bf16, held while PV(j) runs beside softmax(j+1))."""
+    dv, tn = FWD_HDIMS[hdim], point["tile_n"]
+    return dv // 2 + tn // 2 + tn // 4 + REG_RESERVE
+
+
+def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str | None:
+    """None for a valid point, else the first reason it is not."""
+    try:
+        AttnConfig(**point).resolve(arch, hdim, causal)
+    except (ConfigError, TypeError) as e:
+        return str(e)
+    if direction == "fwd":
+        need = register_floor(point, hdim)
+        if need > point["consumer_regs"]:
+            return (f"registers: the accumulators need >= {need} per consumer thread (O {FWD_HDIMS[hdim] // 2}, "
+                    f"S {point['tile_n'] // 2}, P {point['tile_n'] // 4}, +{REG_RESERVE}); budget {point['consumer_regs']}")
+    return _kernel_check(point, hdim, causal, direction)
+
+
+def _raw_points(direction: str):
+    if direction == "bwd":
+        for v in SM90_BWD_VALUES["bwd_tile_m"]:
+            yield {"bwd_tile_m": v}
+        return
+    V = SM90_FWD_VALUES
+    for tm, tn, st, lv, pp, ex in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
+                                                     V["pingpong"], V["exp2_emu_fraction"]):
+        pr, cr = REG_SPLITS[tm][lv]
+        yield {"tile_m": tm, "tile_n": tn, "num_stages": st, "consumer_regs": cr, "producer_regs": pr,
+               "exp2_emu_fraction": ex, "pingpong": pp}
+
+
+def kernel_id(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str:
+    """What the point compiles to (exp2 fraction as compiled), as a stable string: equal ids = one kernel."""
+    cc = compiled_config(AttnConfig(**point), arch, hdim, causal, mode=direction)
+    return repr(sorted(cc.items()))
+
+
+def valid_points(arch: str, hdim: int, causal: bool, direction: str) -> list[dict]:
+    """Every valid point of the space, one per compiled kernel (the first of each in enumeration order)."""
+    arch = check_target(arch, hdim, direction)
+    out, seen = [], set()
+    for p in _raw_points(direction):
+        if why_invalid(p, arch, hdim, causal, direction) is not None:
+            continue
+        kid = kernel_id(p, arch, hdim, causal, direction)
+        if kid not in seen:
+            seen.add(kid)
+            out.append(p)
+    return out
+
+
+def reg_split(point: dict):
+    """The register-split level of a forward point (None for a split that is not one of REG_SPLITS)."""
+    splits = REG_SPLITS.get(point["tile_m"], ())
+    pc = (point["producer_regs"], point["consumer_regs"])
+    return splits.index(pc) if pc in splits else pc
+
+
+def factors(point: dict) -> dict:
+    """The point as pairwise factors: the register split is one factor, its level (the two fields are coupled)."""
+    f = {k: v for k, v in point.items() if k not in ("consumer_regs", "producer_regs")}
+    if "consumer_regs" in point:
+        f["reg_split"] = reg_split(point)
+    return f
+
+
+def pairs(point: dict) -> set:
+    f = sorted(factors(point).items())
+    if len(f) == 1:
+        return {(f[0], f[0])}
+    return {(a, b) for a, b in itertools.combinations(f, 2)}
+
+
+def candidates(arch: str, hdim: int, causal: bool, direction: str, valid: list[dict] | None = None) -> list[dict]:
+    """The search order: one-field changes of the default, then the greedy all-pairs cover; the default itself and
+    points that compile to the default's kernel are left out (they are the baseline)."""
+    arch = check_target(arch, hdim, direction)
+    valid = valid_points(arch, hdim, causal, direction) if valid is None else valid
+    base = default_point(arch, hdim, causal, direction)
+    base_id = kernel_id(base, arch, hdim, causal, direction)
+    pool = [p for p in valid if kernel_id(p, arch, hdim, causal, direction) != base_id]
+    fb = factors(base)
+    ofat = [p for p in pool if sum(v != fb[k] for k, v in factors(p).items()) == 1]
+    order = sorted(ofat, key=lambda p: [list(factors(p)).index(k) for k, v in factors(p).items() if v != fb[k]])
+    covered = pairs(base).union(*(pairs(p) for p in order)) if order else set(pairs(base))
+    goal = set().union(*(pairs(p) for p in valid)) if valid else set()
+    rest = [p for p in pool if p not in order]
+    while not goal <= covered and rest:
+        gains = [len(pairs(p) - covered) for p in rest]
+        i = max(range(len(rest)), key=lambda j: gains[j])  # first of the best: deterministic
+        if gains[i] == 0:
+            break
+        order.append(rest.pop(i))
+        covered |= pairs(order[-1])
+    return order
+
+
+def variant_name(point: dict, base: dict) -> str:
+    """'tile_n=176,num_stages=3': the fields where the point differs from the default ('default' when none)."""
+    diff = [f"{k}={_fmt(v)}" for k, v in point.items() if base.get(k) != v]
+    return ",".join(diff) or "default"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
