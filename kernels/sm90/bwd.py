@@ -55,13 +55,15 @@ from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.experimental.primitives.nvvm_wrapper import cp_async_bulk_shared_cluster_shared_cta
 
 from ..config import DEFAULTS
+from .barriers import Bar
 from .exp2 import compiled_fraction, emulated_fragments, exp2_poly
+from .gemm import wgmma
 
 _CLUSTER = _nvvm.MemScopeKind.CLUSTER
 
 
-_BAR_DQ_FULL = 3  # named barriers 3, 4: MMA warpgroup w -> writer warp (chunk w written)
-_BAR_DQ_EMPTY = 5  # named barriers 5, 6: writer warp -> MMA warpgroup w (chunk w free again)
+_BAR_DQ_FULL = int(Bar.BWD_DQ_FULL)  # + w: MMA warpgroup w -> writer warp (chunk w written)
+_BAR_DQ_EMPTY = int(Bar.BWD_DQ_EMPTY)  # + w: writer warp -> MMA warpgroup w (chunk w free again)
 
 
 @dsl_user_op
@@ -473,6 +475,8 @@ class FlashBwdSm90:
             tdQrKp = tdQrK
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32)
             tdQcdQ = None
+            d0 = 0
+            q0 = 0
         else:
             # dQ^T[d-slice, own Q rows] = K^T dS^T (own tile) + Kp^T dSp^T (peer tile)
             d0 = wg * 64 if const_expr(d == 128) else 0
@@ -483,19 +487,17 @@ class FlashBwdSm90:
             tdQrKp = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKpt))
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((64, self.dq_n)), Float32)
             tdQcdQ = thr_dQ.partition_C(cute.make_identity_tensor((64, self.dq_n)))
-        n_mc = self.tile_m // 2 * tn  # elements of one Q-row half of a dS stage
 
-        # epilogue partitions (made before the main loop: the loop mutates the tiled MMAs' accumulate flag)
+        # dK/dV epilogue partitions
         tcKV = thr_KV.partition_C(cute.make_identity_tensor((64, d)))
         gdK = thr_KV.partition_C(cute.local_tile(mdK[None, None, head, batch], (64, d), (n_block * 2 + wg, 0)))
         gdV = thr_KV.partition_C(cute.local_tile(mdV[None, None, head, batch], (64, d), (n_block * 2 + wg, 0)))
 
-        pds_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
-        sem_bar = pipeline.NamedBarrier(barrier_id=2, num_threads=self.num_mma_threads)
+        pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
+        sem_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_SEM), num_threads=self.num_mma_threads)
         n_row0 = n_block * tn + wg * 64
         causal_off = seqlen_k - seqlen_q
         group = n_block // mc
-        peer = rank ^ 1
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
@@ -505,113 +507,138 @@ class FlashBwdSm90:
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
             sidx = q_state.index
             it = m_block - m_block_min
-            pipe_q.consumer_wait(q_state)
-            warpgroup.fence()
-            self.gemm(mma_S, acc_S, tSrK, tSrQ[None, None, None, sidx], zero_init=True)
-            warpgroup.commit_group()
-            pipe_do.consumer_wait(do_state)
-            self.gemm(mma_S, acc_dP, tSrV, tSrdO[None, None, None, sidx], zero_init=True)
-            warpgroup.commit_group()
-
-            # P^T = exp2(S^T * scale_log2 - LSE_log2); masks only on tiles that cross seqlen_k or the diagonal
-            warpgroup.wait_group(1)
             m_row0 = m_block * tm
-            tLSE = tSsLSE[None, None, None, sidx]
-            need_mask = (n_block + 1) * tn > seqlen_k
-            if const_expr(self.causal):
-                need_mask = need_mask | ((n_block + 1) * tn - 1 > m_row0 + causal_off)
-            if need_mask:
-                for i in cutlass.range_constexpr(cute.size(acc_S)):
-                    r, c = tScS[i]
-                    n_g = n_row0 + r
-                    masked = n_g >= seqlen_k
-                    if const_expr(self.causal):
-                        masked = masked | (n_g > m_row0 + c + causal_off)
-                    p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
-                    acc_S[i] = Float32(0.0) if masked else p
-            else:
-                for i in cutlass.range_constexpr(cute.size(acc_S)):
-                    acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
-            rP_acc.store(acc_S.load().to(self.dtype))
-
-            # dS^T = P^T * (dP^T - dPsum)
-            warpgroup.wait_group(0)
-            tdPsum = tSsdPsum[None, None, None, sidx]
-            for i in cutlass.range_constexpr(cute.size(acc_dP)):
-                acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
-            rdS_acc.store(acc_dP.load().to(self.dtype))
-
-            # dV += P^T dO
-            warpgroup.fence()
-            self.gemm(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)
-            warpgroup.commit_group()
-
-            if const_expr(self.two_cta):
-                # the peer must have consumed what we sent from this stage two Q tiles ago
-                if it >= 2:
-                    cute.arch.mbarrier_wait(mbar_dsempty + sidx, ((it // 2) + 1) % 2)
-            # dS^T -> shared memory (transposed store: dS is the A operand of dQ / the B operand of dQ^T)
-            cute.copy(st_atom, thr_st.retile(rdS_acc), tSsdS_all[None, None, None, sidx])
-            cute.arch.fence_view_async_shared()
-            pds_bar.arrive_and_wait()
-
+            self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, sidx], tSrdO[None, None, None, sidx],
+                          tScS, tSsLSE[None, None, None, sidx], tSsdPsum[None, None, None, sidx], rP_acc, rdS_acc,
+                          pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2)
+            wgmma(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
+            self.ds_to_smem(st_atom, thr_st, rdS_acc, tSsdS_all[None, None, None, sidx], pds_bar,
+                            mbar_dsempty + sidx, it)
             if const_expr(not self.two_cta):
-                # dQ_w = dS K_w-half first, then dK += dS^T Q: dQ goes to the writer while dK runs
-                self.gemm(mma_dQ, acc_dQ, tdQrdS[None, None, None, sidx], tdQrK, zero_init=True)
-                warpgroup.commit_group()
-                self.gemm(mma_dKV, acc_dK, rdS, tdKrQ[None, None, None, sidx], zero_init=False)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                pipe_do.consumer_release(do_state)
-                self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(q_state)
+                self.dq_dk_one_cta(mma_dQ, mma_dKV, acc_dQ, acc_dK, tdQrdS[None, None, None, sidx], tdQrK, rdS,
+                                   tdKrQ[None, None, None, sidx], sdQ_raw, pipe_q, q_state, pipe_do, do_state, wg, tid, it)
             else:
-                # dK += dS^T Q
-                self.gemm(mma_dKV, acc_dK, rdS, tdKrQ[None, None, None, sidx], zero_init=False)
-                warpgroup.commit_group()
-                if tidx == 0:
-                    # send the peer's Q-row half of our dS (one contiguous 8 KB block) into its sdSp[sidx]
-                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_dsfull + sidx, self.bytes_ds_half)
-                    src = sdS_raw + (sidx * tm * tn + peer * n_mc)
-                    dst = cute.arch.map_dsmem_ptr(sdSp_raw + sidx * n_mc, peer)
-                    cp_async_bulk_shared_cluster_shared_cta(
-                        dst, src, cute.arch.map_dsmem_ptr(mbar_dsfull + sidx, peer), self.bytes_ds_half)
-                sdS_own = cute.local_tile(sdS[None, None, sidx], (self.dq_n, tn), (q0 // self.dq_n, 0))
-                tdQrdSo = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_own))
-                self.gemm(mma_dQ, acc_dQ, tdQrK, tdQrdSo, zero_init=True)
-                cute.arch.mbarrier_wait(mbar_dsfull + sidx, (it // 2) % 2)
-                sdS_peer = cute.local_tile(sdSp[None, None, sidx], (self.dq_n, tn),
-                                           ((q0 - rank * (tm // 2)) // self.dq_n, 0))
-                tdQrdSp = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_peer))
-                self.gemm(mma_dQ, acc_dQ, tdQrKp, tdQrdSp, zero_init=False)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(q_state)
-                pipe_do.consumer_release(do_state)
-                # hand sdSp[sidx] back to the peer
-                cute.arch.mbarrier_arrive(mbar_dsempty + sidx, peer, scope=_CLUSTER)
+                self.dq_dk_two_cta(mma_dQ, mma_dKV, thr_dQ, acc_dQ, acc_dK, tdQrK, tdQrKp, rdS,
+                                   tdKrQ[None, None, None, sidx], sdS, sdSp, sdS_raw, sdSp_raw, mbar_dsfull, mbar_dsempty,
+                                   pipe_q, q_state, pipe_do, do_state, sidx, it, tidx, q0, rank)
             q_state.advance()
             do_state.advance()
-
             if const_expr(self.two_cta):
-                sem_ptr = mSem.iterator + cute.crd2idx((m_block * mc + rank, head, batch), mSem.layout)
-                if const_expr(self.deterministic):
-                    turn = self.dq_turn(group, m_block, mc * tn, causal_off, num_groups)
-                    if tidx == 0:
-                        wait_for_turn(sem_ptr, turn)
-                    sem_bar.arrive_and_wait()
-                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                    dl, ql = tdQcdQ[i]
-                    ptr = mdQ2.iterator + cute.crd2idx((m_row0 + q0 + ql, d0 + dl), mdQ2.layout)
-                    cute.arch.red(ptr, acc_dQ[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
-                if const_expr(self.deterministic):
-                    sem_bar.arrive_and_wait()
-                    if tidx == 0:
-                        cute.arch.fence_acq_rel_gpu()
-                        cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+                self.dq_reduce_two_cta(acc_dQ, tdQcdQ, mdQ2, mSem, sem_bar, m_block, m_row0, q0, d0, group,
+                                       causal_off, num_groups, rank, head, batch, tidx)
 
-        # ---- epilogue: dK * scale, dV -> input dtype, straight from registers --------------------------
+        self.dkdv_epilogue(acc_dK, acc_dV, tcKV, gdK, gdV, n_row0, seqlen_k, softmax_scale)
+
+    # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
+    @cute.jit
+    def p_and_ds(self, mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, tScS, tLSE, tdPsum, rP_acc, rdS_acc,
+                 pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2):
+        """S^T = K_w Q^T and dP^T = V_w dO^T; P^T = exp2(S^T * scale_log2 - LSE_log2) (masked only on tiles that
+        cross seqlen_k or the diagonal) and dS^T = P^T (dP^T - dPsum), both converted into their A fragments."""
+        pipe_q.consumer_wait(q_state)
+        wgmma(mma_S, acc_S, tSrK, tSrQ, zero_init=True)
+        pipe_do.consumer_wait(do_state)
+        wgmma(mma_S, acc_dP, tSrV, tSrdO, zero_init=True, fence=False)
+        warpgroup.wait_group(1)
+        need_mask = (n_block + 1) * self.tile_n > seqlen_k
+        if const_expr(self.causal):
+            need_mask = need_mask | ((n_block + 1) * self.tile_n - 1 > m_row0 + causal_off)
+        if need_mask:
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                r, c = tScS[i]
+                n_g = n_row0 + r
+                masked = n_g >= seqlen_k
+                if const_expr(self.causal):
+                    masked = masked | (n_g > m_row0 + c + causal_off)
+                p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+                acc_S[i] = Float32(0.0) if masked else p
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+        rP_acc.store(acc_S.load().to(self.dtype))
+        warpgroup.wait_group(0)
+        for i in cutlass.range_constexpr(cute.size(acc_dP)):
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
+        rdS_acc.store(acc_dP.load().to(self.dtype))
+
+    @cute.jit
+    def ds_to_smem(self, st_atom, thr_st, rdS_acc, tSsdS, pds_bar, mbar_dsempty, it):
+        """dS^T -> shared memory with stmatrix (dS is the A operand of dQ, or the B operand of dQ^T), then both
+        warpgroups meet. two_cta: first wait until the peer has consumed what this stage sent two tiles ago."""
+        if const_expr(self.two_cta):
+            if it >= 2:
+                cute.arch.mbarrier_wait(mbar_dsempty, ((it // 2) + 1) % 2)
+        cute.copy(st_atom, thr_st.retile(rdS_acc), tSsdS)
+        cute.arch.fence_view_async_shared()
+        pds_bar.arrive_and_wait()
+
+    @cute.jit
+    def dq_dk_one_cta(self, mma_dQ, mma_dKV, acc_dQ, acc_dK, tdQrdS, tdQrK, rdS, tdKrQ, sdQ_raw,
+                      pipe_q, q_state, pipe_do, do_state, wg, tid, it):
+        """dQ_w = dS K (this warpgroup's half) first, then dK += dS^T Q: dQ goes to the writer warp while dK runs."""
+        wgmma(mma_dQ, acc_dQ, tdQrdS, tdQrK, zero_init=True, fence=False)
+        wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
+        warpgroup.wait_group(1)
+        pipe_do.consumer_release(do_state)
+        self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
+        warpgroup.wait_group(0)
+        pipe_q.consumer_release(q_state)
+
+    @cute.jit
+    def dq_dk_two_cta(self, mma_dQ, mma_dKV, thr_dQ, acc_dQ, acc_dK, tdQrK, tdQrKp, rdS, tdKrQ, sdS, sdSp,
+                      sdS_raw, sdSp_raw, mbar_dsfull, mbar_dsempty, pipe_q, q_state, pipe_do, do_state, sidx, it,
+                      tidx, q0, rank):
+        """dK += dS^T Q; the dS exchange (the peer's Q-row half of our dS goes to its shared memory over DSMEM);
+        dQ^T for this CTA's Q rows = K^T dS^T (own tile) + Kp^T dSp^T (the peer's tile, once it has arrived)."""
+        tm, tn = self.tile_m, self.tile_n
+        peer = rank ^ 1
+        n_mc = tm // 2 * tn  # elements of one Q-row half of a dS stage
+        wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
+        if tidx == 0:
+            # one contiguous block per half: tm/2 x tn elements into the peer's sdSp[sidx]
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar_dsfull + sidx, self.bytes_ds_half)
+            src = sdS_raw + (sidx * tm * tn + peer * n_mc)
+            dst = cute.arch.map_dsmem_ptr(sdSp_raw + sidx * n_mc, peer)
+            cp_async_bulk_shared_cluster_shared_cta(
+                dst, src, cute.arch.map_dsmem_ptr(mbar_dsfull + sidx, peer), self.bytes_ds_half)
+        sdS_own = cute.local_tile(sdS[None, None, sidx], (self.dq_n, tn), (q0 // self.dq_n, 0))
+        tdQrdSo = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_own))
+        wgmma(mma_dQ, acc_dQ, tdQrK, tdQrdSo, zero_init=True, fence=False, commit=False)
+        cute.arch.mbarrier_wait(mbar_dsfull + sidx, (it // 2) % 2)
+        sdS_peer = cute.local_tile(sdSp[None, None, sidx], (self.dq_n, tn), ((q0 - rank * (tm // 2)) // self.dq_n, 0))
+        tdQrdSp = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_peer))
+        wgmma(mma_dQ, acc_dQ, tdQrKp, tdQrdSp, zero_init=False, fence=False)
+        warpgroup.wait_group(0)
+        pipe_q.consumer_release(q_state)
+        pipe_do.consumer_release(do_state)
+        cute.arch.mbarrier_arrive(mbar_dsempty + sidx, peer, scope=_CLUSTER)  # hand sdSp[sidx] back to the peer
+
+    @cute.jit
+    def dq_reduce_two_cta(self, acc_dQ, tdQcdQ, mdQ2, mSem, sem_bar, m_block, m_row0, q0, d0, group, causal_off,
+                          num_groups, rank, head, batch, tidx):
+        """two_cta: add this CTA's dQ rows (full reduction over the pair) into dQaccum from registers, in turn
+        when deterministic (thread 0 spins, both warpgroups meet, then release the next turn)."""
+        mc = self.cluster
+        sem_ptr = mSem.iterator + cute.crd2idx((m_block * mc + rank, head, batch), mSem.layout)
+        if const_expr(self.deterministic):
+            turn = self.dq_turn(group, m_block, mc * self.tile_n, causal_off, num_groups)
+            if tidx == 0:
+                wait_for_turn(sem_ptr, turn)
+            sem_bar.arrive_and_wait()
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            dl, ql = tdQcdQ[i]
+            ptr = mdQ2.iterator + cute.crd2idx((m_row0 + q0 + ql, d0 + dl), mdQ2.layout)
+            cute.arch.red(ptr, acc_dQ[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
+        if const_expr(self.deterministic):
+            sem_bar.arrive_and_wait()
+            if tidx == 0:
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+
+    @cute.jit
+    def dkdv_epilogue(self, acc_dK, acc_dV, tcKV, gdK, gdV, n_row0, seqlen_k, softmax_scale):
+        """dK * softmax_scale and dV in the input dtype, from registers to global memory (rows past seqlen_k
+        are skipped)."""
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         acc_dK.store(acc_dK.load() * softmax_scale)
@@ -694,9 +721,3 @@ class FlashBwdSm90:
         else:
             p = cute.math.exp2(x, fastmath=True)
         return p
-
-    @cute.jit
-    def gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
-        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, (not zero_init) or k != 0)
-            cute.gemm(tiled_mma, acc, tA[None, None, k], tB[None, None, k], acc)

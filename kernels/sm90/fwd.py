@@ -31,6 +31,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import exp2 as exp2_mod
+from .barriers import Bar
+from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range
 from .scheduler import tile_coords
@@ -39,8 +41,8 @@ from .softmax import finalize, online_softmax_step, rescale_o
 LOG2_E = math.log2(math.e)
 
 # named barrier ids (0 is __syncthreads)
-BAR_EPILOGUE = 1
-BAR_SCHED_WG1 = 2  # + consumer warpgroup index (0, 1, 2)
+BAR_EPILOGUE = int(Bar.FWD_EPILOGUE)
+BAR_SCHED_WG1 = int(Bar.FWD_SCHED_WG1)  # + consumer warpgroup index (0, 1, 2)
 
 
 class FlashFwdSm90:
@@ -268,18 +270,6 @@ class FlashFwdSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1 + nxt, number_of_threads=2 * self.threads_per_wg)
 
     @cute.jit
-    def gemm(self, tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
-             zero_init: cutlass.Constexpr[bool]):
-        """Issue one wgmma chain (all k-blocks) and commit it as one group; the caller waits."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
-            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-
-    @cute.jit
     def softmax_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
                       n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, masked: cutlass.Constexpr[bool],
                       is_first: cutlass.Constexpr[bool]) -> Boolean:
@@ -351,7 +341,7 @@ class FlashFwdSm90:
             pipe_k.consumer_wait(state)
             self.sched_sync(wg)
             acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-            self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
             self.sched_arrive(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
@@ -366,9 +356,9 @@ class FlashFwdSm90:
                 pipe_k.consumer_wait(state)
                 self.sched_sync(wg)
                 acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
                 pipe_v.consumer_wait(state_v)
-                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
+                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
                 self.sched_arrive(wg)
                 warpgroup.wait_group(1)
                 pipe_k.consumer_release(state)
@@ -379,7 +369,7 @@ class FlashFwdSm90:
                 self.maybe_rescale(acc_O, row_scale, do_rescale)
             # last half: O += P(0) V(0)
             pipe_v.consumer_wait(state)
-            self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state)
             state.advance()
@@ -390,7 +380,7 @@ class FlashFwdSm90:
                 n_block = n_block_max - 1 - i
                 pipe_k.consumer_wait(state)
                 acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
                 self.sched_arrive(wg)
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(state)
@@ -403,7 +393,7 @@ class FlashFwdSm90:
                 self.to_p(acc_S, tOrP)
                 pipe_v.consumer_wait(state)
                 self.sched_sync(wg)
-                self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(state)
                 state.advance()

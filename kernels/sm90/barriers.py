@@ -1,0 +1,20 @@
+"""Named-barrier ids of the sm90 kernels, one numbering for forward and backward (id 0 is __syncthreads).
+
+Hopper has 16 hardware named barriers per CTA; a barrier spanning several warpgroups is identified by id and
+thread count, so two kernels never share one, but one table keeps every id visible in one place.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Bar(IntEnum):
+    FWD_EPILOGUE = 1  # consumer warpgroups: O in shared memory before the TMA store
+    FWD_SCHED_WG1 = 2  # 2, 3, 4: ping-pong token of consumer warpgroup 0, 1, 2
+    BWD_PDS = 5  # both MMA warpgroups: dS of this Q tile is in shared memory
+    BWD_SEM = 6  # both MMA warpgroups (two_cta): the deterministic turn has come / the adds are issued
+    BWD_DQ_FULL = 7  # 7, 8: MMA warpgroup w -> dQ writer warp: chunk w written
+    BWD_DQ_EMPTY = 9  # 9, 10: dQ writer warp -> MMA warpgroup w: chunk w's buffer free again
+
+
+assert max(Bar) + 1 <= 15, "Hopper has named barriers 0..15"
