@@ -8,6 +8,7 @@ naming the file and the key). The resolved config is what kernels compile agains
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, fields
@@ -146,6 +147,14 @@ def _init_checking_names(init):
 
 
 AttnConfig.__init__ = _init_checking_names(AttnConfig.__init__)  # AttnConfig(bogus=1): a ConfigError with the list
+
+
+@functools.lru_cache(maxsize=1024)
+def resolve_cached(config: "AttnConfig | None", arch: str, hdim: int, causal: bool) -> "AttnConfig":
+    """``(config or AttnConfig()).resolve(arch, hdim, causal)``, memoised for the per-call paths (a frozen
+    AttnConfig is hashable). DEFAULTS is read once per input: code that edits DEFAULTS at run time must call
+    ``resolve_cached.cache_clear()``."""
+    return (config or AttnConfig()).resolve(arch, hdim, causal)
 
 
 def normalize_arch(arch: str) -> str:

@@ -13,7 +13,7 @@ import math
 import torch
 
 from .compile_cache import cache_key, get_or_compile
-from .config import AttnConfig, ConfigError
+from .config import AttnConfig, ConfigError, resolve_cached
 from .validate import InputError, check_devices, check_qkv, check_scale
 
 ARCH = "sm90"
@@ -34,13 +34,7 @@ def _capability(index: int) -> tuple[int, int]:
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
     if config is not None and not isinstance(config, AttnConfig):
         raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
-    return _resolve(config, int(hdim), bool(causal))
-
-
-@functools.lru_cache(maxsize=1024)
-def _resolve(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
-    # memoised: resolution runs on every call and a frozen AttnConfig is hashable
-    return (config or AttnConfig()).resolve(ARCH, hdim, causal)
+    return resolve_cached(config, ARCH, int(hdim), bool(causal))
 
 
 def fwd_kernel_key(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool) -> tuple:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 
 from ..compile_cache import cache_key, get_or_compile
-from ..config import AttnConfig, ConfigError
-from ..interface import resolve_config
+from ..config import AttnConfig, ConfigError, resolve_cached
 
 ARCH = "sm90"
 
@@ -116,7 +115,7 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     sk = k.shape[1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    cfg = resolve_config(config, d, causal)
+    cfg = resolve_cached(config, ARCH, d, bool(causal))
     _check_supported(cfg, d, v.shape[-1])
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
