@@ -150,7 +150,7 @@ def make_jobs(t: dict, shapes: list[dict], backend: str, bench: dict) -> list[di
     fixed = _fixed(t)
     base = {**t["default"], **fixed}
     jobs = []
-    for i, p in enumerate(t["candidates"]):
+    for p in t["candidates"]:  # the search index is not in the job (its key survives a reordered space)
         name = variant_name(p, t["default"])
         for shape in shapes:
             jobs.append({"kind": "compare", "experiment": EXPERIMENT, "shape": shape, "modes": [t["direction"]],
@@ -158,7 +158,7 @@ def make_jobs(t: dict, shapes: list[dict], backend: str, bench: dict) -> list[di
                          "entries": [{"backend": backend, "variant": "default", "config": base},
                                      {"backend": backend, "variant": name, "config": {**p, **fixed}}],
                          "baseline": {"backend": backend, "variant": "default"},
-                         "tune": {"arch": t["arch"], "direction": t["direction"], "candidate": i}})
+                         "tune": {"arch": t["arch"], "direction": t["direction"]}})
     return jobs
 
 
@@ -167,7 +167,7 @@ def prior_compile_s(results_root: Path) -> tuple[float, str]:
     """Median first-call seconds (compile included) of our kernel in the committed rows, else a guess; and where
     the number comes from."""
     vals = []
-    for f in sorted(Path(results_root).glob("*/*/rows.jsonl")):
+    for f in sorted({p.parent / "rows.jsonl" for p in Path(results_root).glob("*/*/rows.jsonl*")}):
         vals += [float(r["value"]) for r in read_rows(f) if r.get("backend") == "fa4" and r.get("status") == "ok"
                  and r.get("metric") == "first_call_s" and isinstance(r.get("value"), (int, float)) and r["value"] > 0.3]
     if vals:
@@ -276,15 +276,14 @@ def run_tune(cfg: dict, out=sys.stdout, results_root: Path | None = None, tuned_
     bench = {k: v for k, v in dict(cfg.get("bench") or {}).items() if k in ("warmup", "repeats", "flush_l2")}
     plans = [(t, make_jobs(t, shapes_for(t, seqlens, tokens, hidden), backend, bench)) for t in searches]
     path = _rows_path(cfg, device, backend, results_root)
-    keyed = [(job_key(j), j, t) for t, jobs in plans for j in jobs]
+    keyed = [(job_key(j), j, i // len(seqlens)) for t, jobs in plans for i, j in enumerate(jobs)]
     dry = bool(cfg.get("dry_run", False))
     no_gpu = device == "cpu" and backend == "fa4"
     if no_gpu:
         print("tune: no CUDA device here: timings need a GPU (our kernel runs on sm_90a). Listing the valid "
               "candidates and the budget estimate instead (dry run); backend=fa4_model times the PyTorch model of "
               "the algorithm on this CPU through the same machinery (not kernel timings).", file=out)
-    store_rows = read_rows(path) if path.exists() else []
-    done = {r.get("job_key") for r in store_rows}
+    done = {r.get("job_key") for r in read_rows(path)}
     compile_s, compile_src = prior_compile_s(results_root) if backend == "fa4" else (0.0, "the model compiles nothing")
     est_device = "cuda" if backend == "fa4" else device  # the plan of a kernel search is a GPU plan
     _print_plan(plans, done, est_device, compile_s, compile_src, budget, seqlens, path, out)
@@ -341,7 +340,7 @@ def _run_jobs(cfg, keyed, path: Path, budget: float, device: str, compile_s: flo
     from experiments.sweep import stamp
 
     store = ResultStore(path)
-    todo = [(k, j) for k, j, _ in keyed if not store.is_done(k)]
+    todo = [(k, j, i) for k, j, i in keyed if not store.is_done(k)]
     if not todo:
         print("tune: every job already has rows", file=out)
         return 0
@@ -350,7 +349,7 @@ def _run_jobs(cfg, keyed, path: Path, budget: float, device: str, compile_s: flo
     last_target, code = None, 0
     try:
         meta = executor.metadata()
-        for n, (key, job) in enumerate(todo):
+        for n, (key, job, index) in enumerate(todo):
             target = (job["shape"]["hdim"], job["shape"]["causal"], job["entries"][1]["variant"])
             est = (statistics.median(spent) if spent else
                    job_estimate_s(job, device, compile_s if target != last_target else 0.0))
@@ -367,7 +366,8 @@ def _run_jobs(cfg, keyed, path: Path, budget: float, device: str, compile_s: flo
                 rows = e.args[0]
             if not rows:
                 rows = [failure_row(job, "error", "compare runner returned no rows")]
-            store.append_job([{**stamp(r, job, key, meta, run_id, executor.mode), "tune": job["tune"]} for r in rows])
+            tune = {**job["tune"], "candidate": index}  # position in the search order, on the rows only
+            store.append_job([{**stamp(r, job, key, meta, run_id, executor.mode), "tune": tune} for r in rows])
             ran += 1
             spent.append(_clock() - t1)
             last_target = target

@@ -40,12 +40,16 @@ def test_unknown_field_and_arch_and_hdim():
 
 
 def test_resolve_fills_every_none_from_the_table():
+    from kernels.config import table_defaults
+
     for (arch, hdim), row in DEFAULTS.items():
         for causal in (False, True):
             r = AttnConfig().resolve(arch, hdim, causal)
+            d = table_defaults(arch, hdim, causal)  # the table, with conf/tuned/<arch>.yaml over it where it has an entry
             assert r.is_resolved
-            assert r.tile_m == row["tile_m"] and r.tile_n == row["tile_n"]
-            assert r.exp2_emu_fraction == row["exp2_emu"][int(causal)]
+            assert r.tile_m == d["tile_m"] and r.tile_n == d["tile_n"]
+            assert r.exp2_emu_fraction == d["exp2_emu_fraction"]
+            assert table_defaults(arch, hdim, causal, tuned=False)["exp2_emu_fraction"] == row["exp2_emu"][int(causal)]
     explicit = AttnConfig(exp2_emu_fraction=0.5, tile_n=64).resolve("sm90", 128, False)
     assert explicit.exp2_emu_fraction == 0.5 and explicit.tile_n == 64
     assert normalize_arch("sm_90a") == normalize_arch("SM90") == "sm90"
@@ -71,11 +75,13 @@ def test_quantized_fraction():
 def test_backward_fields_resolve_and_reject_what_does_not_fit():
     from kernels.tiles import bwd_tile, compiled_config
 
+    from kernels.config import table_defaults
+
     r = AttnConfig().resolve("sm90", 64, False)
-    assert r.bwd_tile_m == DEFAULTS[("sm90", 64)]["bwd_tile_m"] and r.det_schedule == "spt"
+    assert r.bwd_tile_m == table_defaults("sm90", 64, False)["bwd_tile_m"] and r.det_schedule == "spt"
     assert AttnConfig(bwd_tile_m=128).resolve("sm90", 64, False).bwd_tile_m == 128
     assert compiled_config(AttnConfig(bwd_tile_m=128), "sm90", 64, False, mode="bwd")["tile_m"] == 128
-    assert bwd_tile("sm90", 128)[0] == DEFAULTS[("sm90", 128)]["bwd_tile_m"]
+    assert bwd_tile("sm90", 128)[0] == table_defaults("sm90", 128, False)["bwd_tile_m"]
     pytest.importorskip("cutlass")
     from kernels.sm90.backward import compile_backward
 

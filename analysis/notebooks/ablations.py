@@ -39,3 +39,15 @@ if not w.empty:
 # %%
 show(A.sweep_figure(df, OUT, "rescale_threshold"))
 show(A.sweep_figure(df, OUT, "exp2_emu_fraction"))
+
+# %% [markdown]
+# ## `python run.py tune`: every candidate against the default (the search that writes conf/tuned/<arch>.yaml)
+
+# %%
+from analysis import tune_figs as TF  # noqa: E402
+
+tdf = S.load_experiments("tune")
+show(TF.tune_figure(tdf, OUT))
+tw = TF.winners(TF.tune_speedups(tdf))
+if not tw.empty:
+    print(tw.to_string(index=False))
