@@ -259,8 +259,10 @@ def _fmt_s(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
-def run_tune(cfg: dict, out=sys.stdout, results_root: Path | None = None, tuned_dir: Path | None = None) -> int:
-    """The ``tune`` command on a composed config (plain dict). Returns 0, 130 (Ctrl-C) or 2 (bad arguments)."""
+def run_tune(cfg: dict, out=None, results_root: Path | None = None, tuned_dir: Path | None = None) -> int:
+    """The ``tune`` command on a composed config (plain dict). Returns 0 or 130 (Ctrl-C); bad arguments raise
+    TuneError (run.py: one line, exit 2)."""
+    out = out or sys.stdout  # looked up per call (a captured or replaced stdout)
     from experiments.isolation import cuda_available
     from experiments.sweep import results_root as default_root
 

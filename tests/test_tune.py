@@ -101,7 +101,7 @@ ENTRY = {"hdim": 128, "causal": True, "direction": "fwd",
          "evidence": {"candidate": "tile_n=176", "speedup_p20": {8192: 1.01}}}
 
 
-def test_yaml_round_trip_and_resolve_override(tmp_path, monkeypatch):
+def test_yaml_round_trip_and_resolve_override(tmp_path, monkeypatch, request):
     import kernels.config as C
 
     p = write_tuned(tmp_path / "sm90.yaml", "sm90", [ENTRY, {**ENTRY, "direction": "bwd", "config": {"bwd_tile_m": 64},
@@ -111,6 +111,9 @@ def test_yaml_round_trip_and_resolve_override(tmp_path, monkeypatch):
     got = load_tuned(p)
     assert got == {("sm90", 128, True): ENTRY["config"], ("sm90", 64, False): {"bwd_tile_m": 64}}
     monkeypatch.setattr(C, "TUNED", got)
+    if hasattr(C, "resolve_cached"):  # nothing memoised under the patched table outlives this test
+        C.resolve_cached.cache_clear()
+        request.addfinalizer(C.resolve_cached.cache_clear)
     r = AttnConfig().resolve("sm90", 128, True)
     assert r.tile_n == 176 and AttnConfig().resolve("sm90", 128, False).tile_n == table_defaults("sm90", 128, False,
                                                                                                  tuned=False)["tile_n"]
