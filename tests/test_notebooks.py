@@ -46,6 +46,7 @@ def test_notebook_runs_on_committed_results(nb, tmp_path):
 
 def test_figures_main_with_rows(tmp_path, monkeypatch):
     """End to end on a synthetic results tree (a test of the plumbing, not a result)."""
+    monkeypatch.setenv("FA4LAB_SCRATCH", "0")  # F.main sets it: setenv first so monkeypatch restores it afterwards
     sys.path.insert(0, str(Path(__file__).parent))
     from test_figures import synthetic
 
