@@ -38,14 +38,16 @@ def tflops_vs_seqlen(df: pd.DataFrame, *, mode: str, hdims, causal=(False, True)
     panels = [(h, hv, c) for h, hv in pairs for c in causal
               if ((pts["hdim"] == h) & (pts["hdim_v"] == hv) & (pts["causal"] == c)).any()]
     plt, sns = setup()
-    fig, axes = grid(plt, len(panels), w=6.2, h=3.6, cols=len([c for c in causal]))
+    ncols = len([c for c in causal])
+    fig, axes = grid(plt, len(panels), w=6.2, h=3.6, cols=ncols)
     order = series_order(pts["series"])
+    palette = dict(zip(order, sns.color_palette(n_colors=len(order))))  # one colour per series in every panel
     handles, labels = {}, {}
     for ax, (h, hv, c) in zip(axes, panels):
         p = pts[(pts["hdim"] == h) & (pts["hdim_v"] == hv) & (pts["causal"] == c)].assign(
             seqlen=lambda x: x["seqlen_q"].map(_seq))
         sns.barplot(data=p, x="seqlen", y="tflops", hue="series", hue_order=[o for o in order if o in set(p["series"])],
-                    order=[_seq(s) for s in sorted(p["seqlen_q"].unique())], ax=ax)
+                    order=[_seq(s) for s in sorted(p["seqlen_q"].unique())], palette=palette, ax=ax)
         for cont in ax.containers:
             ax.bar_label(cont, fmt="%.0f", fontsize=6, padding=1)
         ax.set_title(f"{'causal' if c else 'non-causal'}, hdim {h}" + (f"/{hv}" if hv != h else ""))
@@ -56,7 +58,7 @@ def tflops_vs_seqlen(df: pd.DataFrame, *, mode: str, hdims, causal=(False, True)
         ax.get_legend().remove()
     labs = [s for s in order if s in handles]
     fig.suptitle(title)
-    bottom = legend_below(fig, [handles[s] for s in labs], labs)
+    bottom = legend_below(fig, [handles[s] for s in labs], labs, ncol=min(len(labs), 2 * ncols))
     out = save_png(plt, fig, out, provenance_note(d), bottom)
     return out, f"wrote {out} ({len(d)} rows)"
 
@@ -97,23 +99,27 @@ def deterministic_series(df: pd.DataFrame) -> pd.DataFrame:
     det = det.fillna(False).astype(bool)
     two = d.get("config.two_cta")
     two = two.fillna(False).astype(bool) if two is not None else pd.Series(False, index=d.index)
+    sched = d.get("config.det_schedule")
+    naive = (sched == "naive") if sched is not None else pd.Series(False, index=d.index)
+    naive = naive | (d["variant"] == "deterministic_naive")
     ours = (d["backend"] == "fa4") & ~two
-    d.loc[ours & ~det, "series"] = "ours, non-deterministic"
-    d.loc[ours & det, "series"] = "ours, deterministic (semaphore, SPT order)"
-    keep = (ours & d["variant"].isin(["full", "default", "deterministic"])) | d["backend"].isin(
+    d.loc[ours & ~det, "series"] = "ours"
+    d.loc[ours & det & ~naive, "series"] = "ours, deterministic (SPT)"
+    d.loc[ours & det & naive, "series"] = "ours, deterministic (naive order)"
+    keep = (ours & d["variant"].isin(["full", "default", "deterministic", "deterministic_naive"])) | d["backend"].isin(
         ["fa4_official", "fa4_official_det"])
     return d[keep]
 
 
 def fig7(df, outdir):
-    """Deterministic backward, hdim 128, causal (FA4 paper Fig. 7: SPT-ordered semaphores)."""
-    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=(128,), causal=(True,),
+    """Deterministic backward, causal (FA4 paper Fig. 7: SPT-ordered semaphores against the naive order)."""
+    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=(64, 128), causal=(True,),
                             title="Fig. 7: deterministic backward, causal",
                             out=Path(outdir) / "fig7_bwd_det_causal.png")
 
 
 def fig8(df, outdir):
-    """Deterministic backward, hdim 128, non-causal (FA4 paper Fig. 8)."""
-    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=(128,), causal=(False,),
+    """Deterministic backward, non-causal (FA4 paper Fig. 8)."""
+    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=(64, 128), causal=(False,),
                             title="Fig. 8: deterministic backward, non-causal",
                             out=Path(outdir) / "fig8_bwd_det_noncausal.png")

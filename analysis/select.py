@@ -93,13 +93,25 @@ def attn_times(df: pd.DataFrame) -> pd.DataFrame:
 CELL = ["mode", "hdim", "hdim_v", "causal", "seqlen_q", "seqlen_k", "batch", "heads", "backend", "variant"]
 
 
+def round_robin_rows(d: pd.DataFrame) -> pd.Series:
+    """Rows timed round-robin in one job: a compare job's rows name who was timed with them (``rr_entries``;
+    their kind is the attention job's, 'attn'); 'compare' as the kind is accepted too."""
+    mask = d["kind"] == "compare" if "kind" in d else pd.Series(False, index=d.index)
+    if "rr_entries" in d:
+        mask = mask | d["rr_entries"].notna()
+    return mask
+
+
 def prefer_round_robin(d: pd.DataFrame) -> pd.DataFrame:
-    """Drop separately timed rows (kind attn) of a cell that also has round-robin rows (kind compare)."""
-    if d.empty or "kind" not in d or not (d["kind"] == "compare").any():
+    """Drop separately timed rows of a cell that also has round-robin rows."""
+    if d.empty:
+        return d
+    is_rr = round_robin_rows(d)
+    if not is_rr.any():
         return d
     key = pd.MultiIndex.from_frame(d[CELL].astype(str))
-    rr = set(key[(d["kind"] == "compare").to_numpy()])
-    return d[[(k not in rr) or kind == "compare" for k, kind in zip(key, d["kind"])]]
+    rr = set(key[is_rr.to_numpy()])
+    return d[[(k not in rr) or r for k, r in zip(key, is_rr.to_numpy())]]
 
 
 def series_label(backend: str, variant) -> str:
@@ -144,8 +156,8 @@ def provenance_note(d: pd.DataFrame) -> str:
         parts.append(days[0] if len(days) == 1 else f"{days[0]}..{days[-1]}")
     if "n" in d and pd.to_numeric(d["n"], errors="coerce").notna().any():
         n = pd.to_numeric(d["n"], errors="coerce").dropna()
-        how = "round-robin" if "kind" in d and (d["kind"] == "compare").all() else (
-            "separately timed jobs" if "kind" in d and (d["kind"] != "compare").all() else "mixed methods")
+        rr = round_robin_rows(d)
+        how = "round-robin" if rr.all() else ("separately timed jobs" if not rr.any() else "mixed methods")
         parts.append(f"{int(n.min())}-{int(n.max())} samples per point ({how})" if n.min() != n.max()
                      else f"{int(n.min())} samples per point ({how})")
     share = pd.to_numeric(d["throttled_share"], errors="coerce") if "throttled_share" in d else pd.Series(dtype=float)

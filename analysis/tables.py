@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.select import attn_times
+from analysis.select import attn_times, round_robin_rows
 
 
 def markdown_table(t: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
@@ -88,8 +88,10 @@ def coverage(df: pd.DataFrame) -> pd.DataFrame:
     for (mode, h, hv, c), g in d.groupby(["mode", "hdim", "hdim_v", "causal"], sort=True):
         row = {"mode": mode, "head dim": f"{int(h)}" if h == hv else f"{int(h)}/{int(hv)}", "causal": "yes" if c else "no"}
         for s, cell in g.groupby("seqlen_q"):
-            backs = set(cell["backend"])
-            how = "rr" if (cell["kind"] == "compare").all() else "sep"
+            # round-robin rows (a compare job's, which list who was timed with them) win over separate jobs' rows
+            rr = cell[round_robin_rows(cell)]
+            how = "rr" if len(rr) else "sep"
+            backs = set((rr if len(rr) else cell)["backend"])
             ours = "fa4" if "fa4" in backs else "-"
             row[f"{int(s) // 1024}k" if s >= 1024 else str(int(s))] = f"{ours} +{len(backs - {'fa4'})} {how}"
         out.append(row)

@@ -108,9 +108,12 @@ def test_fig4_series_and_filtering(df):
 
 def test_deterministic_series(df):
     d = P.deterministic_series(df)
-    assert {"ours, non-deterministic", "ours, deterministic (semaphore, SPT order)"} <= set(d["series"])
+    assert {"ours", "ours, deterministic (SPT)"} <= set(d["series"])
     assert "FA4 official, deterministic" in set(d["series"])
     assert not (d["variant"] == "two_cta").any()
+    naive = df[df["variant"] == "deterministic"].assign(variant="deterministic_naive")
+    d2 = P.deterministic_series(pd.concat([df, naive], ignore_index=True))
+    assert "ours, deterministic (naive order)" in set(d2["series"])
 
 
 def test_switch_speedups(df):
@@ -243,3 +246,23 @@ def test_numerics_figure_counts_nan_outputs_as_failures(tmp_path):
     assert list(w["failed"]) == [False, False, True] and w["ratio"].iloc[:2].tolist() == [0.5, 0.6]
     path, msg = N.numerics_figure(pd.DataFrame(rows), tmp_path)
     assert path.exists() and "1 NaN/inf cases drawn as failures" in msg
+
+
+def test_round_robin_rows_win_and_coverage_says_so():
+    """A compare job's rows (kind 'attn' with rr_entries) replace a cell's separately timed rows in the figures'
+    data, and the coverage table marks that cell 'rr' with the backends of the round-robin job."""
+    base = dict(kind="attn", metric="time_ms", status="ok", mode="bwd", hdim=128, hdim_v=128, causal=False,
+                seqlen_k=8192, batch=2, heads=16, variant="default", gpu_name="H200", tflops=500.0)
+    rows = [dict(base, seqlen_q=8192, backend="fa4", tflops=380.0),  # separate jobs, older
+            dict(base, seqlen_q=8192, backend="fa4_official", tflops=675.0),
+            dict(base, seqlen_q=8192, backend="sdpa_cudnn", tflops=590.0),
+            dict(base, seqlen_q=8192, backend="fa4", tflops=550.0, rr_entries="fa4,fa4_official"),
+            dict(base, seqlen_q=8192, backend="fa4_official", tflops=680.0, rr_entries="fa4,fa4_official"),
+            dict(base, seqlen_q=4096, seqlen_k=4096, backend="fa4", tflops=400.0)]
+    df = pd.DataFrame(rows)
+    d = S.attn_times(df)
+    cell = d[d["seqlen_q"] == 8192]
+    # per backend: ours and official FA4 keep only their round-robin rows; cuDNN, timed only separately, stays
+    assert sorted(cell["tflops"]) == [550.0, 590.0, 680.0]
+    cov = T.coverage(df).set_index("causal")
+    assert cov.loc["no", "8k"] == "fa4 +1 rr" and cov.loc["no", "4k"] == "fa4 +0 sep"
