@@ -43,6 +43,33 @@ def ours_vs_official(df: pd.DataFrame, mode: str) -> pd.DataFrame:
     return tab[["hdim", "causal", *seqs]].fillna("")
 
 
+def round_robin_table(df: pd.DataFrame, mode: str, backend: str, variant: str | None = None,
+                      invert: bool = False) -> pd.DataFrame:
+    """Per (head dim, causal) x seqlen, from round-robin time_ratio rows (baseline: our default): the median over
+    rounds of t_entry / t_ours (a peer: speed of ours / speed of the peer), or its inverse (``invert``: speed of one of
+    our variants / speed of our default)."""
+    if df is None or df.empty or not {"metric", "baseline"} <= set(df.columns):
+        return pd.DataFrame()
+    rr = df[(df["metric"] == "time_ratio") & (df["status"] == "ok") & (df["backend"] == backend)
+            & (df["baseline"] == "fa4") & (df["mode"] == mode)]
+    if variant is not None:
+        rr = rr[rr["variant"] == variant]
+    out: dict[tuple, dict] = {}
+    for (hd, c, s), g in rr.groupby(["hdim", "causal", "seqlen_q"]):
+        v = g["value"].median()
+        out.setdefault((int(hd), bool(c)), {})[_seq(s)] = f"{(1 / v if invert else v):.2f}"
+    tab = pd.DataFrame([{"hdim": hd, "causal": "yes" if c else "no", **cells} for (hd, c), cells in sorted(out.items())])
+    if tab.empty:
+        return tab
+    seqs = sorted([c for c in tab.columns if c not in ("hdim", "causal")], key=lambda x: int(x.rstrip("k")))
+    return tab[["hdim", "causal", *seqs]].fillna("")
+
+
+BWD_EXTRA = (("sdpa_cudnn", None, False, "Backward, ours / cuDNN (round-robin, speed ratio; > 1: ours faster):"),
+             ("fa4", "deterministic", True, "Backward, our deterministic / our default (round-robin, speed ratio):"),
+             ("fa4", "two_cta", True, "Backward, our two_cta / our default (round-robin, speed ratio):"))
+
+
 def results_block(df: pd.DataFrame) -> str:
     """The Markdown between the README's markers, from the rows of the peer experiments (committed sets)."""
     parts = [BEGIN, ""]
@@ -50,6 +77,10 @@ def results_block(df: pd.DataFrame) -> str:
         t = ours_vs_official(df, mode)
         parts += [f"{name}, ours / official FA4 (speed ratio; > 1: ours faster):", "",
                   markdown_table(t) if not t.empty else "(no rows yet)", ""]
+    for backend, variant, invert, caption in BWD_EXTRA:
+        t = round_robin_table(df, "bwd", backend, variant, invert)
+        if not t.empty:
+            parts += [caption, "", markdown_table(t), ""]
     parts += ["† separately timed jobs (before round-robin timing): read within ±6% as parity. "
               "(n=...) = rounds of a round-robin job.", "",
               "Coverage (timed cells; 'fa4 +k rr' = ours and k peers timed round-robin in one job, 'sep' = separate "
