@@ -8,8 +8,9 @@ from .validate import InputError
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
-    """Attention through our CuTe DSL kernels (CUDA, sm_90a); differentiable through torch.autograd."""
-    from .interface import attention as _attention
+    """Attention through our CuTe DSL kernels (CUDA, sm_90a): the torch.library op ``fa4lab::fwd`` (kernels/ops.py),
+    differentiable (its backward is ``fa4lab::bwd``) and traceable by ``torch.compile(fullgraph=True)``."""
+    from .ops import attention as _attention
 
     return _attention(q, k, v, causal=causal, softmax_scale=softmax_scale, config=config, return_lse=return_lse)
 

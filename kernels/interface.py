@@ -1,20 +1,20 @@
-"""Torch boundary of the CuTe DSL kernels: input checks, config resolution, compile cache, autograd.
+"""Torch boundary of the CuTe DSL kernels: config resolution, compile cache, the forward launch, the arch check.
 
-``attention(q, k, v, ...)`` validates the inputs (kernels.validate), resolves the AttnConfig for
-(sm90, head dim, causal), fetches or compiles the forward kernel through kernels.compile_cache (key: the
-whole resolved config + dtype, head dims, causal, arch), runs it, and wraps it in a torch.autograd.Function
-whose backward calls ``kernels.sm90.backward.attention_backward`` (imported lazily).
+``attention_forward(q, k, v, causal, scale, cfg)`` fetches or compiles the forward kernel through
+kernels.compile_cache (key: the whole resolved config + dtype, head dims, causal, arch) and runs it on validated
+CUDA tensors; ``resolve_config`` resolves an AttnConfig for (sm90, head dim, causal); ``_check_arch`` rejects a
+non-Hopper GPU. The public, differentiable ``attention(q, k, v, ...)`` is in kernels/ops.py: input checks, then the
+torch.library op ``fa4lab::fwd`` (its backward, ``fa4lab::bwd``, calls ``kernels.sm90.backward.attention_backward``).
 """
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from .compile_cache import cache_key, get_or_compile
 from .config import AttnConfig, ConfigError, resolve_cached
-from .validate import InputError, check_devices, check_qkv, check_scale
+from .validate import InputError
 
 ARCH = "sm90"
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -89,35 +89,3 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     with torch.cuda.device(q.device):
         compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group))
     return out, lse
-
-
-class _FlashAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, cfg):
-        out, lse = attention_forward(q, k, v, causal, softmax_scale, cfg)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.softmax_scale, ctx.cfg = causal, softmax_scale, cfg
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        from .sm90.backward import attention_backward  # written separately; imported only when needed
-
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, out, dout.contiguous(), lse, ctx.causal, ctx.softmax_scale, ctx.cfg)
-        return dq, dk, dv, None, None, None
-
-
-def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
-    """Checks in order: shapes, dtype, head dim, layout (check_qkv), scale, causal, config, then device and arch."""
-    check_qkv(q, k, v, devices=False)
-    check_scale(softmax_scale)
-    if not isinstance(causal, bool):
-        raise InputError(f"causal={causal!r}: must be a bool")
-    cfg = resolve_config(config, q.shape[3], causal)
-    check_devices(q, k, v, need_cuda=True)
-    _check_arch(q.device)
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-    out, lse = _FlashAttnFunc.apply(q, k, v, causal, scale, cfg)
-    return (out, lse) if return_lse else out

@@ -1,0 +1,147 @@
+"""The attention kernels as torch.library custom ops, so ``torch.compile(model, fullgraph=True)`` traces through them.
+
+``fa4lab::fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, str config) -> (Tensor out, Tensor lse)``
+``fa4lab::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale,
+str config) -> (Tensor dq, Tensor dk, Tensor dv)``
+
+Both run on CUDA only (the CuTe DSL kernels of kernels.interface / kernels.sm90.backward), have fake (meta)
+implementations with the shapes, dtypes and strides of the real outputs (out (b, s_q, h, d_v) at q's dtype and
+lse (b, h, s_q) fp32, dq/dk/dv like q/k/v; all contiguous), and fwd's autograd is registered (setup_context saves
+q, k, v, out, lse; backward calls fa4lab::bwd; lse is not differentiable; no double backward).
+
+An AttnConfig crosses the op boundary as ``config_string(cfg)``: the JSON of the fields that differ from
+``AttnConfig()`` ("{}" for the defaults or None), cached per config object, so equal configs give equal strings
+and the eager path encodes nothing per call. Inside the op the string is decoded (memoised) and resolved for
+(sm90, head dim, causal) by ``resolve_cached``. Under torch.compile the string is a graph constant
+(``torch.compiler.assume_constant_result``) and Dynamo guards on the config object: another config object (even an
+equal one) traces again, never reusing a stale string. Build configs outside the compiled region (Dynamo cannot
+trace AttnConfig's constructor: a config built inside a fullgraph region is an error).
+
+``attention(q, k, v, ...)`` is the public entry (``kernels.attention``): input checks in the documented order,
+then the op.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+
+import torch
+from torch import Tensor
+
+from .config import AttnConfig, ConfigError, resolve_cached
+from .interface import ARCH, _check_arch, attention_forward
+from .validate import InputError, check_devices, check_qkv, check_scale
+
+NAMESPACE = "fa4lab"
+FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, str config) -> (Tensor out, Tensor lse)"
+BWD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale, "
+              "str config) -> (Tensor dq, Tensor dk, Tensor dv)")
+_DEFAULT_FIELDS = AttnConfig().to_dict()
+
+
+@functools.lru_cache(maxsize=1024)
+def _encode(config: AttnConfig | None) -> str:
+    fields = {} if config is None else {k: v for k, v in config.to_dict().items() if v != _DEFAULT_FIELDS[k]}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+@torch.compiler.assume_constant_result
+def config_string(config: AttnConfig | None) -> str:
+    """The op's ``config`` argument for an AttnConfig (or None): JSON of its non-default fields, cached."""
+    if config is not None and not isinstance(config, AttnConfig):
+        raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
+    return _encode(config)
+
+
+@functools.lru_cache(maxsize=1024)
+def config_from_string(config: str) -> AttnConfig:
+    """Inverse of ``config_string`` (memoised): the AttnConfig the op runs with, before resolution."""
+    try:
+        fields = json.loads(config) if config else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config={config!r}: not the JSON of AttnConfig fields ({e.msg})") from None
+    if not isinstance(fields, dict):
+        raise ConfigError(f"config={config!r}: expected a JSON object of AttnConfig fields")
+    return AttnConfig(**fields)
+
+
+def _resolved(config: str, hdim: int, causal: bool) -> AttnConfig:
+    return resolve_cached(config_from_string(config), ARCH, int(hdim), bool(causal))
+
+
+# ---- the ops -------------------------------------------------------------------------------------------------------
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, config: str) -> tuple[Tensor, Tensor]:
+    _check_arch(q.device)
+    return attention_forward(q, k, v, causal, softmax_scale, _resolved(config, q.shape[3], causal))
+
+
+def _fwd_fake(q, k, v, causal, softmax_scale, config):
+    b, s_q, h, _ = q.shape
+    return q.new_empty((b, s_q, h, v.shape[3])), q.new_empty((b, h, s_q), dtype=torch.float32)
+
+
+def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+              softmax_scale: float, config: str) -> tuple[Tensor, Tensor, Tensor]:
+    from .sm90.backward import attention_backward
+
+    return attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal))
+
+
+def _bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, config):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, softmax_scale, config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.softmax_scale, ctx.config = causal, softmax_scale, config
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fa4lab.bwd.default(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config)
+    return dq, dk, dv, None, None, None
+
+
+def _defined(name: str) -> bool:
+    try:
+        getattr(getattr(torch.ops, NAMESPACE), name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _register() -> None:
+    """Define the two ops once per process (``kernels.ops`` and ``fa4lab.kernels.ops`` may both be imported: the
+    second finds them defined and uses them; the config crosses as a string, so the class identity does not matter)."""
+    if not _defined("bwd"):
+        bwd = torch.library.custom_op(f"{NAMESPACE}::bwd", _bwd_impl, mutates_args=(), device_types="cuda", schema=BWD_SCHEMA)
+        bwd.register_fake(_bwd_fake)
+    if not _defined("fwd"):
+        fwd = torch.library.custom_op(f"{NAMESPACE}::fwd", _fwd_impl, mutates_args=(), device_types="cuda", schema=FWD_SCHEMA)
+        fwd.register_fake(_fwd_fake)
+        fwd.register_autograd(_fwd_backward, setup_context=_setup_context)
+
+
+_register()
+fwd_op = torch.ops.fa4lab.fwd.default
+bwd_op = torch.ops.fa4lab.bwd.default
+
+
+# ---- the public entry ----------------------------------------------------------------------------------------------
+def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
+    """Checks in order: shapes, dtype, head dim, layout (check_qkv), scale, causal, config, then device; the arch
+    (sm_90a) is checked by the op when it runs. Then ``fa4lab::fwd`` (differentiable: its backward is fa4lab::bwd)."""
+    check_qkv(q, k, v, devices=False)
+    check_scale(softmax_scale)
+    if not isinstance(causal, bool):
+        raise InputError(f"causal={causal!r}: must be a bool")
+    cstr = config_string(config)
+    check_devices(q, k, v, need_cuda=True)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
+    out, lse = fwd_op(q, k, v, causal, scale, cstr)
+    return (out, lse) if return_lse else out
