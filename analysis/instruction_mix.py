@@ -4,6 +4,11 @@
 the forward at its default config and a few switch values, and the backward main kernel, then counts per kernel:
 tensor-core ops (HGMMA), exponentials (MUFU.EX2), FMA-pipe work (FFMA/FADD/FMUL/FMNMX), spills (LDL/STL), global
 reductions (RED/ATOM) and barriers. Counts are static (instructions in the binary, not executed ones).
+
+Forward rows that only change ``exp2_emu_fraction`` also get the cost of one software exp2, against the row of the same
+head dim at fraction 0: ``fp_per_emu_exp`` = extra FFMA + FADD + FMNMX per MUFU.EX2 removed (the polynomial's FMA-pipe
+and clamp work; its exponent insert, one LEA or IMAD as ptxas picks, comes on top) and ``insns_per_emu_exp`` = extra
+instructions of any kind per MUFU.EX2 removed (includes ptxas's re-balancing of integer bookkeeping).
 """
 from __future__ import annotations
 
@@ -21,15 +26,20 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUPS = {"HGMMA": ("HGMMA",), "MUFU.EX2": ("MUFU.EX2",), "FFMA": ("FFMA",), "FADD": ("FADD",), "FMUL": ("FMUL",),
           "FMNMX": ("FMNMX",), "LDL(spill)": ("LDL",), "STL(spill)": ("STL",), "RED/ATOM": ("RED", "REDG", "ATOM", "ATOMG"),
           "BAR": ("BAR",), "SYNCS": ("SYNCS",), "UTMALDG": ("UTMALDG",), "VOTE": ("VOTE",), "F2I/FRND": ("F2I", "FRND"),
-          "STSM": ("STSM",), "UBLKRED": ("UBLKRED",)}
+          "STSM": ("STSM",), "UBLKRED": ("UBLKRED",), "FFMA.SAT": ("FFMA.SAT",), "LEA": ("LEA",)}
 
 # (label, kind, config kwargs, hdim, causal)
 CASES = [
     ("fwd hd64 default", "fwd", {}, 64, False),
+    ("fwd hd64 exp2 1/16", "fwd", {"exp2_emu_fraction": 0.0625}, 64, False),
+    ("fwd hd64 exp2 1/8", "fwd", {"exp2_emu_fraction": 0.125}, 64, False),
+    ("fwd hd64 exp2 3/16", "fwd", {"exp2_emu_fraction": 0.1875}, 64, False),
     ("fwd hd64 exp2 1/4", "fwd", {"exp2_emu_fraction": 0.25}, 64, False),
     ("fwd hd64 exp2 1/2", "fwd", {"exp2_emu_fraction": 0.5}, 64, False),
+    ("fwd hd64 exp2 1", "fwd", {"exp2_emu_fraction": 1.0}, 64, False),
     ("fwd hd128 default", "fwd", {}, 128, False),
     ("fwd hd128 tau0", "fwd", {"rescale_threshold": 0.0}, 128, False),
+    ("fwd hd128 exp2 1/8", "fwd", {"exp2_emu_fraction": 0.125}, 128, False),
     ("bwd hd64 default (128-row tiles)", "bwd", {}, 64, False),
     ("bwd hd64 64-row tiles", "bwd", {"bwd_tile_m": 64}, 64, False),
     ("bwd hd128 default", "bwd", {}, 128, False),
@@ -71,7 +81,19 @@ def mix(sass: str) -> dict:
     from kernels.sm90.sass import count, opcode_counts
 
     c = opcode_counts(sass)
-    return {g: sum(count(c, p) for p in prefixes) for g, prefixes in GROUPS.items()}
+    out = {g: sum(count(c, p) for p in prefixes) for g, prefixes in GROUPS.items()}
+    out["total"] = sum(c.values())
+    return out
+
+
+def per_emulated_exp(row: dict, base: dict) -> dict:
+    """Cost of one software exp2: the extra instructions of ``row`` over ``base`` (same kernel at exp2 fraction 0) per
+    MUFU.EX2 removed. Empty when nothing was emulated."""
+    saved = base["MUFU.EX2"] - row["MUFU.EX2"]
+    if saved <= 0:
+        return {"fp_per_emu_exp": "", "insns_per_emu_exp": ""}
+    fp = sum(row[g] - base[g] for g in ("FFMA", "FADD", "FMNMX"))
+    return {"fp_per_emu_exp": round(fp / saved, 3), "insns_per_emu_exp": round((row["total"] - base["total"]) / saved, 3)}
 
 
 def main(argv=None) -> int:
@@ -84,6 +106,10 @@ def main(argv=None) -> int:
             dump = os.path.join(tmp, str(i))
             os.makedirs(dump)
             rows.append({"kernel": label, **mix(kernel_sass(kind, cfg, hdim, causal, dump))})
+            base = next((r for r, c in zip(rows, CASES) if c[1:] == ("fwd", {}, hdim, causal)), None)
+            only_exp2 = kind == "fwd" and set(cfg) == {"exp2_emu_fraction"}
+            rows[-1].update(per_emulated_exp(rows[-1], base) if only_exp2 and base else
+                            {"fp_per_emu_exp": "", "insns_per_emu_exp": ""})
             print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 }
 
 DET_SCHEDULES = ("spt", "naive")
-EXP2_FRACTION_QUANTUM = 1.0 / 8.0  # kernels split a row's exponentials in whole eighths (register fragments)
+# The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
+# tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
+# Q tile of bwd_tile_m rows has bwd_tile_m/8 (16 at 128 rows, 8 at 64). Any fraction in [0, 1] is accepted; it is
+# rounded to whole fragments (quantized_exp2_fraction; kernels/sm90/exp2.py compiled_fraction reports the result).
+EXP2_FRACTION_QUANTUM = 1.0 / 16.0
 
 
 class ConfigError(ValueError):

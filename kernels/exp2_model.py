@@ -1,14 +1,22 @@
 """Software exp2 exactly as the kernels compute it on the FMA pipe, in plain PyTorch (CPU or GPU).
 
 The FA4 trick: compute part of each softmax row's exponentials with FMA-pipe arithmetic instead of
-the MUFU.EX2 unit. Scheme used by this repo (model and kernels share the coefficients below):
+the MUFU.EX2 unit. Scheme used by this repo (model and kernels share the constants below), in fp32:
 
-  1. clamp x to [-127, 128]            (masked -inf and large negatives give exactly 0; x >= 128 gives +inf)
-  2. t = x + 12582912.0                ("magic add", 1.5 * 2^23: the fp32 add rounds x to the nearest
-     n = t - 12582912.0                 integer, ties to even, on the FMA pipe -- no FRND/F2I on MUFU)
-  3. f = x - n, so f is in [-0.5, 0.5]
-  4. p = 1 + f*(c1 + f*(c2 + f*c3))     Horner with fused multiply-adds in fp32 (p0 = 1 exactly)
-  5. result bits = bits(p) + (n << 23)  integer add on the int32 view: multiplies p by 2^n
+  1. u = sat(x / 256 + 127 / 256)      one FFMA.SAT: clamps x to [-127, 129] (sat maps -inf and NaN to 0, so
+                                        masked scores give exactly +0.0) -- no FMNMX; the forward folds the softmax
+                                        scale and row offset into it: u = sat(s * a + b) (``exp2_poly_affine``)
+  2. t = 256 u + (1.5 * 2^23 - 127)    FFMA whose fp32 rounding is the "magic add": t = 1.5*2^23 + n, n = rint(x)
+                                        (ties to even), n in t's low mantissa bits -- no FRND/F2I on the MUFU pipe
+  3. d = (1.5 * 2^23 - 127) - t        FADD, exact (integers)
+  4. f = 256 u + d = x - n             FFMA, f in [-0.5, 0.5]
+  5. p = 1 + f*(c1 + f*(c2 + f*c3))     Horner, 3 FFMA (p0 = 1 exactly)
+  6. result bits = bits(p) + (bits(t) << 23)   one LEA: multiplies p by 2^n
+
+Seven FMA/ALU instructions per exponential (the forward's step 1 replaces the FFMA that computes x for MUFU).
+Step 1 quantises x to a 2^-16 grid (u's ulp times 256; |error| <= 2^-17 in x, 2.6e-6 relative in 2^x), far below
+the polynomial's 1e-4. Domain: x <= 128 (x = 128 gives +inf); the softmax has x <= tau <= 64 and the kernels have
+no upper clamp (their result for x > 128 is undefined); this model returns +inf there.
 
 Range choice: round-to-nearest puts f in [-0.5, 0.5], so the coefficients are fitted for that
 interval, not the FA4 paper's [0, 1) (its p1=0.6951, p2=0.2276, p3=0.0771 assume a floor). p0 is
@@ -31,6 +39,8 @@ import torch
 MAGIC_ROUND = 12582912.0  # 1.5 * 2**23: x + MAGIC in fp32 rounds x to an integer (|x| < 2**22)
 EXP2_CLAMP_LO = -127.0  # 2^n with n = -127 added to p = 1.0 gives the all-zero bit pattern (+0.0)
 EXP2_CLAMP_HI = 128.0  # n = 128 added to p = 1.0 gives 0x7F800000 (+inf), like a hardware overflow
+EXP2_SPAN = 256.0  # u = sat((x - EXP2_CLAMP_LO) / EXP2_SPAN): a power of two, so x -> u -> 256 u is exact at integers
+T_BIAS = MAGIC_ROUND + EXP2_CLAMP_LO  # 1.5*2^23 - 127: fp32 t = T_BIAS + 256 u rounds 256 u to an integer
 FRAGMENT_COLS = 8  # Hopper wgmma accumulator: a "register fragment" spans 8 columns of a row
 
 # Minimax (relative error) coefficients for 2^f on f in [-0.5, 0.5] with p0 = 1, rounded to fp32.
@@ -77,11 +87,43 @@ def fit_poly(degree: int, lo: float = -0.5, hi: float = 0.5, points: int = 4001,
 
 
 def _fma32(a: torch.Tensor, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
-    """fp32 fused multiply-add: exact product in fp64 (24+24 bits fit in 53), one add, round to fp32."""
+    """fp32 fused multiply-add, correctly rounded: the product of two fp32 values is exact in fp64 (24+24 bits fit
+    in 53), the sum is formed exactly as s + e (TwoSum) and rounded to odd in fp64, so the final rounding to fp32
+    is the single rounding of a*b+c (53 >= 24 + 2 bits: no double-rounding error)."""
     a64 = a.double()
     b64 = (b if b.dtype == torch.float64 else b.double()) if isinstance(b, torch.Tensor) else float(b)
-    c64 = c.double() if isinstance(c, torch.Tensor) else float(c)
-    return (a64 * b64 + c64).float()
+    c64 = c.double() if isinstance(c, torch.Tensor) else torch.full_like(a64, float(c))
+    prod = a64 * b64
+    s = prod + c64
+    bb = s - prod
+    e = (prod - (s - bb)) + (c64 - bb)  # exact: s + e == prod + c (TwoSum), for finite values
+    inexact = (e != 0) & torch.isfinite(s)
+    if bool(inexact.any()):
+        bits = s.view(torch.int64)
+        toward_zero = inexact & ((e < 0) != (s < 0))  # |s| > |exact|: step one ulp towards zero
+        bits = torch.where(toward_zero, bits - 1, bits)  # same sign, magnitude - 1 ulp (s != 0 when inexact)
+        bits = torch.where(inexact, bits | 1, bits)  # round to odd
+        s = bits.view(torch.float64)
+    return s.float()
+
+
+def _poly_from_u(u: torch.Tensor, cs: tuple) -> torch.Tensor:
+    """Steps 2-6 of the module docstring on fp32 u in [0, 1], bit for bit as the kernels' PTX."""
+    t = _fma32(u, EXP2_SPAN, T_BIAS)  # 1.5*2^23 + n
+    d = (T_BIAS - t.double()).float()  # exact
+    f = _fma32(u, EXP2_SPAN, d)  # x - n in [-0.5, 0.5]
+    f64 = f.double()
+    p = torch.full_like(f, cs[-1])
+    for c in reversed(cs[:-1]):
+        p = _fma32(p, f64, c)
+    bits = (p.view(torch.int32).long() + (t.view(torch.int32).long() << 23)) & 0xFFFFFFFF  # LEA, mod 2^32
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    return bits.view(torch.float32)
+
+
+def _sat(v: torch.Tensor) -> torch.Tensor:
+    """PTX .sat on an fp32 result: clamp to [0, 1], NaN -> +0.0."""
+    return torch.nan_to_num(v, nan=0.0).clamp(0.0, 1.0)
 
 
 def _coeffs(degree: int, coeffs) -> tuple[float, ...]:
@@ -98,21 +140,24 @@ def _coeffs(degree: int, coeffs) -> tuple[float, ...]:
 def exp2_poly(x: torch.Tensor, degree: int = 3, coeffs=None, reduction: str = "round") -> torch.Tensor:
     """2^x in fp32 as the kernels compute it on the FMA pipe (see the module docstring).
 
-    ``reduction='round'`` (the kernels' scheme): magic-add round to nearest, f in [-0.5, 0.5].
-    ``reduction='floor'``: n = floor(x), f in [0, 1) -- only to evaluate the paper's coefficients.
-    Returns an fp32 tensor of x's shape; x <= -127 (incl. -inf) gives +0.0, x >= 128 gives +inf, NaN stays NaN.
+    ``reduction='round'`` (the kernels' scheme, ``kernels/sm90/exp2.py: exp2_poly``): u = sat(x/256 + 127/256), the
+    magic-add round to nearest, f in [-0.5, 0.5]. x <= -127 (incl. -inf) and NaN give +0.0 (as the kernels' .sat does),
+    x >= 128 gives +inf (the kernels' domain ends at 128).
+    ``reduction='floor'``: n = floor(x), f in [0, 1), x clamped to [-127, 128], NaN stays NaN -- only to evaluate the
+    paper's coefficients.
+    Returns an fp32 tensor of x's shape.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     cs = _coeffs(degree, coeffs)
-    xf = x.float().clamp(EXP2_CLAMP_LO, EXP2_CLAMP_HI)
     if reduction == "round":
-        t = xf + MAGIC_ROUND  # fp32 add: rounds to nearest integer, ties to even
-        n = t - MAGIC_ROUND
-    elif reduction == "floor":
-        n = torch.floor(xf)
-    else:
+        xf = x.float().clamp(max=EXP2_CLAMP_HI)  # model only: the kernels' domain is x <= 128
+        u = _sat(_fma32(xf, 1.0 / EXP2_SPAN, -EXP2_CLAMP_LO / EXP2_SPAN))
+        return _poly_from_u(u, cs)
+    if reduction != "floor":
         raise ValueError(f"reduction={reduction!r}: supported are 'round' (kernels) and 'floor' (paper's [0,1) fit)")
+    xf = x.float().clamp(EXP2_CLAMP_LO, EXP2_CLAMP_HI)
+    n = torch.floor(xf)
     f = xf - n  # exact in fp32 (Sterbenz)
     f64 = f.double()
     p = torch.full_like(f, cs[-1])
@@ -122,6 +167,30 @@ def exp2_poly(x: torch.Tensor, degree: int = 3, coeffs=None, reduction: str = "r
     bits = p.view(torch.int32) + torch.bitwise_left_shift(ni, 23)
     out = bits.view(torch.float32)
     return torch.where(torch.isnan(xf), xf, out)
+
+
+def affine_args(scale_log2, m_s) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b) of ``exp2_poly_affine`` for P = 2^(s * scale_log2 - m_s), fp32 as the forward kernel computes them:
+    a = scale_log2 / 256 (exact), b = 127/256 - m_s/256 (one FFMA per row; its rounding, <= 2^-25 |127 - m_s|, is the
+    only difference from x = s * scale_log2 - m_s besides u's grid)."""
+    sl = torch.as_tensor(scale_log2, dtype=torch.float32)
+    ms = torch.as_tensor(m_s, dtype=torch.float32)
+    a = (sl.double() / EXP2_SPAN).float()
+    b = _fma32(ms, -1.0 / EXP2_SPAN, -EXP2_CLAMP_LO / EXP2_SPAN)
+    return a, b
+
+
+def exp2_poly_affine(s: torch.Tensor, a, b, degree: int = 3, coeffs=None) -> torch.Tensor:
+    """The forward kernel's fused software exp2 (``kernels/sm90/exp2.py: exp2_poly_affine``), bit for bit:
+    u = sat(fma(s, a, b)) then steps 2-6, i.e. 2^(256 (s a + b) - 127); with ``affine_args(scale_log2, m_s)`` that is
+    2^(s * scale_log2 - m_s). s = -inf (masked) and NaN give +0.0."""
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"s: expected a torch.Tensor, got {type(s).__name__}")
+    cs = _coeffs(degree, coeffs)
+    a = torch.as_tensor(a, dtype=torch.float32)
+    b = torch.as_tensor(b, dtype=torch.float32)
+    u = _sat(_fma32(s.float(), a.double(), b))
+    return _poly_from_u(u, cs)
 
 
 def emulated_fragments(ncols: int, fraction: float, fragment: int = FRAGMENT_COLS) -> torch.Tensor:

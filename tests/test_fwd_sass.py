@@ -2,7 +2,8 @@
 
 Checks that the mechanisms are really in the machine code: wgmma (HGMMA), TMA loads/stores (UTMALDG /
 UTMASTG), the exp2 split (MUFU.EX2 count falls and FFMA count rises with exp2_emu_fraction; no F2I / FRND,
-which would put the software exp2 back on the MUFU pipe), the tau decision (a warp vote only when tau > 0),
+which would put the software exp2 back on the MUFU pipe; no clamp FMNMX; a pinned instruction cost per emulated
+exponential; sixteenths compile exactly at tile_n 128), the tau decision (a warp vote only when tau > 0),
 and no local-memory spills (LDL / STL) in the default configs.
 """
 from __future__ import annotations
@@ -50,6 +51,47 @@ def test_exp2_split_moves_work_from_mufu_to_fma(tmp_path_factory):
     assert mufu[2] < mufu[0] / 8, mufu
     for c in cs:
         assert count(c, "F2I") == 0 and count(c, "FRND") == 0, "float->int conversion on the MUFU pipe"
+
+
+def _emu_cost(c, c0):
+    """(MUFU.EX2 removed, extra FFMA+FADD+FMNMX, extra instructions of any kind) of counts c over fraction-0 counts c0."""
+    saved = count(c0, "MUFU.EX2") - count(c, "MUFU.EX2")
+    fp = sum(count(c, g) - count(c0, g) for g in ("FFMA", "FADD", "FMNMX"))
+    return saved, fp, sum(c.values()) - sum(c0.values())
+
+
+def test_software_exp2_cost_per_emulated_exponential(tmp_path_factory):
+    """The clamp-free polynomial with the scale folded in: per MUFU.EX2 removed, exactly one FFMA.SAT (clamp + scale +
+    row offset in the FFMA that computed x), no FMNMX (the old clamp), no F2I / FRND, and at most 6 extra FFMA/FADD
+    (t, d, f, 3 Horner) plus the per-row offset (one FFMA per row and softmax copy). The old scheme cost 7
+    (FMNMX, 3 FADD, 3 FFMA) and ~6.8 instructions in all per exponential; these bounds fail if that comes back."""
+    c0 = sass_counts(tmp_path_factory, hdim=64, exp2_emu_fraction=0.0)
+    per_thread = count(c0, "MUFU.EX2") - 2  # 2 rows x 32 columns x 2 softmax copies (+2 rescale exps)
+    assert count(c0, "FFMA.SAT") == 0  # fraction 0 compiles the emulation out
+    for frac in (0.0625, 0.25, 1.0):
+        c = sass_counts(tmp_path_factory, hdim=64, exp2_emu_fraction=frac)
+        saved, fp, total = _emu_cost(c, c0)
+        assert saved == round(frac * per_thread), (frac, saved)
+        assert count(c, "F2I") == 0 and count(c, "FRND") == 0, frac
+        assert count(c, "FMNMX") == count(c0, "FMNMX"), (frac, "a clamp FMNMX is back in the software exp2")
+        assert count(c, "FFMA.SAT") == saved, (frac, "the clamp is no longer folded into one FFMA.SAT")
+        assert fp <= 6 * saved + 4, (frac, fp / saved)  # 4 = per-row offset: 2 rows x 2 softmax copies
+        if frac == 1.0:  # all instructions, integer bookkeeping included (was 6.83 per exponential)
+            assert total <= 6.25 * saved, total / saved
+
+
+def test_exp2_fraction_in_sixteenths(tmp_path_factory):
+    """tile_n 128 (hd64 and hd128 defaults) has 16 fragments per row: 1/16 and 3/16 compile exactly and say so."""
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.exp2 import compiled_fraction
+
+    for frac in (0.0625, 0.1875):
+        cfg = AttnConfig(exp2_emu_fraction=frac).resolve("sm90", 64, False)
+        k = make_fwd_kernel(cfg, "bfloat16", 64, 64, False)
+        assert k.n_frag == 16 and k.exp2_emu_fraction_compiled == frac == compiled_fraction(16, frac)
+    c0 = sass_counts(tmp_path_factory, hdim=64, exp2_emu_fraction=0.0)
+    c = sass_counts(tmp_path_factory, hdim=64, exp2_emu_fraction=0.1875)
+    assert _emu_cost(c, c0)[0] == 3 * 8  # 3 of 16 fragments: 3 x 2 columns x 2 rows x 2 softmax copies
 
 
 def test_tau_decision_is_a_warp_vote(tmp_path_factory):

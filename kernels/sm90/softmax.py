@@ -2,7 +2,8 @@
 
 Every statistic is kept per thread for its rows (a quad of 4 lanes shares a row; row maxima are
 quad-reduced each block, row sums only at the end). Scale is folded into the log2 domain:
-P = 2^(S * scale_log2 - m * scale_log2), one FFMA per element before the exponential.
+P = 2^(S * scale_log2 - m * scale_log2), one FFMA per element before MUFU.EX2; on the emulated fragments
+that FFMA is the software exp2's first instruction (exp2_poly_affine: u = sat(S * a + b) with per-row b).
 
 ``rescale_threshold`` tau (log2 units, compile time): with tau > 0 a warp keeps its stale row maxima unless
 some row of the warp would grow by more than tau (a vote over the warp, so the branch is warp-uniform);
@@ -18,7 +19,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, const_expr
 
-from .exp2 import exp2_mufu, exp2_poly
+from .exp2 import affine_args, exp2_mufu, exp2_poly_affine
 from .layout import acc_rows_cols
 
 LN2 = math.log(2.0)
@@ -106,11 +107,17 @@ def online_softmax_step(
     n_frag = n_cols // 2
     for r in cutlass.range_constexpr(n_rows):
         m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
-        for c in cutlass.range_constexpr(n_cols):
-            x = s[r, c] * scale_log2 - m_s
-            if const_expr((c // 2) % n_frag in emu_frags):
-                s[r, c] = exp2_poly(x, poly)
-            else:
+        if const_expr(len(emu_frags) > 0):
+            # the polynomial's first FFMA takes the scale and the row offset itself (and clamps with .sat)
+            a, b = affine_args(scale_log2, m_s)
+            for c in cutlass.range_constexpr(n_cols):
+                if const_expr((c // 2) % n_frag in emu_frags):
+                    s[r, c] = exp2_poly_affine(s[r, c], a, b, poly)
+                else:
+                    s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
+        else:
+            for c in cutlass.range_constexpr(n_cols):
+                x = s[r, c] * scale_log2 - m_s
                 s[r, c] = exp2_mufu(x)
         part = [s[r, j] for j in range(k)]
         for c in cutlass.range_constexpr(k, n_cols):
