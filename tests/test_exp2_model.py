@@ -199,3 +199,23 @@ def test_new_polynomial_accuracy_vs_float64_and_bf16_agreement():
     yb, rb = y.bfloat16(), ref.float().bfloat16()
     d = (yb.view(torch.int16).int() - rb.view(torch.int16).int()).abs()
     assert int(d.max()) <= 1 and (d == 0).float().mean().item() > 0.97
+
+
+def test_sixteenths_quantisation_is_reported_exactly():
+    """EXP2_FRACTION_QUANTUM = 1/16: exact where a row has 16 fragments (forward tile_n 128, backward 128-row tiles),
+    rounded to whole fragments elsewhere, and the kernels' compiled_fraction, the config's quantized_exp2_fraction and
+    the model's quantized_fraction agree."""
+    pytest.importorskip("cutlass")
+    from kernels.config import EXP2_FRACTION_QUANTUM, quantized_exp2_fraction
+    from kernels.sm90.exp2 import compiled_fraction, emulated_fragments as kernel_fragments
+
+    assert EXP2_FRACTION_QUANTUM == 1 / 16
+    for k in range(17):
+        f = k * EXP2_FRACTION_QUANTUM
+        assert compiled_fraction(16, f) == f == quantized_exp2_fraction(f, 16) == quantized_fraction(128, f)
+        assert len(kernel_fragments(16, f)) == k
+        for n_frag, cols in ((8, 64), (10, 80), (14, 112)):  # backward 64-row tiles; forward hd256, hd192 tiles
+            got = compiled_fraction(n_frag, f)
+            assert got == quantized_exp2_fraction(f, n_frag) == quantized_fraction(cols, f)
+            assert abs(got - f) <= 0.5 / n_frag + 1e-12
+    assert compiled_fraction(8, 1 / 16) == 0.0 and compiled_fraction(8, 3 / 16) == 0.25  # half a fragment: to even
