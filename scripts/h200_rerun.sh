@@ -13,9 +13,12 @@
 #   abl_fwd  fwd_ablation, hdim 128 + hdim 64 at 8k   (13 shapes x 19 entries, each checked: ~6-9 min)
 #   abl_bwd  bwd_ablation, hdim 128                   (12 shapes x 8 entries: ~4-6 min)
 #   compile  compile_time (fresh process per sample)  (24 samples x ~10-20 s: ~5-8 min)
+#   verify   every GPU test file (bwd, fwd, torch.library ops, isolation), logs under <out_dir>   (~6-8 min)
+#   bwd_ab   scripts/bwd_ab.py at 1k/2k/8k + host time per call (session A/B, not committed rows) (~4 min)
+#   exp2ab   fwd_ablation at hd64 8k/16k non-causal: exp2 fractions 1/16..1/4 vs 0 (issue 11.4)   (~4-6 min)
 set -u
 OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
-PART=${2:?part: fwd128 fwd bwd128 bwd abl_fwd abl_bwd compile}
+PART=${2:?part: fwd128 fwd bwd128 bwd abl_fwd abl_bwd compile verify bwd_ab exp2ab}
 R=results/h200
 CAP=500
 mkdir -p "$OUT"
@@ -38,6 +41,17 @@ case "$PART" in
   abl_fwd) CAP=260; sweep fwd_ablation; sweep fwd_ablation 'shape.grid.hdims=[64]' 'shape.grid.seqlens=[8192]' ;;
   abl_bwd) sweep bwd_ablation job_timeout_s=300 ;;
   compile) sweep compile_time ;;
+  verify)  # every GPU test (backward, forward, the torch.library ops, isolation), logs to $OUT
+           for t in test_bwd_gpu test_fwd_gpu test_ops_gpu test_isolation; do
+             timeout 300 python -m pytest -q -p no:cacheprovider -m gpu "tests/$t.py" >"$OUT/$t.log" 2>&1
+             echo "=== $t: $(tail -n 1 "$OUT/$t.log")" | tee -a "$LOG"; done ;;
+  bwd_ab)  # our backward vs official FA4 / cuDNN at short sequences, and the host time per call
+           timeout 400 python scripts/bwd_ab.py --seqlens 1024 2048 8192 --host --out "$OUT/bwd_ab.jsonl" >"$OUT/bwd_ab.log" 2>&1
+           grep -E "^hd|^host" "$OUT/bwd_ab.log" | tee -a "$LOG" ;;
+  exp2ab)  # issue 11.4: the clamp-free software exp2 at hd64, fractions 1/16..1/4 against 0, interleaved
+           CAP=400; sweep fwd_ablation 'shape.grid.hdims=[64]' 'shape.grid.seqlens=[8192,16384]' 'shape.grid.causal=[false]' \
+             'experiment.configs=[{name: full, config: {}}]' '~experiment.sweep_fields.rescale_threshold' \
+             'experiment.sweep_fields.exp2_emu_fraction=[0.0625,0.125,0.1875,0.25]' ;;
   *) echo "unknown part $PART"; exit 2 ;;
 esac
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv >>"$OUT/gpu.txt" 2>&1
