@@ -464,7 +464,6 @@ class FlashBwdSm90:
 
         # ---- dQ -----------------------------------------------------------------------------------------
         thr_dQ = mma_dQ.get_slice(tid)
-        mdQ2 = mdQaccum[None, None, head, batch]  # (seqlen_q padded, d) fp32
         if const_expr(not self.two_cta):
             # dQ[:, half w] = dS K[:, half w] (64-row tiles) or dQ[rows w] = dS[rows w] K (128-row tiles)
             dq_m, dq_n = self.dq_shape
@@ -472,13 +471,10 @@ class FlashBwdSm90:
             tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS_w))
             sKt_w = cute.local_tile(transpose_view(sK)[None, None, 0], (dq_n, tn), (wg * (1 - self.dq_split_rows), 0))
             tdQrK = thr_dQ.make_fragment_B(thr_dQ.partition_B(sKt_w))
-            tdQrKp = tdQrK
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32)
-            tdQcdQ = None
-            d0 = 0
-            q0 = 0
         else:
             # dQ^T[d-slice, own Q rows] = K^T dS^T (own tile) + Kp^T dSp^T (peer tile)
+            mdQ2 = mdQaccum[None, None, head, batch]  # (seqlen_q padded, d) fp32, row-major for the register adds
             d0 = wg * 64 if const_expr(d == 128) else 0
             q0 = rank * (tm // 2) + (0 if const_expr(d == 128) else wg * self.dq_n)
             sKt = cute.local_tile(transpose_view(sK)[None, None, 0], (64, tn), (d0 // 64, 0))
