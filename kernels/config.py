@@ -76,6 +76,10 @@ class AttnConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+        # the custom ops' ``config`` argument (kernels.ops.config_string), computed once here so that torch.compile
+        # reads a plain str attribute instead of calling into the frozen dataclass (Dynamo <= 2.11 cannot)
+        changed = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+        object.__setattr__(self, "op_string", json.dumps(changed, sort_keys=True, separators=(",", ":")))
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self) -> None:

@@ -10,11 +10,10 @@ lse (b, h, s_q) fp32, dq/dk/dv like q/k/v; all contiguous), and fwd's autograd i
 q, k, v, out, lse; backward calls fa4lab::bwd; lse is not differentiable; no double backward).
 
 An AttnConfig crosses the op boundary as ``config_string(cfg)``: the JSON of the fields that differ from
-``AttnConfig()`` ("{}" for the defaults or None), cached per config object, so equal configs give equal strings
-and the eager path encodes nothing per call. Inside the op the string is decoded (memoised) and resolved for
-(sm90, head dim, causal) by ``resolve_cached``. Under torch.compile the string is a graph constant
-(``torch.compiler.assume_constant_result``) and Dynamo guards on the config object: another config object (even an
-equal one) traces again, never reusing a stale string. Build configs outside the compiled region (Dynamo cannot
+``AttnConfig()`` ("{}" for the defaults or None), computed once when the config is built (``AttnConfig.op_string``), so equal
+configs give equal strings and no call encodes anything. Inside the op the string is decoded (memoised) and resolved
+for (sm90, head dim, causal) by ``resolve_cached``. Under torch.compile Dynamo reads that str attribute as a graph
+constant and guards on it, so another config traces again, never reusing a stale string. Build configs outside the compiled region (Dynamo cannot
 trace AttnConfig's constructor: a config built inside a fullgraph region is an error).
 
 ``attention(q, k, v, ...)`` is the public entry (``kernels.attention``): input checks in the documented order,
@@ -39,21 +38,16 @@ NAMESPACE = "fa4lab"
 FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, str config) -> (Tensor out, Tensor lse)"
 BWD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale, "
               "str config) -> (Tensor dq, Tensor dk, Tensor dv)")
-_DEFAULT_FIELDS = AttnConfig().to_dict()
 
 
-@functools.lru_cache(maxsize=1024)
-def _encode(config: AttnConfig | None) -> str:
-    fields = {} if config is None else {k: v for k, v in config.to_dict().items() if v != _DEFAULT_FIELDS[k]}
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
-
-
-@torch.compiler.assume_constant_result
 def config_string(config: AttnConfig | None) -> str:
-    """The op's ``config`` argument for an AttnConfig (or None): JSON of its non-default fields, cached."""
-    if config is not None and not isinstance(config, AttnConfig):
+    """The op's ``config`` argument for an AttnConfig (or None): JSON of its non-default fields, computed once when
+    the config was built (``AttnConfig.op_string``)."""
+    if config is None:
+        return "{}"
+    if not isinstance(config, AttnConfig):
         raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
-    return _encode(config)
+    return config.op_string
 
 
 @functools.lru_cache(maxsize=1024)

@@ -224,6 +224,11 @@ class FlashBwdSm90:
         tma_LSE, tLSE = cpasync.make_tiled_tma_atom(g2s_q, mLSE, cute.make_layout(tm), (tm,), num_multicast=mc)
         tma_dPsum, tdPsum = cpasync.make_tiled_tma_atom(g2s_q, mdPsum, cute.make_layout(tm), (tm,),
                                                         num_multicast=mc)
+        # dK / dV leave through shared memory (the K / V tiles' space) with one TMA store each
+        self.sdKV_layout = self._smem_layout(tn, d, 1, min(d, 64))
+        s2g = cpasync.CopyBulkTensorTileS2GOp()
+        tma_dK, tdK = cpasync.make_tiled_tma_atom(s2g, mdK, one(self.sdKV_layout), (tn, d))
+        tma_dV, tdV = cpasync.make_tiled_tma_atom(s2g, mdV, one(self.sdKV_layout), (tn, d))
 
         self.bytes_q = tm * d * self.dtype.width // 8 + tm * 4
         self.bytes_kv = (3 if self.two_cta else 2) * tn * d * self.dtype.width // 8
@@ -257,9 +262,9 @@ class FlashBwdSm90:
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         grid = (cute.ceil_div(num_n_blocks, mc) * mc, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(tQ, tK, tV, tdO, tLSE, tdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-                    mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ,
+                    mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
                     self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
-                    self.sdSp_layout, Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
+                    self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
             grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ---------------------------------------------------------------------------------------------
@@ -268,11 +273,12 @@ class FlashBwdSm90:
                mLSE: cute.Tensor, mdPsum: cute.Tensor,
                tma_Q: cute.CopyAtom, tma_K: cute.CopyAtom, tma_V: cute.CopyAtom, tma_dO: cute.CopyAtom,
                tma_LSE: cute.CopyAtom, tma_dPsum: cute.CopyAtom,
-               mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
+               mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, tma_dK: cute.CopyAtom,
+               tma_dV: cute.CopyAtom, mSem: cute.Tensor,
                mma_S: cute.TiledMma, mma_dKV: cute.TiledMma, mma_dQ: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               sdS_layout: cute.ComposedLayout, sdSp_layout: cute.ComposedLayout,
+               sdS_layout: cute.ComposedLayout, sdSp_layout: cute.ComposedLayout, sdKV_layout: cute.ComposedLayout,
                softmax_scale: Float32, scale_log2: Float32):
         tm, tn, mc = self.tile_m, self.tile_n, self.cluster
         tidx, _, _ = cute.arch.thread_idx()
@@ -343,6 +349,9 @@ class FlashBwdSm90:
         if const_expr(self.two_cta):
             sKp = storage.sKp.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sdSp = storage.sdSp.get_tensor(sdSp_layout.outer, swizzle=sdSp_layout.inner)
+        # dK / dV staging for the epilogue, aliasing sK / sV (read by no GEMM any more by then)
+        sdKs = storage.sK.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
+        sdVs = storage.sV.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
         sLSE = storage.sLSE.get_tensor(cute.make_layout((tm, self.stages)))
         sdPsum = storage.sdPsum.get_tensor(cute.make_layout((tm, self.stages)))
 
@@ -358,7 +367,8 @@ class FlashBwdSm90:
                                    n_block, num_groups, seqlen_q, seqlen_k)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.mma(mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sKp, sdSp,
+            self.mma(mdQaccum, mdK, mdV, tma_dK, tma_dV, sdKs, sdVs, mSem, mma_S, mma_dKV, mma_dQ,
+                     sQ, sK, sV, sdO, sdS, sKp, sdSp,
                      sLSE, sdPsum, storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
                      storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr(),
                      pipe_q, pipe_do, pipe_kv, tidx - 128, n_block, head, batch, m_block_min, m_block_max,
@@ -420,7 +430,8 @@ class FlashBwdSm90:
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
-    def mma(self, mdQaccum, mdK, mdV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sK, sV, sdO, sdS, sKp, sdSp,
+    def mma(self, mdQaccum, mdK, mdV, tma_dK, tma_dV, sdKs, sdVs, mSem, mma_S, mma_dKV, mma_dQ,
+            sQ, sK, sV, sdO, sdS, sKp, sdSp,
             sLSE, sdPsum, sdS_raw, sdSp_raw, sdQ_raw, mbar_dsfull, mbar_dsempty,
             pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min, m_block_max,
             num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank):
@@ -485,9 +496,8 @@ class FlashBwdSm90:
             tdQcdQ = thr_dQ.partition_C(cute.make_identity_tensor((64, self.dq_n)))
 
         # dK/dV epilogue partitions
-        tcKV = thr_KV.partition_C(cute.make_identity_tensor((64, d)))
-        gdK = thr_KV.partition_C(cute.local_tile(mdK[None, None, head, batch], (64, d), (n_block * 2 + wg, 0)))
-        gdV = thr_KV.partition_C(cute.local_tile(mdV[None, None, head, batch], (64, d), (n_block * 2 + wg, 0)))
+        gdK = cute.local_tile(mdK[None, None, head, batch], (tn, d), (n_block, 0))
+        gdV = cute.local_tile(mdV[None, None, head, batch], (tn, d), (n_block, 0))
 
         pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
         sem_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_SEM), num_threads=self.num_mma_threads)
@@ -523,7 +533,8 @@ class FlashBwdSm90:
                 self.dq_reduce_two_cta(acc_dQ, tdQcdQ, mdQ2, mSem, sem_bar, m_block, m_row0, q0, d0, group,
                                        causal_off, num_groups, rank, head, batch, tidx)
 
-        self.dkdv_epilogue(acc_dK, acc_dV, tcKV, gdK, gdV, n_row0, seqlen_k, softmax_scale)
+        self.dkdv_epilogue(acc_dK, acc_dV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, gdK, gdV, pds_bar, wg, tid, tidx,
+                           n_block, seqlen_k, softmax_scale)
 
     # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
     @cute.jit
@@ -632,19 +643,32 @@ class FlashBwdSm90:
                 cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
 
     @cute.jit
-    def dkdv_epilogue(self, acc_dK, acc_dV, tcKV, gdK, gdV, n_row0, seqlen_k, softmax_scale):
-        """dK * softmax_scale and dV in the input dtype, from registers to global memory (rows past seqlen_k
-        are skipped)."""
+    def dkdv_epilogue(self, acc_dK, acc_dV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, gdK, gdV, pds_bar, wg, tid, tidx,
+                      n_block, seqlen_k, softmax_scale):
+        """dK * softmax_scale and dV in the input dtype: stmatrix into the K / V tiles' shared memory once both
+        warpgroups are past their last GEMM, then one TMA store each (rows past seqlen_k are clipped)."""
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         acc_dK.store(acc_dK.load() * softmax_scale)
         rdK.store(acc_dK.load().to(self.dtype))
         rdV.store(acc_dV.load().to(self.dtype))
-        for i in cutlass.range_constexpr(cute.size(rdK)):
-            r, c = tcKV[i]
-            if n_row0 + r < seqlen_k:
-                gdK[i] = rdK[i]
-                gdV[i] = rdV[i]
+        pds_bar.arrive_and_wait()  # every GEMM reading sK / sV has completed (each warpgroup waited on its own)
+        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_st = cute.make_tiled_copy_C(st_atom, mma_dKV).get_slice(tid)
+        sdK_w = cute.local_tile(sdKs[None, None, 0], (64, self.hdim), (wg, 0))
+        sdV_w = cute.local_tile(sdVs[None, None, 0], (64, self.hdim), (wg, 0))
+        cute.copy(st_atom, thr_st.retile(rdK), thr_st.partition_D(sdK_w))
+        cute.copy(st_atom, thr_st.retile(rdV), thr_st.partition_D(sdV_w))
+        cute.arch.fence_view_async_shared()
+        pds_bar.arrive_and_wait()
+        if tidx == 0:
+            if n_block * self.tile_n < seqlen_k:  # a two_cta pair's second tile may lie wholly past seqlen_k
+                for atom, s_t, g_t in ((tma_dK, sdKs, gdK), (tma_dV, sdVs, gdV)):
+                    ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_t[None, None, 0], 0, 2),
+                                                   cute.group_modes(g_t, 0, 2))
+                    cute.copy(atom, ts, tg)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def dq_to_writer(self, acc_dQ, sdQ_raw, wg, tid, it):
