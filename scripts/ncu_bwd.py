@@ -1,8 +1,11 @@
 """One backward call each of ours and official FA4 (when importable), for Nsight Compute.
 
 ``ncu -k 'regex:(FlashBwdSm90|BackwardSm90)_object' --set full -o rep python scripts/ncu_bwd.py --hdim 128 --seqlen 8192``
-profiles the two main backward kernels of one shape (16k total tokens, hidden 2048, bf16). A session script for
-kernel work; the committed benchmarks are the experiments.
+profiles the two main backward kernels of one shape (16k total tokens, hidden 2048, bf16); always pass
+``--clock-control none`` to ncu (its default locks the clocks to base, which we never do). ``--kernels N`` instead
+runs each backward N times under torch.profiler and prints every kernel's mean device time (pre, main, post,
+memsets), for the fixed per-call costs at short sequences. A session script for kernel work; the committed
+benchmarks are the experiments.
 """
 from __future__ import annotations
 
@@ -24,20 +27,41 @@ def main():
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--causal", type=int, default=0)
+    ap.add_argument("--kernels", type=int, default=0, help="N calls each under torch.profiler: per-kernel times")
     a = ap.parse_args()
     s, d, causal = a.seqlen, a.hdim, bool(a.causal)
     b, h = max(1, 16384 // s), 2048 // d
     q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     scale = 1.0 / math.sqrt(d)
     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
-    attention_backward(q, k, v, out, do, lse, causal, scale, None)
+    calls = {"ours": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, None)}
     try:
         from flash_attn.cute.interface import _flash_attn_bwd
 
-        _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal)
+        calls["fa4_official"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal)
     except ImportError:
         print("flash_attn.cute not importable: ours only")
+    for fn in calls.values():
+        fn()
     torch.cuda.synchronize()
+    if a.kernels:
+        per_kernel(calls, a.kernels)
+
+
+def per_kernel(calls: dict, n: int) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, fn in calls.items():
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+        evs = [e for e in prof.key_averages() if e.device_time_total > 0]
+        total = sum(e.device_time_total for e in evs) / n
+        print(f"== {name}: {total:8.1f} us of kernels per call")
+        for e in sorted(evs, key=lambda e: -e.device_time_total):
+            print(f"   {e.device_time_total / n:8.1f} us  x{e.count / n:.0f}  {e.key[:110]}")
 
 
 if __name__ == "__main__":
