@@ -273,24 +273,13 @@ class FlashFwdSm90:
     def softmax_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
                       n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, masked: cutlass.Constexpr[bool],
                       is_first: cutlass.Constexpr[bool]) -> Boolean:
+        """Mask (only when ``masked``), then the online softmax step. An unmasked block is never the first one a
+        row sees (the first block processed is always masked) and, once any unmasked block exists, every row of the
+        tile has seen a key, so its row maxima are finite and the -inf guards compile out."""
         if const_expr(masked):
             apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
         return online_softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, self.tau, self.emu_frags,
-                                   self.poly, is_first)
-
-    @cute.jit
-    def softmax_later_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
-                            n_block: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Boolean:
-        """Softmax of a block after the first: masked only where causal and on or past the diagonal blocks."""
-        do_rescale = Boolean(True)
-        if const_expr(self.causal):
-            if n_block >= n_block_min_masked:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
-            else:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
-        else:
-            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
-        return do_rescale
+                                   self.poly, is_first, check_inf=masked)
 
     @cute.jit
     def to_p(self, acc_S, tOrP):
@@ -303,6 +292,92 @@ class FlashFwdSm90:
         else:
             if do_rescale:
                 rescale_o(acc_O, row_scale)
+
+    # The key blocks of a Q tile are walked from n_block_max - 1 down to 0 in three runs, each its own loop, so no
+    # iteration decides whether to mask: the first block (always masked: it holds the ragged end of the keys and,
+    # causal, the diagonal), then the remaining blocks at or past n_block_min_masked (causal only: the diagonal),
+    # then the unmasked ones.
+    @cute.jit
+    def block_counts(self, n_block_max: Int32, n_block_min_masked: Int32):
+        """(masked blocks after the first, unmasked blocks) of the walk."""
+        n_unmasked = n_block_max - 1
+        n_masked = Int32(0)
+        if const_expr(self.causal):
+            n_unmasked = cutlass.min(n_block_min_masked, n_block_max - 1)
+            n_masked = n_block_max - 1 - n_unmasked
+        return n_masked, n_unmasked
+
+    @cute.jit
+    def first_block(self, ctx, state, n_block: Int32):
+        """S = Q K^T of the first (masked) block, its softmax and P; O starts at zero. Releases K, not V."""
+        (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
+         scale_log2, m_base, seqlen_q, seqlen_k) = ctx
+        pipe_k.consumer_wait(state)
+        self.sched_sync(wg)
+        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+        self.sched_arrive(wg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(state)
+        self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q,
+                           seqlen_k, True, True)
+        self.to_p(acc_S, tOrP)
+        acc_O.fill(0.0)
+
+    @cute.jit
+    def overlapped_block(self, ctx, tiled_mma_pv, tOrVt, pipe_v, state, state_v, n_block: Int32,
+                         masked: cutlass.Constexpr[bool]):
+        """Steady state with intra-warpgroup overlap: issue S = Q K[n_block]^T and O += P V[state_v] together; the
+        softmax of S runs while the PV GEMM is in flight, then P and the O rescale for the next step."""
+        (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
+         scale_log2, m_base, seqlen_q, seqlen_k) = ctx
+        pipe_k.consumer_wait(state)
+        self.sched_sync(wg)
+        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+        pipe_v.consumer_wait(state_v)
+        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
+        self.sched_arrive(wg)
+        warpgroup.wait_group(1)
+        pipe_k.consumer_release(state)
+        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
+                                        seqlen_q, seqlen_k, masked, False)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state_v)
+        self.to_p(acc_S, tOrP)
+        self.maybe_rescale(acc_O, row_scale, do_rescale)
+
+    @cute.jit
+    def last_block(self, acc_O, tOrP, tiled_mma_pv, tOrVt, pipe_v, state):
+        """O += P V of the last block (the one the first / steady steps left in P)."""
+        pipe_v.consumer_wait(state)
+        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state)
+
+    @cute.jit
+    def serial_block(self, ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_block: Int32, masked: cutlass.Constexpr[bool],
+                     is_first: cutlass.Constexpr[bool]):
+        """One block without intra-warpgroup overlap: S = Q K^T, softmax, O rescale, O += P V. With pingpong the
+        warpgroup holds the GEMM token from PV(j) through QK^T(j+1) (the caller syncs before the first block)."""
+        (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
+         scale_log2, m_base, seqlen_q, seqlen_k) = ctx
+        pipe_k.consumer_wait(state)
+        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+        self.sched_arrive(wg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(state)
+        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
+                                        seqlen_q, seqlen_k, masked, is_first)
+        if const_expr(not is_first):
+            self.maybe_rescale(acc_O, row_scale, do_rescale)
+        self.to_p(acc_S, tOrP)
+        pipe_v.consumer_wait(state)
+        self.sched_sync(wg)
+        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state)
 
     @cute.jit
     def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
@@ -326,6 +401,8 @@ class FlashFwdSm90:
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_scale = cute.make_rmem_tensor(n_rows, Float32)
         m_base = m_block * self.tile_m
+        ctx = (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
+               scale_log2, m_base, seqlen_q, seqlen_k)
 
         if const_expr(self.pingpong):
             if wg == 0:  # the first warpgroup starts with the GEMM token
@@ -335,67 +412,32 @@ class FlashFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
 
-        n_block = n_block_max - 1
+        n_masked, n_unmasked = self.block_counts(n_block_max, n_block_min_masked)
         if const_expr(self.intra_wg_overlap):
-            # first half: S(last) = Q K^T, softmax, P
-            pipe_k.consumer_wait(state)
-            self.sched_sync(wg)
-            acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-            self.sched_arrive(wg)
-            warpgroup.wait_group(0)
-            pipe_k.consumer_release(state)
-            self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
-            self.to_p(acc_S, tOrP)
-            acc_O.fill(0.0)
-            # steady state: issue S(j+1) and O += P(j) V(j) together; softmax(j+1) while PV(j) runs
-            for i in cutlass.range(n_block_max - 1, unroll=1):
-                n_block = n_block_max - 2 - i
+            self.first_block(ctx, state, n_block_max - 1)
+            # steady state, P(j) V(j) under softmax(j+1): the masked blocks after the first, then the unmasked ones
+            if const_expr(self.causal):
+                for i in cutlass.range(n_masked, unroll=1):
+                    state_v = state.clone()
+                    state.advance()
+                    self.overlapped_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, state_v, n_block_max - 2 - i, True)
+            for i in cutlass.range(n_unmasked, unroll=1):
                 state_v = state.clone()
                 state.advance()
-                pipe_k.consumer_wait(state)
-                self.sched_sync(wg)
-                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-                pipe_v.consumer_wait(state_v)
-                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
-                self.sched_arrive(wg)
-                warpgroup.wait_group(1)
-                pipe_k.consumer_release(state)
-                do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(state_v)
-                self.to_p(acc_S, tOrP)
-                self.maybe_rescale(acc_O, row_scale, do_rescale)
-            # last half: O += P(0) V(0)
-            pipe_v.consumer_wait(state)
-            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(state)
+                self.overlapped_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, state_v, n_unmasked - 1 - i, False)
+            self.last_block(acc_O, tOrP, tiled_mma_pv, tOrVt, pipe_v, state)
             state.advance()
         else:
             acc_O.fill(0.0)
             self.sched_sync(wg)
-            for i in cutlass.range(n_block_max, unroll=1):
-                n_block = n_block_max - 1 - i
-                pipe_k.consumer_wait(state)
-                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-                self.sched_arrive(wg)
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(state)
-                do_rescale = Boolean(True)
-                if i == 0:
-                    self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
-                else:
-                    do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
-                    self.maybe_rescale(acc_O, row_scale, do_rescale)
-                self.to_p(acc_S, tOrP)
-                pipe_v.consumer_wait(state)
-                self.sched_sync(wg)
-                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(state)
+            self.serial_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_block_max - 1, True, True)
+            state.advance()
+            if const_expr(self.causal):
+                for i in cutlass.range(n_masked, unroll=1):
+                    self.serial_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_block_max - 2 - i, True, False)
+                    state.advance()
+            for i in cutlass.range(n_unmasked, unroll=1):
+                self.serial_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_unmasked - 1 - i, False, False)
                 state.advance()
             self.sched_arrive(wg)
 
