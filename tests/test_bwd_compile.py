@@ -1,7 +1,8 @@
 """Compile-only tests of the sm90 backward (CUTE_DSL_ARCH=sm_90a, fake tensors, no GPU).
 
 Switch combinations are covered pairwise (every pair of values of deterministic x exp2 fraction x causal x
-hdim x dtype x two_cta appears in some row) to keep CI small.
+hdim x dtype x two_cta appears in some row) to keep CI small; the wide head dims (256, (192, 128)) have their own
+pairwise rows (no two_cta there: a ConfigError).
 """
 from __future__ import annotations
 
@@ -44,6 +45,55 @@ def test_bwd_compiles(det, frac, causal, hdim, dtype, two_cta):
     assert out["exp2_fraction_compiled"] == round(frac * groups) / groups
 
 
+# the wide head dims (kernels/sm90/bwd_wide.py; no two_cta there): (deterministic, exp2_emu_fraction, causal,
+# (hdim, hdim_v), dtype), pairwise over the first four factors with the dtype alternating
+WIDE = [
+    (False, 0.0, False, (256, 256), "bfloat16"),
+    (True, 0.5, True, (256, 256), "float16"),
+    (False, 1.0, True, (192, 128), "bfloat16"),
+    (True, 0.0, True, (192, 128), "float16"),
+    (True, 1.0, False, (256, 256), "bfloat16"),
+    (False, 0.5, False, (192, 128), "float16"),
+]
+
+
+def test_wide_pairwise_array_covers_every_pair():
+    import itertools
+
+    for a, b in itertools.combinations(range(5), 2):
+        if b == 4 and a != 3:
+            continue  # the dtype alternates with the head dims only
+        seen = {(row[a], row[b]) for row in WIDE}
+        assert seen == set(itertools.product({r[a] for r in WIDE}, {r[b] for r in WIDE})), (a, b)
+
+
+@pytest.mark.parametrize("det,frac,causal,hdims,dtype", WIDE, ids=lambda v: f"hd{v[0]}_{v[1]}" if isinstance(v, tuple) else None)
+def test_bwd_wide_compiles(det, frac, causal, hdims, dtype):
+    from kernels import AttnConfig
+    from kernels.sm90.backward import compile_backward
+
+    hdim, hdim_v = hdims
+    out = compile_backward(AttnConfig(deterministic=det, exp2_emu_fraction=frac), dtype, hdim, causal, hdim_v=hdim_v)
+    assert set(out) >= {"pre", "main", "post"}
+    assert (out["tile_m"], out["tile_n"]) == (64, 64)
+    groups = out["tile_m"] // 2 // 8  # each warpgroup's S^T covers half of the Q rows: 4 fragments per thread
+    assert out["exp2_fraction_compiled"] == round(frac * groups) / groups
+
+
+def test_wide_smem_and_stages():
+    """hd256 fits one Q/dO stage and one dQ buffer; (192, 128) two Q/dO stages; both under 227 KB."""
+    import cutlass
+
+    from kernels.sm90.bwd_wide import FlashBwdWideSm90
+
+    k256 = FlashBwdWideSm90(cutlass.BFloat16, 256, False, hdim_v=256)
+    k192 = FlashBwdWideSm90(cutlass.BFloat16, 192, True, hdim_v=128)
+    assert (k256.stages, k256.dq_stages) == (1, 1) and (k192.stages, k192.dq_stages) == (2, 1)
+    assert k256.smem_bytes == 4 * 32768 + 2 * 8192 + 65536 + 2 * 256
+    assert max(k256.smem_bytes, k192.smem_bytes) <= 227 * 1024 - 2048
+    assert k192.atom_qk == 32 and k256.atom_qk == 64  # halves of the head dim start on a swizzle atom
+
+
 def test_distinct_configs_distinct_kernels():
     from kernels import AttnConfig
     from kernels.sm90.backward import compile_backward
@@ -53,9 +103,27 @@ def test_distinct_configs_distinct_kernels():
     assert a["main"] is not b["main"]
 
 
-def test_unsupported_rejected():
+@pytest.mark.parametrize("cfg,hdim,hdim_v,match", [
+    (dict(two_cta=True), 256, 256, "two_cta=True at hdim 256"),
+    (dict(two_cta=True, deterministic=True), 192, 128, "two_cta=True at hdim 192"),
+    (dict(bwd_tile_m=128), 256, 256, "bwd_tile_m=128 at hdim 256"),
+    (dict(bwd_tile_m=128), 128, 128, "bwd_tile_m=128 at hdim 128"),
+    (dict(), 192, 192, r"\(head_dim, head_dim_v\)=\(192, 192\)"),
+    (dict(), 128, 64, r"\(head_dim, head_dim_v\)=\(128, 64\)"),
+])
+def test_unsupported_rejected(cfg, hdim, hdim_v, match):
+    """Combinations the sm90 backward does not compile are ConfigErrors naming the field, before any compile."""
     from kernels import AttnConfig, ConfigError
     from kernels.sm90.backward import compile_backward
 
-    with pytest.raises(ConfigError, match="hdim=256"):
-        compile_backward(AttnConfig(), "bfloat16", 256, False)
+    with pytest.raises(ConfigError, match=match):
+        compile_backward(AttnConfig(**cfg), "bfloat16", hdim, False, hdim_v=hdim_v)
+
+
+def test_wide_kernel_rejects_two_cta_directly():
+    import cutlass
+
+    from kernels.sm90.bwd_wide import FlashBwdWideSm90
+
+    with pytest.raises(ValueError, match="two_cta"):
+        FlashBwdWideSm90(cutlass.BFloat16, 256, False, two_cta=True, hdim_v=256)

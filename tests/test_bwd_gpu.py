@@ -38,11 +38,13 @@ def _grads(q, k, v, do, causal, scale, dtype):
 
 
 def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0):
+    """``d``: the head dim, or (head_dim, head_dim_v) for the (192, 128) backward."""
     from kernels.sm90.backward import attention_backward
 
+    d, dv = d if isinstance(d, tuple) else (d, d)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
-                   for s in (sq, sk, sk, sq))
+    q, k, v, do = (torch.randn(b, s, h, e, device="cuda", dtype=dtype, generator=g)
+                   for s, e in ((sq, d), (sk, d), (sk, dv), (sq, dv)))
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
         out64, lse = _attn(q.double(), k.double(), v.double(), causal, scale)
@@ -53,12 +55,13 @@ def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0):
     ours = attention_backward(q, k, v, out, do, lse.float().contiguous(), causal, scale, cfg, *poisoned)
     torch.cuda.synchronize()
     assert all(o.data_ptr() == p.data_ptr() for o, p in zip(ours, poisoned)), "preallocated outputs not used"
+    assert ours[2].shape[-1] == dv
     for name, x, r, p in zip(("dq", "dk", "dv"), ours, ref, pt):
         assert x.shape == r.shape and x.dtype == dtype, name
         assert torch.isfinite(x).all(), f"{name}: non-finite values"
         err = (x.double() - r).abs().max().item()
         err_pt = (p.double() - r).abs().max().item()
-        assert err <= 2 * err_pt + ATOL, f"{name}: max err {err:.3e} > 2*{err_pt:.3e}+{ATOL} (b{b} sq{sq} sk{sk} h{h} d{d} causal={causal} {dtype} {cfg})"
+        assert err <= 2 * err_pt + ATOL, f"{name}: max err {err:.3e} > 2*{err_pt:.3e}+{ATOL} (b{b} sq{sq} sk{sk} h{h} d{d} dv{dv} causal={causal} {dtype} {cfg})"
     return ours
 
 
@@ -72,9 +75,18 @@ def _cfg(**kw):
 SHAPES = [(2, 128, 128, 2), (1, 113, 257, 3), (2, 301, 301, 2), (1, 200, 77, 2), (3, 1, 1, 2), (2, 17, 17, 1),
           (1, 1, 333, 2), (1, 4097, 4097, 1)]
 
+# head dims of the backward: an int (head_dim_v equal) or (head_dim, head_dim_v); the test ids name them ("64",
+# "128", "256", "192x128"), so ``-k "256 or 192"`` selects the wide kernel (kernels/sm90/bwd_wide.py)
+HDIMS = [64, 128, 256, (192, 128)]
+WIDE = [256, (192, 128)]
+
+
+def _hid(d):
+    return "x".join(map(str, d)) if isinstance(d, tuple) else str(d)
+
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", HDIMS, ids=_hid)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_bwd_default(dtype, hdim, causal, shape):
@@ -90,9 +102,16 @@ def test_bwd_default(dtype, hdim, causal, shape):
                                     dict(exp2_emu_fraction=1.0), dict(two_cta=True),
                                     dict(two_cta=True, deterministic=True, exp2_emu_fraction=0.5),
                                     dict(deterministic=True, exp2_emu_fraction=0.5)])
-@pytest.mark.parametrize("hdim,dtype", [(64, "float16"), (128, "bfloat16")])
+@pytest.mark.parametrize("hdim,dtype", [(64, "float16"), (128, "bfloat16"), (256, "bfloat16"), ((192, 128), "float16")],
+                         ids=["64-float16", "128-bfloat16", "256-bfloat16", "192x128-float16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_switches(switch, hdim, dtype, causal):
+    if switch.get("two_cta") and hdim in WIDE:
+        from kernels import ConfigError
+
+        with pytest.raises(ConfigError, match="two_cta=True at hdim"):
+            _run_case(1, 64, 64, 1, hdim, causal, getattr(torch, dtype), _cfg(**switch))
+        return
     _run_case(2, 333, 397, 2, hdim, causal, getattr(torch, dtype), _cfg(**switch), seed=1)
     _run_case(1, 256, 256, 3, hdim, causal, getattr(torch, dtype), _cfg(**switch), seed=2)
 
@@ -109,7 +128,9 @@ def test_bwd_tile_m_128(switch, causal):
 
 
 @pytest.mark.parametrize("hdim,causal,dtype", [(64, True, torch.bfloat16), (128, True, torch.float16),
-                                               (128, False, torch.bfloat16)])
+                                               (128, False, torch.bfloat16), (256, True, torch.bfloat16),
+                                               ((192, 128), True, torch.float16)],
+                         ids=["64-causal", "128-causal", "128-noncausal", "256-causal", "192x128-causal"])
 def test_bwd_det_schedule_naive(hdim, causal, dtype):
     """The naive deterministic schedule (K/V tile order for grid and dQ turns) gives correct gradients."""
     _run_case(2, 301, 333, 2, hdim, causal, dtype, _cfg(deterministic=True, det_schedule="naive"), seed=6)
@@ -126,9 +147,10 @@ def test_two_cta_odd_tile_count(hdim):
 def _repeat_dq(cfg, causal, repeats, d=128):
     from kernels.sm90.backward import attention_backward
 
-    b, s, h = 2, 2048, 1024 // d
+    d, dv = d if isinstance(d, tuple) else (d, d)
+    b, s, h = 2, 2048, max(1, 1024 // d)
     g = torch.Generator(device="cuda").manual_seed(7)
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    q, k, v, do = (torch.randn(b, s, h, e, device="cuda", dtype=torch.bfloat16, generator=g) for e in (d, d, dv, dv))
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
         out32, lse = _attn(q.float(), k.float(), v.float(), causal, scale)
@@ -146,11 +168,13 @@ VARIANTS = {"spt": dict(), "naive": dict(det_schedule="naive"), "two_cta": dict(
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", HDIMS, ids=_hid)
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_bitwise(causal, hdim, variant):
-    if variant == "tile128" and hdim == 128:
+    if variant == "tile128" and hdim != 64:
         pytest.skip("bwd_tile_m=128 is a hd64 option")
+    if variant == "two_cta" and hdim in WIDE:
+        pytest.skip("no two_cta at the wide head dims (a ConfigError, test_bwd_switches)")
     n_diff = _repeat_dq(_cfg(deterministic=True, **VARIANTS[variant]), causal, 200, d=hdim)
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 
@@ -164,14 +188,18 @@ def test_nondeterministic_reorders(capsys, variant):
 
 
 @pytest.mark.parametrize("b,sq,sk,h,d,causal", [(1, 97, 97, 2, 64, True), (2, 128, 200, 1, 128, False),
-                                               (1, 150, 260, 2, 128, True)])
+                                               (1, 150, 260, 2, 128, True), (1, 150, 260, 2, 256, True),
+                                               (2, 129, 201, 1, (192, 128), False)],
+                         ids=["64", "128-noncausal", "128-causal", "256-causal", "192x128-noncausal"])
 def test_autograd_path_against_float64(b, sq, sk, h, d, causal):
     """kernels.attention (our forward) -> torch.autograd -> our backward, against an fp64 reference."""
     import kernels
     from kernels.reference import attention_exact
 
+    d, dv = d if isinstance(d, tuple) else (d, d)
     g = torch.Generator(device="cuda").manual_seed(11)
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for s in (sq, sk, sk, sq))
+    q, k, v, do = (torch.randn(b, s, h, e, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for s, e in ((sq, d), (sk, d), (sk, dv), (sq, dv)))
     scale = 1.0 / math.sqrt(d)
     qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
     kernels.attention(qq, kk, vv, causal=causal).backward(do)

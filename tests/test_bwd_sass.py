@@ -40,20 +40,22 @@ def _nvdisasm():
     pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
 
 
-def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, det_schedule="spt", tile_m=None):
-    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{int(two_cta)}_{det_schedule}_{tile_m}"
+def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, det_schedule="spt", tile_m=None,
+               hdim_v=None, dtype="bfloat16"):
+    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{hdim_v}_{int(two_cta)}_{det_schedule}_{tile_m}_{dtype}"
     dump.mkdir()
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
         compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}, two_cta={two_cta},
-                                    det_schedule={det_schedule!r}, bwd_tile_m={tile_m}), "bfloat16", {hdim}, {causal})
+                                    det_schedule={det_schedule!r}, bwd_tile_m={tile_m}), {dtype!r}, {hdim}, {causal},
+                         hdim_v={hdim_v})
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
-    cubins = [c for c in glob.glob(str(dump / "*.cubin")) if "FlashBwdSm90" in c]
+    cubins = [c for c in glob.glob(str(dump / "*.cubin")) if "FlashBwdSm90" in c or "FlashBwdWideSm90" in c]
     assert len(cubins) == 1, cubins
     return subprocess.run([_nvdisasm(), "-c", cubins[0]], check=True, capture_output=True, text=True).stdout
 
@@ -86,6 +88,31 @@ def test_default_configs_have_no_spills(tmp_path, hdim, causal, tile_m):
         assert not re.search(r"REDG\.E\.ADD\.F32", sass)
         # dK / dV leave by TMA stores from shared memory, never element by element
         assert "UTMASTG" in sass and not re.search(r"\bSTG\.E", sass)
+
+
+@pytest.mark.parametrize("hdim,hdim_v,causal,dtype", [(256, 256, False, "bfloat16"), (256, 256, True, "float16"),
+                                                     (192, 128, True, "bfloat16"), (192, 128, False, "float16")],
+                         ids=["hd256-noncausal-bf16", "hd256-causal-fp16", "hd192_128-causal-bf16",
+                              "hd192_128-noncausal-fp16"])
+def test_wide_default_configs_have_no_spills(tmp_path, hdim, hdim_v, causal, dtype):
+    """hd256 and (192, 128) (kernels/sm90/bwd_wide.py; default and deterministic): no spills; P^T and dS^T go
+    to shared memory with stmatrix and every dK / dV / dQ GEMM is SS (64 x d/2 per warpgroup); dQ leaves by the
+    writer warp's bulk reductions and dK / dV by TMA stores."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    fp = "F32.BF16" if dtype == "bfloat16" else "F32"
+    for det in (False, True):
+        sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=hdim, hdim_v=hdim_v, dtype=dtype)
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"spills in hd({hdim},{hdim_v}) causal={causal} det={det}"
+        ops = opcode_counts(sass)
+        # S^T / dP^T: 64 K/V rows x 32 Q rows per warpgroup over the head dims; dK, dQ: 64 x hdim/2; dV: 64 x hdim_v/2
+        kinds = {op for op in ops if op.startswith("HGMMA")}
+        assert kinds == {f"HGMMA.64x{n}x16.{fp}" for n in (32, hdim // 2, hdim_v // 2)}, kinds
+        assert count(ops, "HGMMA") == (hdim + hdim_v) // 16 + 3 * 64 // 16
+        assert "STSM" in sass and "UBLKRED.G.S.ADD.F32" in sass and "UTMASTG" in sass
+        assert not re.search(r"REDG\.E\.ADD\.F32", sass) and not re.search(r"\bSTG\.E", sass)
+        assert "MULTICAST" not in sass
+        assert bool(re.search(r"LDG\.E\.STRONG\.GPU", sass)) == det  # the writer warp's acquire spin
 
 
 def test_exp2_fraction_in_sass(tmp_path):

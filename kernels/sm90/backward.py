@@ -22,18 +22,39 @@ def _cutlass_dtype(dtype_name: str):
 
 def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
     from .bwd import BWD_TILES
+    from .bwd_wide import WIDE_BWD_TILES
 
-    if hdim != hdim_v:
-        raise ConfigError(f"head_dim_v={hdim_v}: the sm90 backward needs head_dim_v == head_dim ({hdim})")
-    if hdim not in BWD_TILES:
-        raise ConfigError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)} "
-                          "(256 does not fit: dK+dV accumulators need 256 registers per thread)")
+    supported = sorted({(d, d) for d in BWD_TILES} | set(WIDE_BWD_TILES))
+    if (hdim, hdim_v) not in supported:
+        raise ConfigError(f"(head_dim, head_dim_v)=({hdim}, {hdim_v}): the sm90 backward supports (head_dim, "
+                          f"head_dim_v) in {supported}")
+    if (hdim, hdim_v) in WIDE_BWD_TILES:
+        tm = WIDE_BWD_TILES[(hdim, hdim_v)][0]
+        if cfg.two_cta:
+            raise ConfigError(f"two_cta=True at hdim {hdim}: the sm90 backward has no 2-CTA mode at head dims "
+                              f"{sorted(WIDE_BWD_TILES)} (the peer's K tile and dS exchange do not fit in shared "
+                              "memory next to the 64-row tiles); use two_cta=False")
+        if cfg.bwd_tile_m != tm:
+            raise ConfigError(f"bwd_tile_m={cfg.bwd_tile_m} at hdim {hdim}: the sm90 backward supports {tm} there "
+                              "(64 x 64 tiles, the warpgroups split the head dim)")
     if hdim == 128 and cfg.bwd_tile_m == 128:
         raise ConfigError("bwd_tile_m=128 at hdim 128: S, dP, dK and dV accumulators would need 256 registers per "
                           "thread (124 spills in the SASS); use 64")
 
 
-def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: bool = False):
+def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool):
+    """FlashBwdSm90 (hdim 64 / 128) or FlashBwdWideSm90 (hdim 256, (192, 128)) for a checked config."""
+    from .bwd import FlashBwdSm90
+    from .bwd_wide import WIDE_BWD_TILES, FlashBwdWideSm90
+
+    cls = FlashBwdWideSm90 if (hdim, hdim_v) in WIDE_BWD_TILES else FlashBwdSm90
+    kw = dict(hdim_v=hdim_v) if cls is FlashBwdWideSm90 else {}
+    return cls(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
+               exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule, tile_m=cfg.bwd_tile_m, **kw)
+
+
+def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: bool = False,
+           hdim_v: int | None = None):
     """Compile (pre, main, post) for one key from symbolic-shape fake tensors (no GPU needed).
 
     With ``tvm_ffi`` (the GPU path) the compiled functions take torch tensors and run on the current CUDA
@@ -43,24 +64,23 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    from .bwd import FlashBwdSm90
     from .bwd_post import FlashBwdPostSm90
     from .bwd_pre import FlashBwdPreSm90
 
+    hdim_v = hdim if hdim_v is None else hdim_v
     dt = _cutlass_dtype(dtype_name)
-    main = FlashBwdSm90(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
-                        exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule,
-                        tile_m=cfg.bwd_tile_m)
-    # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x 128, 24/240.
-    pre = FlashBwdPreSm90(dt, hdim, main.tile_m)
+    main = _main_kernel(dt, cfg, hdim, hdim_v, causal)
+    # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
+    # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
+    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v)
     post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem)
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
     SQP = cute.sym_int32(divisibility=64, symbol="SQP")
-    qkv = lambda s: make_fake_compact_tensor(dt, (B, s, H, hdim), stride_order=(3, 2, 1, 0), assumed_align=16)
+    qkv = lambda s, d=hdim: make_fake_compact_tensor(dt, (B, s, H, d), stride_order=(3, 2, 1, 0), assumed_align=16)
     f32 = lambda shape: make_fake_compact_tensor(cutlass.Float32, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
                                                   assumed_align=16)
-    q, o, do, dq = qkv(SQ), qkv(SQ), qkv(SQ), qkv(SQ)
-    k, v, dk, dv = qkv(SK), qkv(SK), qkv(SK), qkv(SK)
+    q, o, do, dq = qkv(SQ), qkv(SQ, hdim_v), qkv(SQ, hdim_v), qkv(SQ)
+    k, v, dk, dv = qkv(SK), qkv(SK, hdim_v), qkv(SK), qkv(SK, hdim_v)
     lse = make_fake_compact_tensor(cutlass.Float32, (B, H, SQ), stride_order=(2, 1, 0), assumed_align=4)
     lse2, dpsum = f32((B, H, SQP)), f32((B, H, SQP))
     dqacc = f32((B, H, SQP, hdim))
@@ -76,12 +96,13 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
                 tile_m=main.tile_m, tile_n=main.tile_n)
 
 
-def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool):
+def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None):
     """Compile the three backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host)."""
+    hdim_v = hdim if hdim_v is None else hdim_v
     cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
-    _check_supported(cfg, hdim, hdim)
-    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim, causal, ARCH)
-    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal))
+    _check_supported(cfg, hdim, hdim_v)
+    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH)
+    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, hdim_v=hdim_v))
 
 
 def _grad_buffer(g, like, name: str):
@@ -112,11 +133,16 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
         raise ValueError(f"lse: expected fp32 (batch, heads, seqlen_q)={(q.shape[0], q.shape[2], q.shape[1])}, "
                          f"got {tuple(lse.shape)} {lse.dtype}")
     b, sq, h, d = q.shape
-    sk = k.shape[1]
+    sk, dv_dim = k.shape[1], v.shape[-1]
+    for name, t, want in (("k", k, (b, sk, h, d)), ("v", v, (b, sk, h, dv_dim)), ("out", out, (b, sq, h, dv_dim)),
+                          ("dout", dout, (b, sq, h, dv_dim))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name}: expected shape {want} (q is {tuple(q.shape)}, v is {tuple(v.shape)}), "
+                             f"got {tuple(t.shape)}")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     cfg = resolve_cached(config, ARCH, d, bool(causal))
-    _check_supported(cfg, d, v.shape[-1])
+    _check_supported(cfg, d, dv_dim)
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
@@ -130,8 +156,8 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     sem = torch.zeros(b, h, n_m, device=dev, dtype=torch.int32) if cfg.deterministic else \
         torch.empty(b, h, n_m, device=dev, dtype=torch.int32)
     dq, dk, dv = (_grad_buffer(g, like, name) for g, like, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv")))
-    key = cache_key("bwd", cfg, dtype_name, d, d, causal, ARCH, tvm_ffi=True)
-    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True))
+    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True)
+    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim))
     with torch.cuda.device(q.device):
         kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
         kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk, dv, sem, float(softmax_scale))

@@ -111,13 +111,15 @@ class FlashBwdSm90:
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
-                 det_schedule: str = "spt", tile_m: int | None = None):
-        if hdim not in BWD_TILES:
-            raise ValueError(f"hdim={hdim}: the sm90 backward supports head dims {sorted(BWD_TILES)}")
+                 det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None):
+        if hdim not in BWD_TILES or hdim_v not in (None, hdim):
+            raise ValueError(f"hdim={hdim}, hdim_v={hdim_v}: FlashBwdSm90 supports head dims {sorted(BWD_TILES)} "
+                             "with hdim_v == hdim (bwd_wide.py has the wider ones)")
         if det_schedule not in ("spt", "naive"):
             raise ValueError(f"det_schedule={det_schedule!r}: 'spt' or 'naive'")
         self.dtype = dtype
         self.hdim = hdim
+        self.hdim_v = hdim  # V / dO / dV head dim (load() reads it; FlashBwdWideSm90 sets it apart)
         self.causal = bool(causal)
         # causal: dQ turns shortest-processing-time first (the diagonal-most K/V tile first) unless a
         # deterministic run asks for the naive schedule (K/V tile order for the grid and the turns)
@@ -231,6 +233,7 @@ class FlashBwdSm90:
         tma_dV, tdV = cpasync.make_tiled_tma_atom(s2g, mdV, one(self.sdKV_layout), (tn, d))
 
         self.bytes_q = tm * d * self.dtype.width // 8 + tm * 4
+        self.bytes_do = self.bytes_q
         self.bytes_kv = (3 if self.two_cta else 2) * tn * d * self.dtype.width // 8
         self.bytes_ds_half = (tm // 2) * tn * self.dtype.width // 8
         kp_cosize = cute.cosize(self.sK_layout) if const_expr(self.two_cta) else 0
@@ -322,7 +325,7 @@ class FlashBwdSm90:
             defer_sync=True)
         pipe_do = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer_group,
-            consumer_group=q_consumers, tx_count=self.bytes_q, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
+            consumer_group=q_consumers, tx_count=self.bytes_do, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
             defer_sync=True)
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
@@ -383,16 +386,16 @@ class FlashBwdSm90:
     def load(self, mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
              sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
              n_block, head, batch, m_block_min, m_block_max, rank):
-        tm, tn, d, mc = self.tile_m, self.tile_n, self.hdim, self.cluster
+        tm, tn, d, dv, mc = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.cluster
 
         def part(atom, s, g, crd=0, n=1):
             return cpasync.tma_partition(atom, crd, cute.make_layout(n), cute.group_modes(s, 0, cute.rank(s) - 1),
                                          cute.group_modes(g, 0, cute.rank(g) - 1))
 
         gK = cute.local_tile(mK[None, None, head, batch], (tn, d), (None, 0))
-        gV = cute.local_tile(mV[None, None, head, batch], (tn, d), (None, 0))
+        gV = cute.local_tile(mV[None, None, head, batch], (tn, dv), (None, 0))
         gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
-        gdO = cute.local_tile(mdO[None, None, head, batch], (tm, d), (None, 0))
+        gdO = cute.local_tile(mdO[None, None, head, batch], (tm, dv), (None, 0))
         gLSE = cute.local_tile(mLSE[None, head, batch], (tm,), (None,))
         gdPsum = cute.local_tile(mdPsum[None, head, batch], (tm,), (None,))
         tKsK, tKgK = part(tma_K, sK, gK)

@@ -2,7 +2,8 @@
 
 Rows are padded up to a multiple of the main kernel's tile_m: padded rows get dPsum = 0 and LSE = +inf (so
 the recomputed P is 0 there); a row with LSE = -inf (no visible key) gets 0, its scores are all masked anyway.
-Each row is handled by head_dim/8 threads (8 elements each) reduced with warp shuffles.
+Each row is handled by head_dim_v/8 threads (8 elements of O and dO each) reduced with warp shuffles; the same
+threads zero the row's head_dim fp32 dQaccum columns (8 at a time, in as many passes as head_dim needs).
 """
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ LOG2_E = math.log2(math.e)
 
 
 class FlashBwdPreSm90:
-    def __init__(self, dtype, hdim: int, tile_m: int):
+    def __init__(self, dtype, hdim: int, tile_m: int, hdim_v: int | None = None):
         self.dtype = dtype
-        self.hdim = hdim
-        self.tpr = hdim // 8  # threads per row
+        self.hdim = hdim  # dQaccum columns
+        self.hdim_v = hdim_v or hdim  # O / dO columns
+        self.tpr = self.hdim_v // 8  # threads per row
+        self.zero_passes = -(-hdim // self.hdim_v)  # passes of 8 * tpr dQaccum columns each
         self.num_threads = 128
         self.rows_per_cta = self.num_threads // self.tpr
-        assert tile_m % self.rows_per_cta == 0 and self.tpr <= 32
+        assert tile_m % self.rows_per_cta == 0 and self.tpr <= 32 and self.tpr & (self.tpr - 1) == 0
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
@@ -56,8 +59,14 @@ class FlashBwdPreSm90:
         while cutlass.const_expr(off >= 1):
             acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
             off //= 2
-        gdQ = cute.local_tile(mdQaccum[batch, head, row, None], (8,), (tidx % self.tpr,))
-        gdQ.fill(0.0)
+        for j in cutlass.range_constexpr(self.zero_passes):
+            if cutlass.const_expr(self.zero_passes == 1):
+                gdQ = cute.local_tile(mdQaccum[batch, head, row, None], (8,), (tidx % self.tpr,))
+                gdQ.fill(0.0)
+            else:
+                if col0 + j * self.hdim_v < self.hdim:
+                    gdQ = cute.local_tile(mdQaccum[batch, head, row, None], (8,), (tidx % self.tpr + j * self.tpr,))
+                    gdQ.fill(0.0)
         if col0 == 0:
             lse2 = Float32(float("inf"))
             if row < seqlen_q:

@@ -1,0 +1,375 @@
+"""FlashAttention backward main kernel for Hopper (sm_90a), wide head dims: hdim 256 and (qk 192, v 128).
+
+The narrow kernel (bwd.py) gives each MMA warpgroup 64 K/V rows and keeps its dK and dV for the whole head dim
+in registers: at hdim 256 that is 256 fp32 registers per thread for the accumulators alone. Here a CTA owns a
+K/V tile of 64 rows and the two MMA warpgroups split the *head dims* of dK and dV instead (FA3's hdim-256
+recipe, with its 64 x 64 tiles): warpgroup w accumulates dK[:, half w] and dV[:, half w] (64 x d/2 each, 128
+registers per thread at hd256). Per Q tile of 64 rows, warpgroup w computes, with wgmma:
+
+    S^T  = K Q_w^T     (SS, 64 K/V rows x 32 Q rows: this warpgroup's half of the Q tile)
+    dP^T = V dO_w^T    (SS)
+    P^T, dS^T as in bwd.py (masked exp2 against LSE_log2, dS^T = P^T (dP^T - dPsum)), then both go to shared
+    memory with stmatrix (warpgroup w writes Q columns [32w, 32w+32) of the 64 x 64 tiles) and the
+    warpgroups meet: every later GEMM reads the whole P^T / dS^T tile, so dV and dK are SS GEMMs:
+    dV[:, half w] += P^T dO[:, half w]    dK[:, half w] += dS^T Q[:, half w]    dQ[:, half w] = dS K[:, half w]
+
+dQ leaves as in bwd.py: each warpgroup's fp32 fragment goes to its shared-memory chunk and the dQ writer warp
+(warp 1) bulk-reduces it into the tile-blocked fp32 accumulator (``deterministic`` orders the writers with the
+same semaphore turns and SPT/naive schedules). dK (times softmax_scale) and dV leave through the K / V tiles'
+shared memory with one TMA store each. The producer warp and the writer warp are bwd.py's methods.
+
+Shared memory (bf16/fp16): hd256: Q, dO, K, V 32 KB each with one Q/dO stage, P^T + dS^T 16 KB, one 64 KB dQ
+staging buffer: 209 KB. (192, 128): two Q/dO stages (80 KB), K + V 40 KB, P^T + dS^T 16 KB, dQ 48 KB: 185 KB.
+P^T / dS^T have one buffer: a warpgroup waits at a named barrier until the other has finished the previous Q
+tile's GEMMs before it overwrites them. two_cta is not supported at these head dims.
+"""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.memory
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ..config import DEFAULTS
+from .barriers import Bar
+from .bwd import LOG2_E, SMEM_BYTES, FlashBwdSm90, transpose_view
+from .exp2 import compiled_fraction, emulated_fragments
+from .gemm import wgmma
+
+# (hdim, hdim_v) -> (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m; tile_n = K/V rows per CTA)
+WIDE_BWD_TILES = {(256, 256): (DEFAULTS[("sm90", 256)]["bwd_tile_m"], 64),
+                  (192, 128): (DEFAULTS[("sm90", 192)]["bwd_tile_m"], 64)}
+
+
+class FlashBwdWideSm90(FlashBwdSm90):
+    """Main backward kernel for the wide head dims. Plain-Python knobs in, compile-time constants inside."""
+
+    def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
+                 exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
+                 det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None):
+        hdim_v = hdim if hdim_v is None else hdim_v
+        if (hdim, hdim_v) not in WIDE_BWD_TILES:
+            raise ValueError(f"(hdim, hdim_v)=({hdim}, {hdim_v}): FlashBwdWideSm90 supports {sorted(WIDE_BWD_TILES)}")
+        if two_cta:
+            raise ValueError(f"two_cta=True: not supported at hdim {hdim} (the peer's K tile and dS exchange do not "
+                             "fit in shared memory next to the wide tiles)")
+        if det_schedule not in ("spt", "naive"):
+            raise ValueError(f"det_schedule={det_schedule!r}: 'spt' or 'naive'")
+        self.dtype = dtype
+        self.hdim, self.hdim_v = hdim, hdim_v
+        self.causal = bool(causal)
+        self.spt = self.causal and (det_schedule == "spt" or not deterministic)
+        self.deterministic = bool(deterministic)
+        self.two_cta = False
+        self.cluster = 1
+        self.tile_m, self.tile_n = WIDE_BWD_TILES[(hdim, hdim_v)]
+        if tile_m not in (None, self.tile_m):
+            raise ValueError(f"bwd_tile_m={tile_m}: the hdim {hdim} backward supports {self.tile_m}")
+        tm, tn = self.tile_m, self.tile_n
+        self.num_mma_wg = 2
+        self.num_threads = 128 * (self.num_mma_wg + 1)
+        self.num_mma_threads = 128 * self.num_mma_wg
+        self.half_m = tm // self.num_mma_wg  # Q rows of S^T / dP^T per warpgroup
+        # swizzle atom width (elements) of the Q / K tiles: the dK / dQ GEMMs read half of the head dim as an
+        # MN-major operand, which must start on an atom boundary (hd192: halves of 96 columns -> 32-wide atoms)
+        self.atom_qk = 64 if (hdim // 2) % 64 == 0 else 32
+        self.atom_v = 64 if (hdim_v // 2) % 64 == 0 else 32
+        # dQ = dS K per warpgroup: the warpgroups split the head dim; the postprocess's blocked order as in bwd.py
+        self.dq_shape = (tm, hdim // 2)
+        self.dq_split_rows = 0
+        self.dq_smem = True
+        self.dq_vals = tm * (hdim // 2) // 128
+        self.dq_chunk = 128 * self.dq_vals
+        eb = dtype.width // 8
+        pds = 2 * tm * tn * eb  # P^T and dS^T, one buffer each
+        kv = tn * (hdim + hdim_v) * eb
+        per_stage = tm * (hdim + hdim_v) * eb + 2 * tm * 4
+        dq_bytes = tm * hdim * 4
+        slack = 2048  # barriers and alignment
+        self.stages = 2 if kv + pds + 2 * per_stage + dq_bytes + slack <= SMEM_BYTES else 1
+        self.dq_stages = 2 if kv + pds + self.stages * per_stage + 2 * dq_bytes + slack <= SMEM_BYTES else 1
+        self.smem_bytes = kv + pds + self.stages * per_stage + self.dq_stages * dq_bytes
+        assert self.smem_bytes + slack <= SMEM_BYTES, self.smem_bytes
+        # exp2 emulation: a thread's S^T accumulator (64 x half_m) holds half_m/8 fragments of 4 values
+        self.exp2_groups = self.half_m // 8
+        self.exp2_emu_frags = emulated_fragments(self.exp2_groups, exp2_emu_fraction)
+        self.exp2_fraction_compiled = compiled_fraction(self.exp2_groups, exp2_emu_fraction)
+        self.consumer_regs = min(240, consumer_regs)
+        self.producer_regs = producer_regs
+        assert self.producer_regs + self.num_mma_wg * self.consumer_regs <= 512
+
+    # ---------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
+                 mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
+                 softmax_scale: Float32, stream: cuda.CUstream):
+        mQ, mK, mV, mdO, mdK, mdV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                                     for t in (mQ, mK, mV, mdO, mdK, mdV)]
+        mLSE, mdPsum, mSem = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
+                              for t in (mLSE, mdPsum, mSem)]
+        mdQaccum = cute.make_tensor(mdQaccum.iterator, cute.select(mdQaccum.layout, mode=[2, 3, 1, 0]))
+
+        tm, tn, d, dv = self.tile_m, self.tile_n, self.hdim, self.hdim_v
+        st = self.stages
+        self.sQ_layout = self._smem_layout(tm, d, st, self.atom_qk)
+        self.sdO_layout = self._smem_layout(tm, dv, st, self.atom_v)
+        self.sK_layout = self._smem_layout(tn, d, 1, self.atom_qk)
+        self.sV_layout = self._smem_layout(tn, dv, 1, self.atom_v)
+        # P^T / dS^T stored as (Q rows, K/V rows) with Q rows contiguous: dS is then dQ's M-major A operand, and
+        # the transposed views are the K-major A operands of dV = P^T dO and dK = dS^T Q
+        self.sPdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, 1)
+
+        mma_S = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (64, self.half_m))
+        mma_dK = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, d // 2))
+        mma_dV = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, dv // 2))
+        mma_dQ = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN, Float32, (1, 1, 1), self.dq_shape)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        one = lambda lay: cute.select(lay, mode=[0, 1])
+        tma_Q, tQ = cpasync.make_tiled_tma_atom(g2s, mQ, one(self.sQ_layout), (tm, d))
+        tma_dO, tdO = cpasync.make_tiled_tma_atom(g2s, mdO, one(self.sdO_layout), (tm, dv))
+        tma_K, tK = cpasync.make_tiled_tma_atom(g2s, mK, one(self.sK_layout), (tn, d))
+        tma_V, tV = cpasync.make_tiled_tma_atom(g2s, mV, one(self.sV_layout), (tn, dv))
+        tma_LSE, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE, cute.make_layout(tm), (tm,))
+        tma_dPsum, tdPsum = cpasync.make_tiled_tma_atom(g2s, mdPsum, cute.make_layout(tm), (tm,))
+        # dK / dV leave through the K / V tiles' shared memory (same layouts) with one TMA store each
+        s2g = cpasync.CopyBulkTensorTileS2GOp()
+        tma_dK, tdK = cpasync.make_tiled_tma_atom(s2g, mdK, one(self.sK_layout), (tn, d))
+        tma_dV, tdV = cpasync.make_tiled_tma_atom(s2g, mdV, one(self.sV_layout), (tn, dv))
+
+        eb = self.dtype.width // 8
+        self.bytes_q = tm * d * eb + tm * 4
+        self.bytes_do = tm * dv * eb + tm * 4
+        self.bytes_kv = tn * (d + dv) * eb
+        dq_cosize = self.dq_stages * self.num_mma_wg * self.dq_chunk
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, st * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, st * 2]
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
+            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sPdS_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sPdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_cosize], 128]
+
+        self.shared_storage = SharedStorage
+
+        num_n_blocks = cute.ceil_div(mK.shape[0], tn)
+        grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(tQ, tK, tV, tdO, tLSE, tdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
+                    mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dK, mma_dV, mma_dQ,
+                    self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
+                    Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
+            grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ---------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+               mLSE: cute.Tensor, mdPsum: cute.Tensor,
+               tma_Q: cute.CopyAtom, tma_K: cute.CopyAtom, tma_V: cute.CopyAtom, tma_dO: cute.CopyAtom,
+               tma_LSE: cute.CopyAtom, tma_dPsum: cute.CopyAtom,
+               mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, tma_dK: cute.CopyAtom,
+               tma_dV: cute.CopyAtom, mSem: cute.Tensor,
+               mma_S: cute.TiledMma, mma_dK: cute.TiledMma, mma_dV: cute.TiledMma, mma_dQ: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout,
+               softmax_scale: Float32, scale_log2: Float32):
+        tm, tn = self.tile_m, self.tile_n
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        bidx, head, batch = cute.arch.block_idx()
+        num_n_blocks = cute.ceil_div(mK.shape[0], tn)
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        # causal SPT: the diagonal-most K/V tile (fewest Q tiles) is launched first
+        n_block = bidx
+        if const_expr(self.spt):
+            n_block = num_n_blocks - 1 - bidx
+        m_block_max = cute.ceil_div(seqlen_q, tm)
+        m_block_min = Int32(0)
+        if const_expr(self.causal):
+            first_row = n_block * tn - (seqlen_k - seqlen_q)
+            if first_row < 0:
+                first_row = Int32(0)
+            m_block_min = first_row // tm
+
+        if warp_idx == 0:
+            for atom in (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer_group,
+            consumer_group=consumer_group, tx_count=self.bytes_q, defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer_group,
+            consumer_group=consumer_group, tx_count=self.bytes_do, defer_sync=True)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
+            consumer_group=consumer_group, tx_count=self.bytes_kv, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((tm, self.stages)))
+        sdPsum = storage.sdPsum.get_tensor(cute.make_layout((tm, self.stages)))
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
+                          sQ, sK, sV, sdO, sK, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
+                          n_block, head, batch, m_block_min, m_block_max, Int32(0))
+            if warp_idx == 1:
+                self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), head, batch, m_block_min, m_block_max,
+                               n_block, num_n_blocks, seqlen_q, seqlen_k)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.mma_wide(mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, sQ, sK, sV, sdO, sP, sdS,
+                          sLSE, sdPsum, storage.sdQ.data_ptr(), pipe_q, pipe_do, pipe_kv, tidx - 128, n_block,
+                          head, batch, m_block_min, m_block_max, seqlen_q, seqlen_k, softmax_scale, scale_log2)
+
+    # ---------------------------------------------------------------------------------------------
+    @cute.jit
+    def mma_wide(self, mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, sQ, sK, sV, sdO, sP, sdS,
+                 sLSE, sdPsum, sdQ_raw, pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min,
+                 m_block_max, seqlen_q, seqlen_k, softmax_scale, scale_log2):
+        tm, tn, d, dv, hm = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.half_m
+        st = self.stages
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        tid = tidx % 128
+
+        # ---- S^T / dP^T = K Q_w^T / V dO_w^T: all 64 K/V rows x this warpgroup's half of the Q rows ----------
+        thr_S = mma_S.get_slice(tid)
+        tSrK = thr_S.make_fragment_A(thr_S.partition_A(sK[None, None, 0]))
+        tSrV = thr_S.make_fragment_A(thr_S.partition_A(sV[None, None, 0]))
+        tSrQ = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sQ, (hm, d, st), (wg, 0, 0))))
+        tSrdO = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sdO, (hm, dv, st), (wg, 0, 0))))
+        acc_S = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
+        acc_dP = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
+        tScS = thr_S.partition_C(cute.make_identity_tensor((64, hm)))
+        bcast = cute.make_layout((64, hm, st), stride=(0, 1, tm))
+        tSsLSE = thr_S.partition_C(cute.make_tensor(sLSE.iterator + wg * hm, bcast))
+        tSsdPsum = thr_S.partition_C(cute.make_tensor(sdPsum.iterator + wg * hm, bcast))
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+        # P^T / dS^T fragments -> shared memory with stmatrix, this warpgroup's Q columns of the (tn, tm) tiles
+        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_st = cute.make_tiled_copy_C(st_atom, mma_S).get_slice(tid)
+        sPt = transpose_view(sP)[None, None, 0]  # (tn, tm): Q rows contiguous
+        sdSt = transpose_view(sdS)[None, None, 0]
+        tSsP = thr_st.partition_D(cute.local_tile(sPt, (64, hm), (0, wg)))
+        tSsdS = thr_st.partition_D(cute.local_tile(sdSt, (64, hm), (0, wg)))
+
+        # ---- dV[:, half w] += P^T dO, dK[:, half w] += dS^T Q (SS), dQ[:, half w] = dS K (SS) ---------------
+        thr_dV = mma_dV.get_slice(tid)
+        tdVrP = thr_dV.make_fragment_A(thr_dV.partition_A(sPt))
+        tdVrdO = thr_dV.make_fragment_B(thr_dV.partition_B(
+            cute.local_tile(transpose_view(sdO), (dv // 2, tm, st), (wg, 0, 0))))
+        thr_dK = mma_dK.get_slice(tid)
+        tdKrdS = thr_dK.make_fragment_A(thr_dK.partition_A(sdSt))
+        tdKrQ = thr_dK.make_fragment_B(thr_dK.partition_B(
+            cute.local_tile(transpose_view(sQ), (d // 2, tm, st), (wg, 0, 0))))
+        thr_dQ = mma_dQ.get_slice(tid)
+        tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS[None, None, 0]))
+        tdQrK = thr_dQ.make_fragment_B(thr_dQ.partition_B(
+            cute.local_tile(transpose_view(sK)[None, None, 0], (d // 2, tn), (wg, 0))))
+        acc_dV = cute.make_rmem_tensor(thr_dV.partition_shape_C((64, dv // 2)), Float32)
+        acc_dK = cute.make_rmem_tensor(thr_dK.partition_shape_C((64, d // 2)), Float32)
+        acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32)
+        acc_dV.fill(0.0)
+        acc_dK.fill(0.0)
+
+        pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
+        n_row0 = n_block * tn
+        causal_off = seqlen_k - seqlen_q
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_kv.consumer_wait(kv_state)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
+
+        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+            sidx = q_state.index
+            it = m_block - m_block_min
+            m_row0 = m_block * tm + wg * hm  # this warpgroup's first Q row
+            self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, sidx],
+                          tSrdO[None, None, None, sidx], tScS, tSsLSE[None, None, None, sidx],
+                          tSsdPsum[None, None, None, sidx], rP, rdS, pipe_q, q_state, pipe_do, do_state, n_block,
+                          n_row0, m_row0, seqlen_k, causal_off, scale_log2)
+            # one P^T / dS^T buffer: both warpgroups' GEMMs of the previous Q tile have finished reading it
+            pds_bar.arrive_and_wait()
+            cute.copy(st_atom, thr_st.retile(rP), tSsP)
+            cute.copy(st_atom, thr_st.retile(rdS), tSsdS)
+            cute.arch.fence_view_async_shared()
+            pds_bar.arrive_and_wait()
+            wgmma(mma_dV, acc_dV, tdVrP, tdVrdO[None, None, None, sidx], zero_init=False)
+            wgmma(mma_dQ, acc_dQ, tdQrdS, tdQrK, zero_init=True, fence=False)
+            wgmma(mma_dK, acc_dK, tdKrdS, tdKrQ[None, None, None, sidx], zero_init=False, fence=False)
+            warpgroup.wait_group(1)
+            pipe_do.consumer_release(do_state)
+            self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(q_state)
+            q_state.advance()
+            do_state.advance()
+
+        self.dkdv_epilogue_wide(acc_dK, acc_dV, mma_dK, mma_dV, sK, sV, tma_dK, tma_dV, mdK, mdV, pds_bar, wg,
+                                tid, tidx, n_block, head, batch, softmax_scale)
+
+    @cute.jit
+    def dkdv_epilogue_wide(self, acc_dK, acc_dV, mma_dK, mma_dV, sK, sV, tma_dK, tma_dV, mdK, mdV, pds_bar, wg,
+                           tid, tidx, n_block, head, batch, softmax_scale):
+        """dK * softmax_scale and dV in the input dtype: warpgroup w's head-dim halves stmatrix'ed into the K / V
+        tiles once both warpgroups are past their last GEMM, then one TMA store each (rows past seqlen_k are
+        clipped)."""
+        tn, d, dv = self.tile_n, self.hdim, self.hdim_v
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        acc_dK.store(acc_dK.load() * softmax_scale)
+        rdK.store(acc_dK.load().to(self.dtype))
+        rdV.store(acc_dV.load().to(self.dtype))
+        pds_bar.arrive_and_wait()  # every GEMM reading sK / sV has completed (each warpgroup waited on its own)
+        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_stK = cute.make_tiled_copy_C(st_atom, mma_dK).get_slice(tid)
+        thr_stV = cute.make_tiled_copy_C(st_atom, mma_dV).get_slice(tid)
+        sdK_w = cute.local_tile(sK[None, None, 0], (tn, d // 2), (0, wg))
+        sdV_w = cute.local_tile(sV[None, None, 0], (tn, dv // 2), (0, wg))
+        cute.copy(st_atom, thr_stK.retile(rdK), thr_stK.partition_D(sdK_w))
+        cute.copy(st_atom, thr_stV.retile(rdV), thr_stV.partition_D(sdV_w))
+        cute.arch.fence_view_async_shared()
+        pds_bar.arrive_and_wait()
+        if tidx == 0:
+            gdK = cute.local_tile(mdK[None, None, head, batch], (tn, d), (n_block, 0))
+            gdV = cute.local_tile(mdV[None, None, head, batch], (tn, dv), (n_block, 0))
+            for atom, s_t, g_t in ((tma_dK, sK, gdK), (tma_dV, sV, gdV)):
+                ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_t[None, None, 0], 0, 2),
+                                               cute.group_modes(g_t, 0, 2))
+                cute.copy(atom, ts, tg)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
