@@ -81,15 +81,18 @@ def test_bwd_wide_compiles(det, frac, causal, hdims, dtype):
 
 
 def test_wide_smem_and_stages():
-    """hd256 fits one Q/dO stage and one dQ buffer; (192, 128) two Q/dO stages; both under 227 KB."""
+    """hd256: two Q stages, one dO stage, dQ in two GEMMs per warpgroup through one 16 KB buffer each; (192, 128):
+    two Q/dO stages, one dQ GEMM per warpgroup; both under 227 KB."""
     import cutlass
 
     from kernels.sm90.bwd_wide import FlashBwdWideSm90
 
     k256 = FlashBwdWideSm90(cutlass.BFloat16, 256, False, hdim_v=256)
     k192 = FlashBwdWideSm90(cutlass.BFloat16, 192, True, hdim_v=128)
-    assert (k256.stages, k256.dq_stages) == (1, 1) and (k192.stages, k192.dq_stages) == (2, 1)
-    assert k256.smem_bytes == 4 * 32768 + 2 * 8192 + 65536 + 2 * 256
+    assert (k256.q_stages, k256.do_stages, k256.dq_pieces, k256.dq_stages) == (2, 1, 2, 1)
+    assert (k192.q_stages, k192.do_stages, k192.dq_pieces, k192.dq_stages) == (2, 2, 1, 1)
+    assert k256.dq_shape == (64, 64) and k192.dq_shape == (64, 96)
+    assert k256.smem_bytes == 2 * 33024 + 33024 + 2 * 32768 + 2 * 8192 + 2 * 16384
     assert max(k256.smem_bytes, k192.smem_bytes) <= 227 * 1024 - 2048
     assert k192.atom_qk == 32 and k256.atom_qk == 64  # halves of the head dim start on a swizzle atom
 

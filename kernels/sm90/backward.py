@@ -73,7 +73,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v)
-    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem)
+    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, chunks=main.num_mma_wg * main.dq_pieces)
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
     SQP = cute.sym_int32(divisibility=64, symbol="SQP")
     qkv = lambda s, d=hdim: make_fake_compact_tensor(dt, (B, s, H, d), stride_order=(3, 2, 1, 0), assumed_align=16)

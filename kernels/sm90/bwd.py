@@ -153,6 +153,8 @@ class FlashBwdSm90:
         self.num_threads = 128 * (self.num_mma_wg + 1)
         self.num_mma_threads = 128 * self.num_mma_wg
         self.stages = NUM_STAGES
+        self.q_stages = self.do_stages = NUM_STAGES  # producer-side depths (FlashBwdWideSm90 sets them apart)
+        self.dq_pieces = 1  # dQ GEMMs (and writer hand-offs) per warpgroup and Q tile
         # exp2 emulation (the forward's polynomial, kernels/sm90/exp2.py): a thread's S^T accumulator holds
         # tile_m/8 fragments of 4 values (one per 8 Q rows); whole fragments go to the FMA pipe
         self.exp2_groups = self.tile_m // 8
@@ -417,8 +419,8 @@ class FlashBwdSm90:
             tKpsKp, _ = part(tma_K, sKp, gK)
             cute.copy(tma_K, tKgK[None, n_block ^ 1], tKpsKp[None, 0], tma_bar_ptr=bar)
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
             pipe_q.producer_acquire(q_state)
             bar = pipe_q.producer_get_barrier(q_state)
@@ -675,7 +677,8 @@ class FlashBwdSm90:
 
     @cute.jit
     def dq_to_writer(self, acc_dQ, sdQ_raw, wg, tid, it):
-        """Hand warpgroup wg's fp32 dQ fragment to the writer warp through its staging buffer (fragment order)."""
+        """Hand warpgroup wg's fp32 dQ fragment to the writer warp through its staging buffer (fragment order).
+        ``it``: the hand-off's index (Q tile index, times dq_pieces plus the piece when a warpgroup has several)."""
         buf = (it % self.dq_stages) * self.num_mma_wg * self.dq_chunk
         cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY + wg, number_of_threads=160)
         sdQ_t = cute.make_tensor(sdQ_raw + (buf + wg * self.dq_chunk + tid * 4),
@@ -695,25 +698,28 @@ class FlashBwdSm90:
         mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            buf = ((m_block - m_block_min) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
-            for w in cutlass.range_constexpr(self.num_mma_wg):
-                if const_expr(not self.deterministic):
-                    # this buffer's previous chunks (dq_stages Q tiles ago) have been read
-                    cute.arch.cp_async_bulk_wait_group(self.num_mma_wg * (self.dq_stages - 1), read=True)
-                cute.arch.sync_warp()
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
             sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
-            if const_expr(self.deterministic):
-                turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
-                if lane == 0:
-                    wait_for_turn(sem_ptr, turn)
-                cute.arch.sync_warp()
-            for w in cutlass.range_constexpr(self.num_mma_wg):
-                cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
-                if lane == 0:
-                    gptr = mdQ2.iterator + (m_block * self.num_mma_wg + w) * self.dq_chunk
-                    bulk_reduce_add_f32(gptr, sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
-                    cute.arch.cp_async_bulk_commit_group()
+            for p in cutlass.range_constexpr(self.dq_pieces):
+                # hand-off slot of this piece: dq_pieces per Q tile, dq_stages buffers
+                buf = (((m_block - m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    if const_expr(not self.deterministic or p > 0):
+                        # this buffer's previous chunks (dq_stages hand-offs ago) have been read
+                        cute.arch.cp_async_bulk_wait_group(self.num_mma_wg * (self.dq_stages - 1), read=True)
+                    cute.arch.sync_warp()
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+                if const_expr(self.deterministic and p == 0):
+                    turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
+                    if lane == 0:
+                        wait_for_turn(sem_ptr, turn)
+                    cute.arch.sync_warp()
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                    if lane == 0:
+                        # chunk w * dq_pieces + p of the tile: columns [(w * dq_pieces + p) * dq_n, ...)
+                        gptr = mdQ2.iterator + ((m_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
+                        bulk_reduce_add_f32(gptr, sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                        cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):
                 if lane == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)

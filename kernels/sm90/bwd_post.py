@@ -2,10 +2,12 @@
 
 dQaccum is a (batch, heads, seqlen_q padded, head_dim) fp32 buffer in one of two orders:
 - ``blocked=False`` (two_cta kernel, red.global.add): row-major; each thread converts 8 elements of a row.
-- ``blocked=True`` (one-CTA kernel, bulk reductions): per Q tile, one chunk per MMA warpgroup holding each
-  thread's dQ accumulator fragment (values grouped by 4, thread-minor); warpgroup w's chunk covers columns
-  [w*hdim/2, ...) of a 64-row tile, or rows [64w, 64w+64) of a 128-row tile. The postprocess rebuilds the same
-  wgmma tiled MMA to recover each value's (row, column) and scatters into dQ (batch, seqlen_q, heads, hdim).
+- ``blocked=True`` (one-CTA kernels, bulk reductions): per Q tile, ``chunks`` chunks (one per dQ GEMM of an MMA
+  warpgroup) each holding one thread's dQ accumulator fragment (values grouped by 4, thread-minor); chunk c covers
+  columns [c*hdim/chunks, ...) of a 64-row tile, or rows [64c, 64c+64) of a 128-row tile (FlashBwdSm90: 2 chunks,
+  one per warpgroup; FlashBwdWideSm90 at hd256: 4, each warpgroup's half of the head dim in two GEMMs). The
+  postprocess rebuilds the same wgmma tiled MMA to recover each value's (row, column) and scatters into dQ
+  (batch, seqlen_q, heads, hdim), one warpgroup per chunk.
 """
 from __future__ import annotations
 
@@ -19,16 +21,19 @@ from cutlass.cute.nvgpu import OperandMajorMode
 
 
 class FlashBwdPostSm90:
-    def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False):
+    def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2):
         self.dtype = dtype
         self.hdim = hdim
         self.tile_m = tile_m
         self.blocked = blocked
+        self.chunks = chunks
         self.tpr = hdim // 8
-        self.num_threads = 256 if blocked else 128
+        self.num_threads = 128 * chunks if blocked else 128
         self.rows_per_cta = self.num_threads // self.tpr
-        self.dq_vals = tile_m * (hdim // 2) // 128
-        self.dq_shape = (tile_m, hdim // 2) if tile_m == 64 else (64, hdim)  # as the main kernel's dQ GEMM
+        # as the main kernel's dQ GEMM: 64-row tiles split the head dim into chunks, 128-row tiles the rows in two
+        self.dq_shape = (tile_m, hdim // chunks) if tile_m == 64 else (64, hdim)
+        assert tile_m == 64 or chunks == 2
+        self.dq_vals = self.dq_shape[0] * self.dq_shape[1] // 128
         # offset of warpgroup w's chunk in the tile: (w * row_step, w * col_step)
         self.row_step = self.dq_shape[0] if self.dq_shape[0] < tile_m else 0
         self.col_step = self.dq_shape[1] if self.dq_shape[1] < hdim else 0
@@ -72,7 +77,7 @@ class FlashBwdPostSm90:
         thr = mma_dQ.get_slice(tid)
         tcoord = thr.partition_C(cute.make_identity_tensor(self.dq_shape))
         mdQ2 = mdQaccum[batch, head, None, None]
-        base = mdQ2.iterator + ((m_block * 2 + wg) * 128 * nv + tid * 4)
+        base = mdQ2.iterator + ((m_block * self.chunks + wg) * 128 * nv + tid * 4)
         gacc = cute.make_tensor(base, cute.make_layout((4, nv // 4), stride=(1, 512)))
         racc = cute.make_rmem_tensor((4, nv // 4), Float32)
         for j in cutlass.range_constexpr(nv // 4):

@@ -18,10 +18,13 @@ dQ leaves as in bwd.py: each warpgroup's fp32 fragment goes to its shared-memory
 same semaphore turns and SPT/naive schedules). dK (times softmax_scale) and dV leave through the K / V tiles'
 shared memory with one TMA store each. The producer warp and the writer warp are bwd.py's methods.
 
-Shared memory (bf16/fp16): hd256: Q, dO, K, V 32 KB each with one Q/dO stage, P^T + dS^T 16 KB, one 64 KB dQ
-staging buffer: 209 KB. (192, 128): two Q/dO stages (80 KB), K + V 40 KB, P^T + dS^T 16 KB, dQ 48 KB: 185 KB.
-P^T / dS^T have one buffer: a warpgroup waits at a named barrier until the other has finished the previous Q
-tile's GEMMs before it overwrites them. two_cta is not supported at these head dims.
+Shared memory (bf16/fp16), the first plan that fits 227 KB of (Q stages, dO stages, dQ GEMMs per warpgroup, dQ
+buffers): hd256: Q 2 x 32 KB, dO 1 x 32 KB, K + V 64 KB, P^T + dS^T 16 KB, and each warpgroup computes its dQ half
+in two 64 x 64 GEMMs handed to the writer one after the other through one 16 KB buffer per warpgroup (32 KB):
+209 KB. (192, 128): Q and dO 2 stages (80 KB), K + V 40 KB, P^T + dS^T 16 KB, dQ in one 64 x 96 GEMM per
+warpgroup (48 KB): 185 KB. Registers per MMA thread (of 240): hd256 dK + dV accumulators 64 + 64, dQ 2 x 32,
+S^T + dP^T 16 + 16; (192, 128): 48 + 32, 48, 16 + 16. P^T / dS^T have one buffer: a warpgroup waits at a named
+barrier until the other has finished the previous Q tile's GEMMs before it overwrites them. two_cta is not supported at these head dims.
 """
 from __future__ import annotations
 
@@ -80,22 +83,26 @@ class FlashBwdWideSm90(FlashBwdSm90):
         # MN-major operand, which must start on an atom boundary (hd192: halves of 96 columns -> 32-wide atoms)
         self.atom_qk = 64 if (hdim // 2) % 64 == 0 else 32
         self.atom_v = 64 if (hdim_v // 2) % 64 == 0 else 32
-        # dQ = dS K per warpgroup: the warpgroups split the head dim; the postprocess's blocked order as in bwd.py
-        self.dq_shape = (tm, hdim // 2)
-        self.dq_split_rows = 0
-        self.dq_smem = True
-        self.dq_vals = tm * (hdim // 2) // 128
-        self.dq_chunk = 128 * self.dq_vals
+        # shared-memory plan, the first that fits of (Q stages, dO stages, dQ GEMMs per warpgroup, dQ buffers):
+        # dQ = dS K per warpgroup covers its half of the head dim in dq_pieces GEMMs, each handed to the writer
+        # through a buffer of tm x hdim/(2*dq_pieces) fp32 (hd256: two pieces, so that Q gets two stages)
         eb = dtype.width // 8
         pds = 2 * tm * tn * eb  # P^T and dS^T, one buffer each
         kv = tn * (hdim + hdim_v) * eb
-        per_stage = tm * (hdim + hdim_v) * eb + 2 * tm * 4
-        dq_bytes = tm * hdim * 4
+        q_stage, do_stage = tm * hdim * eb + tm * 4, tm * hdim_v * eb + tm * 4
         slack = 2048  # barriers and alignment
-        self.stages = 2 if kv + pds + 2 * per_stage + dq_bytes + slack <= SMEM_BYTES else 1
-        self.dq_stages = 2 if kv + pds + self.stages * per_stage + 2 * dq_bytes + slack <= SMEM_BYTES else 1
-        self.smem_bytes = kv + pds + self.stages * per_stage + self.dq_stages * dq_bytes
-        assert self.smem_bytes + slack <= SMEM_BYTES, self.smem_bytes
+        for q_st, do_st, pieces, dq_st in ((2, 2, 1, 2), (2, 2, 1, 1), (2, 2, 2, 1), (2, 1, 2, 1), (1, 1, 1, 1)):
+            smem = kv + pds + q_st * q_stage + do_st * do_stage + dq_st * tm * hdim * 4 // pieces
+            if smem + slack <= SMEM_BYTES:
+                break
+        assert smem + slack <= SMEM_BYTES, smem
+        self.smem_bytes = smem
+        self.q_stages, self.do_stages, self.dq_pieces, self.dq_stages = q_st, do_st, pieces, dq_st
+        self.dq_shape = (tm, hdim // (2 * pieces))
+        self.dq_split_rows = 0
+        self.dq_smem = True
+        self.dq_vals = self.dq_shape[0] * self.dq_shape[1] // 128
+        self.dq_chunk = 128 * self.dq_vals
         # exp2 emulation: a thread's S^T accumulator (64 x half_m) holds half_m/8 fragments of 4 values
         self.exp2_groups = self.half_m // 8
         self.exp2_emu_frags = emulated_fragments(self.exp2_groups, exp2_emu_fraction)
@@ -117,9 +124,9 @@ class FlashBwdWideSm90(FlashBwdSm90):
         mdQaccum = cute.make_tensor(mdQaccum.iterator, cute.select(mdQaccum.layout, mode=[2, 3, 1, 0]))
 
         tm, tn, d, dv = self.tile_m, self.tile_n, self.hdim, self.hdim_v
-        st = self.stages
-        self.sQ_layout = self._smem_layout(tm, d, st, self.atom_qk)
-        self.sdO_layout = self._smem_layout(tm, dv, st, self.atom_v)
+        qst, dost = self.q_stages, self.do_stages
+        self.sQ_layout = self._smem_layout(tm, d, qst, self.atom_qk)
+        self.sdO_layout = self._smem_layout(tm, dv, dost, self.atom_v)
         self.sK_layout = self._smem_layout(tn, d, 1, self.atom_qk)
         self.sV_layout = self._smem_layout(tn, dv, 1, self.atom_v)
         # P^T / dS^T stored as (Q rows, K/V rows) with Q rows contiguous: dS is then dQ's M-major A operand, and
@@ -156,11 +163,11 @@ class FlashBwdWideSm90(FlashBwdSm90):
 
         @cute.struct
         class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, st * 2]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, st * 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, qst * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, dost * 2]
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
-            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, tm * qst], 128]
+            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, tm * dost], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
@@ -219,10 +226,10 @@ class FlashBwdWideSm90(FlashBwdSm90):
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
         pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer_group,
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, producer_group=producer_group,
             consumer_group=consumer_group, tx_count=self.bytes_q, defer_sync=True)
         pipe_do = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer_group,
+            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.do_stages, producer_group=producer_group,
             consumer_group=consumer_group, tx_count=self.bytes_do, defer_sync=True)
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
@@ -236,8 +243,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
-        sLSE = storage.sLSE.get_tensor(cute.make_layout((tm, self.stages)))
-        sdPsum = storage.sdPsum.get_tensor(cute.make_layout((tm, self.stages)))
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((tm, self.q_stages)))
+        sdPsum = storage.sdPsum.get_tensor(cute.make_layout((tm, self.do_stages)))
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -260,7 +267,7 @@ class FlashBwdWideSm90(FlashBwdSm90):
                  sLSE, sdPsum, sdQ_raw, pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min,
                  m_block_max, seqlen_q, seqlen_k, softmax_scale, scale_log2):
         tm, tn, d, dv, hm = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.half_m
-        st = self.stages
+        qst, dost, pieces = self.q_stages, self.do_stages, self.dq_pieces
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tid = tidx % 128
 
@@ -268,14 +275,14 @@ class FlashBwdWideSm90(FlashBwdSm90):
         thr_S = mma_S.get_slice(tid)
         tSrK = thr_S.make_fragment_A(thr_S.partition_A(sK[None, None, 0]))
         tSrV = thr_S.make_fragment_A(thr_S.partition_A(sV[None, None, 0]))
-        tSrQ = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sQ, (hm, d, st), (wg, 0, 0))))
-        tSrdO = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sdO, (hm, dv, st), (wg, 0, 0))))
+        tSrQ = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sQ, (hm, d, qst), (wg, 0, 0))))
+        tSrdO = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sdO, (hm, dv, dost), (wg, 0, 0))))
         acc_S = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
         acc_dP = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
         tScS = thr_S.partition_C(cute.make_identity_tensor((64, hm)))
-        bcast = cute.make_layout((64, hm, st), stride=(0, 1, tm))
-        tSsLSE = thr_S.partition_C(cute.make_tensor(sLSE.iterator + wg * hm, bcast))
-        tSsdPsum = thr_S.partition_C(cute.make_tensor(sdPsum.iterator + wg * hm, bcast))
+        bcast = lambda n: cute.make_layout((64, hm, n), stride=(0, 1, tm))
+        tSsLSE = thr_S.partition_C(cute.make_tensor(sLSE.iterator + wg * hm, bcast(qst)))
+        tSsdPsum = thr_S.partition_C(cute.make_tensor(sdPsum.iterator + wg * hm, bcast(dost)))
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
         # P^T / dS^T fragments -> shared memory with stmatrix, this warpgroup's Q columns of the (tn, tm) tiles
@@ -286,22 +293,24 @@ class FlashBwdWideSm90(FlashBwdSm90):
         tSsP = thr_st.partition_D(cute.local_tile(sPt, (64, hm), (0, wg)))
         tSsdS = thr_st.partition_D(cute.local_tile(sdSt, (64, hm), (0, wg)))
 
-        # ---- dV[:, half w] += P^T dO, dK[:, half w] += dS^T Q (SS), dQ[:, half w] = dS K (SS) ---------------
+        # ---- dV[:, half w] += P^T dO, dK[:, half w] += dS^T Q (SS), dQ[:, half w] = dS K (SS, in dq_pieces) ----
         thr_dV = mma_dV.get_slice(tid)
         tdVrP = thr_dV.make_fragment_A(thr_dV.partition_A(sPt))
         tdVrdO = thr_dV.make_fragment_B(thr_dV.partition_B(
-            cute.local_tile(transpose_view(sdO), (dv // 2, tm, st), (wg, 0, 0))))
+            cute.local_tile(transpose_view(sdO), (dv // 2, tm, dost), (wg, 0, 0))))
         thr_dK = mma_dK.get_slice(tid)
         tdKrdS = thr_dK.make_fragment_A(thr_dK.partition_A(sdSt))
         tdKrQ = thr_dK.make_fragment_B(thr_dK.partition_B(
-            cute.local_tile(transpose_view(sQ), (d // 2, tm, st), (wg, 0, 0))))
+            cute.local_tile(transpose_view(sQ), (d // 2, tm, qst), (wg, 0, 0))))
         thr_dQ = mma_dQ.get_slice(tid)
         tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS[None, None, 0]))
-        tdQrK = thr_dQ.make_fragment_B(thr_dQ.partition_B(
-            cute.local_tile(transpose_view(sK)[None, None, 0], (d // 2, tn), (wg, 0))))
+        dq_n = self.dq_shape[1]  # head-dim columns per dQ GEMM: piece p of warpgroup w is chunk w * pieces + p
+        tdQrK = [thr_dQ.make_fragment_B(thr_dQ.partition_B(
+            cute.local_tile(transpose_view(sK)[None, None, 0], (dq_n, tn), (wg * pieces + p, 0))))
+            for p in range(pieces)]
         acc_dV = cute.make_rmem_tensor(thr_dV.partition_shape_C((64, dv // 2)), Float32)
         acc_dK = cute.make_rmem_tensor(thr_dK.partition_shape_C((64, d // 2)), Float32)
-        acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32)
+        acc_dQ = [cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32) for _ in range(pieces)]
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
 
@@ -311,16 +320,17 @@ class FlashBwdWideSm90(FlashBwdSm90):
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, qst)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, dost)
 
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            sidx = q_state.index
+            qi = q_state.index
+            di = do_state.index
             it = m_block - m_block_min
             m_row0 = m_block * tm + wg * hm  # this warpgroup's first Q row
-            self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, sidx],
-                          tSrdO[None, None, None, sidx], tScS, tSsLSE[None, None, None, sidx],
-                          tSsdPsum[None, None, None, sidx], rP, rdS, pipe_q, q_state, pipe_do, do_state, n_block,
+            self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, qi],
+                          tSrdO[None, None, None, di], tScS, tSsLSE[None, None, None, qi],
+                          tSsdPsum[None, None, None, di], rP, rdS, pipe_q, q_state, pipe_do, do_state, n_block,
                           n_row0, m_row0, seqlen_k, causal_off, scale_log2)
             # one P^T / dS^T buffer: both warpgroups' GEMMs of the previous Q tile have finished reading it
             pds_bar.arrive_and_wait()
@@ -328,12 +338,17 @@ class FlashBwdWideSm90(FlashBwdSm90):
             cute.copy(st_atom, thr_st.retile(rdS), tSsdS)
             cute.arch.fence_view_async_shared()
             pds_bar.arrive_and_wait()
-            wgmma(mma_dV, acc_dV, tdVrP, tdVrdO[None, None, None, sidx], zero_init=False)
-            wgmma(mma_dQ, acc_dQ, tdQrdS, tdQrK, zero_init=True, fence=False)
-            wgmma(mma_dK, acc_dK, tdKrdS, tdKrQ[None, None, None, sidx], zero_init=False, fence=False)
-            warpgroup.wait_group(1)
+            # one wgmma group each: dV, the dQ pieces, dK; each dQ piece goes to the writer as soon as it is done
+            wgmma(mma_dV, acc_dV, tdVrP, tdVrdO[None, None, None, di], zero_init=False)
+            for p in cutlass.range_constexpr(pieces):
+                wgmma(mma_dQ, acc_dQ[p], tdQrdS, tdQrK[p], zero_init=True, fence=False)
+            wgmma(mma_dK, acc_dK, tdKrdS, tdKrQ[None, None, None, qi], zero_init=False, fence=False)
+            warpgroup.wait_group(pieces)
             pipe_do.consumer_release(do_state)
-            self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
+            for p in cutlass.range_constexpr(pieces):
+                if const_expr(p > 0):
+                    warpgroup.wait_group(pieces - p)
+                self.dq_to_writer(acc_dQ[p], sdQ_raw, wg, tid, it * pieces + p)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(q_state)
             q_state.advance()
