@@ -13,6 +13,7 @@ RUNNERS: dict[str, str] = {
     "attn": "experiments.attn_job:run",
     "compare": "experiments.compare_job:run",
     "compile_time": "experiments.compile_time:run",
+    "e2e_llama": "experiments.e2e_llama:run",
     "numerics": "experiments.numerics:run",
     "poly": "experiments.numerics:run",
     "smoke": "experiments.fault_backends:run_smoke_job",
