@@ -89,3 +89,13 @@ def test_repo_kernels_and_fa4lab_share_classes():
     code = "import kernels, fa4lab; assert fa4lab.AttnConfig is kernels.AttnConfig; print('same')"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-2000:]
+
+
+def test_every_kernels_subpackage_is_packaged():
+    """`pip install .` ships only the listed packages: each folder of kernels/ with an __init__.py must be listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"fa4lab.kernels" + "".join("." + part for part in p.parent.relative_to(ROOT / "kernels").parts)
+             for p in (ROOT / "kernels").rglob("__init__.py")}
+    assert found <= listed, f"missing from [tool.setuptools] packages: {sorted(found - listed)}"
