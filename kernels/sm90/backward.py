@@ -1,11 +1,14 @@
 """Torch-facing launcher of the sm90 backward: preprocess -> main kernel -> postprocess, compiled once per key.
 
 ``attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config) -> (dq, dk, dv)``; tensors are
-(batch, seqlen, heads, head_dim) bf16/fp16 CUDA tensors, lse is (batch, heads, seqlen_q) fp32 natural log.
+(batch, seqlen, heads, head_dim) bf16/fp16 CUDA tensors (v, out, dout and dv with head_dim_v), lse is
+(batch, heads, seqlen_q) fp32 natural log. (head_dim, head_dim_v): (64, 64) and (128, 128) run FlashBwdSm90
+(bwd.py), (256, 256) and (192, 128) FlashBwdWideSm90 (bwd_wide.py).
 ``compile_backward(...)`` builds the three kernels from fake tensors (no GPU needed) for tests / SASS checks.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..compile_cache import cache_key, get_or_compile
@@ -20,7 +23,9 @@ def _cutlass_dtype(dtype_name: str):
     return {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}[dtype_name]
 
 
+@functools.lru_cache(maxsize=256)
 def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
+    """ConfigError unless the backward compiles (head dims, switches) for a resolved config; memoised (per call)."""
     from .bwd import BWD_TILES
     from .bwd_wide import WIDE_BWD_TILES
 

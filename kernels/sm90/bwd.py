@@ -84,8 +84,8 @@ def bulk_reduce_add_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, 
 LOG2_E = math.log2(math.e)
 
 # Backward tiles per head dim: (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m in
-# kernels/config.py; tile_n = K/V rows per CTA). Two MMA warpgroups each own 64 K/V rows. hdim 256 does not fit
-# this layout: dK+dV accumulators alone need 256 registers per thread.
+# kernels/config.py; tile_n = K/V rows per CTA). Two MMA warpgroups each own 64 K/V rows. hdim 256 and (192, 128)
+# do not fit this layout (at hd256 dK+dV accumulators alone need 256 registers per thread): bwd_wide.py has them.
 BWD_TILES = {d: (DEFAULTS[("sm90", d)]["bwd_tile_m"], 128) for d in (64, 128)}
 NUM_STAGES = 2  # Q/dO (and dS) pipeline depth
 SMEM_BYTES = 227 * 1024  # dynamic shared memory per CTA on sm_90
