@@ -24,7 +24,9 @@ in two 64 x 64 GEMMs handed to the writer one after the other through one 16 KB 
 209 KB. (192, 128): Q and dO 2 stages (80 KB), K + V 40 KB, P^T + dS^T 16 KB, dQ in one 64 x 96 GEMM per
 warpgroup (48 KB): 185 KB. Registers per MMA thread (of 240): hd256 dK + dV accumulators 64 + 64, dQ 2 x 32,
 S^T + dP^T 16 + 16; (192, 128): 48 + 32, 48, 16 + 16. P^T / dS^T have one buffer: a warpgroup waits at a named
-barrier until the other has finished the previous Q tile's GEMMs before it overwrites them. two_cta is not supported at these head dims.
+barrier until the other has finished the previous Q tile's GEMMs before it overwrites them. At hd192 the Q and K
+tiles use 32-wide (64-byte) swizzle atoms so that each warpgroup's 96-column half starts on an atom. two_cta is
+not supported at these head dims (a ConfigError in backward.py).
 """
 from __future__ import annotations
 
