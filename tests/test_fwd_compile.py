@@ -110,3 +110,39 @@ def test_invalid_combinations_fail_clearly(kwargs, dtype, match):
     with pytest.raises(ConfigError, match=match) as ei:
         get_fwd_kernel(cfg, dtype, 128, 128, False, tvm_ffi=False)
     assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("hdims,causal,switches", [
+    ((64, 64), True, {}), ((128, 128), False, {}), ((128, 128), True, {}), ((256, 256), True, {}),
+    ((192, 128), False, {}), ((128, 128), True, {"intra_wg_overlap": False}), ((64, 64), False, {"pingpong": False}),
+    ((128, 128), True, {"exp2_emu_fraction": 0.25, "rescale_threshold": 0.0})])
+def test_persistent_compiles(hdims, causal, switches):
+    """persistent=True (grid = SM count, each CTA walks tiles) compiles with every head dim and the switches it meets."""
+    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
+
+    hdim, hdim_v = hdims
+    cfg = AttnConfig(persistent=True, **switches).resolve("sm90", hdim, causal)
+    kern = make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal)
+    assert kern.persistent is True
+    assert compile_fwd(kern, tvm_ffi=False) is not None
+
+
+def test_persistent_is_its_own_kernel_through_interface():
+    from kernels import compile_cache
+    from kernels.interface import get_fwd_kernel, resolve_config
+
+    compile_cache.clear()
+    a = resolve_config(AttnConfig(), 128, True)
+    b = resolve_config(AttnConfig(persistent=True), 128, True)
+    assert a.persistent is False and b.persistent is True
+    ka, ca = get_fwd_kernel(a, "bfloat16", 128, 128, True, tvm_ffi=False)
+    kb, cb = get_fwd_kernel(b, "bfloat16", 128, 128, True, tvm_ffi=False)
+    assert ca is not cb and (ka.persistent, kb.persistent) == (False, True)
+
+
+def test_persistent_grid_is_sm_count_capped_by_tiles():
+    from kernels.sm90.scheduler import grid_shape
+
+    assert grid_shape(32, 16, 2, True, persistent_ctas=132) == (132, 1, 1)
+    assert grid_shape(2, 1, 1, False, persistent_ctas=132) == (2, 1, 1)
+    assert grid_shape(32, 16, 2, False) == (32, 16, 2) and grid_shape(32, 16, 2, True) == (1024, 1, 1)

@@ -126,9 +126,9 @@ def sass_text(tmp_path_factory, hdim=128, causal=False, **switches):
 
 
 def gemm_loops(sass: str) -> list[list[tuple[str, str]]]:
-    """Bodies (lists of (opcode, operands)) of the outermost loops that issue wgmma, in code order. A loop is a
-    predicated backward BRA (not .U.ANY, whose tiny loops are elect/retry idioms; the out-of-line mbarrier retry
-    stubs branch back unpredicated)."""
+    """Bodies (lists of (opcode, operands)) of the innermost loops that issue wgmma (the key-block loops; not the
+    persistent kernel's tile loop around them), in code order. A loop is a predicated backward BRA (not .U.ANY, whose
+    tiny loops are elect/retry idioms; the out-of-line mbarrier retry stubs branch back unpredicated)."""
     insns, labels = [], {}
     for line in sass.splitlines():
         m = _LABEL.match(line.strip())
@@ -143,9 +143,12 @@ def gemm_loops(sass: str) -> list[list[tuple[str, str]]]:
         t = re.search(r"\((\.L_x_\d+)\)", rest)
         if op == "BRA" and pred and t and labels.get(t.group(1), len(insns)) <= i:
             spans.append((labels[t.group(1)], i))
-    outer = [s for s in spans if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in spans)]
-    bodies = [[(op, rest) for _, op, rest in insns[a:b + 1]] for a, b in sorted(outer)]
-    return [b for b in bodies if any(op.startswith("HGMMA") for op, _ in b)]
+    def has_gemm(span):
+        return any(op.startswith("HGMMA") for _, op, _ in insns[span[0]:span[1] + 1])
+
+    gemm = [sp for sp in spans if has_gemm(sp)]
+    inner = [sp for sp in gemm if not any(o != sp and sp[0] <= o[0] and o[1] <= sp[1] for o in gemm)]
+    return [[(op, rest) for _, op, rest in insns[a:b + 1]] for a, b in sorted(set(inner))]
 
 
 def _mask_ops(body) -> int:
@@ -155,7 +158,8 @@ def _mask_ops(body) -> int:
 
 @pytest.mark.parametrize("hdim,causal,switches", [
     (128, False, {}), (128, True, {}), (64, True, {}), (256, True, {}), (192, True, {}),
-    (128, True, {"intra_wg_overlap": False}), (64, True, {"exp2_emu_fraction": 0.25}), (64, False, {"pingpong": False})])
+    (128, True, {"intra_wg_overlap": False}), (64, True, {"exp2_emu_fraction": 0.25}), (64, False, {"pingpong": False}),
+    (128, True, {"persistent": True}), (128, False, {"persistent": True}), (64, True, {"persistent": True})])
 def test_steady_state_loop_has_no_mask_code(tmp_path_factory, hdim, causal, switches):
     """Non-causal: one main loop, mask-free (the ragged last key block is the first one walked, outside the loop).
     Causal: two, the diagonal blocks' loop (mask selects, one per S element) then a mask-free steady-state loop
@@ -172,3 +176,38 @@ def test_steady_state_loop_has_no_mask_code(tmp_path_factory, hdim, causal, swit
         ex2 = lambda b: sum(op == "MUFU.EX2" for op, _ in b)  # noqa: E731
         assert hg(masked) == hg(steady) and ex2(masked) == ex2(steady)
         assert len(steady) < len(masked)
+
+
+def outer_gemm_loops(sass: str) -> list[list[str]]:
+    """Opcodes of the outermost loops that issue wgmma (persistent: the tile loop)."""
+    insns, labels = [], {}
+    for line in sass.splitlines():
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(insns)
+            continue
+        m = _INSN_AT.search(line)
+        if m:
+            insns.append((m.group(2), m.group(3), m.group(4)))
+    spans = []
+    for i, (pred, op, rest) in enumerate(insns):
+        t = re.search(r"\((\.L_x_\d+)\)", rest)
+        if op == "BRA" and pred and t and labels.get(t.group(1), len(insns)) <= i:
+            spans.append((labels[t.group(1)], i))
+    gemm = [sp for sp in spans if any(op.startswith("HGMMA") for _, op, _ in insns[sp[0]:sp[1] + 1])]
+    outer = [sp for sp in gemm if not any(o != sp and o[0] <= sp[0] and sp[1] <= o[1] for o in gemm)]
+    return [[op for _, op, _ in insns[a:b + 1]] for a, b in sorted(set(outer))]
+
+
+@pytest.mark.parametrize("hdim,causal", [(128, False), (128, True), (64, True)])
+def test_persistent_kernel_walks_tiles(tmp_path_factory, hdim, causal):
+    """persistent=True wraps the key-block loops, the Q load wait and the epilogue's O store in one tile loop, with the
+    same key-block loops inside and no spills; the default (persistent off) has no loop around the key-block loops."""
+    off = sass_text(tmp_path_factory, hdim, causal)
+    on = sass_text(tmp_path_factory, hdim, causal, persistent=True)
+    assert len(gemm_loops(on)) == len(gemm_loops(off)) == (2 if causal else 1)
+    assert all(not any(op.startswith("UTMASTG") for op in body) for body in outer_gemm_loops(off))
+    tile_loops = [body for body in outer_gemm_loops(on) if any(op.startswith("UTMASTG") for op in body)]
+    assert len(tile_loops) == 1
+    c_on = opcode_counts(on)
+    assert count(c_on, "LDL") == 0 and count(c_on, "STL") == 0

@@ -13,6 +13,11 @@ rescale; Hopper has no correction warpgroup, so the saving is the FMULs and the 
 critical path). ``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
 MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). Causal: only the K blocks a tile needs are
 loaded, masking only on the diagonal blocks, and tiles are issued longest first (kernels/sm90/scheduler.py).
+The consumer walks a tile's key blocks in three loops with no per-iteration mask decision: the first block (masked:
+ragged end of the keys, causal diagonal), the other diagonal blocks (causal only), then the mask-free steady state.
+``persistent``: grid = min(SM count, tiles), each CTA walks tiles in a static round robin over the same order, the
+pipelines' states carried from tile to tile (the next tile's K/V loads overlap this tile's epilogue; its Q waits for
+this tile's O to leave shared memory, which Q shares).
 O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
 LSE (natural log, fp32, (batch, heads, seqlen_q)) is stored by the threads owning column 0.
 """
@@ -35,7 +40,7 @@ from .barriers import Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range
-from .scheduler import tile_coords
+from .scheduler import tile_at, tile_coords
 from .softmax import finalize, online_softmax_step, rescale_o
 
 LOG2_E = math.log2(math.e)
@@ -53,7 +58,7 @@ class FlashFwdSm90:
     def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
-                 producer_regs: int = 24):
+                 producer_regs: int = 24, persistent: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -79,6 +84,7 @@ class FlashFwdSm90:
         self.tau = float(rescale_threshold)
         self.pingpong = pingpong
         self.intra_wg_overlap = intra_wg_overlap
+        self.persistent = bool(persistent)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -111,8 +117,9 @@ class FlashFwdSm90:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale: Float32, hb_group: Int32, stream: cuda.CUstream):
-        """mQ (b, s_q, h, d), mK (b, s_k, h, d), mV (b, s_k, h, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32."""
+                 softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """mQ (b, s_q, h, d), mK (b, s_k, h, d), mV (b, s_k, h, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32.
+        ``num_ctas``: the grid of the persistent kernel (min(SM count, tiles)); ignored when not persistent."""
         # (b, s, h, d) -> (s, d, h, b); LSE (b, h, s) -> (s, h, b)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -150,7 +157,9 @@ class FlashFwdSm90:
         heads = mQ.shape[2]
         batch = mQ.shape[3]
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-        if const_expr(self.causal):
+        if const_expr(self.persistent):
+            grid = (num_ctas, 1, 1)
+        elif const_expr(self.causal):
             grid = (m_blocks * heads * batch, 1, 1)
         else:
             grid = (m_blocks, heads, batch)
@@ -200,26 +209,61 @@ class FlashFwdSm90:
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
+        heads, batch = mQ.shape[2], mQ.shape[3]
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-        m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
-        n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
-                                                        self.causal)
+        if const_expr(not self.persistent):  # one tile per CTA
+            m_block, head, bidx = tile_coords(m_blocks, heads, batch, hb_group, self.causal)
+            n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                                                            self.causal)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-                          m_block, head, bidx, n_block_max)
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                if const_expr(self.persistent):
+                    # static round robin over the tile order (causal: longest first); the pipelines' states run on
+                    # from tile to tile, so the next tile's K/V loads start while this tile's consumers finish
+                    bx, _, _ = cute.arch.block_idx()
+                    gx, _, _ = cute.arch.grid_dim()
+                    for tile in cutlass.range(bx, m_blocks * heads * batch, gx, unroll=1):
+                        t_m, t_head, t_b = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
+                        t_nmax, _ = n_block_range(t_m, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal)
+                        state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                                                   pipe_q, pipe_k, pipe_v, state, q_state, t_m, t_head, t_b, t_nmax)
+                else:
+                    state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
+                                               pipe_k, pipe_v, state, q_state, m_block, head, bidx, n_block_max)
+                pipe_v.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consume(mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                         pipe_v, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q,
-                         seqlen_k, tidx - self.threads_per_wg)
+            ctidx = tidx - self.threads_per_wg
+            if const_expr(self.pingpong):
+                if cute.arch.make_warp_uniform(ctidx // self.threads_per_wg) == 0:  # WG 0 starts with the GEMM token
+                    cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            if const_expr(self.persistent):
+                bx, _, _ = cute.arch.block_idx()
+                gx, _, _ = cute.arch.grid_dim()
+                for tile in cutlass.range(bx, m_blocks * heads * batch, gx, unroll=1):
+                    t_m, t_head, t_b = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
+                    t_nmax, t_nmin = n_block_range(t_m, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal)
+                    state, q_state = self.consume(
+                        mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                        state, q_state, scale_log2, t_m, t_head, t_b, t_nmax, t_nmin, seqlen_q, seqlen_k, ctidx)
+            else:
+                state, q_state = self.consume(
+                    mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, state,
+                    q_state, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q, seqlen_k,
+                    ctidx)
 
     @cute.jit
-    def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32):
-        """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[0] -- the order the consumers use."""
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v, state,
+             q_state, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32):
+        """Producer warp, one tile: K[last], Q, then (K[n-1], V[n]) pairs, then V[0] -- the order the consumers use.
+        Returns the K/V and Q producer states after the tile (Q's buffer is free again once the tile's O has left
+        shared memory: O aliases it)."""
         gQ = cute.local_tile(mQ[None, None, head, bidx], (self.tile_m, self.hdim), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head, bidx], (self.tile_n, self.hdim), (None, 0))
         gV = cute.local_tile(mV[None, None, head, bidx], (self.tile_n, self.hdim_v), (None, 0))
@@ -229,9 +273,6 @@ class FlashFwdSm90:
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-
         n_block = n_block_max - 1
         pipe_k.producer_acquire(state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
@@ -251,7 +292,8 @@ class FlashFwdSm90:
         pipe_v.producer_acquire(state)
         cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
         state.advance()
-        pipe_v.producer_tail(state)
+        q_state.advance()
+        return state, q_state
 
     # ---- consumer warpgroups --------------------------------------------------------------------
     @cute.jit
@@ -381,7 +423,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
+                state, q_state, scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
                 n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32):
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -404,12 +446,6 @@ class FlashFwdSm90:
         ctx = (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
                scale_log2, m_base, seqlen_q, seqlen_k)
 
-        if const_expr(self.pingpong):
-            if wg == 0:  # the first warpgroup starts with the GEMM token
-                cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
 
         n_masked, n_unmasked = self.block_counts(n_block_max, n_block_min_masked)
@@ -471,5 +507,7 @@ class FlashFwdSm90:
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-        pipe_q.consumer_release(q_state)
+        pipe_q.consumer_release(q_state)  # after the store has read sO: the next tile's Q may land there
+        q_state.advance()
+        return state, q_state
 

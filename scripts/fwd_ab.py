@@ -1,0 +1,203 @@
+"""Forward A/B on one GPU, one process, round-robin with an L2 flush: our variants vs an older commit of ours vs
+official FA4 (and cuDNN with --cudnn).
+
+``python scripts/fwd_ab.py [--base-rev REV] [--hdims 64 128 256] [--seqlens 4096 8192 16384] [--causal 0 1]
+[--repeats 20] [--cfg NAME=field:value,field:value ...] [--out rows.jsonl]``
+
+Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16:
+  ours             AttnConfig() of this working tree
+  ours_persistent  AttnConfig(persistent=True)
+  ours_base        AttnConfig() of the kernels/ package at ``--base-rev`` (git archive into a temp dir, imported as a
+                   separate package, so both kernels run in this process; '' skips it)
+  fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
+  sdpa_cudnn       with --cudnn
+  NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,persistent:true)
+Each variant's output is first checked against ``ours`` (max |diff|; a variant over 0.05 is flagged BAD and its times
+are still printed). Then ``--repeats`` rounds, the order rotated each round, the L2 flushed before every call; per
+variant the median time, TFLOP/s, and the per-round speed ratios against ours and against fa4_official (median and
+[p20, p80]). A session script for kernel work; the committed benchmark is ``python run.py sweep experiment=...``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_BASE_REV = "62ed521"  # the forward before issue 11.3 (one consume loop with per-iteration mask decisions)
+
+
+def load_base(rev: str):
+    """(interface module, config module) of kernels/ at git revision ``rev``, imported as package ``fa4lab_base``
+    (its __init__, which registers the torch ops, is not run)."""
+    tmp = Path(tempfile.mkdtemp(prefix="fa4lab_base_"))
+    paths = ["kernels"] + (["conf/tuned"] if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e",
+                                                             f"{rev}:conf/tuned"], capture_output=True).returncode == 0
+                           else [])
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *paths], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=arch, check=True)
+    pkg = types.ModuleType("fa4lab_base")
+    pkg.__path__ = [str(tmp / "kernels")]
+    sys.modules["fa4lab_base"] = pkg
+    return importlib.import_module("fa4lab_base.interface"), importlib.import_module("fa4lab_base.config")
+
+
+def _parse_cfg(spec: str):
+    name, _, body = spec.partition("=")
+    kw = {}
+    for item in filter(None, body.split(",")):
+        k, _, v = item.partition(":")
+        lv = v.lower()
+        kw[k] = True if lv == "true" else False if lv == "false" else None if lv == "none" else (
+            int(v) if v.lstrip("-").isdigit() else float(v))
+    return name, kw
+
+
+def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
+    import torch
+
+    from kernels import AttnConfig
+    from kernels.interface import attention_forward, resolve_config
+
+    hdim, dv = q.shape[-1], v.shape[-1]
+    b, s, h = q.shape[0], q.shape[1], q.shape[2]
+    out = torch.empty(b, s, h, dv, device=q.device, dtype=q.dtype)
+    lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
+
+    def ours(**kw):
+        cfg = resolve_config(AttnConfig(**kw), hdim, causal)
+        return lambda: attention_forward(q, k, v, causal, scale, cfg, out=out, lse=lse)[0]
+
+    fns = {"ours": ours(), "ours_persistent": ours(persistent=True)}
+    for name, kw in extra.items():
+        fns[name] = ours(**kw)
+    if base is not None:
+        iface, cmod = base
+        bcfg = iface.resolve_config(cmod.AttnConfig(), hdim, causal)
+        fns["ours_base"] = lambda: iface.attention_forward(q, k, v, causal, scale, bcfg, out=out, lse=lse)[0]
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        def official():
+            r = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+            return r[0] if isinstance(r, tuple) else r
+        fns["fa4_official"] = official
+    except ImportError:
+        print("flash_attn.cute not importable: no fa4_official", flush=True)
+    if cudnn:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+        def cudnn_fwd():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                         scale=scale).transpose(1, 2)
+        fns["sdpa_cudnn"] = cudnn_fwd
+    return fns
+
+
+def check(fns: dict) -> dict:
+    """max |out - out_ours| per variant (each output cloned: ours' variants share one buffer)."""
+    import torch
+
+    ref = fns["ours"]().clone()
+    torch.cuda.synchronize()
+    res = {}
+    for name, fn in fns.items():
+        o = fn().clone()
+        torch.cuda.synchronize()
+        res[name] = float((o.float() - ref.float()).abs().max()) if not torch.isnan(o).any() else float("nan")
+    return res
+
+
+def round_robin(fns: dict, repeats: int, warmup: int = 3) -> dict:
+    import torch
+
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each round
+            flush.zero_()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fns[name]()
+            b.record()
+            torch.cuda.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return times
+
+
+def _ratio_stats(ref: list, t: list):
+    ratios = sorted(a / x for a, x in zip(ref, t))  # speed of the variant relative to ref, per round
+    return statistics.median(ratios), ratios[len(ratios) // 5], ratios[(4 * len(ratios)) // 5]
+
+
+def main():
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--base-rev", default=DEFAULT_BASE_REV, help="'' to skip ours_base")
+    ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 8192, 16384])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of this tree")
+    ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
+    ap.add_argument("--cudnn", action="store_true")
+    a = ap.parse_args()
+    base = load_base(a.base_rev) if a.base_rev else None
+    extra = dict(_parse_cfg(s) for s in a.cfg)
+    rows = []
+    for s in a.seqlens:
+        for hdim in a.hdims:
+            for causal in map(bool, a.causal):
+                dv = 128 if hdim == 192 else hdim
+                heads, batch = 2048 // hdim, max(1, 16384 // s)
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+                        for _ in range(2))
+                v = torch.randn(batch, s, heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+                scale = 1.0 / math.sqrt(hdim)
+                fns = _variants(q, k, v, causal, scale, base, extra, a.cudnn)
+                if a.only:
+                    fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
+                diffs = check(fns)
+                times = round_robin(fns, a.repeats)
+                flops = 2 * batch * heads * s * s * (hdim + dv) * (0.5 if causal else 1.0)
+                off = times.get("fa4_official")
+                for name, t in times.items():
+                    med = statistics.median(t)
+                    so = _ratio_stats(times["ours"], t)
+                    sf = _ratio_stats(off, t) if off else (float("nan"),) * 3
+                    row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, batch=batch, heads=heads, causal=causal,
+                               ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=so[0], p20=so[1], p80=so[2],
+                               speed_vs_official=sf[0], off_p20=sf[1], off_p80=sf[2], n=len(t),
+                               max_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name())
+                    rows.append(row)
+                    bad = "  BAD" if not diffs[name] <= 0.05 else ""
+                    print(f"hd{hdim} s{s} causal={int(causal)} {name:16s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
+                          f"  speed/ours {so[0]:.3f} [{so[1]:.3f}, {so[2]:.3f}]"
+                          f"  speed/official {sf[0]:.3f} [{sf[1]:.3f}, {sf[2]:.3f}]  diff {diffs[name]:.2e}{bad}",
+                          flush=True)
+                    if a.out:
+                        with open(a.out, "a") as f:
+                            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
