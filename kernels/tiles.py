@@ -3,7 +3,8 @@
 The roofline and the result rows ask here instead of keeping their own copies, so a change of tiles in the
 kernels shows up everywhere. The backward's Q rows per step are the resolved ``AttnConfig.bwd_tile_m`` (per-arch
 default in ``config.DEFAULTS``); its K/V rows and the head dims it supports come from ``BWD_TILES`` of the sm90
-backward kernel (kernels/sm90/bwd.py, which needs cutlass-dsl; without it every head dim of the defaults table
+backward kernel (kernels/sm90/bwd.py) and ``WIDE_BWD_TILES`` of the wide one (bwd_wide.py: 256, (192, 128); these
+need cutlass-dsl; without it every head dim of the defaults table
 counts as supported and K/V rows are 128). sm100 has no backward kernel here: its tile is the FA4 paper's
 (128 x 128), for the model only.
 """
@@ -18,9 +19,10 @@ SM90_BWD_TILE_N = 128  # K/V rows per CTA when the kernel module cannot be impor
 def _sm90_bwd_table() -> dict | None:
     try:
         from .sm90.bwd import BWD_TILES
+        from .sm90.bwd_wide import WIDE_BWD_TILES
     except ImportError:  # no cutlass-dsl here
         return None
-    return dict(BWD_TILES)
+    return {**BWD_TILES, **{hd: tile for (hd, _hd_v), tile in WIDE_BWD_TILES.items()}}
 
 
 def bwd_tile(arch: str, hdim: int, causal: bool = False, cfg: AttnConfig | None = None) -> tuple[int, int]:

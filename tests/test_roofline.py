@@ -244,10 +244,12 @@ def test_backward_tiles_are_the_kernels():
     from analysis import roofline as rl
     from kernels.tiles import bwd_tile
 
-    for hd in (64, 128):
-        p = rl.predict("h200", hd, False, None, None, mode="bwd", calib={})
+    for hd in (64, 128, 256, 192):
+        p = rl.predict("h200", hd, False, None, dict(hdim_v=128 if hd == 192 else hd), mode="bwd", calib={})
         assert p.tile == bwd_tile("sm90", hd, False)
-    assert not [r for r in rl.table(gpus=("h200",), modes=("bwd",), calib={}) if r["hdim"] == "256"]
+    assert bwd_tile("sm90", 256, True) == (64, 64)  # kernels/sm90/bwd_wide.py
+    hdims = {r["hdim"] for r in rl.table(gpus=("h200",), modes=("bwd",), calib={})}
+    assert hdims == {"64", "128", "192/128", "256"}
 
 
 def test_microbench_one_failure_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
