@@ -124,6 +124,8 @@ def test_persistent_compiles(hdims, causal, switches):
     cfg = AttnConfig(persistent=True, **switches).resolve("sm90", hdim, causal)
     kern = make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal)
     assert kern.persistent is True
+    # O gets its own shared-memory buffer (epilogue overlapped with the next tile) wherever it fits: all but hd256
+    assert kern.separate_o is (hdim != 256)
     assert compile_fwd(kern, tvm_ffi=False) is not None
 
 
@@ -138,6 +140,7 @@ def test_persistent_is_its_own_kernel_through_interface():
     ka, ca = get_fwd_kernel(a, "bfloat16", 128, 128, True, tvm_ffi=False)
     kb, cb = get_fwd_kernel(b, "bfloat16", 128, 128, True, tvm_ffi=False)
     assert ca is not cb and (ka.persistent, kb.persistent) == (False, True)
+    assert ka.separate_o is False  # the default keeps O in Q's buffer
 
 
 def test_persistent_grid_is_sm_count_capped_by_tiles():

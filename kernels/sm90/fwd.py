@@ -16,8 +16,10 @@ loaded, masking only on the diagonal blocks, and tiles are issued longest first 
 The consumer walks a tile's key blocks in three loops with no per-iteration mask decision: the first block (masked:
 ragged end of the keys, causal diagonal), the other diagonal blocks (causal only), then the mask-free steady state.
 ``persistent``: grid = min(SM count, tiles), each CTA walks tiles in a static round robin over the same order, the
-pipelines' states carried from tile to tile (the next tile's K/V loads overlap this tile's epilogue; its Q waits for
-this tile's O to leave shared memory, which Q shares).
+pipelines' states carried from tile to tile, so the next tile's K/V loads overlap this tile's epilogue. Where shared
+memory allows (all but hd256) O gets its own buffer: Q is released after the tile's last QK^T (the next Q loads under
+the last PV and the epilogue) and the O store is waited for only before the next epilogue (it runs under the next
+tile's main loop); otherwise O shares Q's buffer and the next Q waits for the O store to have read it.
 O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
 LSE (natural log, fp32, (batch, heads, seqlen_q)) is stored by the threads owning column 0.
 """
@@ -97,6 +99,10 @@ class FlashFwdSm90:
         if smem > 227 * 1024 - 2048:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
+        # persistent, where shared memory allows (all but hd256): O gets its own buffer, so a tile releases Q as soon as
+        # its last QK^T is done (the next tile's Q loads under this tile's last PV and epilogue) and its O store runs
+        # under the next tile's main loop (waited for only before the next epilogue writes the buffer again)
+        self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= 227 * 1024 - 2048
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -143,15 +149,27 @@ class FlashFwdSm90:
         self.bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
         q_o_elems = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
+        o_elems = cute.cosize(sO_layout)
 
-        @cute.struct
-        class SharedStorage:
-            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+        if const_expr(self.separate_o):
+            @cute.struct
+            class SharedStorage:
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+                sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
+        else:
+            @cute.struct
+            class SharedStorage:
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
         seqlen_q = mQ.shape[0]
         heads = mQ.shape[2]
@@ -203,7 +221,10 @@ class FlashFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
+        if const_expr(self.separate_o):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        else:
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
         # V^T view (hdim_v, tile_n, stages) for the PV GEMM's B operand
         sVt = cute.composition(sV, cute.make_ordered_layout((self.hdim_v, self.tile_n, self.num_stages), order=(1, 0, 2)))
 
@@ -252,6 +273,9 @@ class FlashFwdSm90:
                     state, q_state = self.consume(
                         mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                         state, q_state, scale_log2, t_m, t_head, t_b, t_nmax, t_nmin, seqlen_q, seqlen_k, ctidx)
+                if const_expr(self.separate_o):
+                    if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
             else:
                 state, q_state = self.consume(
                     mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, state,
@@ -461,6 +485,8 @@ class FlashFwdSm90:
                 state_v = state.clone()
                 state.advance()
                 self.overlapped_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, state_v, n_unmasked - 1 - i, False)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
             self.last_block(acc_O, tOrP, tiled_mma_pv, tOrVt, pipe_v, state)
             state.advance()
         else:
@@ -476,6 +502,8 @@ class FlashFwdSm90:
                 self.serial_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_unmasked - 1 - i, False, False)
                 state.advance()
             self.sched_arrive(wg)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)
 
         # ---- epilogue: normalise, LSE, O via shared memory and one TMA store ----
         inv_sum = cute.make_rmem_tensor(n_rows, Float32)
@@ -493,7 +521,10 @@ class FlashFwdSm90:
                 if row < seqlen_q:
                     mLSE[row, head, bidx] = lse[r]
 
-        # both warpgroups must be done reading sQ before O overwrites it
+        if const_expr(self.separate_o):
+            if tidx < 32:  # the previous tile's O store must have read sO before it is written again
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        # both warpgroups must be done reading sQ before O overwrites it (separate sO: the wait above is done)
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_st = cute.make_tiled_copy_C(st_atom, tiled_mma_pv).get_slice(tidx)
@@ -506,8 +537,10 @@ class FlashFwdSm90:
                                                cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        pipe_q.consumer_release(q_state)  # after the store has read sO: the next tile's Q may land there
+            if const_expr(not self.separate_o):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if const_expr(not self.separate_o):
+            pipe_q.consumer_release(q_state)  # after the store has read sO: the next tile's Q may land there
         q_state.advance()
         return state, q_state
 
