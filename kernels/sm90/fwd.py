@@ -264,6 +264,7 @@ class FlashFwdSm90:
                     cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            frags = self.consumer_fragments(sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, ctidx)
             if const_expr(self.persistent):
                 bx, _, _ = cute.arch.block_idx()
                 gx, _, _ = cute.arch.grid_dim()
@@ -271,14 +272,14 @@ class FlashFwdSm90:
                     t_m, t_head, t_b = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
                     t_nmax, t_nmin = n_block_range(t_m, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal)
                     state, q_state = self.consume(
-                        mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                        mO, mLSE, sO, frags, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                         state, q_state, scale_log2, t_m, t_head, t_b, t_nmax, t_nmin, seqlen_q, seqlen_k, ctidx)
                 if const_expr(self.separate_o):
                     if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
             else:
                 state, q_state = self.consume(
-                    mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, state,
+                    mO, mLSE, sO, frags, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, state,
                     q_state, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q, seqlen_k,
                     ctidx)
 
@@ -446,9 +447,9 @@ class FlashFwdSm90:
         pipe_v.consumer_release(state)
 
     @cute.jit
-    def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                state, q_state, scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
-                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32):
+    def consumer_fragments(self, sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx: Int32):
+        """A consumer thread's tile-independent views: its warpgroup, MMA slices and the wgmma shared-memory operand
+        descriptors (built once per CTA, outside the persistent tile loop)."""
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
@@ -457,6 +458,13 @@ class FlashFwdSm90:
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        return wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt
+
+    @cute.jit
+    def consume(self, mO, mLSE, sO, frags, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                state, q_state, scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
+                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32):
+        wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt = frags
         acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
         tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
