@@ -22,8 +22,10 @@ With ``deterministic=True`` the writer warp adds in a fixed order: an int32 sema
 the writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and
 releases the next turn (red.release), so the MMA warps never spin. For causal, ``det_schedule="spt"`` orders
 the turns and the grid shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles,
-goes first); ``"naive"`` keeps K/V tile order for both (the paper's baseline schedule). dK (times
-softmax_scale) and dV are written from registers at the end.
+goes first); ``"naive"`` keeps K/V tile order for both (the paper's baseline schedule). At the end dK (times
+softmax_scale) and dV go to shared memory (the K / V tiles' space, once both MMA warpgroups are past their last
+GEMM) and leave with one TMA store each (H200, interleaved against official FA4: 1.16-1.26x at 1k, 1.02-1.06x at
+8k over per-thread global stores).
 
 ``two_cta=True``: clusters of 2 CTAs own adjacent K/V tiles (2p, 2p+1) and walk the same Q tiles. Q, dO,
 LSE and dPsum are loaded once per cluster: each CTA issues half of every tile with TMA multicast to both, and
