@@ -37,14 +37,21 @@ DEFAULT_BASE_REV = "62ed521"  # the forward before issue 11.3 (one consume loop 
 
 
 def load_base(rev: str):
-    """(interface module, config module) of kernels/ at git revision ``rev``, imported as package ``fa4lab_base``
-    (its __init__, which registers the torch ops, is not run)."""
+    """(interface module, config module) of kernels/ at git revision ``rev`` (or in the folder ``rev``, which holds
+    a kernels/ tree: for hosts without the repository's history), imported as package ``fa4lab_base`` (its
+    __init__, which registers the torch ops, is not run)."""
+    if Path(rev).is_dir():
+        return _import_base(Path(rev).resolve())
     tmp = Path(tempfile.mkdtemp(prefix="fa4lab_base_"))
     paths = ["kernels"] + (["conf/tuned"] if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e",
                                                              f"{rev}:conf/tuned"], capture_output=True).returncode == 0
                            else [])
     arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *paths], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tmp)], input=arch, check=True)
+    return _import_base(tmp)
+
+
+def _import_base(tmp: Path):
     pkg = types.ModuleType("fa4lab_base")
     pkg.__path__ = [str(tmp / "kernels")]
     sys.modules["fa4lab_base"] = pkg
