@@ -231,7 +231,8 @@ def winner_entry(t: dict, results: list[dict], seqlens, rows_path: Path, rows: l
     gpus = sorted({str(r.get("gpu_name")) for r in rows if r.get("gpu_name")})
     shas = sorted({str(r.get("git_sha")) for r in rows if r.get("git_sha")})
     return {"hdim": t["hdim"], "causal": t["causal"], "direction": t["direction"],
-            "config": {k: w["config"][k] for k in fields_of(t["direction"]) if k != "pingpong"},
+            "config": {k: w["config"][k] for k in fields_of(t["direction"])  # a plan saved before a field existed
+                       if k != "pingpong" and k in w["config"]},                # lacks it: the default stays
             "evidence": {"candidate": w["name"], "table_default": {k: v for k, v in t["default"].items() if k != "pingpong"},
                          "speedup_median": {int(s): round(w["stats"][s]["median"], 4) for s in seqlens},
                          "speedup_p20": {int(s): round(w["stats"][s]["p20"], 4) for s in seqlens},

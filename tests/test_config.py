@@ -83,6 +83,9 @@ def test_backward_fields_resolve_and_reject_what_does_not_fit():
     assert r.bwd_tile_m == table_defaults("sm90", 64, False)["bwd_tile_m"] and r.det_schedule == "spt"
     assert AttnConfig(bwd_tile_m=128).resolve("sm90", 64, False).bwd_tile_m == 128
     assert compiled_config(AttnConfig(bwd_tile_m=128), "sm90", 64, False, mode="bwd")["tile_m"] == 128
+    # forward-only fields do not make two backward kernels
+    assert (compiled_config(AttnConfig(persistent=True, pingpong=False), "sm90", 128, True, mode="bwd")
+            == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
     assert bwd_tile("sm90", 128)[0] == table_defaults("sm90", 128, False)["bwd_tile_m"]
     pytest.importorskip("cutlass")
     from kernels.sm90.backward import compile_backward
