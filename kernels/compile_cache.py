@@ -1,7 +1,7 @@
 """In-process cache of compiled CuTe DSL kernels, keyed on everything that changes the generated code.
 
-The key is the whole resolved AttnConfig plus kernel kind, dtype, head dims, causal and arch; sequence
-lengths, batch and the softmax scale stay dynamic. A stale cubin reused across an ablation is the classic
+The key is the whole resolved AttnConfig plus kernel kind, dtype, head dims, causal and arch (and the GQA group size
+when > 1); sequence lengths, batch, heads and the softmax scale stay dynamic. A stale cubin reused across an ablation is the classic
 bug this module exists to prevent: two configs that differ in any field get two compiled kernels.
 """
 from __future__ import annotations
@@ -32,6 +32,12 @@ def cache_key(kind: str, cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, ca
     if not cfg.is_resolved:
         raise ValueError("cache_key: pass a resolved AttnConfig (cfg.resolve(arch, hdim, causal))")
     return _key(kind, cfg, str(dtype), int(hdim), int(hdim_v), bool(causal), str(arch), tuple(sorted(extra.items())))
+
+
+def gqa_extra(qhead_per_kvhead: int) -> dict:
+    """``cache_key`` extras for a GQA / MQA group size (Q heads per K/V head, a compile-time constant of the kernels):
+    none at 1, so a group-1 key, and the kernel it names, is exactly the MHA one."""
+    return {} if int(qhead_per_kvhead) == 1 else {"qhead_per_kvhead": int(qhead_per_kvhead)}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -13,9 +13,9 @@ import functools
 
 import torch
 
-from .compile_cache import cache_key, get_or_compile
+from .compile_cache import cache_key, get_or_compile, gqa_extra
 from .config import AttnConfig, ConfigError, resolve_cached
-from .validate import InputError
+from .validate import InputError, check_gqa_heads
 
 ARCH = "sm90"
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -44,19 +44,21 @@ def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnCo
     return resolve_cached(config, ARCH, int(hdim), bool(causal))
 
 
-def fwd_kernel_key(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool) -> tuple:
-    return cache_key("fwd", cfg, dtype, hdim, hdim_v, causal, ARCH)
+def fwd_kernel_key(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1) -> tuple:
+    return cache_key("fwd", cfg, dtype, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead))
 
 
-def get_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, tvm_ffi: bool | None = None):
-    """(kernel object, compiled callable) for a resolved config, compiled once per cache key."""
+def get_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, tvm_ffi: bool | None = None,
+                   qhead_per_kvhead: int = 1):
+    """(kernel object, compiled callable) for a resolved config, compiled once per cache key. ``qhead_per_kvhead``:
+    Q heads per K/V head (GQA group; 1 = MHA), a compile-time constant of the kernel and part of the key."""
     from .sm90.compile import compile_fwd, make_fwd_kernel
 
-    key = fwd_kernel_key(cfg, dtype, hdim, hdim_v, causal) + (("tvm_ffi", tvm_ffi),)
+    key = fwd_kernel_key(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead) + (("tvm_ffi", tvm_ffi),)
 
     def build():
         try:
-            kern = make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal)
+            kern = make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead)
         except ValueError as e:  # unsupported knob combination: a config error, one line
             raise ConfigError(str(e)) from None
         return kern, compile_fwd(kern, tvm_ffi=tvm_ffi)
@@ -76,14 +78,16 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     """Run the forward kernel on validated CUDA tensors; returns (out, lse).
 
     ``out`` / ``lse`` may be preallocated (contiguous (b, s_q, h, dv) at q's dtype / (b, h, s_q) fp32), e.g.
-    NaN-poisoned by a test to prove every element is written.
+    NaN-poisoned by a test to prove every element is written. k / v may have h_kv heads dividing q's h (GQA / MQA):
+    Q head i reads K/V head i // (h / h_kv), with no repeated K/V in memory.
     """
     from .sm90.scheduler import grid_shape, lpt_group_size
 
     b, s_q, h, d = q.shape
     s_k, d_v = k.shape[1], v.shape[3]
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
-    _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal)
+    group = check_gqa_heads(h, k.shape[2], v.shape[2])
+    _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group)
     if out is None:
         out = torch.empty((b, s_q, h, d_v), dtype=q.dtype, device=q.device)
     if lse is None:

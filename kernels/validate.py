@@ -17,10 +17,13 @@ class InputError(ValueError):
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dtypes=SUPPORTED_DTYPES,
-              hdim_pairs=SUPPORTED_HDIM_PAIRS, need_cuda: bool = False, devices: bool = True) -> None:
+              hdim_pairs=SUPPORTED_HDIM_PAIRS, need_cuda: bool = False, devices: bool = True,
+              gqa: bool = False) -> None:
     """Validate (batch, seqlen, heads, head_dim) tensors as flash_attn_func takes them.
 
     Order: type and rank, shapes (agreement, sizes >= 1), dtype, head dims, layout, then (``devices``) device.
+    ``gqa``: k and v may have fewer heads than q (grouped-query / multi-query attention), one count for both that
+    divides q's; otherwise q, k, v share the head count.
     """
     named = (("q", q), ("k", k), ("v", v))
     for name, t in named:
@@ -32,7 +35,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dtypes=SUPPO
         raise InputError(f"batch: q, k, v must share batch, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
     if k.shape[1] != v.shape[1]:
         raise InputError(f"seqlen_k: k and v must share seqlen, got {k.shape[1]} and {v.shape[1]}")
-    if not (q.shape[2] == k.shape[2] == v.shape[2]):
+    if gqa:
+        check_gqa_heads(q.shape[2], k.shape[2], v.shape[2])
+    elif not (q.shape[2] == k.shape[2] == v.shape[2]):
         raise InputError(f"heads: q, k, v must share the number of heads, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
     if min(q.shape[1], k.shape[1]) < 1 or q.shape[0] < 1 or q.shape[2] < 1:
         raise InputError(f"shape: batch, seqlen and heads must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
@@ -51,6 +56,18 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dtypes=SUPPO
             raise InputError(f"{name}: last dim (head_dim) must be contiguous (stride 1), got stride {t.stride(-1)}")
     if devices:
         check_devices(q, k, v, need_cuda=need_cuda)
+
+
+def check_gqa_heads(heads_q: int, heads_k: int, heads_v: int) -> int:
+    """The GQA group size heads_q // heads_kv; InputError unless k and v share a head count that divides q's."""
+    if heads_k != heads_v:
+        raise InputError(f"heads: k and v must share the number of heads, got {heads_k} and {heads_v}")
+    if heads_k < 1 or heads_q < 1:
+        raise InputError(f"heads: q and k/v need >= 1 head, got {heads_q} and {heads_k}")
+    if heads_q % heads_k:
+        raise InputError(f"heads: the K/V heads ({heads_k}) must divide the Q heads ({heads_q}) (grouped-query "
+                         "attention: Q head i reads K/V head i // (heads_q / heads_kv))")
+    return heads_q // heads_k
 
 
 def check_devices(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_cuda: bool = False) -> None:

@@ -3,7 +3,9 @@
 Sequence lengths, batch and heads are symbolic, so one compiled kernel serves every shape of a
 (dtype, head dims, causal, config) key; the compiled function takes torch tensors through TVM FFI:
 ``compiled(q, k, v, out, lse, softmax_scale, hb_group, num_ctas)`` on the current CUDA stream (``num_ctas``: the
-grid of a persistent kernel, min(SM count, tiles); ignored otherwise).
+grid of a persistent kernel, min(SM count, tiles); ignored otherwise). GQA / MQA: ``qhead_per_kvhead`` > 1 compiles a
+kernel whose K/V have their own (symbolic) head count, h_q / qhead_per_kvhead; at 1 K/V share Q's head symbol, as
+before (the same kernel, the same SASS).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from .fwd import FlashFwdSm90
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 
-def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool) -> FlashFwdSm90:
+def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool,
+                    qhead_per_kvhead: int = 1) -> FlashFwdSm90:
     """The kernel object for a resolved config (plain Python; nothing compiled yet)."""
     if not cfg.is_resolved:
         raise ValueError("make_fwd_kernel: pass a resolved AttnConfig (cfg.resolve('sm90', hdim, causal))")
@@ -26,7 +29,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         DTYPES[dtype], hdim, hdim_v, causal, tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages,
         rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
-        producer_regs=cfg.producer_regs, persistent=bool(cfg.persistent))
+        producer_regs=cfg.producer_regs, persistent=bool(cfg.persistent), qhead_per_kvhead=qhead_per_kvhead)
 
 
 def tvm_ffi_available() -> bool:
@@ -54,8 +57,9 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str
         return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
 
     q = fake(dt, (b, sq, h, kernel.hdim))
-    k = fake(dt, (b, sk, h, kernel.hdim))
-    v = fake(dt, (b, sk, h, kernel.hdim_v))
+    h_kv = h if kernel.qhead_per_kvhead == 1 else cute.sym_int()  # GQA: K/V heads apart from Q's
+    k = fake(dt, (b, sk, h_kv, kernel.hdim))
+    v = fake(dt, (b, sk, h_kv, kernel.hdim_v))
     o = fake(dt, (b, sq, h, kernel.hdim_v))
     lse = fake(cutlass.Float32, (b, h, sq), align=4, div=1)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)

@@ -22,6 +22,10 @@ the last PV and the epilogue) and the O store is waited for only before the next
 tile's main loop); otherwise O shares Q's buffer and the next Q waits for the O store to have read it.
 O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
 LSE (natural log, fp32, (batch, heads, seqlen_q)) is stored by the threads owning column 0.
+GQA / MQA: ``qhead_per_kvhead`` (a compile-time constant, part of the compile cache key when > 1) Q heads share one K/V
+head; the producer loads K/V head ``head // qhead_per_kvhead`` for Q head ``head`` (the TMA coordinates), so K/V are
+never repeated in memory; at 1 the code is the MHA kernel's (byte-identical SASS). Each Q head's tile still loads its
+K/V blocks itself (no packing of a group's Q heads onto one K/V load, FA3's PackGQA: K/V re-reads hit L2).
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ class FlashFwdSm90:
     def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
-                 producer_regs: int = 24, persistent: bool = False):
+                 producer_regs: int = 24, persistent: bool = False, qhead_per_kvhead: int = 1):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -78,9 +82,12 @@ class FlashFwdSm90:
                              f"threads) for tile_m={tile_m}; e.g. 24/240 for tile_m=128, 32/160 for tile_m=192")
         if dtype is cutlass.Float16 and rescale_threshold > 15.0:
             raise ValueError(f"rescale_threshold={rescale_threshold}: with fp16 P can reach 2^tau, so tau must be <= 15")
+        if int(qhead_per_kvhead) != qhead_per_kvhead or qhead_per_kvhead < 1:
+            raise ValueError(f"qhead_per_kvhead={qhead_per_kvhead}: must be an integer >= 1 (Q heads per K/V head)")
         self.dtype = dtype
         self.hdim, self.hdim_v = hdim, hdim_v
         self.causal = causal
+        self.qhead_per_kvhead = int(qhead_per_kvhead)  # GQA group: Q head h reads K/V head h // qhead_per_kvhead
         self.tile_m, self.tile_n = tile_m, tile_n
         self.num_stages = num_stages
         self.tau = float(rescale_threshold)
@@ -124,7 +131,8 @@ class FlashFwdSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
-        """mQ (b, s_q, h, d), mK (b, s_k, h, d), mV (b, s_k, h, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32.
+        """mQ (b, s_q, h, d), mK (b, s_k, h_kv, d), mV (b, s_k, h_kv, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32,
+        h = h_kv * qhead_per_kvhead (the caller checks it).
         ``num_ctas``: the grid of the persistent kernel (min(SM count, tiles)); ignored when not persistent."""
         # (b, s, h, d) -> (s, d, h, b); LSE (b, h, s) -> (s, h, b)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
@@ -290,8 +298,11 @@ class FlashFwdSm90:
         Returns the K/V and Q producer states after the tile (Q's buffer is free again once the tile's O has left
         shared memory: O aliases it)."""
         gQ = cute.local_tile(mQ[None, None, head, bidx], (self.tile_m, self.hdim), (m_block, 0))
-        gK = cute.local_tile(mK[None, None, head, bidx], (self.tile_n, self.hdim), (None, 0))
-        gV = cute.local_tile(mV[None, None, head, bidx], (self.tile_n, self.hdim_v), (None, 0))
+        head_kv = head
+        if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
+            head_kv = head // self.qhead_per_kvhead
+        gK = cute.local_tile(mK[None, None, head_kv, bidx], (self.tile_n, self.hdim), (None, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, bidx], (self.tile_n, self.hdim_v), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
