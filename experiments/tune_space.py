@@ -2,8 +2,8 @@
 and the order in which a time budget visits them.
 
 Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows), tile_n, num_stages, the register split
-(producer_regs, consumer_regs), pingpong, exp2_emu_fraction and persistent (grid = SM count, tiles walked per CTA).
-Backward: bwd_tile_m. (AttnConfig has no cluster field, so the search has none.) A combination is *valid* when AttnConfig accepts it, the
+(producer_regs, consumer_regs), pingpong and exp2_emu_fraction. Backward: bwd_tile_m. (AttnConfig has no cluster or
+persistent-scheduling field, so the search has none.) A combination is *valid* when AttnConfig accepts it, the
 kernel class's constructor accepts it (its shared-memory and register-budget asserts; no compilation), and the live
 accumulators of a consumer thread fit its register budget (a lower bound, below): near that bound a kernel may still
 spill, which its timing then shows. Combinations that compile to the same kernel as another (the exp2 fraction is
@@ -36,7 +36,6 @@ SM90_FWD_VALUES = {
     "reg_split": (0, 1, 2),
     "pingpong": (True, False),
     "exp2_emu_fraction": (0.0, 0.125, 0.25, 0.5),
-    "persistent": (False, True),
 }
 SM90_BWD_VALUES = {"bwd_tile_m": (64, 128)}
 REG_RESERVE = 16  # registers per consumer thread beyond the accumulators: row max/sum, indices, addresses (minimum)
@@ -87,8 +86,7 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
             FlashFwdSm90(cutlass.BFloat16, hdim, FWD_HDIMS[hdim], causal, tile_m=point["tile_m"],
                          tile_n=point["tile_n"], num_stages=point["num_stages"],
                          exp2_emu_fraction=point["exp2_emu_fraction"], pingpong=point["pingpong"],
-                         consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"],
-                         persistent=bool(point.get("persistent", False)))
+                         consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"])
         except (ValueError, AssertionError) as e:
             return str(e).splitlines()[0]
         return None
@@ -131,11 +129,11 @@ def _raw_points(direction: str):
             yield {"bwd_tile_m": v}
         return
     V = SM90_FWD_VALUES
-    for tm, tn, st, lv, pp, ex, ps in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
-                                                         V["pingpong"], V["exp2_emu_fraction"], V["persistent"]):
+    for tm, tn, st, lv, pp, ex in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
+                                                     V["pingpong"], V["exp2_emu_fraction"]):
         pr, cr = REG_SPLITS[tm][lv]
         yield {"tile_m": tm, "tile_n": tn, "num_stages": st, "consumer_regs": cr, "producer_regs": pr,
-               "exp2_emu_fraction": ex, "persistent": ps, "pingpong": pp}
+               "exp2_emu_fraction": ex, "pingpong": pp}
 
 
 def kernel_id(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str:

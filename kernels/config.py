@@ -44,10 +44,6 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
 }
 
-# Persistent forward scheduling (AttnConfig.persistent = None resolves to this per arch; conf/tuned/<arch>.yaml may
-# override it per (hdim, causal)). Off until measured: grid = SM count, tiles walked statically (causal: longest first).
-PERSISTENT_DEFAULT = {"sm90": False, "sm100": False}
-
 DET_SCHEDULES = ("spt", "naive")
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -72,7 +68,6 @@ class AttnConfig:
     two_cta: bool = False  # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS
     det_schedule: str = "spt"  # deterministic causal backward: "spt" (shortest first) or "naive" (K/V tile order)
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128); K/V rows per CTA stay 128
-    persistent: bool | None = None  # forward: grid = SM count, each CTA walks tiles (None = the per-arch default)
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None
@@ -100,8 +95,6 @@ class AttnConfig:
         for name in ("pingpong", "intra_wg_overlap", "deterministic", "two_cta"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
-        if self.persistent is not None and not isinstance(self.persistent, bool):
-            raise ConfigError(f"persistent={self.persistent!r}: must be None (per-arch default) or a bool")
         for name, lo, hi, mult in (("bwd_tile_m", 64, 128, 64), ("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
                                    ("consumer_regs", 24, 256, 8), ("producer_regs", 24, 256, 8)):
             v = getattr(self, name)
@@ -122,8 +115,6 @@ class AttnConfig:
                    if getattr(self, k) is None}
         if self.exp2_emu_fraction is None:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
-        if self.persistent is None:
-            updates["persistent"] = PERSISTENT_DEFAULT[arch]
         tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
         updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
         return dataclasses.replace(self, **updates) if updates else self
@@ -194,8 +185,7 @@ def quantized_exp2_fraction(fraction: float, fragments_per_row: int) -> float:
 #   entries:
 #     - {hdim: 128, causal: false, direction: fwd, config: {tile_m: 128, tile_n: 176, ...}, evidence: {...}}
 # An entry overrides the table above for its (hdim, causal), only for the fields of its direction. No file: the table.
-TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction",
-                        "persistent"),
+TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction"),
                 "bwd": ("bwd_tile_m",)}
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
@@ -292,7 +282,6 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
         raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
     d = dict(DEFAULTS[(arch, int(hdim))])
     d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
-    d["persistent"] = PERSISTENT_DEFAULT[arch]
     if tuned:
         d.update(TUNED.get((arch, int(hdim), bool(causal)), {}))
     return d

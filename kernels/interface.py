@@ -2,10 +2,9 @@
 
 ``attention_forward(q, k, v, causal, scale, cfg)`` fetches or compiles the forward kernel through
 kernels.compile_cache (key: the whole resolved config + dtype, head dims, causal, arch) and runs it on validated
-CUDA tensors (a persistent config launches min(SM count of the tensors' device, tiles) CTAs); ``resolve_config``
-resolves an AttnConfig for (sm90, head dim, causal); ``_check_arch`` rejects a non-Hopper GPU. The public,
-differentiable ``attention(q, k, v, ...)`` is in kernels/ops.py: input checks, then the torch.library op ``fa4lab::fwd``
-(its backward, ``fa4lab::bwd``, calls ``kernels.sm90.backward.attention_backward``).
+CUDA tensors; ``resolve_config`` resolves an AttnConfig for (sm90, head dim, causal); ``_check_arch`` rejects a
+non-Hopper GPU. The public, differentiable ``attention(q, k, v, ...)`` is in kernels/ops.py: input checks, then the
+torch.library op ``fa4lab::fwd`` (its backward, ``fa4lab::bwd``, calls ``kernels.sm90.backward.attention_backward``).
 """
 from __future__ import annotations
 
@@ -30,12 +29,6 @@ def _check_arch(device: torch.device) -> None:
 @functools.lru_cache(maxsize=64)
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
-
-
-@functools.lru_cache(maxsize=64)
-def _sm_count(index: int) -> int:
-    """Streaming multiprocessors of CUDA device ``index`` (the persistent forward's grid)."""
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
@@ -81,7 +74,7 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     NaN-poisoned by a test to prove every element is written. k / v may have h_kv heads dividing q's h (GQA / MQA):
     Q head i reads K/V head i // (h / h_kv), with no repeated K/V in memory.
     """
-    from .sm90.scheduler import grid_shape, lpt_group_size
+    from .sm90.scheduler import lpt_group_size
 
     b, s_q, h, d = q.shape
     s_k, d_v = k.shape[1], v.shape[3]
@@ -97,10 +90,6 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     if lse.shape != (b, h, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
     hb_group = lpt_group_size(h, b, s_k, d, d_v, q.element_size()) if causal else 1
-    num_ctas = 1
-    if cfg.persistent:  # one CTA per SM (the kernels hold one CTA per SM), never more than there are tiles
-        sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
-        num_ctas = grid_shape(-(-s_q // cfg.tile_m), h, b, causal, persistent_ctas=sms)[0]
     with torch.cuda.device(q.device):
-        compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group), int(num_ctas))
+        compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group))
     return out, lse

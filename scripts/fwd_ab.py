@@ -6,12 +6,11 @@ official FA4 (and cuDNN with --cudnn).
 
 Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16:
   ours             AttnConfig() of this working tree
-  ours_persistent  AttnConfig(persistent=True)
   ours_base        AttnConfig() of the kernels/ package at ``--base-rev`` (git archive into a temp dir, imported as a
                    separate package, so both kernels run in this process; '' skips it)
   fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
   sdpa_cudnn       with --cudnn
-  NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,persistent:true)
+  NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,intra_wg_overlap:false)
 Each variant's output is first checked against ``ours`` (max |diff| relative to max |out|; a variant over 0.02, or
 with NaN in its output, is flagged BAD and its times are still printed). Then ``--repeats`` rounds, the order rotated each round, the L2 flushed before every call; per
 variant the median time, TFLOP/s, and the per-round speed ratios against ours and against fa4_official (median and
@@ -33,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT_BASE_REV = "62ed521"  # the forward before issue 11.3 (one consume loop with per-iteration mask decisions)
+DEFAULT_BASE_REV = "HEAD"  # the last commit: an A/B of the working tree's uncommitted kernel edits
 
 
 def load_base(rev: str):
@@ -84,7 +83,7 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
         cfg = resolve_config(AttnConfig(**kw), hdim, causal)
         return lambda: attention_forward(q, k, v, causal, scale, cfg, out=out, lse=lse)[0]
 
-    fns = {"ours": ours(), "ours_persistent": ours(persistent=True)}
+    fns = {"ours": ours()}
     for name, kw in extra.items():
         fns[name] = ours(**kw)
     if base is not None:

@@ -23,8 +23,6 @@ from kernels.config import normalize_arch, quantized_exp2_fraction
     (dict(det_schedule="lpt"), "det_schedule"),
     (dict(bwd_tile_m=96), "bwd_tile_m"),
     (dict(bwd_tile_m=256), "bwd_tile_m"),
-    (dict(persistent=1), "persistent"),
-    (dict(persistent="yes"), "persistent"),
 ])
 def test_bad_fields_name_the_field(kwargs, needle):
     with pytest.raises(ConfigError, match=needle) as e:
@@ -84,7 +82,7 @@ def test_backward_fields_resolve_and_reject_what_does_not_fit():
     assert AttnConfig(bwd_tile_m=128).resolve("sm90", 64, False).bwd_tile_m == 128
     assert compiled_config(AttnConfig(bwd_tile_m=128), "sm90", 64, False, mode="bwd")["tile_m"] == 128
     # forward-only fields do not make two backward kernels
-    assert (compiled_config(AttnConfig(persistent=True, pingpong=False), "sm90", 128, True, mode="bwd")
+    assert (compiled_config(AttnConfig(pingpong=False, tile_n=64), "sm90", 128, True, mode="bwd")
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
     assert bwd_tile("sm90", 128)[0] == table_defaults("sm90", 128, False)["bwd_tile_m"]
     pytest.importorskip("cutlass")
@@ -92,20 +90,3 @@ def test_backward_fields_resolve_and_reject_what_does_not_fit():
 
     with pytest.raises(ConfigError, match="bwd_tile_m=128 at hdim 128"):
         compile_backward(AttnConfig(bwd_tile_m=128), "bfloat16", 128, False)
-
-
-def test_persistent_resolves_per_arch_and_is_part_of_the_identity():
-    from kernels.config import PERSISTENT_DEFAULT, table_defaults
-
-    for arch, hdim in DEFAULTS:
-        for causal in (False, True):
-            r = AttnConfig().resolve(arch, hdim, causal)
-            assert r.persistent is table_defaults(arch, hdim, causal)["persistent"]
-            assert table_defaults(arch, hdim, causal, tuned=False)["persistent"] is PERSISTENT_DEFAULT[arch]
-    assert PERSISTENT_DEFAULT["sm90"] is False  # off until measured
-    on = AttnConfig(persistent=True)
-    assert on.resolve("sm90", 128, True).persistent is True
-    assert AttnConfig(persistent=False).resolve("sm90", 128, True).persistent is False
-    assert on.op_string == '{"persistent":true}' and AttnConfig().op_string == "{}"
-    assert on.config_hash() != AttnConfig().config_hash() != AttnConfig(persistent=False).config_hash()
-    assert AttnConfig.from_dict(on.to_dict()) == on

@@ -4,13 +4,11 @@ Checks that the mechanisms are really in the machine code: wgmma (HGMMA), TMA lo
 UTMASTG), the exp2 split (MUFU.EX2 count falls and FFMA count rises with exp2_emu_fraction; no F2I / FRND,
 which would put the software exp2 back on the MUFU pipe; no clamp FMNMX; a pinned instruction cost per emulated
 exponential; sixteenths compile exactly at tile_n 128), the tau decision (a warp vote only when tau > 0),
-no local-memory spills (LDL / STL) in the default configs, and a main loop without mask decisions (causal: a loop
-over the diagonal key blocks, then a steady-state loop with no mask code).
+and no local-memory spills (LDL / STL) in the default configs.
 """
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
@@ -108,106 +106,3 @@ def test_tau_decision_is_a_warp_vote(tmp_path_factory):
 def test_no_spills_in_default_configs(tmp_path_factory, hdim, causal):
     c = sass_counts(tmp_path_factory, hdim=hdim, causal=causal)
     assert count(c, "LDL") == 0 and count(c, "STL") == 0, {k: v for k, v in c.items() if k.startswith(("LDL", "STL"))}
-
-
-# ---- main-loop structure: key blocks walked in separate masked / unmasked loops (issue 11 point 3) ----------------
-_SASS_TEXT: dict = {}
-_INSN_AT = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*)")
-_LABEL = re.compile(r"^(\.L_x_\d+):")
-
-
-def sass_text(tmp_path_factory, hdim=128, causal=False, **switches):
-    key = (hdim, causal, tuple(sorted(switches.items())))
-    if key not in _SASS_TEXT:
-        cfg = AttnConfig(**switches).resolve("sm90", hdim, causal)
-        hdim_v = 128 if hdim == 192 else hdim
-        _SASS_TEXT[key] = fwd_sass(cfg, "bfloat16", hdim, hdim_v, causal, str(tmp_path_factory.mktemp("sass")))
-    return _SASS_TEXT[key]
-
-
-def gemm_loops(sass: str) -> list[list[tuple[str, str]]]:
-    """Bodies (lists of (opcode, operands)) of the innermost loops that issue wgmma (the key-block loops; not the
-    persistent kernel's tile loop around them), in code order. A loop is a predicated backward BRA (not .U.ANY, whose
-    tiny loops are elect/retry idioms; the out-of-line mbarrier retry stubs branch back unpredicated)."""
-    insns, labels = [], {}
-    for line in sass.splitlines():
-        m = _LABEL.match(line.strip())
-        if m:
-            labels[m.group(1)] = len(insns)
-            continue
-        m = _INSN_AT.search(line)
-        if m:
-            insns.append((m.group(2), m.group(3), m.group(4)))
-    spans = []
-    for i, (pred, op, rest) in enumerate(insns):
-        t = re.search(r"\((\.L_x_\d+)\)", rest)
-        if op == "BRA" and pred and t and labels.get(t.group(1), len(insns)) <= i:
-            spans.append((labels[t.group(1)], i))
-    def has_gemm(span):
-        return any(op.startswith("HGMMA") for _, op, _ in insns[span[0]:span[1] + 1])
-
-    gemm = [sp for sp in spans if has_gemm(sp)]
-    inner = [sp for sp in gemm if not any(o != sp and sp[0] <= o[0] and o[1] <= sp[1] for o in gemm)]
-    return [[(op, rest) for _, op, rest in insns[a:b + 1]] for a, b in sorted(set(inner))]
-
-
-def _mask_ops(body) -> int:
-    """Instructions that select -inf (the mask, and the softmax's guards for rows that saw no key yet)."""
-    return sum(1 for op, rest in body if "-INF" in rest or op.startswith("FSEL"))
-
-
-@pytest.mark.parametrize("hdim,causal,switches", [
-    (128, False, {}), (128, True, {}), (64, True, {}), (256, True, {}), (192, True, {}),
-    (128, True, {"intra_wg_overlap": False}), (64, True, {"exp2_emu_fraction": 0.25}), (64, False, {"pingpong": False}),
-    (128, True, {"persistent": True}), (128, False, {"persistent": True}), (64, True, {"persistent": True})])
-def test_steady_state_loop_has_no_mask_code(tmp_path_factory, hdim, causal, switches):
-    """Non-causal: one main loop, mask-free (the ragged last key block is the first one walked, outside the loop).
-    Causal: two, the diagonal blocks' loop (mask selects, one per S element) then a mask-free steady-state loop
-    with the same GEMMs and exponentials and no per-iteration decision."""
-    loops = gemm_loops(sass_text(tmp_path_factory, hdim, causal, **switches))
-    assert len(loops) == (2 if causal else 1), [len(b) for b in loops]
-    steady = loops[-1]
-    assert _mask_ops(steady) == 0, [(op, r) for op, r in steady if "-INF" in r or op.startswith("FSEL")][:8]
-    if causal:
-        masked = loops[0]
-        n_s = 2 * AttnConfig(**switches).resolve("sm90", hdim, causal).tile_n // 4  # S elements per thread
-        assert _mask_ops(masked) >= n_s
-        hg = lambda b: sum(op.startswith("HGMMA") for op, _ in b)  # noqa: E731
-        ex2 = lambda b: sum(op == "MUFU.EX2" for op, _ in b)  # noqa: E731
-        assert hg(masked) == hg(steady) and ex2(masked) == ex2(steady)
-        assert len(steady) < len(masked)
-
-
-def outer_gemm_loops(sass: str) -> list[list[str]]:
-    """Opcodes of the outermost loops that issue wgmma (persistent: the tile loop)."""
-    insns, labels = [], {}
-    for line in sass.splitlines():
-        m = _LABEL.match(line.strip())
-        if m:
-            labels[m.group(1)] = len(insns)
-            continue
-        m = _INSN_AT.search(line)
-        if m:
-            insns.append((m.group(2), m.group(3), m.group(4)))
-    spans = []
-    for i, (pred, op, rest) in enumerate(insns):
-        t = re.search(r"\((\.L_x_\d+)\)", rest)
-        if op == "BRA" and pred and t and labels.get(t.group(1), len(insns)) <= i:
-            spans.append((labels[t.group(1)], i))
-    gemm = [sp for sp in spans if any(op.startswith("HGMMA") for _, op, _ in insns[sp[0]:sp[1] + 1])]
-    outer = [sp for sp in gemm if not any(o != sp and o[0] <= sp[0] and sp[1] <= o[1] for o in gemm)]
-    return [[op for _, op, _ in insns[a:b + 1]] for a, b in sorted(set(outer))]
-
-
-@pytest.mark.parametrize("hdim,causal", [(128, False), (128, True), (64, True)])
-def test_persistent_kernel_walks_tiles(tmp_path_factory, hdim, causal):
-    """persistent=True wraps the key-block loops, the Q load wait and the epilogue's O store in one tile loop, with the
-    same key-block loops inside and no spills; the default (persistent off) has no loop around the key-block loops."""
-    off = sass_text(tmp_path_factory, hdim, causal)
-    on = sass_text(tmp_path_factory, hdim, causal, persistent=True)
-    assert len(gemm_loops(on)) == len(gemm_loops(off)) == (2 if causal else 1)
-    assert all(not any(op.startswith("UTMASTG") for op in body) for body in outer_gemm_loops(off))
-    tile_loops = [body for body in outer_gemm_loops(on) if any(op.startswith("UTMASTG") for op in body)]
-    assert len(tile_loops) == 1
-    c_on = opcode_counts(on)
-    assert count(c_on, "LDL") == 0 and count(c_on, "STL") == 0

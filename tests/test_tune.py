@@ -43,19 +43,6 @@ def test_candidates_are_valid_distinct_and_cover_every_pair(hdim, causal):
                for p in cands[:3])
 
 
-def test_persistent_is_a_forward_factor_and_a_one_field_neighbour():
-    pytest.importorskip("cutlass")
-    from experiments.tune_space import candidates, default_point, fields_of, kernel_id
-
-    assert "persistent" in fields_of("fwd") and "persistent" not in fields_of("bwd")
-    base = default_point("sm90", 128, True, "fwd")
-    assert base["persistent"] is False
-    cands = candidates("sm90", 128, True, "fwd")
-    flip = {**base, "persistent": True}
-    assert flip in cands  # the one-field change is measured before the pairs cover
-    assert kernel_id(flip, "sm90", 128, True, "fwd") != kernel_id(base, "sm90", 128, True, "fwd")
-
-
 def test_invalid_points_are_rejected_with_a_reason():
     pytest.importorskip("cutlass")
     from experiments.tune_space import default_point, why_invalid
@@ -275,11 +262,11 @@ def test_a_complete_gpu_search_writes_its_winner(tmp_path):
 
     t = {"arch": "sm90", "hdim": 256, "causal": False, "direction": "fwd", "n_valid": 3,
          "default": {"tile_m": 128, "tile_n": 80, "num_stages": 2, "consumer_regs": 240, "producer_regs": 24,
-                     "exp2_emu_fraction": 0.0, "persistent": False, "pingpong": True},
+                     "exp2_emu_fraction": 0.0, "pingpong": True},
          "candidates": [{"tile_m": 128, "tile_n": 64, "num_stages": 2, "consumer_regs": 240, "producer_regs": 24,
-                         "exp2_emu_fraction": 0.0, "persistent": False, "pingpong": True},
+                         "exp2_emu_fraction": 0.0, "pingpong": True},
                         {"tile_m": 128, "tile_n": 80, "num_stages": 2, "consumer_regs": 240, "producer_regs": 24,
-                         "exp2_emu_fraction": 0.0, "persistent": False, "pingpong": False}]}
+                         "exp2_emu_fraction": 0.0, "pingpong": False}]}
     shapes = T.shapes_for(t, [8192], 32768, 2048)
     jobs = T.make_jobs(t, shapes, "fa4", {"warmup": 1, "repeats": 10, "flush_l2": True})
     samples = {0: [1 / 1.04] * 10, 1: [1 / 1.2] * 10}  # the pingpong-off candidate is faster but not a table field

@@ -2,10 +2,9 @@
 
 Sequence lengths, batch and heads are symbolic, so one compiled kernel serves every shape of a
 (dtype, head dims, causal, config) key; the compiled function takes torch tensors through TVM FFI:
-``compiled(q, k, v, out, lse, softmax_scale, hb_group, num_ctas)`` on the current CUDA stream (``num_ctas``: the
-grid of a persistent kernel, min(SM count, tiles); ignored otherwise). GQA / MQA: ``qhead_per_kvhead`` > 1 compiles a
-kernel whose K/V have their own (symbolic) head count, h_q / qhead_per_kvhead; at 1 K/V share Q's head symbol, as
-before (the same kernel, the same SASS).
+``compiled(q, k, v, out, lse, softmax_scale, hb_group)`` on the current CUDA stream. GQA / MQA: ``qhead_per_kvhead``
+> 1 compiles a kernel whose K/V have their own (symbolic) head count, h_q / qhead_per_kvhead; at 1 K/V share Q's head
+symbol, as before (the same kernel, the same SASS).
 """
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         DTYPES[dtype], hdim, hdim_v, causal, tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages,
         rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
-        producer_regs=cfg.producer_regs, persistent=bool(cfg.persistent), qhead_per_kvhead=qhead_per_kvhead)
+        producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead)
 
 
 def tvm_ffi_available() -> bool:
@@ -69,5 +68,4 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str
 
         os.makedirs(dump_dir, exist_ok=True)
         options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
-    return cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), cutlass.Int32(1), stream,
-                       options=options)
+    return cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream, options=options)

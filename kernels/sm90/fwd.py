@@ -13,13 +13,6 @@ rescale; Hopper has no correction warpgroup, so the saving is the FMULs and the 
 critical path). ``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
 MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). Causal: only the K blocks a tile needs are
 loaded, masking only on the diagonal blocks, and tiles are issued longest first (kernels/sm90/scheduler.py).
-The consumer walks a tile's key blocks in three loops with no per-iteration mask decision: the first block (masked:
-ragged end of the keys, causal diagonal), the other diagonal blocks (causal only), then the mask-free steady state.
-``persistent``: grid = min(SM count, tiles), each CTA walks tiles in a static round robin over the same order, the
-pipelines' states carried from tile to tile, so the next tile's K/V loads overlap this tile's epilogue. Where shared
-memory allows (all but hd256) O gets its own buffer: Q is released after the tile's last QK^T (the next Q loads under
-the last PV and the epilogue) and the O store is waited for only before the next epilogue (it runs under the next
-tile's main loop); otherwise O shares Q's buffer and the next Q waits for the O store to have read it.
 O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
 LSE (natural log, fp32, (batch, heads, seqlen_q)) is stored by the threads owning column 0.
 GQA / MQA: ``qhead_per_kvhead`` (a compile-time constant, part of the compile cache key when > 1) Q heads share one K/V
@@ -46,7 +39,7 @@ from .barriers import Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range
-from .scheduler import tile_at, tile_coords
+from .scheduler import tile_coords
 from .softmax import finalize, online_softmax_step, rescale_o
 
 LOG2_E = math.log2(math.e)
@@ -64,7 +57,7 @@ class FlashFwdSm90:
     def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
-                 producer_regs: int = 24, persistent: bool = False, qhead_per_kvhead: int = 1):
+                 producer_regs: int = 24, qhead_per_kvhead: int = 1):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -93,7 +86,6 @@ class FlashFwdSm90:
         self.tau = float(rescale_threshold)
         self.pingpong = pingpong
         self.intra_wg_overlap = intra_wg_overlap
-        self.persistent = bool(persistent)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -106,10 +98,6 @@ class FlashFwdSm90:
         if smem > 227 * 1024 - 2048:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
-        # persistent, where shared memory allows (all but hd256): O gets its own buffer, so a tile releases Q as soon as
-        # its last QK^T is done (the next tile's Q loads under this tile's last PV and epilogue) and its O store runs
-        # under the next tile's main loop (waited for only before the next epilogue writes the buffer again)
-        self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= 227 * 1024 - 2048
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -130,10 +118,9 @@ class FlashFwdSm90:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
+                 softmax_scale: Float32, hb_group: Int32, stream: cuda.CUstream):
         """mQ (b, s_q, h, d), mK (b, s_k, h_kv, d), mV (b, s_k, h_kv, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32,
-        h = h_kv * qhead_per_kvhead (the caller checks it).
-        ``num_ctas``: the grid of the persistent kernel (min(SM count, tiles)); ignored when not persistent."""
+        h = h_kv * qhead_per_kvhead (the caller checks it)."""
         # (b, s, h, d) -> (s, d, h, b); LSE (b, h, s) -> (s, h, b)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -157,35 +144,21 @@ class FlashFwdSm90:
         self.bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
         q_o_elems = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
-        o_elems = cute.cosize(sO_layout)
 
-        if const_expr(self.separate_o):
-            @cute.struct
-            class SharedStorage:
-                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
-                sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
-        else:
-            @cute.struct
-            class SharedStorage:
-                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+        @cute.struct
+        class SharedStorage:
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
         seqlen_q = mQ.shape[0]
         heads = mQ.shape[2]
         batch = mQ.shape[3]
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-        if const_expr(self.persistent):
-            grid = (num_ctas, 1, 1)
-        elif const_expr(self.causal):
+        if const_expr(self.causal):
             grid = (m_blocks * heads * batch, 1, 1)
         else:
             grid = (m_blocks, heads, batch)
@@ -229,74 +202,32 @@ class FlashFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        if const_expr(self.separate_o):
-            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-        else:
-            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
         # V^T view (hdim_v, tile_n, stages) for the PV GEMM's B operand
         sVt = cute.composition(sV, cute.make_ordered_layout((self.hdim_v, self.tile_n, self.num_stages), order=(1, 0, 2)))
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        heads, batch = mQ.shape[2], mQ.shape[3]
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-        if const_expr(not self.persistent):  # one tile per CTA
-            m_block, head, bidx = tile_coords(m_blocks, heads, batch, hb_group, self.causal)
-            n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
-                                                            self.causal)
+        m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
+        n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                                                        self.causal)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                if const_expr(self.persistent):
-                    # static round robin over the tile order (causal: longest first); the pipelines' states run on
-                    # from tile to tile, so the next tile's K/V loads start while this tile's consumers finish
-                    bx, _, _ = cute.arch.block_idx()
-                    gx, _, _ = cute.arch.grid_dim()
-                    for tile in cutlass.range(bx, m_blocks * heads * batch, gx, unroll=1):
-                        t_m, t_head, t_b = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
-                        t_nmax, _ = n_block_range(t_m, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal)
-                        state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                                                   pipe_q, pipe_k, pipe_v, state, q_state, t_m, t_head, t_b, t_nmax)
-                else:
-                    state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
-                                               pipe_k, pipe_v, state, q_state, m_block, head, bidx, n_block_max)
-                pipe_v.producer_tail(state)
+                self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
+                          m_block, head, bidx, n_block_max)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            ctidx = tidx - self.threads_per_wg
-            if const_expr(self.pingpong):
-                if cute.arch.make_warp_uniform(ctidx // self.threads_per_wg) == 0:  # WG 0 starts with the GEMM token
-                    cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            frags = self.consumer_fragments(sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, ctidx)
-            if const_expr(self.persistent):
-                bx, _, _ = cute.arch.block_idx()
-                gx, _, _ = cute.arch.grid_dim()
-                for tile in cutlass.range(bx, m_blocks * heads * batch, gx, unroll=1):
-                    t_m, t_head, t_b = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
-                    t_nmax, t_nmin = n_block_range(t_m, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal)
-                    state, q_state = self.consume(
-                        mO, mLSE, sO, frags, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                        state, q_state, scale_log2, t_m, t_head, t_b, t_nmax, t_nmin, seqlen_q, seqlen_k, ctidx)
-                if const_expr(self.separate_o):
-                    if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-            else:
-                state, q_state = self.consume(
-                    mO, mLSE, sO, frags, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, state,
-                    q_state, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q, seqlen_k,
-                    ctidx)
+            self.consume(mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                         pipe_v, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q,
+                         seqlen_k, tidx - self.threads_per_wg)
 
     @cute.jit
-    def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v, state,
-             q_state, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32):
-        """Producer warp, one tile: K[last], Q, then (K[n-1], V[n]) pairs, then V[0] -- the order the consumers use.
-        Returns the K/V and Q producer states after the tile (Q's buffer is free again once the tile's O has left
-        shared memory: O aliases it)."""
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
+             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32):
+        """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[0] -- the order the consumers use."""
         gQ = cute.local_tile(mQ[None, None, head, bidx], (self.tile_m, self.hdim), (m_block, 0))
         head_kv = head
         if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
@@ -309,6 +240,9 @@ class FlashFwdSm90:
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+
         n_block = n_block_max - 1
         pipe_k.producer_acquire(state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
@@ -328,8 +262,7 @@ class FlashFwdSm90:
         pipe_v.producer_acquire(state)
         cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
         state.advance()
-        q_state.advance()
-        return state, q_state
+        pipe_v.producer_tail(state)
 
     # ---- consumer warpgroups --------------------------------------------------------------------
     @cute.jit
@@ -351,13 +284,24 @@ class FlashFwdSm90:
     def softmax_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
                       n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, masked: cutlass.Constexpr[bool],
                       is_first: cutlass.Constexpr[bool]) -> Boolean:
-        """Mask (only when ``masked``), then the online softmax step. An unmasked block is never the first one a
-        row sees (the first block processed is always masked) and, once any unmasked block exists, every row of the
-        tile has seen a key, so its row maxima are finite and the -inf guards compile out."""
         if const_expr(masked):
             apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
         return online_softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, self.tau, self.emu_frags,
-                                   self.poly, is_first, check_inf=masked)
+                                   self.poly, is_first)
+
+    @cute.jit
+    def softmax_later_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
+                            n_block: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Boolean:
+        """Softmax of a block after the first: masked only where causal and on or past the diagonal blocks."""
+        do_rescale = Boolean(True)
+        if const_expr(self.causal):
+            if n_block >= n_block_min_masked:
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
+            else:
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+        else:
+            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+        return do_rescale
 
     @cute.jit
     def to_p(self, acc_S, tOrP):
@@ -371,96 +315,10 @@ class FlashFwdSm90:
             if do_rescale:
                 rescale_o(acc_O, row_scale)
 
-    # The key blocks of a Q tile are walked from n_block_max - 1 down to 0 in three runs, each its own loop, so no
-    # iteration decides whether to mask: the first block (always masked: it holds the ragged end of the keys and,
-    # causal, the diagonal), then the remaining blocks at or past n_block_min_masked (causal only: the diagonal),
-    # then the unmasked ones.
     @cute.jit
-    def block_counts(self, n_block_max: Int32, n_block_min_masked: Int32):
-        """(masked blocks after the first, unmasked blocks) of the walk."""
-        n_unmasked = n_block_max - 1
-        n_masked = Int32(0)
-        if const_expr(self.causal):
-            n_unmasked = cutlass.min(n_block_min_masked, n_block_max - 1)
-            n_masked = n_block_max - 1 - n_unmasked
-        return n_masked, n_unmasked
-
-    @cute.jit
-    def first_block(self, ctx, state, n_block: Int32):
-        """S = Q K^T of the first (masked) block, its softmax and P; O starts at zero. Releases K, not V."""
-        (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
-         scale_log2, m_base, seqlen_q, seqlen_k) = ctx
-        pipe_k.consumer_wait(state)
-        self.sched_sync(wg)
-        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-        self.sched_arrive(wg)
-        warpgroup.wait_group(0)
-        pipe_k.consumer_release(state)
-        self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q,
-                           seqlen_k, True, True)
-        self.to_p(acc_S, tOrP)
-        acc_O.fill(0.0)
-
-    @cute.jit
-    def overlapped_block(self, ctx, tiled_mma_pv, tOrVt, pipe_v, state, state_v, n_block: Int32,
-                         masked: cutlass.Constexpr[bool]):
-        """Steady state with intra-warpgroup overlap: issue S = Q K[n_block]^T and O += P V[state_v] together; the
-        softmax of S runs while the PV GEMM is in flight, then P and the O rescale for the next step."""
-        (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
-         scale_log2, m_base, seqlen_q, seqlen_k) = ctx
-        pipe_k.consumer_wait(state)
-        self.sched_sync(wg)
-        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-        pipe_v.consumer_wait(state_v)
-        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
-        self.sched_arrive(wg)
-        warpgroup.wait_group(1)
-        pipe_k.consumer_release(state)
-        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
-                                        seqlen_q, seqlen_k, masked, False)
-        warpgroup.wait_group(0)
-        pipe_v.consumer_release(state_v)
-        self.to_p(acc_S, tOrP)
-        self.maybe_rescale(acc_O, row_scale, do_rescale)
-
-    @cute.jit
-    def last_block(self, acc_O, tOrP, tiled_mma_pv, tOrVt, pipe_v, state):
-        """O += P V of the last block (the one the first / steady steps left in P)."""
-        pipe_v.consumer_wait(state)
-        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
-        warpgroup.wait_group(0)
-        pipe_v.consumer_release(state)
-
-    @cute.jit
-    def serial_block(self, ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_block: Int32, masked: cutlass.Constexpr[bool],
-                     is_first: cutlass.Constexpr[bool]):
-        """One block without intra-warpgroup overlap: S = Q K^T, softmax, O rescale, O += P V. With pingpong the
-        warpgroup holds the GEMM token from PV(j) through QK^T(j+1) (the caller syncs before the first block)."""
-        (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
-         scale_log2, m_base, seqlen_q, seqlen_k) = ctx
-        pipe_k.consumer_wait(state)
-        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-        wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-        self.sched_arrive(wg)
-        warpgroup.wait_group(0)
-        pipe_k.consumer_release(state)
-        do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
-                                        seqlen_q, seqlen_k, masked, is_first)
-        if const_expr(not is_first):
-            self.maybe_rescale(acc_O, row_scale, do_rescale)
-        self.to_p(acc_S, tOrP)
-        pipe_v.consumer_wait(state)
-        self.sched_sync(wg)
-        wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
-        warpgroup.wait_group(0)
-        pipe_v.consumer_release(state)
-
-    @cute.jit
-    def consumer_fragments(self, sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx: Int32):
-        """A consumer thread's tile-independent views: its warpgroup, MMA slices and the wgmma shared-memory operand
-        descriptors (built once per CTA, outside the persistent tile loop)."""
+    def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
+                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32):
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
@@ -469,13 +327,6 @@ class FlashFwdSm90:
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-        return wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt
-
-    @cute.jit
-    def consume(self, mO, mLSE, sO, frags, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                state, q_state, scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
-                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32):
-        wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt = frags
         acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
         tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
@@ -486,43 +337,78 @@ class FlashFwdSm90:
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_scale = cute.make_rmem_tensor(n_rows, Float32)
         m_base = m_block * self.tile_m
-        ctx = (tiled_mma_qk, tSrQ, tSrK, acc_shape_S, tScS, tOrP, acc_O, row_max, row_sum, row_scale, pipe_k, wg,
-               scale_log2, m_base, seqlen_q, seqlen_k)
 
+        if const_expr(self.pingpong):
+            if wg == 0:  # the first warpgroup starts with the GEMM token
+                cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
 
-        n_masked, n_unmasked = self.block_counts(n_block_max, n_block_min_masked)
+        n_block = n_block_max - 1
         if const_expr(self.intra_wg_overlap):
-            self.first_block(ctx, state, n_block_max - 1)
-            # steady state, P(j) V(j) under softmax(j+1): the masked blocks after the first, then the unmasked ones
-            if const_expr(self.causal):
-                for i in cutlass.range(n_masked, unroll=1):
-                    state_v = state.clone()
-                    state.advance()
-                    self.overlapped_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, state_v, n_block_max - 2 - i, True)
-            for i in cutlass.range(n_unmasked, unroll=1):
+            # first half: S(last) = Q K^T, softmax, P
+            pipe_k.consumer_wait(state)
+            self.sched_sync(wg)
+            acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+            self.sched_arrive(wg)
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(state)
+            self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
+            self.to_p(acc_S, tOrP)
+            acc_O.fill(0.0)
+            # steady state: issue S(j+1) and O += P(j) V(j) together; softmax(j+1) while PV(j) runs
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                n_block = n_block_max - 2 - i
                 state_v = state.clone()
                 state.advance()
-                self.overlapped_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, state_v, n_unmasked - 1 - i, False)
-            if const_expr(self.separate_o):
-                pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
-            self.last_block(acc_O, tOrP, tiled_mma_pv, tOrVt, pipe_v, state)
+                pipe_k.consumer_wait(state)
+                self.sched_sync(wg)
+                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+                pipe_v.consumer_wait(state_v)
+                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
+                self.sched_arrive(wg)
+                warpgroup.wait_group(1)
+                pipe_k.consumer_release(state)
+                do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(state_v)
+                self.to_p(acc_S, tOrP)
+                self.maybe_rescale(acc_O, row_scale, do_rescale)
+            # last half: O += P(0) V(0)
+            pipe_v.consumer_wait(state)
+            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(state)
             state.advance()
         else:
             acc_O.fill(0.0)
             self.sched_sync(wg)
-            self.serial_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_block_max - 1, True, True)
-            state.advance()
-            if const_expr(self.causal):
-                for i in cutlass.range(n_masked, unroll=1):
-                    self.serial_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_block_max - 2 - i, True, False)
-                    state.advance()
-            for i in cutlass.range(n_unmasked, unroll=1):
-                self.serial_block(ctx, tiled_mma_pv, tOrVt, pipe_v, state, n_unmasked - 1 - i, False, False)
+            for i in cutlass.range(n_block_max, unroll=1):
+                n_block = n_block_max - 1 - i
+                pipe_k.consumer_wait(state)
+                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
+                self.sched_arrive(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(state)
+                do_rescale = Boolean(True)
+                if i == 0:
+                    self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
+                else:
+                    do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
+                    self.maybe_rescale(acc_O, row_scale, do_rescale)
+                self.to_p(acc_S, tOrP)
+                pipe_v.consumer_wait(state)
+                self.sched_sync(wg)
+                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(state)
                 state.advance()
             self.sched_arrive(wg)
-            if const_expr(self.separate_o):
-                pipe_q.consumer_release(q_state)
 
         # ---- epilogue: normalise, LSE, O via shared memory and one TMA store ----
         inv_sum = cute.make_rmem_tensor(n_rows, Float32)
@@ -540,10 +426,7 @@ class FlashFwdSm90:
                 if row < seqlen_q:
                     mLSE[row, head, bidx] = lse[r]
 
-        if const_expr(self.separate_o):
-            if tidx < 32:  # the previous tile's O store must have read sO before it is written again
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-        # both warpgroups must be done reading sQ before O overwrites it (separate sO: the wait above is done)
+        # both warpgroups must be done reading sQ before O overwrites it
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_st = cute.make_tiled_copy_C(st_atom, tiled_mma_pv).get_slice(tidx)
@@ -556,10 +439,6 @@ class FlashFwdSm90:
                                                cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-            if const_expr(not self.separate_o):
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if const_expr(not self.separate_o):
-            pipe_q.consumer_release(q_state)  # after the store has read sO: the next tile's Q may land there
-        q_state.advance()
-        return state, q_state
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        pipe_q.consumer_release(q_state)
 

@@ -5,9 +5,6 @@ Causal (longest-processing-time first): a 1-D grid whose blocks are issued in or
 the Q tiles with the most K blocks (the last m_blocks) go first. Heads are taken in groups of ``hb_group``
 (head, batch) pairs whose K and V fit in a slice of L2, so the tiles running together share K/V in L2:
 within a group the order is m_block descending, then (head, batch).
-Persistent (AttnConfig.persistent): grid = min(SM count, tiles); CTA c walks tiles c, c + grid, c + 2 grid, ... of the
-same order (``tile_at``; non-causal: m_block fastest, then head, then batch), a static round robin that for causal
-hands out the longest tiles first.
 """
 from __future__ import annotations
 
@@ -26,44 +23,23 @@ def lpt_group_size(heads: int, batch: int, seqlen_k: int, hdim: int, hdim_v: int
     return max(1, min(g, heads * batch))
 
 
-def grid_shape(m_blocks: int, heads: int, batch: int, causal: bool, persistent_ctas: int | None = None):
-    """The launch grid (host side); ``persistent_ctas``: the SM count of a persistent launch."""
-    if persistent_ctas is not None:
-        return (max(1, min(int(persistent_ctas), m_blocks * heads * batch)), 1, 1)
+def grid_shape(m_blocks: int, heads: int, batch: int, causal: bool):
     return (m_blocks * heads * batch, 1, 1) if causal else (m_blocks, heads, batch)
 
 
 @cute.jit
-def tile_at(tile: Int32, m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32,
-            causal: cutlass.Constexpr[bool]):
-    """(m_block, head, batch) of tile number ``tile`` in the issue order: non-causal m_block fastest, then head, then
-    batch; causal longest first within groups of ``hb_group`` (head, batch) pairs (see the module docstring)."""
-    m_block = Int32(0)
-    head = Int32(0)
-    bidx = Int32(0)
+def tile_coords(m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, causal: cutlass.Constexpr[bool]):
+    """(m_block, head, batch) of this CTA."""
+    bx, by, bz = cute.arch.block_idx()
+    m_block, head, bidx = bx, by, bz
     if const_expr(causal):
         num_hb = heads * batch
         per_group = hb_group * m_blocks
-        group = tile // per_group
-        within = tile - group * per_group
+        group = bx // per_group
+        within = bx - group * per_group
         g_size = cutlass.min(hb_group, num_hb - group * hb_group)
         m_block = m_blocks - 1 - within // g_size
         hb = group * hb_group + within % g_size
         bidx = hb // heads
         head = hb - bidx * heads
-    else:
-        hb = tile // m_blocks
-        m_block = tile - hb * m_blocks
-        bidx = hb // heads
-        head = hb - bidx * heads
-    return m_block, head, bidx
-
-
-@cute.jit
-def tile_coords(m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, causal: cutlass.Constexpr[bool]):
-    """(m_block, head, batch) of this CTA (one tile per CTA)."""
-    bx, by, bz = cute.arch.block_idx()
-    m_block, head, bidx = bx, by, bz
-    if const_expr(causal):
-        m_block, head, bidx = tile_at(bx, m_blocks, heads, batch, hb_group, causal)
     return m_block, head, bidx

@@ -50,14 +50,12 @@ def quad_allreduce_sum(x: Float32) -> Float32:
 
 @cute.jit
 def _take_new_max(row_max: cute.Tensor, new_max: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
-                  n_rows: cutlass.Constexpr[int], check_inf: cutlass.Constexpr[bool] = True) -> None:
+                  n_rows: cutlass.Constexpr[int]) -> None:
     """Adopt the new row maxima; row_scale = 2^((m_old - m_new) * scale_log2), the factor O and the row sum need."""
     for r in cutlass.range_constexpr(n_rows):
         m_old = row_max[r]
         m_new = new_max[r]
-        m_new_s = m_new * scale_log2
-        if const_expr(check_inf):
-            m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new_s
+        m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new * scale_log2
         row_scale[r] = exp2_mufu(m_old * scale_log2 - m_new_s)
         row_max[r] = m_new
 
@@ -73,13 +71,11 @@ def online_softmax_step(
     emu_frags: cutlass.Constexpr[tuple],
     poly: cutlass.Constexpr[tuple],
     is_first: cutlass.Constexpr[bool],
-    check_inf: cutlass.Constexpr[bool] = True,
 ) -> Boolean:
     """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
 
     Returns whether O must be rescaled by row_scale (always True when tau == 0 or on the first block,
-    where O is still zero and nothing is rescaled). ``check_inf=False`` drops the guards for a row maximum of
-    -inf (a row that has seen no unmasked key): only for blocks after which every row maximum is known finite.
+    where O is still zero and nothing is rescaled).
     """
     s = acc_rows_cols(acc_S)
     n_rows = cute.size(s, mode=[0])
@@ -100,19 +96,17 @@ def online_softmax_step(
             row_max[r] = new_max[r]
             row_scale[r] = Float32(1.0)
     elif const_expr(tau == 0.0):
-        _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows, check_inf)
+        _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     else:
         grow = Boolean(False)
         for r in cutlass.range_constexpr(n_rows):
             grow = grow | ((new_max[r] - row_max[r]) * scale_log2 > Float32(tau))
         do_rescale = cute.arch.vote_any_sync(grow)
         if do_rescale:
-            _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows, check_inf)
+            _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     n_frag = n_cols // 2
     for r in cutlass.range_constexpr(n_rows):
-        m_s = row_max[r] * scale_log2
-        if const_expr(check_inf):
-            m_s = Float32(0.0) if row_max[r] == -Float32.inf else m_s
+        m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
         if const_expr(len(emu_frags) > 0):
             # the polynomial's first FFMA takes the scale and the row offset itself (and clamps with .sat)
             a, b = affine_args(scale_log2, m_s)
