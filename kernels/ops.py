@@ -6,8 +6,9 @@ str config) -> (Tensor dq, Tensor dk, Tensor dv)``
 
 Both run on CUDA only (the CuTe DSL kernels of kernels.interface / kernels.sm90.backward), have fake (meta)
 implementations with the shapes, dtypes and strides of the real outputs (out (b, s_q, h, d_v) at q's dtype and
-lse (b, h, s_q) fp32, dq/dk/dv like q/k/v; all contiguous), and fwd's autograd is registered (setup_context saves
-q, k, v, out, lse; backward calls fa4lab::bwd; lse is not differentiable; no double backward).
+lse (b, h, s_q) fp32, dq/dk/dv like q/k/v -- with GQA / MQA dk/dv have K/V's h_kv heads; all contiguous), and fwd's
+autograd is registered (setup_context saves q, k, v, out, lse; backward calls fa4lab::bwd; lse is not differentiable;
+no double backward).
 
 An AttnConfig crosses the op boundary as ``config_string(cfg)``: the JSON of the fields that differ from
 ``AttnConfig()`` ("{}" for the defaults or None), computed once when the config is built (``AttnConfig.op_string``), so equal
@@ -147,9 +148,11 @@ class _EagerAttention(torch.autograd.Function):
 # ---- the public entry ----------------------------------------------------------------------------------------------
 def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
     """Checks in order: shapes, dtype, head dim, layout (check_qkv), scale, causal, config, then device; the arch
-    (sm_90a) is checked when the kernel runs. Then ``fa4lab::fwd`` when traced (its backward is fa4lab::bwd), or
+    (sm_90a) is checked when the kernel runs. k / v may have fewer heads than q (GQA / MQA: h_kv dividing h_q, Q
+    head i reads K/V head i // (h_q / h_kv), no repeated K/V; their gradients have K/V's shape). Then
+    ``fa4lab::fwd`` when traced (its backward is fa4lab::bwd), or
     the same implementations eagerly."""
-    check_qkv(q, k, v, devices=False)
+    check_qkv(q, k, v, devices=False, gqa=True)
     check_scale(softmax_scale)
     if not isinstance(causal, bool):
         raise InputError(f"causal={causal!r}: must be a bool")

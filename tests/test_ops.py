@@ -101,6 +101,55 @@ def test_fake_forward_and_backward_shapes(shape, dtype):
                 assert g.stride() == _contiguous_strides(tuple(like.shape))  # contiguous even when q is not
 
 
+# GQA / MQA (issue 12.1): (b, s_q, s_k, h_q, h_kv, d, d_v)
+GQA_SHAPES = [(2, 97, 200, 8, 2, 64, 64), (1, 64, 64, 4, 1, 128, 128), (1, 33, 70, 6, 3, 192, 128),
+              (2, 16, 40, 8, 1, 256, 256)]
+
+
+@pytest.mark.parametrize("shape", GQA_SHAPES, ids=lambda s: f"hq{s[3]}-hkv{s[4]}-d{s[5]}")
+def test_fake_shapes_grouped_kv(shape):
+    """Fake kernels with fewer K/V heads: out / lse per Q head, dk / dv of K / V's shape (not Q's head count)."""
+    b, sq, sk, h, hkv, d, dv = shape
+    with FakeTensorMode():
+        q = torch.empty(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.empty(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.empty(b, sk, hkv, dv, device="cuda", dtype=torch.bfloat16)
+        out, lse = kernels.attention(q, k, v, causal=True, return_lse=True)
+        assert tuple(out.shape) == (b, sq, h, dv) and tuple(lse.shape) == (b, h, sq)
+        dout = torch.empty(b, sq, h, dv, device="cuda", dtype=torch.bfloat16)
+        dq, dk, dv_ = ops.bwd_op(dout, q, k, v, out, lse, True, 1.0 / math.sqrt(d), "{}")
+        assert tuple(dq.shape) == tuple(q.shape) and tuple(dk.shape) == (b, sk, hkv, d)
+        assert tuple(dv_.shape) == (b, sk, hkv, dv) and dk.stride() == _contiguous_strides((b, sk, hkv, d))
+
+
+def test_grouped_kv_argument_errors():
+    """K/V head counts that differ, or do not divide Q's, are one-line InputErrors naming the heads."""
+    with FakeTensorMode():
+        t = lambda h: torch.empty(1, 16, h, 64, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(InputError, match=r"heads: the K/V heads \(3\) must divide the Q heads \(8\)"):
+            kernels.attention(t(8), t(3), t(3))
+        with pytest.raises(InputError, match=r"heads: k and v must share the number of heads, got 2 and 4"):
+            kernels.attention(t(8), t(2), t(4))
+        with pytest.raises(InputError, match=r"heads: the K/V heads \(8\) must divide the Q heads \(4\)"):
+            kernels.attention(t(4), t(8), t(8))
+        kernels.attention(t(8), t(1), t(1))  # MQA
+        kernels.attention(t(8), t(8), t(8))  # MHA
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck_grouped_kv(cpu_standin, causal):
+    """The ops with fewer K/V heads under opcheck (schema, fake vs real, autograd, AOT dispatch), CPU stand-in."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 40, 8, 64, generator=g).half().requires_grad_(True)
+    k, v = (torch.randn(2, 72, 2, 64, generator=g).half().requires_grad_(True) for _ in range(2))
+    torch.library.opcheck(ops.fwd_op, (q, k, v, causal, 0.125, "{}"))
+    with torch.no_grad():
+        out, lse = ops.fwd_op(q, k, v, causal, 0.125, "{}")
+    q, k, v = (t.detach() for t in (q, k, v))
+    torch.library.opcheck(ops.bwd_op, (torch.randn_like(out), q, k, v, out, lse, causal, 0.125, "{}"),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
 def test_attention_checks_still_come_before_the_op():
     """On CUDA fakes the arch is never checked (the op's real kernel does that), everything else is."""
     with FakeTensorMode():
@@ -171,11 +220,18 @@ def _mask(sq, sk, device):
     return j <= i + (sk - sq)  # bottom-right aligned, as the kernels
 
 
+def _repeat_kv(k, v, heads_q):
+    """GQA / MQA: K/V head j serves Q heads j*g .. j*g+g-1 (the kernels' mapping, Q head i -> K/V head i // g)."""
+    g = heads_q // k.shape[2]
+    return (k, v) if g == 1 else (k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2))
+
+
 def _standin_fwd(q, k, v, causal, softmax_scale, config):
     """fp32 math with the kernels' contract (out contiguous at q's dtype, lse (b, h, s_q) fp32)."""
     if not _STANDIN["on"]:
         raise NotImplementedError("fa4lab ops run on CUDA; this CPU stand-in is enabled only inside tests")
     ops.config_from_string(config)  # the string must decode
+    k, v = _repeat_kv(k, v, q.shape[2])
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * softmax_scale
     if causal:
         s = s.masked_fill(~_mask(q.shape[1], k.shape[1], q.device), float("-inf"))
@@ -187,6 +243,8 @@ def _standin_fwd(q, k, v, causal, softmax_scale, config):
 def _standin_bwd(dout, q, k, v, out, lse, causal, softmax_scale, config):
     if not _STANDIN["on"]:
         raise NotImplementedError("fa4lab ops run on CUDA; this CPU stand-in is enabled only inside tests")
+    h_kv = k.shape[2]
+    k, v = _repeat_kv(k, v, q.shape[2])
     qf, kf, vf, of, dof = (t.float() for t in (q, k, v, out, dout))
     s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
     if causal:
@@ -198,6 +256,8 @@ def _standin_bwd(dout, q, k, v, out, lse, causal, softmax_scale, config):
     ds = p * (dp - delta) * softmax_scale
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, kf)
     dk = torch.einsum("bhqk,bqhd->bkhd", ds, qf)
+    if h_kv != q.shape[2]:  # GQA: sum each group's Q heads into its K/V head, as the kernels do
+        dk, dv = (t.unflatten(2, (h_kv, -1)).sum(3) for t in (dk, dv))
     return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
 
 

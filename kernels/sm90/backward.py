@@ -5,13 +5,22 @@
 (batch, heads, seqlen_q) fp32 natural log. (head_dim, head_dim_v): (64, 64) and (128, 128) run FlashBwdSm90
 (bwd.py), (256, 256) and (192, 128) FlashBwdWideSm90 (bwd_wide.py).
 ``compile_backward(...)`` builds the three kernels from fake tensors (no GPU needed) for tests / SASS checks.
+
+GQA / MQA (k, v with h_kv heads dividing q's h; group g = h / h_kv, a compile-time constant of the main kernel and part
+of the cache key, absent from the key at g = 1 so the MHA kernels are the same objects): the preprocess (dPsum, LSE)
+and the dQ postprocess run per Q head as before; the main kernel's CTA for Q head i loads K/V head i // g (no repeated
+K/V in memory) and writes its dK / dV per Q head into a (b, s_k, h, d) scratch in the input dtype; one torch.sum over
+each group's g heads (fp32 accumulation inside the reduction, one rounding at the end, a fixed order: deterministic)
+gives (b, s_k, h_kv, d). The rounding of each per-head dK / dV to the input dtype before the sum is what the
+repeat_interleave path (autograd summing the repeated heads' gradients) does too. (An fp32 bulk reduce-add epilogue,
+FA3's choice, would save the scratch and the rounding; not done.)
 """
 from __future__ import annotations
 
 import functools
 import math
 
-from ..compile_cache import cache_key, get_or_compile
+from ..compile_cache import cache_key, get_or_compile, gqa_extra
 from ..config import AttnConfig, ConfigError, resolve_cached
 
 ARCH = "sm90"
@@ -47,19 +56,21 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
                           "thread (124 spills in the SASS); use 64")
 
 
-def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool):
+def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1):
     """FlashBwdSm90 (hdim 64 / 128) or FlashBwdWideSm90 (hdim 256, (192, 128)) for a checked config."""
     from .bwd import FlashBwdSm90
     from .bwd_wide import WIDE_BWD_TILES, FlashBwdWideSm90
 
     cls = FlashBwdWideSm90 if (hdim, hdim_v) in WIDE_BWD_TILES else FlashBwdSm90
     kw = dict(hdim_v=hdim_v) if cls is FlashBwdWideSm90 else {}
+    if qhead_per_kvhead != 1:
+        kw["qhead_per_kvhead"] = qhead_per_kvhead
     return cls(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
                exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule, tile_m=cfg.bwd_tile_m, **kw)
 
 
 def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: bool = False,
-           hdim_v: int | None = None):
+           hdim_v: int | None = None, qhead_per_kvhead: int = 1):
     """Compile (pre, main, post) for one key from symbolic-shape fake tensors (no GPU needed).
 
     With ``tvm_ffi`` (the GPU path) the compiled functions take torch tensors and run on the current CUDA
@@ -74,18 +85,20 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
 
     hdim_v = hdim if hdim_v is None else hdim_v
     dt = _cutlass_dtype(dtype_name)
-    main = _main_kernel(dt, cfg, hdim, hdim_v, causal)
+    main = _main_kernel(dt, cfg, hdim, hdim_v, causal, qhead_per_kvhead)
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v)
     post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, chunks=main.num_mma_wg * main.dq_pieces)
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
+    HKV = H if qhead_per_kvhead == 1 else cute.sym_int32(symbol="HKV")  # GQA: K/V heads apart from Q's
     SQP = cute.sym_int32(divisibility=64, symbol="SQP")
-    qkv = lambda s, d=hdim: make_fake_compact_tensor(dt, (B, s, H, d), stride_order=(3, 2, 1, 0), assumed_align=16)
+    qkv = lambda s, d=hdim, h=H: make_fake_compact_tensor(dt, (B, s, h, d), stride_order=(3, 2, 1, 0), assumed_align=16)
     f32 = lambda shape: make_fake_compact_tensor(cutlass.Float32, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
                                                   assumed_align=16)
     q, o, do, dq = qkv(SQ), qkv(SQ, hdim_v), qkv(SQ, hdim_v), qkv(SQ)
-    k, v, dk, dv = qkv(SK), qkv(SK, hdim_v), qkv(SK), qkv(SK, hdim_v)
+    k, v = qkv(SK, h=HKV), qkv(SK, hdim_v, h=HKV)
+    dk, dv = qkv(SK), qkv(SK, hdim_v)  # per Q head (GQA: the scratch the host sums over each group)
     lse = make_fake_compact_tensor(cutlass.Float32, (B, H, SQ), stride_order=(2, 1, 0), assumed_align=4)
     lse2, dpsum = f32((B, H, SQP)), f32((B, H, SQP))
     dqacc = f32((B, H, SQP, hdim))
@@ -101,13 +114,16 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
                 tile_m=main.tile_m, tile_n=main.tile_n)
 
 
-def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None):
-    """Compile the three backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host)."""
+def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
+                     qhead_per_kvhead: int = 1):
+    """Compile the three backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host).
+    ``qhead_per_kvhead``: the GQA group size (1 = MHA, the same key and kernels as without the argument)."""
     hdim_v = hdim if hdim_v is None else hdim_v
     cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
     _check_supported(cfg, hdim, hdim_v)
-    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH)
-    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, hdim_v=hdim_v))
+    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead))
+    return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, hdim_v=hdim_v,
+                                              qhead_per_kvhead=qhead_per_kvhead))
 
 
 def _grad_buffer(g, like, name: str):
@@ -126,7 +142,8 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels.
 
     ``dq`` / ``dk`` / ``dv`` may be preallocated (contiguous, like q / k / v), e.g. NaN-poisoned by a test to
-    prove the kernels write every element.
+    prove the kernels write every element. k / v (and dk / dv) may have h_kv heads dividing q's h (GQA / MQA): see the
+    module docstring.
     """
     import torch
 
@@ -139,7 +156,11 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
                          f"got {tuple(lse.shape)} {lse.dtype}")
     b, sq, h, d = q.shape
     sk, dv_dim = k.shape[1], v.shape[-1]
-    for name, t, want in (("k", k, (b, sk, h, d)), ("v", v, (b, sk, h, dv_dim)), ("out", out, (b, sq, h, dv_dim)),
+    from ..validate import check_gqa_heads
+
+    group = check_gqa_heads(h, k.shape[2], v.shape[2])
+    h_kv = h // group
+    for name, t, want in (("k", k, (b, sk, h_kv, d)), ("v", v, (b, sk, h_kv, dv_dim)), ("out", out, (b, sq, h, dv_dim)),
                           ("dout", dout, (b, sq, h, dv_dim))):
         if tuple(t.shape) != want:
             raise ValueError(f"{name}: expected shape {want} (q is {tuple(q.shape)}, v is {tuple(v.shape)}), "
@@ -161,10 +182,17 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     sem = torch.zeros(b, h, n_m, device=dev, dtype=torch.int32) if cfg.deterministic else \
         torch.empty(b, h, n_m, device=dev, dtype=torch.int32)
     dq, dk, dv = (_grad_buffer(g, like, name) for g, like, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv")))
-    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True)
-    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim))
+    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True, **gqa_extra(group))
+    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
+                                              qhead_per_kvhead=group))
+    # GQA: the main kernel writes dK / dV per Q head into scratch, summed over each group below
+    dk_h = dk if group == 1 else torch.empty(b, sk, h, d, device=dev, dtype=k.dtype)
+    dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)
     with torch.cuda.device(q.device):
         kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
-        kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk, dv, sem, float(softmax_scale))
+        kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale))
         kern["post"](dqacc, dq, float(softmax_scale))
+        if group > 1:  # Q head i belongs to K/V head i // group: heads (j*group .. j*group+group-1) -> j
+            torch.sum(dk_h.view(b, sk, h_kv, group, d), dim=3, out=dk)
+            torch.sum(dv_h.view(b, sk, h_kv, group, dv_dim), dim=3, out=dv)
     return dq, dk, dv

@@ -35,6 +35,10 @@ the pipelines' empty barriers collect the consumer warps of both CTAs. CTA r com
 memory (one cp.async.bulk shared::cta -> shared::cluster of 8 KB per Q tile, completing on an mbarrier of
 the receiver; a second mbarrier hands the buffer back), and it keeps the peer's K tile resident. Each dQ
 element is reduced into global memory once per cluster instead of once per CTA.
+
+GQA / MQA: ``qhead_per_kvhead`` = g (compile-time; at 1 the code is the MHA kernel's, byte-identical SASS) -- the CTA of
+Q head h loads K/V head h // g (the TMA coordinates; K/V are never repeated in memory) and writes dK / dV per Q head;
+kernels/sm90/backward.py sums each group's g heads into (b, s_k, h_kv, d).
 """
 from __future__ import annotations
 
@@ -113,7 +117,9 @@ class FlashBwdSm90:
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
-                 det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None):
+                 det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
+                 qhead_per_kvhead: int = 1):
+        self._set_gqa(qhead_per_kvhead)
         if hdim not in BWD_TILES or hdim_v not in (None, hdim):
             raise ValueError(f"hdim={hdim}, hdim_v={hdim_v}: FlashBwdSm90 supports head dims {sorted(BWD_TILES)} "
                              "with hdim_v == hdim (bwd_wide.py has the wider ones)")
@@ -165,6 +171,13 @@ class FlashBwdSm90:
         self.consumer_regs = min(240, consumer_regs)
         self.producer_regs = producer_regs
         assert self.producer_regs + self.num_mma_wg * self.consumer_regs <= 512
+
+    def _set_gqa(self, qhead_per_kvhead: int) -> None:
+        """GQA / MQA group size: the CTA of Q head h loads K/V head h // qhead_per_kvhead (a compile-time constant;
+        at 1 the kernel is the MHA one). dK / dV are still written per Q head (the caller sums each group)."""
+        if int(qhead_per_kvhead) != qhead_per_kvhead or qhead_per_kvhead < 1:
+            raise ValueError(f"qhead_per_kvhead={qhead_per_kvhead}: must be an integer >= 1 (Q heads per K/V head)")
+        self.qhead_per_kvhead = int(qhead_per_kvhead)
 
     # ---------------------------------------------------------------------------------------------
     def _smem_layout(self, rows, cols, stages, major_cols):
@@ -396,8 +409,11 @@ class FlashBwdSm90:
             return cpasync.tma_partition(atom, crd, cute.make_layout(n), cute.group_modes(s, 0, cute.rank(s) - 1),
                                          cute.group_modes(g, 0, cute.rank(g) - 1))
 
-        gK = cute.local_tile(mK[None, None, head, batch], (tn, d), (None, 0))
-        gV = cute.local_tile(mV[None, None, head, batch], (tn, dv), (None, 0))
+        head_kv = head
+        if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
+            head_kv = head // self.qhead_per_kvhead
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (None, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, dv), (None, 0))
         gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
         gdO = cute.local_tile(mdO[None, None, head, batch], (tm, dv), (None, 0))
         gLSE = cute.local_tile(mLSE[None, head, batch], (tm,), (None,))

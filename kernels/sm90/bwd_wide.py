@@ -57,7 +57,9 @@ class FlashBwdWideSm90(FlashBwdSm90):
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
-                 det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None):
+                 det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
+                 qhead_per_kvhead: int = 1):
+        self._set_gqa(qhead_per_kvhead)  # K/V head of a Q head: load() in bwd.py
         hdim_v = hdim if hdim_v is None else hdim_v
         if (hdim, hdim_v) not in WIDE_BWD_TILES:
             raise ValueError(f"(hdim, hdim_v)=({hdim}, {hdim_v}): FlashBwdWideSm90 supports {sorted(WIDE_BWD_TILES)}")
