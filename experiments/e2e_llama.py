@@ -2,8 +2,8 @@
 
 One job per head dim (kind "e2e_llama"). The model (experiments/llama_model.py: RMSNorm, RoPE, GQA, SwiGLU) is built
 once from a seed and every backend runs on the same weights and tokens (only the attention function is swapped):
-``sdpa`` (torch SDPA, default kernel choice, K/V repeated; the baseline), ``fa4lab`` (kernels.attention, K/V repeated
-by kernels.integrations.gqa until native GQA), ``fa4_official`` (flash_attn.cute, grouped K/V natively), and on a CPU
+``sdpa`` (torch SDPA, default kernel choice, K/V repeated; the baseline), ``fa4lab`` (kernels.attention, grouped K/V natively
+through kernels.integrations.gqa), ``fa4_official`` (flash_attn.cute, grouped K/V natively), and on a CPU
 ``fa4_model`` (the FA4 algorithm in PyTorch). A backend that cannot run here is a skip row with the reason.
 
 Per backend, in this order: the first and second training step (wall seconds, compile included: ``first_call_s``,

@@ -194,7 +194,7 @@ def _sdpa(q, k, v, scale, gqa: bool):
 
 
 def sdpa(q, k, v, scale):
-    """torch SDPA, default kernel choice, K/V repeated to the Q heads (as fa4lab's until native GQA)."""
+    """torch SDPA, default kernel choice, K/V repeated to the Q heads."""
     return _sdpa(q, k, v, scale, gqa=False)
 
 
@@ -204,7 +204,7 @@ def sdpa_gqa(q, k, v, scale):
 
 
 def fa4lab(config=None) -> Callable:
-    """Our kernels (``kernels.attention``), K/V through kernels.integrations.gqa (repeated until native GQA)."""
+    """Our kernels (``kernels.attention``), K/V through kernels.integrations.gqa (native GQA: passed unexpanded)."""
     import kernels
     from kernels.integrations.gqa import kv_for_kernel
 
@@ -216,12 +216,13 @@ def fa4lab(config=None) -> Callable:
 
 
 def fa4_model(config=None) -> Callable:
-    """The FA4 algorithm in plain PyTorch (kernels.reference.attention_model; CPU or GPU), K/V as for fa4lab."""
+    """The FA4 algorithm in plain PyTorch (kernels.reference.attention_model; CPU or GPU), K/V repeated to the Q heads
+    (the reference model takes no grouped K/V)."""
     from kernels.integrations.gqa import kv_for_kernel
     from kernels.reference import attention_model
 
     def attn(q, k, v, scale):
-        k, v = kv_for_kernel(k, v, q.shape[2])
+        k, v = kv_for_kernel(k, v, q.shape[2], native=False)
         return attention_model(q, k, v, causal=True, softmax_scale=scale, config=config)
 
     return attn

@@ -17,22 +17,24 @@ from kernels.reference import attention_exact
 def test_kv_for_kernel_repeats_each_kv_head_over_its_group():
     k = torch.randn(2, 5, 2, 8)
     v = torch.randn(2, 5, 2, 8)
-    k4, v4 = gqa.kv_for_kernel(k, v, heads_q=8)
+    k4, v4 = gqa.kv_for_kernel(k, v, heads_q=8, native=False)
     assert k4.shape == (2, 5, 8, 8) and v4.shape == (2, 5, 8, 8) and k4.is_contiguous()
     for h in range(8):  # Q head h reads K/V head h // 4 (FlashAttention / transformers repeat_kv order)
         assert torch.equal(k4[:, :, h], k[:, :, h // 4]) and torch.equal(v4[:, :, h], v[:, :, h // 4])
     assert gqa.kv_for_kernel(k, v, heads_q=2)[0] is k  # no group: unchanged
     assert gqa.kv_for_kernel(k, v, heads_q=8, native=True)[0] is k  # native GQA: passed through
     with pytest.raises(InputError, match=r"K/V heads \(2\) must divide the Q heads \(3\)"):
-        gqa.kv_for_kernel(k, v, heads_q=3)
+        gqa.kv_for_kernel(k, v, heads_q=3, native=False)
     with pytest.raises(InputError, match="k and v must share the number of heads"):
-        gqa.kv_for_kernel(k, v[:, :, :1], heads_q=4)
+        gqa.kv_for_kernel(k, v[:, :, :1], heads_q=4, native=False)
 
 
 def test_native_gqa_is_one_switch(monkeypatch):
     k = v = torch.randn(1, 3, 1, 8)
-    monkeypatch.setattr(gqa, "NATIVE_GQA", True)
+    assert gqa.NATIVE_GQA  # kernels.attention takes grouped K/V natively (issue 12.1)
     assert gqa.kv_for_kernel(k, v, heads_q=4)[0] is k
+    monkeypatch.setattr(gqa, "NATIVE_GQA", False)
+    assert gqa.kv_for_kernel(k, v, heads_q=4)[0].shape == (1, 3, 4, 8)
 
 
 # ---- transformers -----------------------------------------------------------------------------------------------
@@ -40,8 +42,10 @@ CALLS: list[dict] = []
 
 
 def stand_in(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
-    """kernels.attention's contract on a CPU: fp32 reference at fp32, output at q's dtype."""
+    """kernels.attention's contract on a CPU: fp32 reference at fp32, output at q's dtype; grouped K/V (fewer heads
+    than Q, native GQA) as the kernels read them: Q head i uses K/V head i // (heads_q / heads_kv)."""
     CALLS.append(dict(q=tuple(q.shape), k=tuple(k.shape), causal=causal, scale=softmax_scale, config=config))
+    k, v = gqa.kv_for_kernel(k, v, q.shape[2], native=False)
     return attention_exact(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=torch.float32).to(q.dtype)
 
 
@@ -92,9 +96,9 @@ def test_llama_logits_and_grads_match_sdpa_and_eager(hf, kv_heads):
     torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
     for n in want_g:
         torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-4, atol=1e-6, msg=n)
-    assert len(CALLS) == 2  # one call per layer, on (batch, seqlen, heads, dim) with K/V expanded to the Q heads
+    assert len(CALLS) == 2  # one call per layer, on (batch, seqlen, heads, dim) with K/V unexpanded (native GQA)
     c = CALLS[0]
-    assert c["q"] == (2, 24, 4, 16) and c["k"] == (2, 24, 4, 16)
+    assert c["q"] == (2, 24, 4, 16) and c["k"] == (2, 24, kv_heads, 16)
     assert c["causal"] is True and c["scale"] == pytest.approx(16 ** -0.5) and c["config"] is None
 
 

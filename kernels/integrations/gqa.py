@@ -1,11 +1,12 @@
 """Grouped-query attention (GQA / MQA) in front of ``kernels.attention``: the single switch to native GQA.
 
-``kernels.attention`` does not take fewer K/V heads than Q heads yet (issue 12.1), so ``kv_for_kernel`` repeats each
-K/V head ``heads_q // heads_kv`` times along the head axis (``repeat_interleave``: K/V head j serves Q heads
-j*g .. j*g+g-1, the FlashAttention and transformers ``repeat_kv`` convention). That costs a copy of K and V per call
-and their gradients are reduced by autograd over the group. When the kernels take grouped K/V natively, set
-``NATIVE_GQA = True``: every caller (the transformers glue in ``hf.py``, the ``e2e_llama`` experiment) then passes
-K/V through unexpanded.
+``kernels.attention`` takes K/V with fewer heads than Q natively (issue 12.1: Q head i reads K/V head i // g, dK / dV
+summed over each group in the backward), so with ``NATIVE_GQA = True`` (the default) ``kv_for_kernel`` passes K/V
+through unexpanded for every caller (the transformers glue in ``hf.py``, the ``e2e_llama`` experiment). With
+``NATIVE_GQA = False`` (or ``native=False``, e.g. for a callee without GQA such as the plain-PyTorch reference model)
+it repeats each K/V head ``heads_q // heads_kv`` times along the head axis (``repeat_interleave``: K/V head j serves Q
+heads j*g .. j*g+g-1, the FlashAttention and transformers ``repeat_kv`` convention), which costs a copy of K and V per
+call; autograd then reduces their gradients over the group.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from ..validate import InputError
 
-NATIVE_GQA = False  # flip when kernels.attention accepts k/v with heads_kv dividing heads_q (issue 12.1)
+NATIVE_GQA = True  # kernels.attention accepts k/v with heads_kv dividing heads_q (issue 12.1); False: repeat K/V
 
 
 def kv_for_kernel(k: torch.Tensor, v: torch.Tensor, heads_q: int, native: bool | None = None):

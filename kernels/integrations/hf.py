@@ -15,9 +15,8 @@ The attention function receives (module, query, key, value, attention_mask, drop
 * ``scaling`` (the model's softmax scale; None = 1/sqrt(head_dim));
 * causality: the ``is_causal`` keyword when given, else ``module.is_causal`` (default True); the causal mask is
   bottom-right aligned, so decoding with a KV cache (fewer queries than keys) is right without a mask;
-* grouped-query attention (fewer K/V heads): K/V are expanded with ``repeat_interleave`` by
-  ``kernels.integrations.gqa.kv_for_kernel`` until the kernels take grouped K/V natively (issue 12.1; switch:
-  ``gqa.NATIVE_GQA``);
+* grouped-query attention (fewer K/V heads): K/V pass through ``kernels.integrations.gqa.kv_for_kernel`` unexpanded,
+  the kernels take grouped K/V natively (issue 12.1; with ``gqa.NATIVE_GQA = False`` they are repeated instead);
 * masks: None, a 2D (batch, kv_len) mask of all ones, or a 4D mask (bool, or additive float with 0 where allowed)
   that equals the causal (or full) pattern are accepted; a mask that masks out anything else (padding, packed
   sequences, custom patterns) raises ``ValueError``: there is no padded / variable-length path yet (issue 12.2);
@@ -119,7 +118,7 @@ def make_attention_forward(config=None, attention: Callable | None = None) -> Ca
             dt = torch.get_autocast_dtype(query.device.type)
             query, key, value = query.to(dt), key.to(dt), value.to(dt)
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (batch, seqlen, heads, head_dim) views
-        k, v = kv_for_kernel(k, v, q.shape[2])  # GQA: repeated K/V until the kernels take them natively
+        k, v = kv_for_kernel(k, v, q.shape[2])  # GQA: unexpanded (native), repeated only with NATIVE_GQA off
         fn = attention if attention is not None else _KERNELS.attention
         out = fn(q, k, v, causal=causal, softmax_scale=scaling, config=config)
         return out.to(in_dtype).contiguous(), None
