@@ -1,6 +1,6 @@
 """SASS identity of the sm90 kernels between a base revision and the working tree, compiled on the CPU (sm_90a).
 
-    python scripts/sass_identity.py [--base-rev HEAD] [--jobs 2]
+    python scripts/sass_identity.py [--base-rev HEAD] [--jobs 2] [--only fwd|bwd]
 
 Compiles the forward and the three backward kernels (pre, main, post) of a fixed list of configs -- head dims 64, 128,
 256, (192, 128), causal both, defaults; forward without intra-warpgroup overlap / pingpong; deterministic and two_cta backward -- once from
@@ -63,13 +63,14 @@ def main() -> int:
     ap.add_argument("--base-rev", default="HEAD")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--workdir", default=None, help="keep the dumps here (default: a temporary folder)")
+    ap.add_argument("--only", choices=("fwd", "bwd"), default=None, help="compare only the forward or the backward")
     a = ap.parse_args()
     work = a.workdir or tempfile.mkdtemp(prefix="sass_identity_")
     base = os.path.join(work, "base_tree")
     os.makedirs(base, exist_ok=True)
     arch = subprocess.run(["git", "-C", ROOT, "archive", a.base_rev, "kernels"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", base], input=arch, check=True)
-    cfgs = configs()
+    cfgs = [c for c in configs() if a.only in (None, c[0])]
     with ThreadPoolExecutor(a.jobs) as ex:
         names = list(ex.map(lambda c: dump(base, os.path.join(work, "before"), c), cfgs))
         list(ex.map(lambda c: dump(ROOT, os.path.join(work, "after"), c), cfgs))

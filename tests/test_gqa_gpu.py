@@ -71,8 +71,8 @@ CASES = [
     (1, 129, 300, 8, 1, (256, 256), False, {}),
     (1, 150, 150, 8, 2, (192, 128), True, {}),
     (1, 1, 333, 4, 2, (192, 128), False, {}),
+    (2, 255, 511, 8, 2, (128, 128), False, {}),
     (1, 300, 300, 8, 2, (128, 128), True, {"two_cta": True}),
-    (2, 255, 511, 8, 4, (128, 128), True, {"intra_wg_overlap": False}),
 ]
 
 
@@ -115,8 +115,6 @@ def test_gqa_backward(case):
     from kernels.sm90.backward import attention_backward
 
     b, sq, sk, hq, hkv, (d, dv), causal, sw = case
-    if "intra_wg_overlap" in sw:
-        pytest.skip("intra_wg_overlap is a forward switch (the backward kernel is the default one, tested above)")
     dtype = torch.bfloat16
     q, k, v, do = _inputs(b, sq, sk, hq, hkv, d, dv, dtype, seed=2)
     scale = 1.0 / math.sqrt(d)
