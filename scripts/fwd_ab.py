@@ -31,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bwd_ab import round_robin  # noqa: E402  (one round-robin timer for the session scripts)
 
 DEFAULT_BASE_REV = "HEAD"  # the last commit: an A/B of the working tree's uncommitted kernel edits
 
@@ -127,27 +130,6 @@ def check(fns: dict, out) -> dict:
         torch.cuda.synchronize()
         res[name] = float((o.float() - ref.float()).abs().max()) / scale if not torch.isnan(o).any() else float("nan")
     return res
-
-
-def round_robin(fns: dict, repeats: int, warmup: int = 3) -> dict:
-    import torch
-
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each round
-            flush.zero_()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fns[name]()
-            b.record()
-            torch.cuda.synchronize()
-            times[name].append(a.elapsed_time(b))
-    return times
 
 
 def _ratio_stats(ref: list, t: list):

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bwd_ab import round_robin  # noqa: E402
 
 
 def main():
@@ -27,7 +30,6 @@ def main():
     ap.add_argument("--groups", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--repeats", type=int, default=10)
     a = ap.parse_args()
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
     s = a.seqlen
     for hd in a.hdims:
         for g in a.groups:
@@ -45,21 +47,10 @@ def main():
                                   causal=True).backward(do)
 
             fns = {"native": native, "repeat": repeat}
-            for f in fns.values():
-                f()
-                f()
+            native()
             gq = q.grad.clone()
             q.grad = None
-            times = {n: [] for n in fns}
-            for r in range(a.repeats):
-                for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                    flush.zero_()
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    fns[n]()
-                    e1.record()
-                    torch.cuda.synchronize()
-                    times[n].append(e0.elapsed_time(e1))
+            times = round_robin(fns, a.repeats)
             ratios = sorted(x / y for x, y in zip(times["repeat"], times["native"]))
             print(f"hd{hd} s{s} group {g}: native {statistics.median(times['native']):.3f} ms, repeat "
                   f"{statistics.median(times['repeat']):.3f} ms, speed native/repeat {statistics.median(ratios):.3f} "
