@@ -1,7 +1,7 @@
 """In-process cache of compiled CuTe DSL kernels, keyed on everything that changes the generated code.
 
 The key is the whole resolved AttnConfig plus kernel kind, dtype, head dims, causal and arch (and the GQA group size
-when > 1); sequence lengths, batch, heads and the softmax scale stay dynamic. A stale cubin reused across an ablation is the classic
+when > 1, the sliding window and softcap when used); sequence lengths, batch, heads and the softmax scale stay dynamic. A stale cubin reused across an ablation is the classic
 bug this module exists to prevent: two configs that differ in any field get two compiled kernels.
 """
 from __future__ import annotations
@@ -38,6 +38,17 @@ def gqa_extra(qhead_per_kvhead: int) -> dict:
     """``cache_key`` extras for a GQA / MQA group size (Q heads per K/V head, a compile-time constant of the kernels):
     none at 1, so a group-1 key, and the kernel it names, is exactly the MHA one."""
     return {} if int(qhead_per_kvhead) == 1 else {"qhead_per_kvhead": int(qhead_per_kvhead)}
+
+
+def feature_extra(window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> dict:
+    """``cache_key`` extras for the sliding window and the softcap (compile-time constants of the forward kernel):
+    none at the defaults (-1, -1, 0.0), so a window-less key, and the kernel it names, is the plain one."""
+    out = {}
+    if int(window_left) != -1 or int(window_right) != -1:
+        out["window"] = (int(window_left), int(window_right))
+    if float(softcap) != 0.0:
+        out["softcap"] = float(softcap)
+    return out
 
 
 @functools.lru_cache(maxsize=1024)

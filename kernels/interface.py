@@ -3,7 +3,8 @@
 ``attention_forward(q, k, v, causal, scale, cfg)`` fetches or compiles the forward kernel through
 kernels.compile_cache (key: the whole resolved config + dtype, head dims, causal, arch) and runs it on validated
 CUDA tensors; ``resolve_config`` resolves an AttnConfig for (sm90, head dim, causal); ``_check_arch`` rejects a
-non-Hopper GPU. The public, differentiable ``attention(q, k, v, ...)`` is in kernels/ops.py: input checks, then the
+non-Hopper GPU. Sliding window and softcap (forward only so far) are compile-time constants of the kernel, part of the
+key only when used. The public, differentiable ``attention(q, k, v, ...)`` is in kernels/ops.py: input checks, then the
 torch.library op ``fa4lab::fwd`` (its backward, ``fa4lab::bwd``, calls ``kernels.sm90.backward.attention_backward``).
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import functools
 
 import torch
 
-from .compile_cache import cache_key, get_or_compile, gqa_extra
+from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
 from .config import AttnConfig, ConfigError, resolve_cached
 from .validate import InputError, check_gqa_heads
 
@@ -37,21 +38,26 @@ def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnCo
     return resolve_cached(config, ARCH, int(hdim), bool(causal))
 
 
-def fwd_kernel_key(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1) -> tuple:
-    return cache_key("fwd", cfg, dtype, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead))
+def fwd_kernel_key(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
+                   window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> tuple:
+    return cache_key("fwd", cfg, dtype, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead),
+                     **feature_extra(window_left, window_right, softcap))
 
 
 def get_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, tvm_ffi: bool | None = None,
-                   qhead_per_kvhead: int = 1):
+                   qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
     """(kernel object, compiled callable) for a resolved config, compiled once per cache key. ``qhead_per_kvhead``:
-    Q heads per K/V head (GQA group; 1 = MHA), a compile-time constant of the kernel and part of the key."""
+    Q heads per K/V head (GQA group; 1 = MHA), a compile-time constant of the kernel and part of the key; so are the
+    canonical window bounds (kernels.validate.canonical_window) and softcap when used."""
     from .sm90.compile import compile_fwd, make_fwd_kernel
 
-    key = fwd_kernel_key(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead) + (("tvm_ffi", tvm_ffi),)
+    key = fwd_kernel_key(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead, window_left, window_right,
+                         softcap) + (("tvm_ffi", tvm_ffi),)
 
     def build():
         try:
-            kern = make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead)
+            kern = make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead, window_left=window_left,
+                                   window_right=window_right, softcap=softcap)
         except ValueError as e:  # unsupported knob combination: a config error, one line
             raise ConfigError(str(e)) from None
         return kern, compile_fwd(kern, tvm_ffi=tvm_ffi)
@@ -67,8 +73,12 @@ def compiled_exp2_fraction(config: AttnConfig | None, hdim: int, causal: bool) -
     return compiled_fraction(cfg.tile_n // 8, cfg.exp2_emu_fraction)
 
 
-def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConfig, out=None, lse=None):
+def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConfig, out=None, lse=None,
+                      window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
     """Run the forward kernel on validated CUDA tensors; returns (out, lse).
+
+    ``window_left`` / ``window_right`` / ``softcap``: the canonical sliding window and softcap (as
+    kernels.validate.canonical_window returns them: with causal, window_right is -1 and the diagonal bounds the right).
 
     ``out`` / ``lse`` may be preallocated (contiguous (b, s_q, h, dv) at q's dtype / (b, h, s_q) fp32), e.g.
     NaN-poisoned by a test to prove every element is written. k / v may have h_kv heads dividing q's h (GQA / MQA):
@@ -80,7 +90,8 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     s_k, d_v = k.shape[1], v.shape[3]
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     group = check_gqa_heads(h, k.shape[2], v.shape[2])
-    _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group)
+    _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
+                                 window_left=window_left, window_right=window_right, softcap=softcap)
     if out is None:
         out = torch.empty((b, s_q, h, d_v), dtype=q.dtype, device=q.device)
     if lse is None:

@@ -1,8 +1,14 @@
 """The attention kernels as torch.library custom ops, so ``torch.compile(model, fullgraph=True)`` traces through them.
 
-``fa4lab::fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, str config) -> (Tensor out, Tensor lse)``
+``fa4lab::fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, str config, int window_left=-1,
+int window_right=-1, float softcap=0.) -> (Tensor out, Tensor lse)``
 ``fa4lab::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale,
-str config) -> (Tensor dq, Tensor dk, Tensor dv)``
+str config, int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor dq, Tensor dk, Tensor dv)``
+
+The window and softcap arguments are canonical (kernels.validate.canonical_window: with causal, window_right is -1)
+and are passed only when used, so a plain call traces to the same graph as before. Sliding window and softcap are
+FORWARD ONLY so far (issue 12.3): fa4lab::bwd with either raises NotImplementedError, and so does the autograd backward
+of a forward that used them (the forward itself, e.g. inference, works).
 
 Both run on CUDA only (the CuTe DSL kernels of kernels.interface / kernels.sm90.backward), have fake (meta)
 implementations with the shapes, dtypes and strides of the real outputs (out (b, s_q, h, d_v) at q's dtype and
@@ -33,12 +39,19 @@ from torch import Tensor
 
 from .config import AttnConfig, ConfigError, resolve_cached
 from .interface import ARCH, _check_arch, attention_forward
-from .validate import InputError, check_devices, check_qkv, check_scale
+from .validate import InputError, canonical_window, check_devices, check_qkv, check_scale, check_softcap
 
 NAMESPACE = "fa4lab"
-FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, str config) -> (Tensor out, Tensor lse)"
+_FEATURES = "int window_left=-1, int window_right=-1, float softcap=0."
+FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, str config, {_FEATURES}) -> "
+              "(Tensor out, Tensor lse)")
 BWD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale, "
-              "str config) -> (Tensor dq, Tensor dk, Tensor dv)")
+              f"str config, {_FEATURES}) -> (Tensor dq, Tensor dk, Tensor dv)")
+WINDOW_SOFTCAP_BWD_ERROR = "window_size/softcap backward: not implemented yet (issue 12.3); the forward (inference) works"
+
+
+def _uses_features(window_left: int, window_right: int, softcap: float) -> bool:
+    return window_left != -1 or window_right != -1 or softcap != 0.0
 
 
 def config_string(config: AttnConfig | None) -> str:
@@ -68,39 +81,49 @@ def _resolved(config: str, hdim: int, causal: bool) -> AttnConfig:
 
 
 # ---- the ops -------------------------------------------------------------------------------------------------------
-def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, config: str) -> tuple[Tensor, Tensor]:
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, config: str, window_left: int = -1,
+              window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     _check_arch(q.device)
+    if _uses_features(window_left, window_right, softcap):
+        return attention_forward(q, k, v, causal, softmax_scale, _resolved(config, q.shape[3], causal),
+                                 window_left=window_left, window_right=window_right, softcap=softcap)
     return attention_forward(q, k, v, causal, softmax_scale, _resolved(config, q.shape[3], causal))
 
 
-def _fwd_fake(q, k, v, causal, softmax_scale, config):
+def _fwd_fake(q, k, v, causal, softmax_scale, config, window_left=-1, window_right=-1, softcap=0.0):
     b, s_q, h, _ = q.shape
     return q.new_empty((b, s_q, h, v.shape[3])), q.new_empty((b, h, s_q), dtype=torch.float32)
 
 
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
-              softmax_scale: float, config: str) -> tuple[Tensor, Tensor, Tensor]:
+              softmax_scale: float, config: str, window_left: int = -1, window_right: int = -1,
+              softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    if _uses_features(window_left, window_right, softcap):
+        raise NotImplementedError(WINDOW_SOFTCAP_BWD_ERROR)
     from .sm90.backward import attention_backward
 
     return attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal))
 
 
-def _bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, config):
+def _bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, config, window_left=-1, window_right=-1, softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, config = inputs
+    q, k, v, causal, softmax_scale, config, *features = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.config = causal, softmax_scale, config
+    ctx.features = tuple(features)  # (window_left, window_right, softcap) when passed
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_backward(ctx, dout, dlse):
+    if ctx.features and _uses_features(*ctx.features):
+        raise NotImplementedError(WINDOW_SOFTCAP_BWD_ERROR)
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.fa4lab.bwd.default(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config)
-    return dq, dk, dv, None, None, None
+    return (dq, dk, dv) + (None,) * (3 + len(ctx.features))
 
 
 def _defined(name: str) -> bool:
@@ -133,35 +156,47 @@ class _EagerAttention(torch.autograd.Function):
     layer (about 20 us less host time per forward and per backward; the GPU-tested path of earlier sessions)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, config):
-        out, lse = _fwd_impl(q, k, v, causal, softmax_scale, config)
-        _setup_context(ctx, (q, k, v, causal, softmax_scale, config), (out, lse))
+    def forward(ctx, q, k, v, causal, softmax_scale, config, *features):
+        out, lse = _fwd_impl(q, k, v, causal, softmax_scale, config, *features)
+        _setup_context(ctx, (q, k, v, causal, softmax_scale, config, *features), (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if ctx.features and _uses_features(*ctx.features):
+            raise NotImplementedError(WINDOW_SOFTCAP_BWD_ERROR)
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config)
-        return dq, dk, dv, None, None, None
+        return (dq, dk, dv) + (None,) * (3 + len(ctx.features))
 
 
 # ---- the public entry ----------------------------------------------------------------------------------------------
-def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False):
-    """Checks in order: shapes, dtype, head dim, layout (check_qkv), scale, causal, config, then device; the arch
-    (sm_90a) is checked when the kernel runs. k / v may have fewer heads than q (GQA / MQA: h_kv dividing h_q, Q
-    head i reads K/V head i // (h_q / h_kv), no repeated K/V; their gradients have K/V's shape). Then
-    ``fa4lab::fwd`` when traced (its backward is fa4lab::bwd), or
-    the same implementations eagerly."""
+def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False, window_size=(-1, -1),
+              softcap=0.0):
+    """Checks in order: shapes, dtype, head dim, layout (check_qkv), scale, causal, window_size, softcap, config, then
+    device; the arch (sm_90a) is checked when the kernel runs. k / v may have fewer heads than q (GQA / MQA: h_kv
+    dividing h_q, Q head i reads K/V head i // (h_q / h_kv), no repeated K/V; their gradients have K/V's shape).
+    ``window_size=(left, right)``: sliding window, FlashAttention semantics -- query i sees keys
+    i + s_k - s_q - left .. i + s_k - s_q + right (bottom-right aligned), -1 = unbounded on that side, with causal the
+    right bound is 0. ``softcap`` > 0: scores become softcap * tanh(q.k * softmax_scale / softcap). Window and softcap
+    are FORWARD ONLY for now (issue 12.3): the backward of such a call raises NotImplementedError. Then
+    ``fa4lab::fwd`` when traced (its backward is fa4lab::bwd), or the same implementations eagerly."""
     check_qkv(q, k, v, devices=False, gqa=True)
     check_scale(softmax_scale)
     if not isinstance(causal, bool):
         raise InputError(f"causal={causal!r}: must be a bool")
+    features = ()
+    if window_size != (-1, -1) or softcap != 0.0:  # the plain path passes nothing extra (the same graph as before)
+        causal, left, right = canonical_window(causal, window_size)
+        cap = check_softcap(softcap)
+        if _uses_features(left, right, cap):
+            features = (left, right, cap)
     cstr = config_string(config)
     check_devices(q, k, v, need_cuda=True)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
     if type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling():  # eager, real GPU tensors:
         # no custom-op dispatch layer (fake tensors, tensor subclasses and tracing take the op)
-        out, lse = _EagerAttention.apply(q, k, v, causal, scale, cstr)
+        out, lse = _EagerAttention.apply(q, k, v, causal, scale, cstr, *features)
     else:  # traced (fake kernels, registered autograd), or another device's registered kernel
-        out, lse = fwd_op(q, k, v, causal, scale, cstr)
+        out, lse = fwd_op(q, k, v, causal, scale, cstr, *features)
     return (out, lse) if return_lse else out

@@ -21,6 +21,9 @@
 
 Layout as flash_attn_func: q (batch, seqlen_q, heads, hdim), k/v (batch, seqlen_k, heads, hdim[_v]).
 Causal masks are bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q.
+``attention_exact`` and ``attention_naive`` also take FlashAttention's sliding window ``window_size=(left, right)``
+(query i sees keys i + s_k - s_q - left .. i + s_k - s_q + right, -1 = unbounded, causal sets right to 0) and
+``softcap`` (scores softcap * tanh(q.k * scale / softcap), applied before the mask); the tile model does not (yet).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import torch
 
 from .config import DEFAULTS, SUPPORTED_HDIMS, AttnConfig, ConfigError
 from .exp2_model import FRAGMENT_COLS, emulated_columns, exp2_split, quantized_fraction
-from .validate import check_qkv, check_scale
+from .validate import canonical_window, check_qkv, check_scale, check_softcap
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -51,23 +54,55 @@ def _causal_mask(sq: int, sk: int, row0: int, row1: int, col0: int, col1: int, d
     return c <= r + (sk - sq)
 
 
+def window_mask(sq: int, sk: int, causal: bool, window_size=(-1, -1), device=None) -> torch.Tensor | None:
+    """(sq, sk) bool, True where query i may see key j under causal and the sliding window (FlashAttention
+    semantics, bottom-right aligned: i + sk - sq - left <= j <= i + sk - sq + right; -1 = unbounded; causal: right 0).
+    None when nothing is masked by construction (not causal, no window)."""
+    causal, left, right = canonical_window(bool(causal), window_size)
+    if not causal and left < 0 and right < 0:
+        return None
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i + (sk - sq)
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if causal:
+        ok = ok & (j <= diag)
+    elif right >= 0:
+        ok = ok & (j <= diag + right)
+    if left >= 0:
+        ok = ok & (j >= diag - left)
+    return ok
+
+
+def _scores(qf, kf, scale: float, sq: int, sk: int, causal: bool, window_size, softcap: float):
+    """Scaled scores (b, h, sq, sk) with the softcap and the causal / window mask applied (-inf)."""
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if softcap > 0.0:
+        s = torch.tanh(s / softcap) * softcap
+    ok = window_mask(sq, sk, causal, window_size, s.device)
+    if ok is not None:
+        s = s.masked_fill(~ok, float("-inf"))
+    return s
+
+
 # ---------------------------------------------------------------------------------------------
 # references
 # ---------------------------------------------------------------------------------------------
-def attention_exact(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64, return_lse=False):
+def attention_exact(q, k, v, causal=False, softmax_scale=None, dtype=torch.float64, return_lse=False,
+                    window_size=(-1, -1), softcap=0.0):
     """Plain softmax attention computed at ``dtype`` (fp64 default); out in ``dtype``, lse natural log.
 
+    ``window_size`` / ``softcap``: FlashAttention's sliding window and logit softcap (see the module docstring).
     Differentiable; fully masked rows give out 0 and lse -inf with finite (zero) gradients.
     """
     check_qkv(q, k, v, dtypes=MODEL_DTYPES, hdim_pairs=None)
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype={dtype}: attention_exact computes at torch.float32 or torch.float64")
     scale = _scale(softmax_scale, q.shape[-1])
+    softcap = check_softcap(softcap)
     qf, kf, vf = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
-    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        s = s.masked_fill(~_causal_mask(sq, sk, 0, sq, 0, sk, s.device), float("-inf"))
+    s = _scores(qf, kf, scale, sq, sk, causal, window_size, softcap)
     m = s.detach().amax(dim=-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     e = torch.exp(s - m)
@@ -82,18 +117,18 @@ def attention_exact(q, k, v, causal=False, softmax_scale=None, dtype=torch.float
     return out, lse
 
 
-def attention_naive(q, k, v, causal=False, softmax_scale=None, return_lse=False):
+def attention_naive(q, k, v, causal=False, softmax_scale=None, return_lse=False, window_size=(-1, -1), softcap=0.0):
     """Plain PyTorch attention at the input dtype (scores, softmax and P.V all at q.dtype).
 
     This is ``out_pt`` of the DESIGN.md correctness rule. lse (fp32) is logsumexp at the input dtype.
+    ``window_size`` / ``softcap`` as attention_exact.
     """
     check_qkv(q, k, v, dtypes=MODEL_DTYPES, hdim_pairs=None)
     scale = _scale(softmax_scale, q.shape[-1])
+    softcap = check_softcap(softcap)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    s = torch.matmul(qt, kt.transpose(-1, -2)) * scale
     sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        s = s.masked_fill(~_causal_mask(sq, sk, 0, sq, 0, sk, s.device), float("-inf"))
+    s = _scores(qt, kt, scale, sq, sk, causal, window_size, softcap)
     p = torch.softmax(s, dim=-1)
     p = torch.nan_to_num(p, nan=0.0)  # fully masked rows
     out = torch.matmul(p.to(v.dtype), vt).transpose(1, 2)
@@ -302,4 +337,4 @@ def attention_model(q, k, v, causal=False, softmax_scale=None, config=None, retu
     return res[0] if len(res) == 1 else res
 
 
-__all__ = ["attention_exact", "attention_naive", "attention_model", "resolve_model_config", "DEFAULTS"]
+__all__ = ["attention_exact", "attention_naive", "attention_model", "resolve_model_config", "window_mask", "DEFAULTS"]

@@ -83,3 +83,41 @@ def check_scale(softmax_scale) -> None:
     if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
                                       or not softmax_scale > 0):
         raise ConfigError(f"softmax_scale={softmax_scale!r}: must be None (1/sqrt(head_dim)) or a positive number")
+
+
+def check_window(window_size) -> tuple[int, int]:
+    """Validate ``window_size=(left, right)``: two ints >= -1 (-1 = unbounded on that side), or None = (-1, -1).
+
+    Returns (left, right) as given (with causal the right bound is 0, as FlashAttention: see canonical_window)."""
+    if window_size is None:
+        return -1, -1
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(isinstance(w, bool) or not isinstance(w, int) for w in window_size)):
+        raise ConfigError(f"window_size={window_size!r}: must be a pair of ints (left, right), each >= -1 "
+                          "(-1 = unbounded on that side)")
+    left, right = (int(w) for w in window_size)
+    if left < -1 or right < -1:
+        raise ConfigError(f"window_size={tuple(window_size)!r}: each bound must be >= -1 (-1 = unbounded on that side)")
+    return left, right
+
+
+def canonical_window(causal: bool, window_size) -> tuple[bool, int, int]:
+    """(causal, window_left, window_right) as the kernels take them, FlashAttention semantics: query i (bottom-right
+    aligned) sees keys i + s_k - s_q - left .. i + s_k - s_q + right. With causal the right bound is the diagonal
+    (right = 0, whatever was passed, as flash_attn does); a non-causal right bound of 0 is causal. The canonical
+    form has window_right == -1 whenever causal, so (-1, -1), causal or not, is exactly the window-less kernel."""
+    left, right = check_window(window_size)
+    if right == 0:
+        causal = True
+    if causal:
+        right = -1
+    return bool(causal), left, right
+
+
+def check_softcap(softcap) -> float:
+    """``softcap``: a finite number >= 0 (0 = off); scores become softcap * tanh(scores / softcap)."""
+    if (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap >= 0
+            or softcap == float("inf")):
+        raise ConfigError(f"softcap={softcap!r}: must be a finite float >= 0 (0 = off; scores become "
+                          "softcap * tanh(scores / softcap))")
+    return float(softcap)

@@ -36,10 +36,12 @@ SHAPES = [  # (b, s_q, s_k, h, d, d_v)
 
 # ---- schema, registration -------------------------------------------------------------------------------------------
 def test_schemas():
+    feats = "int window_left=-1, int window_right=-1, float softcap=0."
     assert str(ops.fwd_op._schema) == ("fa4lab::fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale, "
-                                       "str config) -> (Tensor out, Tensor lse)")
+                                       f"str config, {feats}) -> (Tensor out, Tensor lse)")
     assert str(ops.bwd_op._schema) == ("fa4lab::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                                       "bool causal, float softmax_scale, str config) -> (Tensor dq, Tensor dk, Tensor dv)")
+                                       f"bool causal, float softmax_scale, str config, {feats}) -> "
+                                       "(Tensor dq, Tensor dk, Tensor dv)")
     assert torch.ops.fa4lab.fwd.default is ops.fwd_op
 
 
@@ -226,23 +228,32 @@ def _repeat_kv(k, v, heads_q):
     return (k, v) if g == 1 else (k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2))
 
 
-def _standin_fwd(q, k, v, causal, softmax_scale, config):
+def _standin_fwd(q, k, v, causal, softmax_scale, config, window_left=-1, window_right=-1, softcap=0.0):
     """fp32 math with the kernels' contract (out contiguous at q's dtype, lse (b, h, s_q) fp32)."""
     if not _STANDIN["on"]:
         raise NotImplementedError("fa4lab ops run on CUDA; this CPU stand-in is enabled only inside tests")
     ops.config_from_string(config)  # the string must decode
     k, v = _repeat_kv(k, v, q.shape[2])
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * softmax_scale
+    if softcap > 0.0:
+        s = torch.tanh(s / softcap) * softcap
     if causal:
         s = s.masked_fill(~_mask(q.shape[1], k.shape[1], q.device), float("-inf"))
+    if window_left >= 0 or window_right >= 0:
+        from kernels.reference import window_mask
+
+        s = s.masked_fill(~window_mask(q.shape[1], k.shape[1], causal, (window_left, window_right), q.device),
+                          float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(s - lse[..., None]), v.float())
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(s - lse[..., None]).nan_to_num(0.0), v.float())
     return out.to(q.dtype).contiguous(), lse.contiguous()
 
 
-def _standin_bwd(dout, q, k, v, out, lse, causal, softmax_scale, config):
+def _standin_bwd(dout, q, k, v, out, lse, causal, softmax_scale, config, window_left=-1, window_right=-1, softcap=0.0):
     if not _STANDIN["on"]:
         raise NotImplementedError("fa4lab ops run on CUDA; this CPU stand-in is enabled only inside tests")
+    if window_left != -1 or window_right != -1 or softcap != 0.0:
+        raise NotImplementedError(ops.WINDOW_SOFTCAP_BWD_ERROR)  # as the real op (forward only so far)
     h_kv = k.shape[2]
     k, v = _repeat_kv(k, v, q.shape[2])
     qf, kf, vf, of, dof = (t.float() for t in (q, k, v, out, dout))
@@ -404,3 +415,84 @@ def test_fa4lab_and_kernels_imported_as_two_modules_share_the_ops():
         "print('OK')\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-2000:]
+
+
+# ---- sliding window and softcap (issue 12.3; forward only so far) ------------------------------------------------------
+def test_window_softcap_fake_shapes_and_op_args():
+    """Through the op on CUDA fakes: the same output shapes; the canonical window / softcap reach the op only when used
+    (a plain call keeps the 6-argument form, so its graph is the one of before)."""
+    rec = _Recorder()
+
+    class _W(torch.nn.Module):
+        def __init__(self, **kw):
+            super().__init__()
+            self.kw = kw
+
+        def forward(self, q, k, v):
+            return kernels.attention(q, k, v, **self.kw)
+
+    cases = [(dict(causal=True, window_size=(64, 64)), (True, 64, -1, 0.0)),  # causal: right bound is the diagonal
+             (dict(window_size=(32, 16), softcap=30.0), (False, 32, 16, 30.0)),
+             (dict(window_size=(-1, 0)), (True,)),  # non-causal right 0 = plain causal: no extra arguments
+             (dict(causal=True, window_size=(-1, -1), softcap=0.0), (True,)),
+             (dict(softcap=50), (False, -1, -1, 50.0))]
+    with FakeTensorMode():
+        q = torch.empty(2, 97, 4, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.empty(2, 200, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        for kw, want in cases:
+            rec.calls.clear()
+            torch._dynamo.reset()
+            out = torch.compile(_W(**kw), fullgraph=True, backend=rec)(q, k, v)
+            assert (tuple(out.shape), out.dtype) == ((2, 97, 4, 128), torch.bfloat16)
+            (name, args), = rec.calls
+            assert name == "fa4lab.fwd.default"
+            assert (args[0],) + tuple(args[3:]) == want, (kw, args)
+            out, lse = kernels.attention(q, k, v, return_lse=True, **kw)  # eagerly on fakes: the op, fake kernel
+            assert tuple(out.shape) == (2, 97, 4, 128) and tuple(lse.shape) == (2, 4, 97)
+        o, l = ops.fwd_op(q, k, v, False, 0.1, "{}", 8, 8, 30.0)
+        assert tuple(o.shape) == (2, 97, 4, 128) and l.dtype == torch.float32
+        dq, dk, dv = ops.bwd_op(torch.empty_like(o), q, k, v, o, l, False, 0.1, "{}", 8, 8, 30.0)  # fake: shapes only
+        assert dk.shape == k.shape and dq.shape == q.shape
+
+
+def test_window_softcap_argument_errors():
+    """window_size: a pair of ints >= -1; softcap: a finite number >= 0; one-line ConfigErrors naming the argument."""
+    with FakeTensorMode():
+        q = torch.empty(1, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+        for bad in [(1,), (1, 2, 3), (1.5, 2), (-2, 0), (0, -5), "ab", (True, 1), 5]:
+            with pytest.raises(kernels.ConfigError, match=r"^window_size=") as e:
+                kernels.attention(q, q, q, window_size=bad)
+            assert "\n" not in str(e.value)
+        for bad in [-1.0, float("inf"), float("nan"), "30", True, None]:
+            with pytest.raises(kernels.ConfigError, match=r"^softcap=") as e:
+                kernels.attention(q, q, q, softcap=bad)
+            assert "\n" not in str(e.value)
+        with pytest.raises(InputError, match="head_dim"):  # tensor checks still come first
+            kernels.attention(*(torch.empty(1, 8, 1, 96, device="cuda", dtype=torch.bfloat16),) * 3, softcap=-1.0)
+        kernels.attention(q, q, q, window_size=[3, 0])  # a list is accepted, as a tuple
+        kernels.attention(q, q, q, window_size=None, softcap=0)
+
+
+@pytest.mark.parametrize("kw", [dict(window_size=(8, 8)), dict(softcap=30.0), dict(causal=True, window_size=(16, 0))])
+def test_window_softcap_forward_standin_and_backward_error(cpu_standin, kw):
+    """The op's forward with window / softcap matches the fp64 reference (CPU stand-in); asking for a gradient raises a
+    clear NotImplementedError (the backward is not implemented yet), eagerly and through the op."""
+    q, k, v = _inputs(2, 33, 70, 2, 64, 64)
+    out = kernels.attention(q, k, v, **kw)
+    ref = attention_exact(*(t.detach().double() for t in (q, k, v)), **kw)
+    assert (out.double() - ref).abs().max().item() < 2e-2
+    with pytest.raises(NotImplementedError, match=r"window_size/softcap backward: not implemented yet \(issue 12.3\)"):
+        out.float().sum().backward()
+    with torch.no_grad():  # inference: no gradient asked, no error
+        kernels.attention(q, k, v, **kw)
+    if "softcap" in kw:
+        torch.library.opcheck(ops.fwd_op, (q.detach(), k.detach(), v.detach(), False, 0.125, "{}", -1, -1, 30.0),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_window_plain_equivalents_keep_the_backward(cpu_standin):
+    """(-1, 0) non-causal is plain causal, and (-1, -1) is no window: both keep the (stand-in) backward."""
+    q, k, v = _inputs(1, 20, 30, 2, 64, 64)
+    kernels.attention(q, k, v, window_size=(-1, 0)).float().sum().backward()
+    assert q.grad is not None
+    kernels.attention(q, k, v, causal=True, window_size=(-1, 5)).float().sum().backward()

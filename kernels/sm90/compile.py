@@ -4,7 +4,8 @@ Sequence lengths, batch and heads are symbolic, so one compiled kernel serves ev
 (dtype, head dims, causal, config) key; the compiled function takes torch tensors through TVM FFI:
 ``compiled(q, k, v, out, lse, softmax_scale, hb_group)`` on the current CUDA stream. GQA / MQA: ``qhead_per_kvhead``
 > 1 compiles a kernel whose K/V have their own (symbolic) head count, h_q / qhead_per_kvhead; at 1 K/V share Q's head
-symbol, as before (the same kernel, the same SASS).
+symbol, as before (the same kernel, the same SASS). Sliding window ``window_left`` / ``window_right`` and ``softcap`` are
+compile-time constants too; at their defaults (-1, -1, 0.0) the kernel is the plain one.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 
 def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool,
-                    qhead_per_kvhead: int = 1) -> FlashFwdSm90:
+                    qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
+                    softcap: float = 0.0) -> FlashFwdSm90:
     """The kernel object for a resolved config (plain Python; nothing compiled yet)."""
     if not cfg.is_resolved:
         raise ValueError("make_fwd_kernel: pass a resolved AttnConfig (cfg.resolve('sm90', hdim, causal))")
@@ -28,7 +30,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         DTYPES[dtype], hdim, hdim_v, causal, tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages,
         rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
-        producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead)
+        producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
+        window_right=window_right, softcap=softcap)
 
 
 def tvm_ffi_available() -> bool:

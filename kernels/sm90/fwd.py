@@ -19,6 +19,12 @@ GQA / MQA: ``qhead_per_kvhead`` (a compile-time constant, part of the compile ca
 head; the producer loads K/V head ``head // qhead_per_kvhead`` for Q head ``head`` (the TMA coordinates), so K/V are
 never repeated in memory; at 1 the code is the MHA kernel's (byte-identical SASS). Each Q head's tile still loads its
 K/V blocks itself (no packing of a group's Q heads onto one K/V load, FA3's PackGQA: K/V re-reads hit L2).
+Sliding window ``window_left`` / ``window_right`` (compile-time; -1 = unbounded; with ``causal`` the right bound is the
+diagonal): query i sees keys i + s_k - s_q - left .. i + s_k - s_q + right. The tile visits only the K/V blocks that
+intersect its rows' windows (n_block_min .. n_block_max-1, both loops shortened) and masks only the blocks crossing
+a bound (kernels/sm90/mask.py). ``softcap`` > 0 (compile-time): S becomes tanh(S * scale / softcap) (MUFU.TANH) before
+the mask, and the softmax runs with scale_log2 = softcap * log2(e) (the kernel's scale argument then carries
+scale / softcap). At the defaults (no window, softcap 0) the code is the plain kernel's (byte-identical SASS).
 """
 from __future__ import annotations
 
@@ -38,9 +44,9 @@ from . import exp2 as exp2_mod
 from .barriers import Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
-from .mask import apply_mask, n_block_range
+from .mask import apply_mask, n_block_range, n_block_range_window
 from .scheduler import tile_coords
-from .softmax import finalize, online_softmax_step, rescale_o
+from .softmax import apply_softcap, finalize, online_softmax_step, rescale_o
 
 LOG2_E = math.log2(math.e)
 
@@ -57,7 +63,8 @@ class FlashFwdSm90:
     def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
-                 producer_regs: int = 24, qhead_per_kvhead: int = 1):
+                 producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
+                 softcap: float = 0.0):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -77,9 +84,22 @@ class FlashFwdSm90:
             raise ValueError(f"rescale_threshold={rescale_threshold}: with fp16 P can reach 2^tau, so tau must be <= 15")
         if int(qhead_per_kvhead) != qhead_per_kvhead or qhead_per_kvhead < 1:
             raise ValueError(f"qhead_per_kvhead={qhead_per_kvhead}: must be an integer >= 1 (Q heads per K/V head)")
+        for name, w in (("window_left", window_left), ("window_right", window_right)):
+            if isinstance(w, bool) or int(w) != w or w < -1:
+                raise ValueError(f"{name}={w!r}: must be an integer >= -1 (-1 = unbounded)")
+        if causal and window_right not in (-1, 0):
+            raise ValueError(f"window_right={window_right}: with causal the right bound is the diagonal (pass -1 or 0)")
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap >= 0.0 \
+                or softcap == float("inf"):
+            raise ValueError(f"softcap={softcap!r}: must be a finite float >= 0 (0 = off)")
         self.dtype = dtype
         self.hdim, self.hdim_v = hdim, hdim_v
         self.causal = causal
+        self.window_left = int(window_left)
+        self.window_right = -1 if causal else int(window_right)
+        self.has_left = self.window_left >= 0  # blocks left of the window are skipped, the boundary ones masked
+        self.has_window = self.has_left or self.window_right >= 0
+        self.softcap = float(softcap)
         self.qhead_per_kvhead = int(qhead_per_kvhead)  # GQA group: Q head h reads K/V head h // qhead_per_kvhead
         self.tile_m, self.tile_n = tile_m, tile_n
         self.num_stages = num_stages
@@ -162,7 +182,10 @@ class FlashFwdSm90:
             grid = (m_blocks * heads * batch, 1, 1)
         else:
             grid = (m_blocks, heads, batch)
-        scale_log2 = softmax_scale * Float32(LOG2_E)
+        if const_expr(self.softcap > 0.0):  # the kernel's scale argument is then the pre-tanh factor scale / softcap
+            scale_log2 = softmax_scale * Float32(1.0 / self.softcap)
+        else:
+            scale_log2 = softmax_scale * Float32(LOG2_E)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
@@ -210,24 +233,32 @@ class FlashFwdSm90:
         seqlen_k = mK.shape[0]
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
         m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
-        n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
-                                                        self.causal)
+        n_block_min = 0  # first K/V block visited (> 0 only with a left window bound)
+        n_block_local_end = 0  # blocks below it cross the left window bound
+        if const_expr(self.has_window):
+            n_block_min, n_block_max, n_block_min_masked, n_block_local_end = n_block_range_window(
+                m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal, self.window_left,
+                self.window_right)
+        else:
+            n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                                                            self.causal)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-                          m_block, head, bidx, n_block_max)
+                          m_block, head, bidx, n_block_max, n_block_min)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                          pipe_v, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q,
-                         seqlen_k, tidx - self.threads_per_wg)
+                         seqlen_k, tidx - self.threads_per_wg, n_block_min, n_block_local_end)
 
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32):
-        """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[0] -- the order the consumers use."""
+             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32, n_block_min):
+        """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[first] -- the order the consumers use
+        (first = n_block_min: 0 unless a left window bound skips blocks)."""
         gQ = cute.local_tile(mQ[None, None, head, bidx], (self.tile_m, self.hdim), (m_block, 0))
         head_kv = head
         if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
@@ -249,7 +280,10 @@ class FlashFwdSm90:
                   tma_bar_ptr=pipe_k.producer_get_barrier(state))
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-        for i in cutlass.range(n_block_max - 1, unroll=1):
+        n_pairs = n_block_max - 1
+        if const_expr(self.has_left):
+            n_pairs = n_block_max - 1 - n_block_min
+        for i in cutlass.range(n_pairs, unroll=1):
             n_block = n_block_max - 1 - i
             state_v = state.clone()
             state.advance()
@@ -260,7 +294,11 @@ class FlashFwdSm90:
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state_v.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(state_v))
         pipe_v.producer_acquire(state)
-        cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
+        if const_expr(self.has_left):
+            cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(state))
+        else:
+            cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
         state.advance()
         pipe_v.producer_tail(state)
 
@@ -283,24 +321,44 @@ class FlashFwdSm90:
     @cute.jit
     def softmax_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
                       n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, masked: cutlass.Constexpr[bool],
-                      is_first: cutlass.Constexpr[bool]) -> Boolean:
+                      is_first: cutlass.Constexpr[bool], softcap_mul: Float32 = None) -> Boolean:
+        if const_expr(self.softcap > 0.0):
+            apply_softcap(acc_S, softcap_mul)  # before the mask: tanh(-inf) would be -1
         if const_expr(masked):
-            apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
+            if const_expr(self.has_window):
+                apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal,
+                           self.window_left, self.window_right)
+            else:
+                apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
         return online_softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, self.tau, self.emu_frags,
                                    self.poly, is_first)
 
     @cute.jit
     def softmax_later_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
-                            n_block: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Boolean:
-        """Softmax of a block after the first: masked only where causal and on or past the diagonal blocks."""
+                            n_block: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                            n_block_local_end=0, softcap_mul: Float32 = None) -> Boolean:
+        """Softmax of a block after the first: masked only where causal and on or past the diagonal blocks (with a
+        window: past the right bound's first block or before the left bound's last)."""
         do_rescale = Boolean(True)
-        if const_expr(self.causal):
-            if n_block >= n_block_min_masked:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False)
+        if const_expr(self.has_window):
+            need_mask = Boolean(False)
+            if const_expr(self.causal or self.window_right >= 0):
+                need_mask = need_mask | (n_block >= n_block_min_masked)
+            if const_expr(self.has_left):
+                need_mask = need_mask | (n_block < n_block_local_end)
+            if need_mask:
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
+                                                seqlen_q, seqlen_k, True, False, softcap_mul)
             else:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
+                                                seqlen_q, seqlen_k, False, False, softcap_mul)
+        elif const_expr(self.causal):
+            if n_block >= n_block_min_masked:
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False, softcap_mul)
+            else:
+                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False, softcap_mul)
         else:
-            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False)
+            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False, softcap_mul)
         return do_rescale
 
     @cute.jit
@@ -318,8 +376,16 @@ class FlashFwdSm90:
     @cute.jit
     def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                 scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
-                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32):
+                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32, n_block_min=0,
+                n_block_local_end=0):
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        softcap_mul = None
+        if const_expr(self.softcap > 0.0):  # the scale argument is scale / softcap; the softmax scale is softcap*log2e
+            softcap_mul = scale_log2
+            scale_log2 = Float32(self.softcap * LOG2_E)
+        n_iter = n_block_max  # K/V blocks this tile visits
+        if const_expr(self.has_left):
+            n_iter = n_block_max - n_block_min
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * self.threads_per_wg)
@@ -356,11 +422,11 @@ class FlashFwdSm90:
             self.sched_arrive(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
-            self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
+            self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True, softcap_mul)
             self.to_p(acc_S, tOrP)
             acc_O.fill(0.0)
             # steady state: issue S(j+1) and O += P(j) V(j) together; softmax(j+1) while PV(j) runs
-            for i in cutlass.range(n_block_max - 1, unroll=1):
+            for i in cutlass.range(n_iter - 1, unroll=1):
                 n_block = n_block_max - 2 - i
                 state_v = state.clone()
                 state.advance()
@@ -373,7 +439,7 @@ class FlashFwdSm90:
                 self.sched_arrive(wg)
                 warpgroup.wait_group(1)
                 pipe_k.consumer_release(state)
-                do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
+                do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k, n_block_local_end, softcap_mul)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(state_v)
                 self.to_p(acc_S, tOrP)
@@ -387,7 +453,7 @@ class FlashFwdSm90:
         else:
             acc_O.fill(0.0)
             self.sched_sync(wg)
-            for i in cutlass.range(n_block_max, unroll=1):
+            for i in cutlass.range(n_iter, unroll=1):
                 n_block = n_block_max - 1 - i
                 pipe_k.consumer_wait(state)
                 acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
@@ -397,9 +463,9 @@ class FlashFwdSm90:
                 pipe_k.consumer_release(state)
                 do_rescale = Boolean(True)
                 if i == 0:
-                    self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True)
+                    self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True, softcap_mul)
                 else:
-                    do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k)
+                    do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k, n_block_local_end, softcap_mul)
                     self.maybe_rescale(acc_O, row_scale, do_rescale)
                 self.to_p(acc_S, tOrP)
                 pipe_v.consumer_wait(state)

@@ -10,6 +10,11 @@ some row of the warp would grow by more than tau (a vote over the warp, so the b
 only then are the maxima replaced and O / row sums rescaled. P is then bounded by 2^tau. tau == 0 compiles
 the classic always-rescale path (no vote). The final normalisation uses the row sums that match the kept
 maxima, so the output and LSE are exact either way.
+
+Softcap (compile time, FlashAttention / Gemma semantics: scores softcap * tanh(q.k * scale / softcap)):
+``apply_softcap`` turns S into tanh(S * scale / softcap) in place (one FMUL and one MUFU.TANH per element, before
+the mask); the softmax then runs with scale_log2 = softcap * log2(e), so P, the row maxima and the LSE are those of
+the capped scores.
 """
 from __future__ import annotations
 
@@ -153,3 +158,12 @@ def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2: Float32, in
         inv_sum[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
         m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
         lse[r] = -Float32.inf if empty else (m_s + cute.math.log2(total, fastmath=True)) * Float32(LN2)
+
+
+@cute.jit
+def apply_softcap(acc_S: cute.Tensor, softcap_mul: Float32):
+    """acc_S <- tanh(acc_S * softcap_mul) in place (softcap_mul = softmax_scale / softcap; MUFU.TANH)."""
+    s = acc_rows_cols(acc_S)
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        for c in cutlass.range(cute.size(s, mode=[1]), unroll_full=True):
+            s[r, c] = cute.math.tanh(s[r, c] * softcap_mul, fastmath=True)

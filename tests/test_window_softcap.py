@@ -1,0 +1,260 @@
+"""Sliding window ``window_size=(left, right)`` and ``softcap`` (issue 12.3), forward, on the CPU.
+
+- the canonical form of the window (kernels.validate.canonical_window) and the argument checks of the references;
+- the reference (kernels.reference.attention_exact / attention_naive) against an element-by-element loop;
+- the forward kernel's block range (kernels.sm90.mask.window_block_range, the very function the kernel traces):
+  every visible (row, key) lies in a visited block, the block before the first visited one holds no visible key,
+  and every block the kernel leaves unmasked is fully visible for all of the tile's rows;
+- the compile cache key (window / softcap only when used) and the kernel's argument checks;
+- compile of window / softcap forward configs at every head dim (pairwise, not the full product), and their SASS:
+  MUFU.TANH in the softcap kernels, none in the others.
+The GPU side (output vs the fp64 reference) is tests/test_window_softcap_gpu.py; the backward is not implemented
+yet (the op raises; tests/test_ops.py checks that).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.reference import attention_exact, attention_naive, window_mask  # noqa: E402
+from kernels.sm90.mask import window_block_range  # noqa: E402
+from kernels.validate import canonical_window, check_softcap, check_window  # noqa: E402
+
+
+# ---- canonical window and argument checks ---------------------------------------------------------------------------
+def test_canonical_window():
+    assert canonical_window(False, (-1, -1)) == (False, -1, -1)
+    assert canonical_window(True, (-1, -1)) == (True, -1, -1)
+    assert canonical_window(True, (128, 128)) == (True, 128, -1)  # causal: right bound is the diagonal (as FA)
+    assert canonical_window(True, (128, 0)) == (True, 128, -1)
+    assert canonical_window(False, (-1, 0)) == (True, -1, -1)  # right 0 = causal
+    assert canonical_window(False, (5, 0)) == (True, 5, -1)
+    assert canonical_window(False, (0, 7)) == (False, 0, 7)
+    assert canonical_window(False, None) == (False, -1, -1)
+    assert canonical_window(False, [3, 4]) == (False, 3, 4)
+
+
+@pytest.mark.parametrize("bad", [(1,), (1, 2, 3), (1.5, 2), (-2, 0), (0, -3), "ab", (True, 1), 7, (None, 1)])
+def test_window_errors_one_line(bad):
+    with pytest.raises(ConfigError, match=r"^window_size=") as e:
+        check_window(bad)
+    assert "\n" not in str(e.value)
+    q = torch.randn(1, 4, 1, 8)
+    with pytest.raises(ConfigError, match=r"^window_size="):
+        attention_exact(q, q, q, window_size=bad)
+
+
+@pytest.mark.parametrize("bad", [-0.5, -1, float("inf"), float("nan"), "1", True, None, (30.0,)])
+def test_softcap_errors_one_line(bad):
+    with pytest.raises(ConfigError, match=r"^softcap=") as e:
+        check_softcap(bad)
+    assert "\n" not in str(e.value)
+    q = torch.randn(1, 4, 1, 8)
+    with pytest.raises(ConfigError, match=r"^softcap="):
+        attention_naive(q, q, q, softcap=bad)
+
+
+def test_softcap_accepts_numbers():
+    assert check_softcap(0) == 0.0 and check_softcap(30) == 30.0 and check_softcap(50.5) == 50.5
+
+
+# ---- the reference against an element-by-element loop -----------------------------------------------------------------
+def _loop_attention(q, k, v, causal, scale, window, softcap):
+    """Literal definition at fp64, one (batch, head, query) at a time: out, lse (natural log, -inf if no key)."""
+    b, sq, h, _ = q.shape
+    sk, dv = k.shape[1], v.shape[3]
+    left, right = window
+    if causal:
+        right = 0
+    out = torch.zeros(b, sq, h, dv, dtype=torch.float64)
+    lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(sq):
+                c = i + sk - sq  # bottom-right aligned diagonal
+                keys = [j for j in range(sk) if (left < 0 or j >= c - left) and (right < 0 or j <= c + right)]
+                if not keys:
+                    continue
+                s = torch.stack([(q[bi, i, hi].double() @ k[bi, j, hi].double()) * scale for j in keys])
+                if softcap > 0:
+                    s = softcap * torch.tanh(s / softcap)
+                p = torch.softmax(s, dim=0)
+                out[bi, i, hi] = (p[:, None] * v[bi, keys, hi].double()).sum(0)
+                lse[bi, hi, i] = torch.logsumexp(s, dim=0)
+    return out, lse
+
+
+CASES = [  # (sq, sk, causal, window, softcap)
+    (13, 13, False, (3, 2), 0.0), (13, 13, True, (4, -1), 0.0), (7, 19, False, (2, 5), 30.0),
+    (19, 7, False, (1, 0), 0.0), (19, 7, True, (2, 9), 5.0), (11, 23, False, (-1, 3), 0.0), (11, 23, False, (6, -1), 2.0),
+    (23, 11, False, (0, 0), 0.0), (16, 16, False, (-1, -1), 1.5), (5, 40, True, (-1, -1), 0.5), (9, 9, False, (0, 20), 0.0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"sq{c[0]}-sk{c[1]}-c{int(c[2])}-w{c[3][0]}_{c[3][1]}-cap{c[4]}")
+def test_reference_matches_loop(case):
+    sq, sk, causal, window, softcap = case
+    g = torch.Generator().manual_seed(sq * 31 + sk)
+    q, k = (torch.randn(2, s, 2, 16, generator=g) * 2 for s in (sq, sk))  # * 2: scores beyond the softcap's knee
+    v = torch.randn(2, sk, 2, 8, generator=g)
+    scale = 0.7
+    want, want_lse = _loop_attention(q, k, v, causal, scale, window, softcap)
+    out, lse = attention_exact(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, window_size=window,
+                               softcap=softcap)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-10, atol=1e-10)
+    out32, lse32 = attention_naive(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, window_size=window,
+                                   softcap=softcap)
+    torch.testing.assert_close(out32.double(), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lse32.double(), want_lse, rtol=1e-4, atol=1e-5)
+
+
+def test_reference_window_gradient_is_finite_and_softcap_bounds_scores():
+    q, k, v = (torch.randn(1, 30, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = attention_exact(q, k, v, window_size=(0, 0), softcap=1.0)  # every row sees exactly its diagonal key
+    torch.testing.assert_close(out, v.detach(), rtol=0, atol=1e-12)
+    attention_exact(q, k, v, causal=True, window_size=(4, 4), softcap=3.0).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    _, lse = attention_exact(q, k, v * 0, softmax_scale=100.0, softcap=2.0, return_lse=True)
+    assert (lse.detach() <= 2.0 + math.log(30) + 1e-9).all()  # capped scores: lse <= cap + log(s_k)
+
+
+def test_window_mask_shapes_and_rows_without_keys():
+    m = window_mask(6, 3, False, (0, 0))  # s_q > s_k: the first rows' diagonals lie left of key 0
+    assert m.shape == (6, 3) and m[:3].sum() == 0 and m[3:].diagonal().all()
+    assert window_mask(4, 4, False, (-1, -1)) is None
+    q = torch.randn(1, 6, 1, 8)
+    k = torch.randn(1, 3, 1, 8)
+    out, lse = attention_exact(q, k, k, window_size=(0, 0), return_lse=True)
+    assert (out[:, :3] == 0).all() and torch.isinf(lse[..., :3]).all() and torch.isfinite(lse[..., 3:]).all()
+
+
+# ---- the kernel's block range ---------------------------------------------------------------------------------------
+def _check_block_range(sq, sk, tile_m, tile_n, causal, left, right):
+    ok = window_mask(sq, sk, causal, (left, right))
+    ok = torch.ones(sq, sk, dtype=torch.bool) if ok is None else ok
+    c_causal, c_left, c_right = canonical_window(causal, (left, right))
+    for m_block in range((sq + tile_m - 1) // tile_m):
+        n_min, n_max, n_masked, n_local_end = window_block_range(m_block, tile_m, tile_n, sq, sk, c_causal, c_left,
+                                                                 c_right)
+        assert 0 <= n_min < n_max <= max(1, (sk + tile_n - 1) // tile_n)
+        rows = ok[m_block * tile_m:min(sq, (m_block + 1) * tile_m)]
+        cols = rows.any(dim=0).nonzero().flatten()
+        if len(cols):  # every visible key is in a visited block; the block before the first visited one has none
+            assert n_min * tile_n <= int(cols.min()) and int(cols.max()) < n_max * tile_n
+            assert n_min == int(cols.min()) // tile_n
+        for n in range(n_min, n_max):
+            c0, c1 = n * tile_n, min(sk, (n + 1) * tile_n)
+            unmasked = n_local_end <= n < n_masked and n != n_max - 1  # the first block visited is always masked
+            if unmasked:
+                assert c1 - c0 == tile_n and rows[:, c0:c1].all(), (m_block, n, n_min, n_max, n_masked, n_local_end)
+
+
+@pytest.mark.parametrize("tiles", [(128, 128), (192, 128), (128, 80), (128, 112)])
+def test_block_range_covers_the_window(tiles):
+    tile_m, tile_n = tiles
+    for sq, sk in ((1000, 1000), (300, 1111), (1111, 300), (129, 257), (1, 700), (700, 1)):
+        for causal in (False, True):
+            for left, right in ((-1, -1), (0, 0), (100, 50), (127, 0), (128, -1), (-1, 200), (513, 7), (5, 1000)):
+                _check_block_range(sq, sk, tile_m, tile_n, causal, left, right)
+
+
+# ---- compile cache key and kernel arguments -------------------------------------------------------------------------
+def test_cache_key_window_and_softcap_only_when_used():
+    from kernels.interface import fwd_kernel_key
+
+    cfg = AttnConfig().resolve("sm90", 128, False)
+    plain = fwd_kernel_key(cfg, "bfloat16", 128, 128, False)
+    assert fwd_kernel_key(cfg, "bfloat16", 128, 128, False, 1, -1, -1, 0.0) == plain
+    assert plain[-1] == ()  # no extras: the key of before
+    keys = {plain, fwd_kernel_key(cfg, "bfloat16", 128, 128, False, 1, 64, -1, 0.0),
+            fwd_kernel_key(cfg, "bfloat16", 128, 128, False, 1, -1, 64, 0.0),
+            fwd_kernel_key(cfg, "bfloat16", 128, 128, False, 1, 64, 64, 0.0),
+            fwd_kernel_key(cfg, "bfloat16", 128, 128, False, 1, -1, -1, 30.0),
+            fwd_kernel_key(cfg, "bfloat16", 128, 128, False, 1, -1, -1, 50.0),
+            fwd_kernel_key(cfg, "bfloat16", 128, 128, False, 1, 64, 64, 30.0)}
+    assert len(keys) == 7
+
+
+def test_kernel_argument_errors():
+    from kernels.sm90.compile import make_fwd_kernel
+
+    cfg = AttnConfig().resolve("sm90", 128, True)
+    for kw, msg in ((dict(window_left=-2), "window_left=-2"), (dict(window_right=1.5), "window_right=1.5"),
+                    (dict(window_right=3), "with causal the right bound"), (dict(softcap=-1.0), "softcap=-1.0"),
+                    (dict(softcap=float("inf")), "softcap=inf")):
+        with pytest.raises(ValueError, match=msg):
+            make_fwd_kernel(cfg, "bfloat16", 128, 128, True, **kw)
+    k = make_fwd_kernel(cfg, "bfloat16", 128, 128, True, window_left=64, window_right=0, softcap=30)
+    assert (k.window_left, k.window_right, k.has_left, k.has_window, k.softcap) == (64, -1, True, True, 30.0)
+    k = make_fwd_kernel(cfg, "bfloat16", 128, 128, True)
+    assert (k.has_window, k.softcap) == (False, 0.0)
+
+
+# ---- compile and SASS -----------------------------------------------------------------------------------------------
+# pairwise over head dims x causal x window kind x softcap x dtype, plus the non-overlapped / non-pingpong paths
+COMPILE_CASES = [  # (hdim, hdim_v, causal, (left, right), softcap, dtype, switches)
+    (64, 64, True, (100, -1), 0.0, "bfloat16", {}),
+    (64, 64, False, (32, 16), 30.0, "float16", {}),
+    (128, 128, False, (-1, 64), 50.0, "bfloat16", {}),
+    (128, 128, True, (256, -1), 30.0, "float16", {}),
+    (256, 256, False, (64, 64), 0.0, "float16", {}),
+    (256, 256, True, (-1, -1), 30.0, "bfloat16", {}),
+    (192, 128, False, (128, -1), 30.0, "bfloat16", {}),
+    (192, 128, True, (64, -1), 0.0, "float16", {}),
+    (128, 128, True, (64, -1), 30.0, "bfloat16", dict(intra_wg_overlap=False)),
+    (64, 64, False, (16, 16), 0.0, "bfloat16", dict(pingpong=False)),
+]
+
+
+def _sass(tmp_path_factory, hd, hv, causal, window, softcap, dtype, switches):
+    import glob
+
+    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
+    from kernels.sm90.sass import disassemble, find_nvdisasm
+
+    c_causal, left, right = canonical_window(causal, window)
+    cfg = AttnConfig(**switches).resolve("sm90", hd, c_causal)
+    kern = make_fwd_kernel(cfg, dtype, hd, hv, c_causal, window_left=left, window_right=right, softcap=softcap)
+    d = str(tmp_path_factory.mktemp("wsc"))
+    compile_fwd(kern, tvm_ffi=False, dump_dir=d)
+    if find_nvdisasm() is None:
+        return None
+    return disassemble(sorted(glob.glob(os.path.join(d, "*.cubin")))[0])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", COMPILE_CASES,
+                         ids=lambda c: f"d{c[0]}-c{int(c[2])}-w{c[3][0]}_{c[3][1]}-cap{c[4]:g}-{c[5]}"
+                                       + "".join(f"-{k}" for k in c[6]))
+def test_compile_window_softcap(tmp_path_factory, case):
+    from kernels.sm90.sass import count, opcode_counts
+
+    hd, hv, causal, window, softcap, dtype, switches = case
+    sass = _sass(tmp_path_factory, hd, hv, causal, window, softcap, dtype, switches)
+    if sass is None:
+        pytest.skip("compiled; nvdisasm not installed for the SASS checks")
+    c = opcode_counts(sass)
+    assert count(c, "HGMMA") > 0 and count(c, "UTMALDG") > 0
+    if softcap > 0:  # one tanh per score element of a block (tile_n / 4 per row, 2 rows per thread), on MUFU
+        assert count(c, "MUFU.TANH") > 0
+    else:
+        assert count(c, "MUFU.TANH") == 0
+    if hd >= 128:  # 240 registers per consumer thread: no local-memory spills
+        assert count(c, "LDL") == 0 and count(c, "STL") == 0
+
+
+@pytest.mark.compile
+def test_default_kernels_have_no_tanh(tmp_path_factory):
+    from kernels.sm90.sass import count, opcode_counts
+
+    sass = _sass(tmp_path_factory, 128, 128, True, (-1, -1), 0.0, "bfloat16", {})
+    if sass is None:
+        pytest.skip("nvdisasm not installed")
+    assert count(opcode_counts(sass), "MUFU.TANH") == 0
