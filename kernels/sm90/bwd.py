@@ -123,16 +123,9 @@ class FlashBwdSm90:
         if hdim not in BWD_TILES or hdim_v not in (None, hdim):
             raise ValueError(f"hdim={hdim}, hdim_v={hdim_v}: FlashBwdSm90 supports head dims {sorted(BWD_TILES)} "
                              "with hdim_v == hdim (bwd_wide.py has the wider ones)")
-        if det_schedule not in ("spt", "naive"):
-            raise ValueError(f"det_schedule={det_schedule!r}: 'spt' or 'naive'")
-        self.dtype = dtype
+        self._set_schedule(dtype, causal, deterministic, det_schedule)
         self.hdim = hdim
         self.hdim_v = hdim  # V / dO / dV head dim (load() reads it; FlashBwdWideSm90 sets it apart)
-        self.causal = bool(causal)
-        # causal: dQ turns shortest-processing-time first (the diagonal-most K/V tile first) unless a
-        # deterministic run asks for the naive schedule (K/V tile order for the grid and the turns)
-        self.spt = self.causal and (det_schedule == "spt" or not deterministic)
-        self.deterministic = bool(deterministic)
         self.two_cta = bool(two_cta)
         self.cluster = 2 if self.two_cta else 1
         self.tile_m, self.tile_n = BWD_TILES[hdim]
@@ -163,9 +156,24 @@ class FlashBwdSm90:
         self.stages = NUM_STAGES
         self.q_stages = self.do_stages = NUM_STAGES  # producer-side depths (FlashBwdWideSm90 sets them apart)
         self.dq_pieces = 1  # dQ GEMMs (and writer hand-offs) per warpgroup and Q tile
-        # exp2 emulation (the forward's polynomial, kernels/sm90/exp2.py): a thread's S^T accumulator holds
-        # tile_m/8 fragments of 4 values (one per 8 Q rows); whole fragments go to the FMA pipe
-        self.exp2_groups = self.tile_m // 8
+        self._set_exp2_regs(self.tile_m, exp2_emu_fraction, consumer_regs, producer_regs)
+
+    def _set_schedule(self, dtype, causal, deterministic, det_schedule) -> None:
+        """dtype, causal and the deterministic dQ schedule. Causal: dQ turns shortest-processing-time first (the
+        diagonal-most K/V tile first) unless a deterministic run asks for the naive schedule (K/V tile order for the
+        grid and the turns)."""
+        if det_schedule not in ("spt", "naive"):
+            raise ValueError(f"det_schedule={det_schedule!r}: 'spt' or 'naive'")
+        self.dtype = dtype
+        self.causal = bool(causal)
+        self.spt = self.causal and (det_schedule == "spt" or not deterministic)
+        self.deterministic = bool(deterministic)
+
+    def _set_exp2_regs(self, s_cols: int, exp2_emu_fraction: float, consumer_regs: int, producer_regs: int) -> None:
+        """exp2 emulation (the forward's polynomial, kernels/sm90/exp2.py): a thread's S^T accumulator of s_cols
+        Q columns holds s_cols/8 fragments of 4 values (one per 8 Q rows); whole fragments go to the FMA pipe.
+        Then the setmaxnreg split of the producer and MMA warpgroups."""
+        self.exp2_groups = s_cols // 8
         self.exp2_emu_frags = emulated_fragments(self.exp2_groups, exp2_emu_fraction)
         self.exp2_fraction_compiled = compiled_fraction(self.exp2_groups, exp2_emu_fraction)
         self.consumer_regs = min(240, consumer_regs)
@@ -186,17 +194,69 @@ class FlashBwdSm90:
         atom = warpgroup.make_smem_layout_atom(atom_kind, self.dtype)
         return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
 
-    @cute.jit
-    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
-                 mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
-                 mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
-                 softmax_scale: Float32, stream: cuda.CUstream):
-        # (b, s, h, d) -> (s, d, h, b); (b, h, s) -> (s, h, b); (b, h, s, d) -> (s, d, h, b)
+    @staticmethod
+    def _kernel_views(mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem):
+        """The kernel's mode orders: (b, s, h, d) -> (s, d, h, b); (b, h, s) -> (s, h, b); dQaccum (b, h, s, d) ->
+        (s, d, h, b)."""
         mQ, mK, mV, mdO, mdK, mdV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                                      for t in (mQ, mK, mV, mdO, mdK, mdV)]
         mLSE, mdPsum, mSem = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
                               for t in (mLSE, mdPsum, mSem)]
         mdQaccum = cute.make_tensor(mdQaccum.iterator, cute.select(mdQaccum.layout, mode=[2, 3, 1, 0]))
+        return mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem
+
+    def _tma_atoms(self, mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV, sdK_layout, sdV_layout):
+        """TMA atoms: loads of Q, dO, K, V, LSE, dPsum into the self.s*_layout tiles (the Q-side ones multicast
+        over the cluster when two_cta), stores of dK / dV from sdK_layout / sdV_layout tiles. Returns the
+        kernel's arguments ((tQ, tK, tV, tdO, tLSE, tdPsum), (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum),
+        (tdK, tdV, tma_dK, tma_dV))."""
+        tm, tn, d, dv, mc = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.cluster
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        # Q-side tiles: multicast to both CTAs of a cluster when two_cta (each CTA issues half of a tile)
+        g2s_q = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.two_cta else g2s
+        one = lambda lay: cute.select(lay, mode=[0, 1])
+        tma_Q, tQ = cpasync.make_tiled_tma_atom(g2s_q, mQ, one(self.sQ_layout), (tm, d), num_multicast=mc)
+        tma_dO, tdO = cpasync.make_tiled_tma_atom(g2s_q, mdO, one(self.sdO_layout), (tm, dv), num_multicast=mc)
+        tma_K, tK = cpasync.make_tiled_tma_atom(g2s, mK, one(self.sK_layout), (tn, d))
+        tma_V, tV = cpasync.make_tiled_tma_atom(g2s, mV, one(self.sV_layout), (tn, dv))
+        tma_LSE, tLSE = cpasync.make_tiled_tma_atom(g2s_q, mLSE, cute.make_layout(tm), (tm,), num_multicast=mc)
+        tma_dPsum, tdPsum = cpasync.make_tiled_tma_atom(g2s_q, mdPsum, cute.make_layout(tm), (tm,),
+                                                        num_multicast=mc)
+        s2g = cpasync.CopyBulkTensorTileS2GOp()
+        tma_dK, tdK = cpasync.make_tiled_tma_atom(s2g, mdK, one(sdK_layout), (tn, d))
+        tma_dV, tdV = cpasync.make_tiled_tma_atom(s2g, mdV, one(sdV_layout), (tn, dv))
+        return ((tQ, tK, tV, tdO, tLSE, tdPsum), (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum),
+                (tdK, tdV, tma_dK, tma_dV))
+
+    def _shared_storage(self, ds_cosize, dq_cosize, p_cosize=None, kp_cosize=0, dsp_cosize=0):
+        """The shared-memory struct: mbarriers, LSE / dPsum stages, the Q / dO / K / V tiles (self.s*_layout),
+        dS^T, dQ staging. ``p_cosize`` given (FlashBwdWideSm90): a P^T tile before dS^T; None: the two_cta fields
+        (the peer's K tile, the received dS half, the dS exchange mbarriers; empty unless two_cta)."""
+        R, A = cute.struct.MemRange, cute.struct.Align
+        tile = lambda n: A[R[self.dtype, n], 1024]
+        tm, qst, dost = self.tile_m, self.q_stages, self.do_stages
+        fields = dict(
+            mbar_q=R[cutlass.Int64, qst * 2], mbar_do=R[cutlass.Int64, dost * 2], mbar_kv=R[cutlass.Int64, 2],
+            sLSE=A[R[Float32, tm * qst], 128], sdPsum=A[R[Float32, tm * dost], 128],
+            sQ=tile(cute.cosize(self.sQ_layout)), sdO=tile(cute.cosize(self.sdO_layout)),
+            sK=tile(cute.cosize(self.sK_layout)), sV=tile(cute.cosize(self.sV_layout)))
+        if p_cosize is not None:
+            fields["sP"] = tile(p_cosize)
+        fields["sdS"] = tile(ds_cosize)
+        if p_cosize is None:
+            fields["sKp"], fields["sdSp"] = tile(kp_cosize), tile(dsp_cosize)
+        fields["sdQ"] = A[R[Float32, dq_cosize], 128]
+        if p_cosize is None:
+            fields["mbar_dsfull"] = fields["mbar_dsempty"] = R[cutlass.Int64, self.stages]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
+                 mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
+                 softmax_scale: Float32, stream: cuda.CUstream):
+        mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem = self._kernel_views(
+            mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
 
         tm, tn, d = self.tile_m, self.tile_n, self.hdim
         self.sQ_layout = self._smem_layout(tm, d, self.stages, min(d, 64))
@@ -231,23 +291,11 @@ class FlashBwdSm90:
                 self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
                 Float32, (1, 1, 1), (64, self.dq_n))
 
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        # Q-side tiles: multicast to both CTAs of a cluster when two_cta (each CTA issues half of a tile)
-        g2s_q = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.two_cta) else g2s
-        mc = self.cluster
-        one = lambda lay: cute.select(lay, mode=[0, 1])
-        tma_Q, tQ = cpasync.make_tiled_tma_atom(g2s_q, mQ, one(self.sQ_layout), (tm, d), num_multicast=mc)
-        tma_dO, tdO = cpasync.make_tiled_tma_atom(g2s_q, mdO, one(self.sdO_layout), (tm, d), num_multicast=mc)
-        tma_K, tK = cpasync.make_tiled_tma_atom(g2s, mK, one(self.sK_layout), (tn, d))
-        tma_V, tV = cpasync.make_tiled_tma_atom(g2s, mV, one(self.sV_layout), (tn, d))
-        tma_LSE, tLSE = cpasync.make_tiled_tma_atom(g2s_q, mLSE, cute.make_layout(tm), (tm,), num_multicast=mc)
-        tma_dPsum, tdPsum = cpasync.make_tiled_tma_atom(g2s_q, mdPsum, cute.make_layout(tm), (tm,),
-                                                        num_multicast=mc)
         # dK / dV leave through shared memory (the K / V tiles' space) with one TMA store each
         self.sdKV_layout = self._smem_layout(tn, d, 1, min(d, 64))
-        s2g = cpasync.CopyBulkTensorTileS2GOp()
-        tma_dK, tdK = cpasync.make_tiled_tma_atom(s2g, mdK, one(self.sdKV_layout), (tn, d))
-        tma_dV, tdV = cpasync.make_tiled_tma_atom(s2g, mdV, one(self.sdKV_layout), (tn, d))
+        loads, atoms, (tdK, tdV, tma_dK, tma_dV) = self._tma_atoms(mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV,
+                                                                   self.sdKV_layout, self.sdKV_layout)
+        mc = self.cluster
 
         self.bytes_q = tm * d * self.dtype.width // 8 + tm * 4
         self.bytes_do = self.bytes_q
@@ -257,32 +305,12 @@ class FlashBwdSm90:
         dsp_cosize = cute.cosize(self.sdSp_layout) if const_expr(self.two_cta) else 0
         dq_cosize = self.dq_stages * self.num_mma_wg * self.dq_chunk if const_expr(self.dq_smem) else 0
 
-        st = self.stages
-
-        @cute.struct
-        class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, st * 2]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, st * 2]
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
-            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdO_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sV_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
-            sKp: cute.struct.Align[cute.struct.MemRange[self.dtype, kp_cosize], 1024]
-            sdSp: cute.struct.Align[cute.struct.MemRange[self.dtype, dsp_cosize], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_cosize], 128]
-            mbar_dsfull: cute.struct.MemRange[cutlass.Int64, st]
-            mbar_dsempty: cute.struct.MemRange[cutlass.Int64, st]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(cute.cosize(self.sdS_layout), dq_cosize, kp_cosize=kp_cosize,
+                                                   dsp_cosize=dsp_cosize)
 
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         grid = (cute.ceil_div(num_n_blocks, mc) * mc, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
-        self.kernel(tQ, tK, tV, tdO, tLSE, tdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-                    mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
+        self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
                     self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
                     self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
             grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -300,30 +328,12 @@ class FlashBwdSm90:
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdSp_layout: cute.ComposedLayout, sdKV_layout: cute.ComposedLayout,
                softmax_scale: Float32, scale_log2: Float32):
-        tm, tn, mc = self.tile_m, self.tile_n, self.cluster
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
-        num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        rank = Int32(0)
-        if const_expr(self.two_cta):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        # causal SPT: the diagonal-most K/V tile / pair (fewest Q tiles) is launched first
-        num_groups = cute.ceil_div(num_n_blocks, mc)
-        group = bidx // mc
-        if const_expr(self.spt):
-            group = num_groups - 1 - group
-        n_block = group * mc + rank
-        m_block_max = cute.ceil_div(seqlen_q, tm)
-        m_block_min = Int32(0)
-        if const_expr(self.causal):
-            # both CTAs of a pair walk the Q tiles of the pair's first K/V tile (extra ones are masked)
-            first_row = group * mc * tn - (seqlen_k - seqlen_q)
-            if first_row < 0:
-                first_row = Int32(0)
-            m_block_min = first_row // tm
+        n_block, num_groups, rank, m_block_min, m_block_max = self.tile_schedule(bidx, seqlen_q, seqlen_k)
 
         if warp_idx == 0:
             for atom in (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum):
@@ -331,22 +341,7 @@ class FlashBwdSm90:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        # Q-side stages are freed by the consumer warps of every CTA that receives the multicast
-        q_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, mc * self.num_mma_threads // 32)
-        q_layout = cute.make_layout((1, mc, 1, 1))
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer_group,
-            consumer_group=q_consumers, tx_count=self.bytes_q, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
-            defer_sync=True)
-        pipe_do = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer_group,
-            consumer_group=q_consumers, tx_count=self.bytes_do, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
-            defer_sync=True)
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=self.bytes_kv, defer_sync=True)
+        pipe_q, pipe_do, pipe_kv = self.make_pipelines(storage)
         if const_expr(self.two_cta):
             if tidx == 0:
                 for i in cutlass.range_constexpr(self.stages):
@@ -359,10 +354,7 @@ class FlashBwdSm90:
         else:
             cute.arch.sync_threads()
 
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sQ, sdO, sK, sV, sLSE, sdPsum = self.load_tensors(storage, sQ_layout, sdO_layout, sK_layout, sV_layout)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sKp = sK
         sdSp = sdS
@@ -372,8 +364,6 @@ class FlashBwdSm90:
         # dK / dV staging for the epilogue, aliasing sK / sV (read by no GEMM any more by then)
         sdKs = storage.sK.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
         sdVs = storage.sV.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
-        sLSE = storage.sLSE.get_tensor(cute.make_layout((tm, self.stages)))
-        sdPsum = storage.sdPsum.get_tensor(cute.make_layout((tm, self.stages)))
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -397,6 +387,60 @@ class FlashBwdSm90:
             # no CTA may leave while its peer can still multicast into it or arrive on its barriers
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+    @cute.jit
+    def tile_schedule(self, bidx, seqlen_q, seqlen_k):
+        """This CTA's K/V tile and Q-tile range: (n_block, num_groups, rank, m_block_min, m_block_max). A group is a
+        two_cta pair of K/V tiles (else one tile), rank the CTA's place in it."""
+        tm, tn, mc = self.tile_m, self.tile_n, self.cluster
+        num_n_blocks = cute.ceil_div(seqlen_k, tn)
+        rank = Int32(0)
+        if const_expr(self.two_cta):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        # causal SPT: the diagonal-most K/V tile / pair (fewest Q tiles) is launched first
+        num_groups = cute.ceil_div(num_n_blocks, mc)
+        group = bidx // mc
+        if const_expr(self.spt):
+            group = num_groups - 1 - group
+        n_block = group * mc + rank
+        m_block_max = cute.ceil_div(seqlen_q, tm)
+        m_block_min = Int32(0)
+        if const_expr(self.causal):
+            # both CTAs of a pair walk the Q tiles of the pair's first K/V tile (extra ones are masked)
+            first_row = group * mc * tn - (seqlen_k - seqlen_q)
+            if first_row < 0:
+                first_row = Int32(0)
+            m_block_min = first_row // tm
+        return n_block, num_groups, rank, m_block_min, m_block_max
+
+    def make_pipelines(self, storage):
+        """The producer's TMA pipelines (pipe_q: Q + LSE, pipe_do: dO + dPsum, pipe_kv: K + V once), barriers
+        initialised by the caller's sync. Q-side stages are freed by the consumer warps of every CTA that receives
+        the multicast (the cluster)."""
+        mc = self.cluster
+        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+        q_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, mc * self.num_mma_threads // 32)
+        q_layout = cute.make_layout((1, mc, 1, 1))
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, producer_group=producer_group,
+            consumer_group=q_consumers, tx_count=self.bytes_q, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
+            defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.do_stages, producer_group=producer_group,
+            consumer_group=q_consumers, tx_count=self.bytes_do, cta_layout_vmnk=q_layout, mcast_mode_mn=(0, 1),
+            defer_sync=True)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
+            consumer_group=consumer_group, tx_count=self.bytes_kv, defer_sync=True)
+        return pipe_q, pipe_do, pipe_kv
+
+    def load_tensors(self, storage, sQ_layout, sdO_layout, sK_layout, sV_layout):
+        """Shared-memory tensors of what the producer loads: sQ, sdO, sK, sV, and the LSE / dPsum stages."""
+        get = lambda mem, lay: mem.get_tensor(lay.outer, swizzle=lay.inner)
+        return (get(storage.sQ, sQ_layout), get(storage.sdO, sdO_layout), get(storage.sK, sK_layout),
+                get(storage.sV, sV_layout), storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
+                storage.sdPsum.get_tensor(cute.make_layout((self.tile_m, self.do_stages))))
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
@@ -518,10 +562,6 @@ class FlashBwdSm90:
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((64, self.dq_n)), Float32)
             tdQcdQ = thr_dQ.partition_C(cute.make_identity_tensor((64, self.dq_n)))
 
-        # dK/dV epilogue partitions
-        gdK = cute.local_tile(mdK[None, None, head, batch], (tn, d), (n_block, 0))
-        gdV = cute.local_tile(mdV[None, None, head, batch], (tn, d), (n_block, 0))
-
         pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
         sem_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_SEM), num_threads=self.num_mma_threads)
         n_row0 = n_block * tn + wg * 64
@@ -556,8 +596,8 @@ class FlashBwdSm90:
                 self.dq_reduce_two_cta(acc_dQ, tdQcdQ, mdQ2, mSem, sem_bar, m_block, m_row0, q0, d0, group,
                                        causal_off, num_groups, rank, head, batch, tidx)
 
-        self.dkdv_epilogue(acc_dK, acc_dV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, gdK, gdV, pds_bar, wg, tid, tidx,
-                           n_block, seqlen_k, softmax_scale)
+        self.dkdv_epilogue(acc_dK, acc_dV, mma_dKV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid,
+                           tidx, n_block, head, batch, softmax_scale, seqlen_k)
 
     # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
     @cute.jit
@@ -665,11 +705,17 @@ class FlashBwdSm90:
                 cute.arch.fence_acq_rel_gpu()
                 cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
 
+    def dkdv_slice(self, s, cols, wg):
+        """Warpgroup wg's part of a dK / dV staging tile: its 64 K/V rows (FlashBwdWideSm90: its head-dim half)."""
+        return cute.local_tile(s[None, None, 0], (64, cols), (wg, 0))
+
     @cute.jit
-    def dkdv_epilogue(self, acc_dK, acc_dV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, gdK, gdV, pds_bar, wg, tid, tidx,
-                      n_block, seqlen_k, softmax_scale):
+    def dkdv_epilogue(self, acc_dK, acc_dV, mma_dK, mma_dV, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid,
+                      tidx, n_block, head, batch, softmax_scale, seqlen_k):
         """dK * softmax_scale and dV in the input dtype: stmatrix into the K / V tiles' shared memory once both
-        warpgroups are past their last GEMM, then one TMA store each (rows past seqlen_k are clipped)."""
+        warpgroups are past their last GEMM, then one TMA store each (rows past seqlen_k are clipped). With
+        seqlen_k given, the store is skipped for a tile wholly past it (a two_cta pair's second tile may be)."""
+        tn = self.tile_n
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         acc_dK.store(acc_dK.load() * softmax_scale)
@@ -677,21 +723,30 @@ class FlashBwdSm90:
         rdV.store(acc_dV.load().to(self.dtype))
         pds_bar.arrive_and_wait()  # every GEMM reading sK / sV has completed (each warpgroup waited on its own)
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        thr_st = cute.make_tiled_copy_C(st_atom, mma_dKV).get_slice(tid)
-        sdK_w = cute.local_tile(sdKs[None, None, 0], (64, self.hdim), (wg, 0))
-        sdV_w = cute.local_tile(sdVs[None, None, 0], (64, self.hdim), (wg, 0))
-        cute.copy(st_atom, thr_st.retile(rdK), thr_st.partition_D(sdK_w))
-        cute.copy(st_atom, thr_st.retile(rdV), thr_st.partition_D(sdV_w))
+        thr_stK = cute.make_tiled_copy_C(st_atom, mma_dK).get_slice(tid)
+        thr_stV = cute.make_tiled_copy_C(st_atom, mma_dV).get_slice(tid)
+        cute.copy(st_atom, thr_stK.retile(rdK), thr_stK.partition_D(self.dkdv_slice(sdKs, self.hdim, wg)))
+        cute.copy(st_atom, thr_stV.retile(rdV), thr_stV.partition_D(self.dkdv_slice(sdVs, self.hdim_v, wg)))
         cute.arch.fence_view_async_shared()
         pds_bar.arrive_and_wait()
         if tidx == 0:
-            if n_block * self.tile_n < seqlen_k:  # a two_cta pair's second tile may lie wholly past seqlen_k
-                for atom, s_t, g_t in ((tma_dK, sdKs, gdK), (tma_dV, sdVs, gdV)):
-                    ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_t[None, None, 0], 0, 2),
-                                                   cute.group_modes(g_t, 0, 2))
-                    cute.copy(atom, ts, tg)
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if const_expr(seqlen_k is None):
+                self.dkdv_store(sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
+            else:
+                if n_block * tn < seqlen_k:
+                    self.dkdv_store(sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
+
+    def dkdv_store(self, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch):
+        """One thread: TMA-store the staged dK / dV tiles of K/V tile n_block and wait until they are read."""
+        tn = self.tile_n
+        gdK = cute.local_tile(mdK[None, None, head, batch], (tn, self.hdim), (n_block, 0))
+        gdV = cute.local_tile(mdV[None, None, head, batch], (tn, self.hdim_v), (n_block, 0))
+        for atom, s_t, g_t in ((tma_dK, sdKs, gdK), (tma_dV, sdVs, gdV)):
+            ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_t[None, None, 0], 0, 2),
+                                           cute.group_modes(g_t, 0, 2))
+            cute.copy(atom, ts, tg)
+        cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def dq_to_writer(self, acc_dQ, sdQ_raw, wg, tid, it):

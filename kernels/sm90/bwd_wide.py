@@ -16,7 +16,8 @@ registers per thread at hd256). Per Q tile of 64 rows, warpgroup w computes, wit
 dQ leaves as in bwd.py: each warpgroup's fp32 fragment goes to its shared-memory chunk and the dQ writer warp
 (warp 1) bulk-reduces it into the tile-blocked fp32 accumulator (``deterministic`` orders the writers with the
 same semaphore turns and SPT/naive schedules). dK (times softmax_scale) and dV leave through the K / V tiles'
-shared memory with one TMA store each. The producer warp and the writer warp are bwd.py's methods.
+shared memory with one TMA store each. The producer warp, the writer warp, the tile schedule, the TMA atoms and
+pipelines, the shared-memory struct and the dK / dV epilogue are bwd.py's (FlashBwdSm90's) methods.
 
 Shared memory (bf16/fp16), the first plan that fits 227 KB of (Q stages, dO stages, dQ GEMMs per warpgroup, dQ
 buffers): hd256: Q 2 x 32 KB, dO 1 x 32 KB, K + V 64 KB, P^T + dS^T 16 KB, and each warpgroup computes its dQ half
@@ -37,14 +38,13 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..config import DEFAULTS
 from .barriers import Bar
 from .bwd import LOG2_E, SMEM_BYTES, FlashBwdSm90, transpose_view
-from .exp2 import compiled_fraction, emulated_fragments
 from .gemm import wgmma
 
 # (hdim, hdim_v) -> (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m; tile_n = K/V rows per CTA)
@@ -66,13 +66,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
         if two_cta:
             raise ValueError(f"two_cta=True: not supported at hdim {hdim} (the peer's K tile and dS exchange do not "
                              "fit in shared memory next to the wide tiles)")
-        if det_schedule not in ("spt", "naive"):
-            raise ValueError(f"det_schedule={det_schedule!r}: 'spt' or 'naive'")
-        self.dtype = dtype
+        self._set_schedule(dtype, causal, deterministic, det_schedule)
         self.hdim, self.hdim_v = hdim, hdim_v
-        self.causal = bool(causal)
-        self.spt = self.causal and (det_schedule == "spt" or not deterministic)
-        self.deterministic = bool(deterministic)
         self.two_cta = False
         self.cluster = 1
         self.tile_m, self.tile_n = WIDE_BWD_TILES[(hdim, hdim_v)]
@@ -107,13 +102,7 @@ class FlashBwdWideSm90(FlashBwdSm90):
         self.dq_smem = True
         self.dq_vals = self.dq_shape[0] * self.dq_shape[1] // 128
         self.dq_chunk = 128 * self.dq_vals
-        # exp2 emulation: a thread's S^T accumulator (64 x half_m) holds half_m/8 fragments of 4 values
-        self.exp2_groups = self.half_m // 8
-        self.exp2_emu_frags = emulated_fragments(self.exp2_groups, exp2_emu_fraction)
-        self.exp2_fraction_compiled = compiled_fraction(self.exp2_groups, exp2_emu_fraction)
-        self.consumer_regs = min(240, consumer_regs)
-        self.producer_regs = producer_regs
-        assert self.producer_regs + self.num_mma_wg * self.consumer_regs <= 512
+        self._set_exp2_regs(self.half_m, exp2_emu_fraction, consumer_regs, producer_regs)  # S^T is 64 x half_m
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
@@ -121,11 +110,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
                  mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
                  mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
                  softmax_scale: Float32, stream: cuda.CUstream):
-        mQ, mK, mV, mdO, mdK, mdV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-                                     for t in (mQ, mK, mV, mdO, mdK, mdV)]
-        mLSE, mdPsum, mSem = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0]))
-                              for t in (mLSE, mdPsum, mSem)]
-        mdQaccum = cute.make_tensor(mdQaccum.iterator, cute.select(mdQaccum.layout, mode=[2, 3, 1, 0]))
+        mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem = self._kernel_views(
+            mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
 
         tm, tn, d, dv = self.tile_m, self.tile_n, self.hdim, self.hdim_v
         qst, dost = self.q_stages, self.do_stages
@@ -146,18 +132,9 @@ class FlashBwdWideSm90(FlashBwdSm90):
         mma_dQ = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN, Float32, (1, 1, 1), self.dq_shape)
 
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        one = lambda lay: cute.select(lay, mode=[0, 1])
-        tma_Q, tQ = cpasync.make_tiled_tma_atom(g2s, mQ, one(self.sQ_layout), (tm, d))
-        tma_dO, tdO = cpasync.make_tiled_tma_atom(g2s, mdO, one(self.sdO_layout), (tm, dv))
-        tma_K, tK = cpasync.make_tiled_tma_atom(g2s, mK, one(self.sK_layout), (tn, d))
-        tma_V, tV = cpasync.make_tiled_tma_atom(g2s, mV, one(self.sV_layout), (tn, dv))
-        tma_LSE, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE, cute.make_layout(tm), (tm,))
-        tma_dPsum, tdPsum = cpasync.make_tiled_tma_atom(g2s, mdPsum, cute.make_layout(tm), (tm,))
         # dK / dV leave through the K / V tiles' shared memory (same layouts) with one TMA store each
-        s2g = cpasync.CopyBulkTensorTileS2GOp()
-        tma_dK, tdK = cpasync.make_tiled_tma_atom(s2g, mdK, one(self.sK_layout), (tn, d))
-        tma_dV, tdV = cpasync.make_tiled_tma_atom(s2g, mdV, one(self.sV_layout), (tn, dv))
+        loads, atoms, (tdK, tdV, tma_dK, tma_dV) = self._tma_atoms(mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV,
+                                                                   self.sK_layout, self.sV_layout)
 
         eb = self.dtype.width // 8
         self.bytes_q = tm * d * eb + tm * 4
@@ -165,27 +142,12 @@ class FlashBwdWideSm90(FlashBwdSm90):
         self.bytes_kv = tn * (d + dv) * eb
         dq_cosize = self.dq_stages * self.num_mma_wg * self.dq_chunk
 
-        @cute.struct
-        class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, qst * 2]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, dost * 2]
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, tm * qst], 128]
-            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, tm * dost], 128]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdO_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sV_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sPdS_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sPdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_cosize], 128]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(cute.cosize(self.sPdS_layout), dq_cosize,
+                                                   p_cosize=cute.cosize(self.sPdS_layout))
 
         num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
-        self.kernel(tQ, tK, tV, tdO, tLSE, tdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-                    mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dK, mma_dV, mma_dQ,
+        self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dK, mma_dV, mma_dQ,
                     self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
                     Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -202,24 +164,12 @@ class FlashBwdWideSm90(FlashBwdSm90):
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout,
                softmax_scale: Float32, scale_log2: Float32):
-        tm, tn = self.tile_m, self.tile_n
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
-        num_n_blocks = cute.ceil_div(mK.shape[0], tn)
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        # causal SPT: the diagonal-most K/V tile (fewest Q tiles) is launched first
-        n_block = bidx
-        if const_expr(self.spt):
-            n_block = num_n_blocks - 1 - bidx
-        m_block_max = cute.ceil_div(seqlen_q, tm)
-        m_block_min = Int32(0)
-        if const_expr(self.causal):
-            first_row = n_block * tn - (seqlen_k - seqlen_q)
-            if first_row < 0:
-                first_row = Int32(0)
-            m_block_min = first_row // tm
+        n_block, num_n_blocks, rank, m_block_min, m_block_max = self.tile_schedule(bidx, seqlen_q, seqlen_k)
 
         if warp_idx == 0:
             for atom in (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum):
@@ -227,35 +177,20 @@ class FlashBwdWideSm90(FlashBwdSm90):
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=self.bytes_q, defer_sync=True)
-        pipe_do = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.do_stages, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=self.bytes_do, defer_sync=True)
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=self.bytes_kv, defer_sync=True)
+        pipe_q, pipe_do, pipe_kv = self.make_pipelines(storage)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sQ, sdO, sK, sV, sLSE, sdPsum = self.load_tensors(storage, sQ_layout, sdO_layout, sK_layout, sV_layout)
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
-        sLSE = storage.sLSE.get_tensor(cute.make_layout((tm, self.q_stages)))
-        sdPsum = storage.sdPsum.get_tensor(cute.make_layout((tm, self.do_stages)))
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
                           sQ, sK, sV, sdO, sK, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-                          n_block, head, batch, m_block_min, m_block_max, Int32(0))
+                          n_block, head, batch, m_block_min, m_block_max, rank)
             if warp_idx == 1:
                 self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), head, batch, m_block_min, m_block_max,
                                n_block, num_n_blocks, seqlen_q, seqlen_k)
@@ -358,37 +293,9 @@ class FlashBwdWideSm90(FlashBwdSm90):
             q_state.advance()
             do_state.advance()
 
-        self.dkdv_epilogue_wide(acc_dK, acc_dV, mma_dK, mma_dV, sK, sV, tma_dK, tma_dV, mdK, mdV, pds_bar, wg,
-                                tid, tidx, n_block, head, batch, softmax_scale)
+        self.dkdv_epilogue(acc_dK, acc_dV, mma_dK, mma_dV, sK, sV, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid, tidx,
+                           n_block, head, batch, softmax_scale, None)
 
-    @cute.jit
-    def dkdv_epilogue_wide(self, acc_dK, acc_dV, mma_dK, mma_dV, sK, sV, tma_dK, tma_dV, mdK, mdV, pds_bar, wg,
-                           tid, tidx, n_block, head, batch, softmax_scale):
-        """dK * softmax_scale and dV in the input dtype: warpgroup w's head-dim halves stmatrix'ed into the K / V
-        tiles once both warpgroups are past their last GEMM, then one TMA store each (rows past seqlen_k are
-        clipped)."""
-        tn, d, dv = self.tile_n, self.hdim, self.hdim_v
-        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
-        acc_dK.store(acc_dK.load() * softmax_scale)
-        rdK.store(acc_dK.load().to(self.dtype))
-        rdV.store(acc_dV.load().to(self.dtype))
-        pds_bar.arrive_and_wait()  # every GEMM reading sK / sV has completed (each warpgroup waited on its own)
-        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        thr_stK = cute.make_tiled_copy_C(st_atom, mma_dK).get_slice(tid)
-        thr_stV = cute.make_tiled_copy_C(st_atom, mma_dV).get_slice(tid)
-        sdK_w = cute.local_tile(sK[None, None, 0], (tn, d // 2), (0, wg))
-        sdV_w = cute.local_tile(sV[None, None, 0], (tn, dv // 2), (0, wg))
-        cute.copy(st_atom, thr_stK.retile(rdK), thr_stK.partition_D(sdK_w))
-        cute.copy(st_atom, thr_stV.retile(rdV), thr_stV.partition_D(sdV_w))
-        cute.arch.fence_view_async_shared()
-        pds_bar.arrive_and_wait()
-        if tidx == 0:
-            gdK = cute.local_tile(mdK[None, None, head, batch], (tn, d), (n_block, 0))
-            gdV = cute.local_tile(mdV[None, None, head, batch], (tn, dv), (n_block, 0))
-            for atom, s_t, g_t in ((tma_dK, sK, gdK), (tma_dV, sV, gdV)):
-                ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_t[None, None, 0], 0, 2),
-                                               cute.group_modes(g_t, 0, 2))
-                cute.copy(atom, ts, tg)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+    def dkdv_slice(self, s, cols, wg):
+        """Warpgroup wg's part of a dK / dV staging tile (dkdv_epilogue in bwd.py): all K/V rows, its head-dim half."""
+        return cute.local_tile(s[None, None, 0], (self.tile_n, cols // 2), (0, wg))
