@@ -246,7 +246,9 @@ def test_compile_window_softcap(tmp_path_factory, case):
         assert count(c, "MUFU.TANH") > 0
     else:
         assert count(c, "MUFU.TANH") == 0
-    if hd >= 128:  # 240 registers per consumer thread: no local-memory spills
+    if hd >= 128 or window[0] >= 0:  # no local-memory spills (hd 64 runs 3 consumer warpgroups at 160 registers:
+        # with a left bound the one-compare mask keeps it spill-free; causal+softcap / right-only windows there spill a
+        # little, see kernels/sm90/fwd.py)
         assert count(c, "LDL") == 0 and count(c, "STL") == 0
 
 

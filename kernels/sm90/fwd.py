@@ -25,6 +25,8 @@ intersect its rows' windows (n_block_min .. n_block_max-1, both loops shortened)
 a bound (kernels/sm90/mask.py). ``softcap`` > 0 (compile-time): S becomes tanh(S * scale / softcap) (MUFU.TANH) before
 the mask, and the softmax runs with scale_log2 = softcap * log2(e) (the kernel's scale argument then carries
 scale / softcap). At the defaults (no window, softcap 0) the code is the plain kernel's (byte-identical SASS).
+Known (CPU SASS, not yet timed): at hd 64 (3 consumer warpgroups at 160 registers) causal+softcap and right-only windows
+spill ~25 registers to local memory; AttnConfig(tile_m=128, consumer_regs=240, producer_regs=24) compiles them without.
 """
 from __future__ import annotations
 

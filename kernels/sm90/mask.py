@@ -15,7 +15,8 @@ bound is the diagonal, i.e. 0): query row i sees keys j with i + s_k - s_q - lef
 ``n_block_range_window`` -> (n_block_min, n_block_max, n_block_min_masked, n_block_local_end): the tile visits blocks
 n_block_min .. n_block_max-1; blocks >= n_block_min_masked need the right bound (or the seqlen_k edge), blocks
 < n_block_local_end the left bound; the blocks in between are unmasked. At the defaults (-1, -1) both functions
-compile the code of the window-less ones.
+compile the code of the window-less ones. With a left bound the mask is one unsigned compare per element,
+(col - col_start) < (col_limit - col_start) (two signed compares and an OR made hd 64's 160-register kernel spill).
 """
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ def apply_mask(acc_S: cute.Tensor, tScS: cute.Tensor, m_base: Int32, n_base: Int
             diag = row + seqlen_k - seqlen_q - n_base  # the diagonal's column in this block
             if const_expr(right >= 0):
                 col_limit = cutlass.min(col_limit_seq, diag + 1 + right)
-            col_start = diag - window_left  # first visible column
+            col_start = cutlass.max(diag - window_left, 0)  # first visible column (>= 0)
+            # visible iff col_start <= col < col_limit: one unsigned compare, (col - col_start) < width
+            width = cutlass.max(col_limit - col_start, 0).bitcast(cutlass.Uint32)
             for j in cutlass.range(cute.size(s, mode=[1]), unroll_full=True):
-                col = c[0, j][1]
-                s[r, j] = -Float32.inf if (col >= col_limit) | (col < col_start) else s[r, j]
+                s[r, j] = -Float32.inf if (c[0, j][1] - col_start).bitcast(cutlass.Uint32) >= width else s[r, j]
 
 
 @cute.jit
