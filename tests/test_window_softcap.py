@@ -260,3 +260,18 @@ def test_default_kernels_have_no_tanh(tmp_path_factory):
     if sass is None:
         pytest.skip("nvdisasm not installed")
     assert count(opcode_counts(sass), "MUFU.TANH") == 0
+
+
+@pytest.mark.compile
+def test_window_and_softcap_compile_their_own_kernels():
+    """Through the interface's compile cache: a window / softcap kernel is another compiled object than the plain one
+    (no stale cubin), and the same window again is a cache hit."""
+    from kernels.interface import get_fwd_kernel
+
+    cfg = AttnConfig().resolve("sm90", 128, True)
+    plain = get_fwd_kernel(cfg, "bfloat16", 128, 128, True, tvm_ffi=False)
+    win = get_fwd_kernel(cfg, "bfloat16", 128, 128, True, tvm_ffi=False, window_left=64)
+    cap = get_fwd_kernel(cfg, "bfloat16", 128, 128, True, tvm_ffi=False, softcap=30.0)
+    assert len({id(plain[1]), id(win[1]), id(cap[1])}) == 3
+    assert (win[0].window_left, cap[0].softcap, plain[0].has_window, plain[0].softcap) == (64, 30.0, False, 0.0)
+    assert get_fwd_kernel(cfg, "bfloat16", 128, 128, True, tvm_ffi=False, window_left=64)[1] is win[1]

@@ -76,7 +76,9 @@ def _refs(q, k, v, causal, scale, window, cap):
     return ref, ref_lse, pt
 
 
-def _check(o, l, ref, ref_lse, pt, tag):
+def _check(o, l, ref, ref_lse, pt, tag, cap=0.0):
+    """out by the DESIGN.md rule; lse within 1e-3 (+ cap * 1e-4 with a softcap: MUFU.TANH's ~2^-11 relative error,
+    scaled by the cap); rows that see no key: out 0, lse -inf; nothing left NaN."""
     assert torch.isfinite(o).all(), f"out: non-finite values (an element left unwritten?) {tag}"
     err = (o.double() - ref).abs().max().item()
     err_pt = (pt.double() - ref).abs().max().item()
@@ -86,7 +88,8 @@ def _check(o, l, ref, ref_lse, pt, tag):
     assert torch.equal(torch.isinf(l) & (l < 0), empty), f"lse: -inf rows differ from the reference's {tag}"
     assert (o.double()[empty.transpose(1, 2)] == 0).all(), f"out: rows without keys must be 0 {tag}"
     d = (l.double() - ref_lse)[~empty]
-    assert d.numel() == 0 or d.abs().max().item() < 1e-3, f"lse: max err {d.abs().max().item():.3e} {tag}"
+    tol = 1e-3 + cap * 1e-4
+    assert d.numel() == 0 or d.abs().max().item() < tol, f"lse: max err {d.abs().max().item():.3e} > {tol:.1e} {tag}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
@@ -110,7 +113,7 @@ def test_window_softcap_forward(case, dtype):
                              softcap=cap)
     torch.cuda.synchronize()
     assert o.data_ptr() == out.data_ptr() and l.data_ptr() == lse.data_ptr()
-    _check(o, l, ref, ref_lse, pt, _id(case))
+    _check(o, l, ref, ref_lse, pt, _id(case), cap)
 
 
 def test_window_softcap_public_api_and_backward_error():
@@ -124,7 +127,7 @@ def test_window_softcap_public_api_and_backward_error():
         out, lse = kernels.attention(q, k, v, return_lse=True, **kw)
         ref, ref_lse, pt = _refs(q, k, v, kw.get("causal", False), scale, kw.get("window_size", (-1, -1)),
                                  kw.get("softcap", 0.0))
-        _check(out, lse, ref, ref_lse, pt, str(kw))
+        _check(out, lse, ref, ref_lse, pt, str(kw), kw.get("softcap", 0.0))
     qq = q.clone().requires_grad_(True)
     out = kernels.attention(qq, k, v, window_size=(64, 64), softcap=30.0)
     with pytest.raises(NotImplementedError, match=r"window_size/softcap backward: not implemented yet \(issue 12.3\)"):
