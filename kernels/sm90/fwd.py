@@ -26,7 +26,8 @@ a bound (kernels/sm90/mask.py). ``softcap`` > 0 (compile-time): S becomes tanh(S
 the mask, and the softmax runs with scale_log2 = softcap * log2(e) (the kernel's scale argument then carries
 scale / softcap). At the defaults (no window, softcap 0) the code is the plain kernel's (byte-identical SASS).
 Known (CPU SASS, not yet timed): at hd 64 (3 consumer warpgroups at 160 registers) causal+softcap and right-only windows
-spill ~25 registers to local memory; AttnConfig(tile_m=128, consumer_regs=240, producer_regs=24) compiles them without.
+spill ~25 registers to local memory; AttnConfig(tile_n=112) or AttnConfig(tile_m=128, consumer_regs=240, producer_regs=24)
+compiles them without (which is faster is for the GPU to say).
 """
 from __future__ import annotations
 
