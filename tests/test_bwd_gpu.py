@@ -12,29 +12,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from attn_reference import attention_at_dtype, grads_at_dtype  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 ATOL = 2e-3
 
 
-def _attn(q, k, v, causal, scale):
-    """softmax(q k^T * scale) v in the inputs' dtype, (b, s, h, d) layout, bottom-right causal."""
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    lse = torch.logsumexp(s.float(), dim=-1)
-    p = torch.softmax(s, dim=-1)
-    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
-
-
 def _grads(q, k, v, do, causal, scale, dtype):
-    qq, kk, vv = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
-    out, _ = _attn(qq, kk, vv, causal, scale)
-    out.backward(do.to(dtype))
-    return qq.grad, kk.grad, vv.grad
+    return grads_at_dtype(q, k, v, do, causal, scale, dtype)[1:]
 
 
 def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0):
@@ -47,7 +33,7 @@ def _run_case(b, sq, sk, h, d, causal, dtype, cfg, seed=0):
                    for s, e in ((sq, d), (sk, d), (sk, dv), (sq, dv)))
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
-        out64, lse = _attn(q.double(), k.double(), v.double(), causal, scale)
+        out64, lse = attention_at_dtype(q.double(), k.double(), v.double(), causal, scale)
     out = out64.to(dtype)
     ref = _grads(q.double(), k.double(), v.double(), do.double(), causal, scale, torch.float64)
     pt = _grads(q, k, v, do, causal, scale, dtype)
@@ -153,7 +139,7 @@ def _repeat_dq(cfg, causal, repeats, d=128):
     q, k, v, do = (torch.randn(b, s, h, e, device="cuda", dtype=torch.bfloat16, generator=g) for e in (d, d, dv, dv))
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
-        out32, lse = _attn(q.float(), k.float(), v.float(), causal, scale)
+        out32, lse = attention_at_dtype(q.float(), k.float(), v.float(), causal, scale)
     out = out32.to(torch.bfloat16)
     first = attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
     n_diff = 0

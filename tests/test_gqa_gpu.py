@@ -15,35 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from attn_reference import attention_at_dtype, grads_at_dtype  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 ATOL = 2e-3
-
-
-def _rep(t, h):
-    return t.repeat_interleave(h // t.shape[2], dim=2)
-
-
-def _attn(q, k, v, causal, scale):
-    """softmax(q k^T * scale) v in the inputs' dtype, (b, s, h, d), K/V repeated to q's heads, bottom-right causal."""
-    k, v = _rep(k, q.shape[2]), _rep(v, q.shape[2])
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    lse = torch.logsumexp(s.float() if s.dtype != torch.float64 else s, dim=-1)
-    p = torch.softmax(s, dim=-1)
-    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
-
-
-def _grads(q, k, v, do, causal, scale, dtype):
-    """(out, dq, dk, dv) at ``dtype``; dk / dv of K/V's shape (autograd sums the repeated heads)."""
-    qq, kk, vv = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
-    out, _ = _attn(qq, kk, vv, causal, scale)
-    out.backward(do.to(dtype))
-    return out.detach(), qq.grad, kk.grad, vv.grad
 
 
 def _inputs(b, sq, sk, hq, hkv, d, dv, dtype, seed):
@@ -98,8 +74,8 @@ def test_gqa_forward(case):
     q, k, v, _ = _inputs(b, sq, sk, hq, hkv, d, dv, dtype, seed=1)
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
-        ref, ref_lse = _attn(q.double(), k.double(), v.double(), causal, scale)
-        pt, _ = _attn(q, k, v, causal, scale)
+        ref, ref_lse = attention_at_dtype(q.double(), k.double(), v.double(), causal, scale)
+        pt, _ = attention_at_dtype(q, k, v, causal, scale)
     out = torch.full((b, sq, hq, dv), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
     cfg = resolve_config(_cfg(**sw), d, causal)
@@ -119,9 +95,9 @@ def test_gqa_backward(case):
     q, k, v, do = _inputs(b, sq, sk, hq, hkv, d, dv, dtype, seed=2)
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
-        out64, lse = _attn(q.double(), k.double(), v.double(), causal, scale)
-    ref = _grads(q.double(), k.double(), v.double(), do.double(), causal, scale, torch.float64)[1:]
-    pt = _grads(q, k, v, do, causal, scale, dtype)[1:]
+        out64, lse = attention_at_dtype(q.double(), k.double(), v.double(), causal, scale)
+    ref = grads_at_dtype(q.double(), k.double(), v.double(), do.double(), causal, scale, torch.float64)[1:]
+    pt = grads_at_dtype(q, k, v, do, causal, scale, dtype)[1:]
     poisoned = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     ours = attention_backward(q, k, v, out64.to(dtype), do, lse.float().contiguous(), causal, scale, _cfg(**sw),
                               *poisoned)
@@ -140,8 +116,8 @@ def test_gqa_end_to_end_autograd():
     dtype = torch.bfloat16
     q, k, v, do = _inputs(b, sq, sk, hq, hkv, d, d, dtype, seed=3)
     scale = 1.0 / math.sqrt(d)
-    ref = _grads(q.double(), k.double(), v.double(), do.double(), True, scale, torch.float64)
-    pt = _grads(q, k, v, do, True, scale, dtype)
+    ref = grads_at_dtype(q.double(), k.double(), v.double(), do.double(), True, scale, torch.float64)
+    pt = grads_at_dtype(q, k, v, do, True, scale, dtype)
     qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
     out = kernels.attention(qq, kk, vv, causal=True)
     out.backward(do)
@@ -158,7 +134,7 @@ def test_gqa_deterministic_bitwise():
     q, k, v, do = _inputs(b, sq, sk, hq, hkv, d, d, dtype, seed=4)
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
-        out64, lse = _attn(q.double(), k.double(), v.double(), causal, scale)
+        out64, lse = attention_at_dtype(q.double(), k.double(), v.double(), causal, scale)
     out, lse = out64.to(dtype), lse.float().contiguous()
     cfg = _cfg(deterministic=True)
     first = [t.clone() for t in attention_backward(q, k, v, out, do, lse, causal, scale, cfg)]
