@@ -2,9 +2,11 @@
 
 Public API: ``attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False, window_size=(-1, -1),
 softcap=0.0)`` with q, k, v laid out (batch, seqlen, heads, head_dim) as flash_attn_func takes them.
+``attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``: packed variable-length batches.
 """
 from .config import DEFAULTS, AttnConfig, ConfigError
 from .validate import InputError
+from .varlen import attention_varlen
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=False, window_size=(-1, -1),
@@ -13,8 +15,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse
     differentiable (its backward is ``fa4lab::bwd``) and traceable by ``torch.compile(fullgraph=True)``.
 
     ``window_size=(left, right)`` (sliding window, -1 = unbounded, FlashAttention semantics, bottom-right aligned;
-    causal sets right to 0) and ``softcap`` (scores -> softcap * tanh(scores / softcap)) are forward-only so far:
-    a backward through such a call raises NotImplementedError (issue 12.3)."""
+    causal sets right to 0) and ``softcap`` (scores -> softcap * tanh(scores / softcap)) are differentiable: the backward
+    kernels take them too (issue 12.3; compiled and checked on the CPU, not yet run on the GPU)."""
     from .ops import attention as _attention
 
     if window_size == (-1, -1) and softcap == 0.0:
@@ -23,4 +25,4 @@ def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse
                       window_size=window_size, softcap=softcap)
 
 
-__all__ = ["attention", "AttnConfig", "ConfigError", "InputError", "DEFAULTS"]
+__all__ = ["attention", "attention_varlen", "AttnConfig", "ConfigError", "InputError", "DEFAULTS"]

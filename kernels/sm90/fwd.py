@@ -28,6 +28,14 @@ scale / softcap). At the defaults (no window, softcap 0) the code is the plain k
 Known (CPU SASS, not yet timed): at hd 64 (3 consumer warpgroups at 160 registers) causal+softcap and right-only windows
 spill ~25 registers to local memory; AttnConfig(tile_n=112) or AttnConfig(tile_m=128, consumer_regs=240, producer_regs=24)
 compiles them without (which is faster is for the GPU to say).
+Variable-length batches ``varlen`` (compile-time; launched through ``call_varlen``, kernels/varlen.py): packed
+(total, h, d) tensors and int32 cu_seqlens; grid (ceil(max_seqlen_q / tile_m), h, batch), m_block reversed when causal
+(longest tiles first); each CTA reads its sequence's start and length from cu_seqlens_q / cu_seqlens_k and leaves at
+once when its tile starts past the sequence's end. The TMA loads start at the sequence's first row (domain_offset of the
+packed TMA tensors): rows past its end are the next sequence's, hidden by the seqlen_k edge mask (keys) or never stored
+(queries). O goes registers -> shared memory -> global with 16-byte row-predicated stores by all consumer threads (a TMA
+store clips only at the packed tensor's end and would overwrite the next sequence); LSE is (h, total_q). Off, the code is
+the plain kernel's (byte-identical SASS).
 """
 from __future__ import annotations
 
@@ -67,7 +75,7 @@ class FlashFwdSm90:
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
-                 softcap: float = 0.0):
+                 softcap: float = 0.0, varlen: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -103,6 +111,7 @@ class FlashFwdSm90:
         self.has_left = self.window_left >= 0  # blocks left of the window are skipped, the boundary ones masked
         self.has_window = self.has_left or self.window_right >= 0
         self.softcap = float(softcap)
+        self.varlen = bool(varlen)  # packed (total, h, d) tensors + cu_seqlens: launched through call_varlen
         self.qhead_per_kvhead = int(qhead_per_kvhead)  # GQA group: Q head h reads K/V head h // qhead_per_kvhead
         self.tile_m, self.tile_n = tile_m, tile_n
         self.num_stages = num_stages
@@ -140,14 +149,9 @@ class FlashFwdSm90:
         return mma_qk, mma_pv
 
     @cute.jit
-    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                 softmax_scale: Float32, hb_group: Int32, stream: cuda.CUstream):
-        """mQ (b, s_q, h, d), mK (b, s_k, h_kv, d), mV (b, s_k, h_kv, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32,
-        h = h_kv * qhead_per_kvhead (the caller checks it)."""
-        # (b, s, h, d) -> (s, d, h, b); LSE (b, h, s) -> (s, h, b)
-        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-                          for t in (mQ, mK, mV, mO)]
-        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+    def _host_setup(self, mQ, mK, mV, mO, tma_o: cutlass.Constexpr[bool] = True):
+        """Traced in the jit launchers: tiled MMAs, shared-memory layouts, TMA atoms (Q, K, V loads; O store when
+        ``tma_o``) and the shared storage struct."""
         tiled_mma_qk, tiled_mma_pv = self._tiled_mmas()
         sQ_layout = self._smem_layout(self.tile_m, self.hdim, None)
         sK_layout = self._smem_layout(self.tile_n, self.hdim, self.num_stages)
@@ -160,8 +164,10 @@ class FlashFwdSm90:
             cpasync.CopyBulkTensorTileG2SOp(), mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim), 1)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v), 1)
-        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v))
+        tma_atom_O, tma_O = None, mO  # varlen: O leaves through a row-predicated store (store_o_varlen)
+        if const_expr(tma_o):
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v))
         self.bytes_Q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.bytes_K = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
         self.bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
@@ -177,6 +183,20 @@ class FlashFwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
+        return (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout,
+                sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage)
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 softmax_scale: Float32, hb_group: Int32, stream: cuda.CUstream):
+        """mQ (b, s_q, h, d), mK (b, s_k, h_kv, d), mV (b, s_k, h_kv, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32,
+        h = h_kv * qhead_per_kvhead (the caller checks it)."""
+        # (b, s, h, d) -> (s, d, h, b); LSE (b, h, s) -> (s, h, b)
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                          for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
+         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
         seqlen_q = mQ.shape[0]
         heads = mQ.shape[2]
         batch = mQ.shape[3]
@@ -195,6 +215,30 @@ class FlashFwdSm90:
             SharedStorage,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
+    @cute.jit
+    def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                    mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32, softmax_scale: Float32,
+                    stream: cuda.CUstream):
+        """Variable-length launch (``varlen=True``): packed mQ (total_q, h, d), mK (total_k, h_kv, d),
+        mV (total_k, h_kv, dv), mO (total_q, h, dv), mLSE (h, total_q) fp32; mCuSeqlensQ / mCuSeqlensK int32 (b + 1,)
+        sequence starts (the caller checks them). Grid (ceil(max_seqlen_q / tile_m), h, b)."""
+        assert self.varlen, "call_varlen needs FlashFwdSm90(varlen=True)"
+        # (total, h, d) -> (total, d, h); LSE (h, total) -> (total, h)
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1])) for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[1, 0]))
+        (tma_Q, tma_K, tma_V, mO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
+         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO, tma_o=False)
+        grid = ((max_seqlen_q + self.tile_m - 1) // self.tile_m, mQ.shape[2], mCuSeqlensQ.shape[0] - 1)
+        if const_expr(self.softcap > 0.0):
+            scale_log2 = softmax_scale * Float32(1.0 / self.softcap)
+        else:
+            scale_log2 = softmax_scale * Float32(LOG2_E)
+        self.kernel(
+            tma_Q, tma_K, tma_V, mO, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            scale_log2, Int32(1), sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+            SharedStorage, mCuSeqlensQ, mCuSeqlensK,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
     # ---- device code ----------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -202,12 +246,16 @@ class FlashFwdSm90:
                tma_atom_O: cute.CopyAtom, scale_log2: Float32, hb_group: Int32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor = None, mCuSeqlensK: cute.Tensor = None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
-            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
-                cpasync.prefetch_descriptor(atom)
+            if const_expr(self.varlen):  # no O descriptor: a predicated store
+                for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
+                    cpasync.prefetch_descriptor(atom)
+            else:
+                for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                    cpasync.prefetch_descriptor(atom)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -232,10 +280,21 @@ class FlashFwdSm90:
         # V^T view (hdim_v, tile_n, stages) for the PV GEMM's B operand
         sVt = cute.composition(sV, cute.make_ordered_layout((self.hdim_v, self.tile_n, self.num_stages), order=(1, 0, 2)))
 
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-        m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
+        offset_q = 0  # varlen: the sequence's first row in the packed Q / O / LSE and K / V
+        offset_k = 0
+        if const_expr(self.varlen):
+            m_block, head, bidx = cute.arch.block_idx()
+            if const_expr(self.causal):  # the tiles with the most K blocks first (the grid covers max_seqlen_q)
+                m_block = cute.arch.grid_dim()[0] - 1 - m_block
+            offset_q = mCuSeqlensQ[bidx]
+            seqlen_q = mCuSeqlensQ[bidx + 1] - offset_q
+            offset_k = mCuSeqlensK[bidx]
+            seqlen_k = mCuSeqlensK[bidx + 1] - offset_k
+        else:
+            seqlen_q = mQ.shape[0]
+            seqlen_k = mK.shape[0]
+            m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+            m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
         n_block_min = 0  # first K/V block visited (> 0 only with a left window bound)
         n_block_local_end = 0  # blocks below it cross the left window bound
         if const_expr(self.has_window):
@@ -246,28 +305,56 @@ class FlashFwdSm90:
             n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
                                                             self.causal)
 
+        if const_expr(self.varlen):
+            if m_block * self.tile_m < seqlen_q:  # the whole CTA leaves when its tile starts past its sequence
+                self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
+                           n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
+                           n_block_local_end, offset_q, offset_k)
+        else:
+            self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+                       tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
+                       n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
+                       n_block_local_end)
+
+    @cute.jit
+    def roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+              tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32, m_block: Int32, head: Int32,
+              bidx: Int32, n_block_max: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32,
+              warp_idx: Int32, tidx: Int32, n_block_min, n_block_local_end, offset_q=0, offset_k=0):
+        """Warp roles: warp 0 loads (warps 1-3 idle with few registers), the consumer warpgroups compute."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-                          m_block, head, bidx, n_block_max, n_block_min)
+                          m_block, head, bidx, n_block_max, n_block_min, offset_q, offset_k)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                          pipe_v, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q,
-                         seqlen_k, tidx - self.threads_per_wg, n_block_min, n_block_local_end)
+                         seqlen_k, tidx - self.threads_per_wg, n_block_min, n_block_local_end, offset_q)
 
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32, n_block_min):
+             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32, n_block_min, offset_q=0, offset_k=0):
         """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[first] -- the order the consumers use
-        (first = n_block_min: 0 unless a left window bound skips blocks)."""
-        gQ = cute.local_tile(mQ[None, None, head, bidx], (self.tile_m, self.hdim), (m_block, 0))
+        (first = n_block_min: 0 unless a left window bound skips blocks). Varlen: the TMA coordinates start at the
+        sequence's first row (offset_q / offset_k); rows past the sequence's end are the next sequence's (or zero
+        fill past the packed tensor's end): the seqlen_k edge mask hides the keys, the Q rows are never stored."""
         head_kv = head
         if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
             head_kv = head // self.qhead_per_kvhead
-        gK = cute.local_tile(mK[None, None, head_kv, bidx], (self.tile_n, self.hdim), (None, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, bidx], (self.tile_n, self.hdim_v), (None, 0))
+        if const_expr(self.varlen):
+            gQ = cute.local_tile(cute.domain_offset((offset_q, 0), mQ[None, None, head]), (self.tile_m, self.hdim),
+                                 (m_block, 0))
+            gK = cute.local_tile(cute.domain_offset((offset_k, 0), mK[None, None, head_kv]), (self.tile_n, self.hdim),
+                                 (None, 0))
+            gV = cute.local_tile(cute.domain_offset((offset_k, 0), mV[None, None, head_kv]),
+                                 (self.tile_n, self.hdim_v), (None, 0))
+        else:
+            gQ = cute.local_tile(mQ[None, None, head, bidx], (self.tile_m, self.hdim), (m_block, 0))
+            gK = cute.local_tile(mK[None, None, head_kv, bidx], (self.tile_n, self.hdim), (None, 0))
+            gV = cute.local_tile(mV[None, None, head_kv, bidx], (self.tile_n, self.hdim_v), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
@@ -380,7 +467,7 @@ class FlashFwdSm90:
     def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                 scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
                 n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32, n_block_min=0,
-                n_block_local_end=0):
+                n_block_local_end=0, offset_q=0):
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         softcap_mul = None
         if const_expr(self.softcap > 0.0):  # the scale argument is scale / softcap; the softmax scale is softcap*log2e
@@ -493,7 +580,10 @@ class FlashFwdSm90:
             for r in cutlass.range_constexpr(n_rows):
                 row = m_base + tOcO[r, 0][0]
                 if row < seqlen_q:
-                    mLSE[row, head, bidx] = lse[r]
+                    if const_expr(self.varlen):  # packed (total_q, h)
+                        mLSE[offset_q + row, head] = lse[r]
+                    else:
+                        mLSE[row, head, bidx] = lse[r]
 
         # both warpgroups must be done reading sQ before O overwrites it
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
@@ -502,12 +592,39 @@ class FlashFwdSm90:
         cute.copy(st_atom, thr_st.retile(rO), thr_st.partition_D(sO))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
-        if tidx < 32:
-            gO = cute.local_tile(mO[None, None, head, bidx], (self.tile_m, self.hdim_v), (m_block, 0))
-            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
-                                               cute.group_modes(gO, 0, 2))
-            cute.copy(tma_atom_O, tOsO, tOgO)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if const_expr(self.varlen):
+            self.store_o_varlen(mO, sO, head, m_block, offset_q, seqlen_q, tidx)
+        else:
+            if tidx < 32:
+                gO = cute.local_tile(mO[None, None, head, bidx], (self.tile_m, self.hdim_v), (m_block, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                cute.copy(tma_atom_O, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         pipe_q.consumer_release(q_state)
+
+    @cute.jit
+    def store_o_varlen(self, mO, sO, head: Int32, m_block: Int32, offset_q: Int32, seqlen_q: Int32, tidx: Int32):
+        """Varlen epilogue: every consumer thread copies 16-byte row pieces of the O tile from shared memory to the
+        packed O, only for rows inside the sequence (a TMA store clips at the packed tensor's end only, so it would
+        overwrite the next sequence's rows)."""
+        n_threads = self.num_consumer_wg * self.threads_per_wg
+        vec = 128 // self.dtype.width
+        per_row = self.hdim_v // vec  # threads per row
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((n_threads // per_row, per_row), order=(1, 0)),
+                                        cute.make_layout((1, vec)))
+        thr = tiled.get_slice(tidx)
+        gO = cute.local_tile(cute.domain_offset((offset_q, 0), mO[None, None, head]), (self.tile_m, self.hdim_v),
+                             (m_block, 0))
+        tOsO = thr.partition_S(sO)
+        tOgO = thr.partition_D(gO)
+        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, self.hdim_v)))
+        tOrO = cute.make_rmem_tensor_like(tOsO)
+        cute.copy(tiled, tOsO, tOrO)
+        row_limit = seqlen_q - m_block * self.tile_m
+        for m in cutlass.range_constexpr(cute.size(tOgO, mode=[1])):
+            if tOcO[0, m, 0][0] < row_limit:
+                cute.copy(tiled, tOrO[None, m, None], tOgO[None, m, None])
 
