@@ -1,7 +1,7 @@
 """Variable-length packed batches (issue 12.2), forward, on the CPU: ``kernels.attention_varlen``'s argument checks
 (each one raises its own one-line message), the compile cache key, and compiles of the varlen forward kernel
-(head dims 64 / 128 / 256 x causal both, dtype and GQA covered pairwise) with their SASS: no TMA store of O (a
-row-predicated STG instead), no local-memory spills. The GPU side is tests/test_varlen_gpu.py.
+(head dims 64 / 128 / 256 x causal both, dtype and GQA covered pairwise; plus (192, 128) and a window + softcap kernel)
+with their SASS: no TMA store of O (row-predicated 16-byte STGs instead), no local-memory spills. The GPU side is tests/test_varlen_gpu.py.
 """
 from __future__ import annotations
 
@@ -152,6 +152,8 @@ def test_kernel_flag_and_compile_guard():
 # head dims x causal in full; dtype and GQA group (1 or 4) pairwise with them and with each other
 COMPILE_CASES = [(64, False, "bfloat16", 1), (64, True, "float16", 4), (128, False, "float16", 4),
                  (128, True, "bfloat16", 1), (256, False, "bfloat16", 4), (256, True, "float16", 1)]
+# beyond the pairwise set: (192, 128) head dims, and a left window + softcap (the GPU test's window case)
+EXTRA_CASES = [(192, True, "bfloat16", 1, {}), (128, True, "bfloat16", 1, dict(window_left=100, softcap=30.0))]
 
 
 def test_compile_cases_are_pairwise_complete():
@@ -163,16 +165,18 @@ def test_compile_cases_are_pairwise_complete():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: f"d{c[0]}-c{int(c[1])}-{c[2]}-g{c[3]}")
+@pytest.mark.parametrize("case", [c + ({},) for c in COMPILE_CASES] + EXTRA_CASES,
+                         ids=lambda c: f"d{c[0]}-c{int(c[1])}-{c[2]}-g{c[3]}" + "".join(f"-{k}" for k in c[4]))
 def test_compile_varlen(tmp_path, case):
     import glob
 
     from kernels.sm90.sass import count, disassemble, find_nvdisasm, opcode_counts
     from kernels.varlen import compile_varlen_fwd, make_varlen_fwd_kernel
 
-    hd, causal, dtype, group = case
+    hd, causal, dtype, group, features = case
+    hv = 128 if hd == 192 else hd
     cfg = AttnConfig().resolve("sm90", hd, causal)
-    kern = make_varlen_fwd_kernel(cfg, dtype, hd, hd, causal, qhead_per_kvhead=group)
+    kern = make_varlen_fwd_kernel(cfg, dtype, hd, hv, causal, qhead_per_kvhead=group, **features)
     compile_varlen_fwd(kern, tvm_ffi=False, dump_dir=str(tmp_path))
     cubins = sorted(glob.glob(os.path.join(tmp_path, "*.cubin")))
     assert len(cubins) == 1
@@ -181,6 +185,8 @@ def test_compile_varlen(tmp_path, case):
     c = opcode_counts(disassemble(cubins[0]))
     assert count(c, "HGMMA") > 0 and count(c, "UTMALDG") > 0
     assert count(c, "UTMASTG") == 0  # O: no TMA store (it would clip at the packed end only)
-    # row-predicated 16-byte stores of O: tile_m * hd * 2 B / (16 B * consumer threads) per thread, + 2 LSE stores
-    assert count(c, "STG.E.128") == cfg.tile_m * hd * 2 // (16 * cfg.tile_m * 2)
+    # row-predicated 16-byte stores of O: tile_m * hd_v * 2 B / (16 B * 2 * tile_m consumer threads) per thread
+    assert count(c, "STG.E.128") == hv // 16
+    if features.get("softcap"):
+        assert count(c, "MUFU.TANH") > 0
     assert count(c, "LDL") == 0 and count(c, "STL") == 0  # no spills
