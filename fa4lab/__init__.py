@@ -25,8 +25,8 @@ def _reuse_repo_kernels() -> None:
 
 _reuse_repo_kernels()
 
-from .kernels import DEFAULTS, AttnConfig, ConfigError, InputError, attention  # noqa: E402
+from .kernels import DEFAULTS, AttnConfig, ConfigError, InputError, attention, attention_varlen  # noqa: E402
 from .kernels.reference import attention_exact, attention_model, attention_naive  # noqa: E402
 
-__all__ = ["attention", "AttnConfig", "ConfigError", "InputError", "DEFAULTS",
+__all__ = ["attention", "attention_varlen", "AttnConfig", "ConfigError", "InputError", "DEFAULTS",
            "attention_model", "attention_exact", "attention_naive"]
