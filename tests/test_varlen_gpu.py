@@ -162,9 +162,10 @@ def test_varlen_backward_raises_and_forward_runs_with_grad():
 
 
 def test_varlen_matches_the_padded_kernel():
-    """Equal lengths: the varlen kernel equals the plain (batch, seqlen) kernel on the same data within rounding of
-    the identical algorithm (bitwise in practice; checked to 1e-6 to leave room for scheduling-independent
-    differences), and the LSE layouts correspond (varlen (h, total) vs (b, h, s))."""
+    """Equal lengths: the varlen kernel equals the plain (batch, seqlen) kernel on the same data to one bf16 rounding
+    of O (the two compiled kernels order some fp32 operations differently: the H200 showed 1-ulp differences, e.g.
+    2^-10 at |O| in [1/8, 1/4)) and 1e-5 in the fp32 LSE, and the LSE layouts correspond (varlen (h, total) vs
+    (b, h, s))."""
     import kernels
 
     b, s, h, d = 3, 513, 2, 128
@@ -173,8 +174,10 @@ def test_varlen_matches_the_padded_kernel():
         out, lse = kernels.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True)
         ref, ref_lse = kernels.attention(q.view(b, s, h, d), k.view(b, s, h, d), v.view(b, s, h, d), causal=causal,
                                          return_lse=True)
-        assert (out.view(b, s, h, d).float() - ref.float()).abs().max().item() <= 1e-6
-        assert (lse.view(h, b, s).transpose(0, 1) - ref_lse).abs().max().item() <= 1e-6
+        diff = (out.view(b, s, h, d).float() - ref.float()).abs()
+        one_ulp = ref.float().abs() * 2.0**-7 + 2.0**-133  # bf16: 8 significant bits, ulp <= |x| * 2^-7
+        assert (diff <= one_ulp).all(), f"causal={causal}: {(diff > one_ulp).sum().item()} values over one bf16 ulp"
+        assert (lse.view(h, b, s).transpose(0, 1) - ref_lse).abs().max().item() <= 1e-5
 
 
 def test_varlen_cpu_cu_seqlens_and_max_seqlen_check():
