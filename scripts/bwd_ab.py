@@ -1,8 +1,10 @@
 """Backward A/B on one GPU, one process, round-robin with an L2 flush: our variants vs official FA4 and cuDNN.
 
-``python scripts/bwd_ab.py [--out rows.jsonl] [--hdims 64 128] [--seqlens 8192] [--repeats 20]``: per (hdim, causal,
-seqlen) at 16k total tokens and hidden 2048, times each backend's backward (dq, dk, dv from out, dout, lse), prints
-TFLOP/s and per-round speed ratios against `ours`, and the host wall time of forward+backward on a tiny problem.
+``python scripts/bwd_ab.py [--out rows.jsonl] [--hdims 64 128] [--seqlens 8192] [--repeats 20] [--base DIR]``: per
+(hdim, causal, seqlen) at 16k total tokens and hidden 2048, times each backend's backward (dq, dk, dv from out, dout,
+lse), prints TFLOP/s and per-round speed ratios against `ours`, and the host wall time of forward+backward on a tiny
+problem. ``--base DIR``: also `ours_base`, the default backward of the kernels/ tree in DIR (e.g. ``git archive`` of an
+older commit), imported as a separate package so both run in this process.
 A session script for kernel work; the committed benchmark is `python run.py sweep experiment=bwd_peers`.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _variants(q, k, v, out, do, lse, scale, causal):
+def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -30,6 +32,8 @@ def _variants(q, k, v, out, do, lse, scale, causal):
         return lambda: attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
 
     fns = {"ours": ours(), "ours_det": ours(deterministic=True)}
+    if base is not None:  # the backward of another kernels/ tree (fa4lab_base.sm90.backward), its own defaults
+        fns["ours_base"] = lambda: base.attention_backward(q, k, v, out, do, lse, causal, scale, None)
     if q.shape[-1] <= 128:  # no two_cta in the wide kernel (hd 256, (192, 128))
         fns["ours_2cta"] = ours(two_cta=True)
     if q.shape[-1] == 64:
@@ -148,7 +152,16 @@ def main():
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--host", action="store_true")
     ap.add_argument("--profile", action="store_true", help="with --host: cProfile of our forward+backward calls")
+    ap.add_argument("--base", help="a folder holding an older kernels/ tree: adds the variant ours_base")
     a = ap.parse_args()
+    base = None
+    if a.base:
+        from fwd_ab import _import_base
+
+        _import_base(Path(a.base).resolve())
+        import importlib
+
+        base = importlib.import_module("fa4lab_base.sm90.backward")
     rows = []
     for s in a.seqlens:
         for hdim in a.hdims:
@@ -165,7 +178,7 @@ def main():
                 from kernels.flops import attention_flops
 
                 out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
-                fns = _variants(q, k, v, out, do, lse, scale, causal)
+                fns = _variants(q, k, v, out, do, lse, scale, causal, base)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 times = round_robin(fns, a.repeats)
