@@ -6,9 +6,9 @@ int window_right=-1, float softcap=0.) -> (Tensor out, Tensor lse)``
 str config, int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor dq, Tensor dk, Tensor dv)``
 
 The window and softcap arguments are canonical (kernels.validate.canonical_window: with causal, window_right is -1)
-and are passed only when used, so a plain call traces to the same graph as before. Sliding window and softcap are
-FORWARD ONLY so far (issue 12.3): fa4lab::bwd with either raises NotImplementedError, and so does the autograd backward
-of a forward that used them (the forward itself, e.g. inference, works).
+and are passed only when used, so a plain call traces to the same graph as before. The backward supports them too
+(issue 12.3; compiled and checked on the CPU, not yet run on the GPU): the autograd backward of a forward that used them
+calls fa4lab::bwd with the same window / softcap (kernels/sm90/backward.py); two_cta=True with either is a ConfigError.
 
 Both run on CUDA only (the CuTe DSL kernels of kernels.interface / kernels.sm90.backward), have fake (meta)
 implementations with the shapes, dtypes and strides of the real outputs (out (b, s_q, h, d_v) at q's dtype and
@@ -47,7 +47,6 @@ FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale,
               "(Tensor out, Tensor lse)")
 BWD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale, "
               f"str config, {_FEATURES}) -> (Tensor dq, Tensor dk, Tensor dv)")
-WINDOW_SOFTCAP_BWD_ERROR = "window_size/softcap backward: not implemented yet (issue 12.3); the forward (inference) works"
 
 
 def _uses_features(window_left: int, window_right: int, softcap: float) -> bool:
@@ -98,10 +97,11 @@ def _fwd_fake(q, k, v, causal, softmax_scale, config, window_left=-1, window_rig
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
               softmax_scale: float, config: str, window_left: int = -1, window_right: int = -1,
               softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
-    if _uses_features(window_left, window_right, softcap):
-        raise NotImplementedError(WINDOW_SOFTCAP_BWD_ERROR)
     from .sm90.backward import attention_backward
 
+    if _uses_features(window_left, window_right, softcap):
+        return attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal),
+                                  window_left=window_left, window_right=window_right, softcap=softcap)
     return attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal))
 
 
@@ -119,10 +119,10 @@ def _setup_context(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, dout, dlse):
-    if ctx.features and _uses_features(*ctx.features):
-        raise NotImplementedError(WINDOW_SOFTCAP_BWD_ERROR)
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.fa4lab.bwd.default(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config)
+    # the window / softcap only when the forward got them (a plain call keeps the bwd op's 9-argument form)
+    dq, dk, dv = torch.ops.fa4lab.bwd.default(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config,
+                                              *ctx.features)
     return (dq, dk, dv) + (None,) * (3 + len(ctx.features))
 
 
@@ -163,10 +163,8 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        if ctx.features and _uses_features(*ctx.features):
-            raise NotImplementedError(WINDOW_SOFTCAP_BWD_ERROR)
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config)
+        dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config, *ctx.features)
         return (dq, dk, dv) + (None,) * (3 + len(ctx.features))
 
 
@@ -178,8 +176,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse
     dividing h_q, Q head i reads K/V head i // (h_q / h_kv), no repeated K/V; their gradients have K/V's shape).
     ``window_size=(left, right)``: sliding window, FlashAttention semantics -- query i sees keys
     i + s_k - s_q - left .. i + s_k - s_q + right (bottom-right aligned), -1 = unbounded on that side, with causal the
-    right bound is 0. ``softcap`` > 0: scores become softcap * tanh(q.k * softmax_scale / softcap). Window and softcap
-    are FORWARD ONLY for now (issue 12.3): the backward of such a call raises NotImplementedError. Then
+    right bound is 0. ``softcap`` > 0: scores become softcap * tanh(q.k * softmax_scale / softcap). Both are
+    differentiable (the backward kernels take them too; not yet run on the GPU). Then
     ``fa4lab::fwd`` when traced (its backward is fa4lab::bwd), or the same implementations eagerly."""
     check_qkv(q, k, v, devices=False, gqa=True)
     check_scale(softmax_scale)

@@ -130,3 +130,14 @@ def test_wide_kernel_rejects_two_cta_directly():
 
     with pytest.raises(ValueError, match="two_cta"):
         FlashBwdWideSm90(cutlass.BFloat16, 256, False, two_cta=True, hdim_v=256)
+
+
+def test_window_softcap_defaults_are_the_plain_kernels():
+    """window (-1, -1) and softcap 0 are the plain kernels (same cache entry); a non-causal right bound of 0 is causal."""
+    from kernels import AttnConfig
+    from kernels.sm90.backward import compile_backward
+
+    plain = compile_backward(AttnConfig(), "bfloat16", 64, False)
+    assert compile_backward(AttnConfig(), "bfloat16", 64, False, window_left=-1, window_right=-1, softcap=0.0) is plain
+    causal = compile_backward(AttnConfig(), "bfloat16", 64, True)
+    assert compile_backward(AttnConfig(), "bfloat16", 64, False, window_right=0) is causal

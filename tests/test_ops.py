@@ -252,19 +252,26 @@ def _standin_fwd(q, k, v, causal, softmax_scale, config, window_left=-1, window_
 def _standin_bwd(dout, q, k, v, out, lse, causal, softmax_scale, config, window_left=-1, window_right=-1, softcap=0.0):
     if not _STANDIN["on"]:
         raise NotImplementedError("fa4lab ops run on CUDA; this CPU stand-in is enabled only inside tests")
-    if window_left != -1 or window_right != -1 or softcap != 0.0:
-        raise NotImplementedError(ops.WINDOW_SOFTCAP_BWD_ERROR)  # as the real op (forward only so far)
     h_kv = k.shape[2]
     k, v = _repeat_kv(k, v, q.shape[2])
     qf, kf, vf, of, dof = (t.float() for t in (q, k, v, out, dout))
     s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * softmax_scale
+    dcap = 1.0
+    if softcap > 0.0:  # s' = softcap * tanh(s / softcap): ds'/ds = 1 - tanh^2
+        t = torch.tanh(s / softcap)
+        s, dcap = t * softcap, 1.0 - t * t
     if causal:
         s = s.masked_fill(~_mask(q.shape[1], k.shape[1], q.device), float("-inf"))
-    p = torch.exp(s - lse[..., None])
+    if window_left >= 0 or window_right >= 0:
+        from kernels.reference import window_mask
+
+        s = s.masked_fill(~window_mask(q.shape[1], k.shape[1], causal, (window_left, window_right), q.device),
+                          float("-inf"))
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows without keys (lse -inf): 0
     dv = torch.einsum("bhqk,bqhd->bkhd", p, dof)
     dp = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
     delta = (dof * of).sum(-1).transpose(1, 2)[..., None]  # (b, h, s_q, 1)
-    ds = p * (dp - delta) * softmax_scale
+    ds = p * (dp - delta) * dcap * softmax_scale
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, kf)
     dk = torch.einsum("bhqk,bqhd->bkhd", ds, qf)
     if h_kv != q.shape[2]:  # GQA: sum each group's Q heads into its K/V head, as the kernels do
@@ -417,7 +424,7 @@ def test_fa4lab_and_kernels_imported_as_two_modules_share_the_ops():
     assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-2000:]
 
 
-# ---- sliding window and softcap (issue 12.3; forward only so far) ------------------------------------------------------
+# ---- sliding window and softcap (issue 12.3) -----------------------------------------------------------------------
 def test_window_softcap_fake_shapes_and_op_args():
     """Through the op on CUDA fakes: the same output shapes; the canonical window / softcap reach the op only when used
     (a plain call keeps the 6-argument form, so its graph is the one of before)."""
@@ -474,15 +481,19 @@ def test_window_softcap_argument_errors():
 
 
 @pytest.mark.parametrize("kw", [dict(window_size=(8, 8)), dict(softcap=30.0), dict(causal=True, window_size=(16, 0))])
-def test_window_softcap_forward_standin_and_backward_error(cpu_standin, kw):
-    """The op's forward with window / softcap matches the fp64 reference (CPU stand-in); asking for a gradient raises a
-    clear NotImplementedError (the backward is not implemented yet), eagerly and through the op."""
+def test_window_softcap_forward_and_backward_standin(cpu_standin, kw):
+    """The op's forward with window / softcap matches the fp64 reference (CPU stand-in), and its autograd backward
+    reaches fa4lab::bwd with the same window / softcap: gradients match autograd of the reference."""
     q, k, v = _inputs(2, 33, 70, 2, 64, 64)
     out = kernels.attention(q, k, v, **kw)
-    ref = attention_exact(*(t.detach().double() for t in (q, k, v)), **kw)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    ref = attention_exact(q64, k64, v64, **kw)
     assert (out.double() - ref).abs().max().item() < 2e-2
-    with pytest.raises(NotImplementedError, match=r"window_size/softcap backward: not implemented yet \(issue 12.3\)"):
-        out.float().sum().backward()
+    dout = torch.randn(out.shape).half()
+    out.backward(dout)
+    ref.backward(dout.double())
+    for x, r in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert (x.double() - r).abs().max().item() < 2e-2, kw
     with torch.no_grad():  # inference: no gradient asked, no error
         kernels.attention(q, k, v, **kw)
     if "softcap" in kw:

@@ -8,8 +8,14 @@
 - the compile cache key (window / softcap only when used) and the kernel's argument checks;
 - compile of window / softcap forward configs at every head dim (pairwise, not the full product), and their SASS:
   MUFU.TANH in the softcap kernels, none in the others.
-The GPU side (output vs the fp64 reference) is tests/test_window_softcap_gpu.py; the backward is not implemented
-yet (the op raises; tests/test_ops.py checks that).
+Backward (kernels/sm90/bwd.py, bwd_wide.py):
+- its Q-tile range per K/V tile (kernels.sm90.mask.m_block_range_window) covers every visible (row, key), the K/V tiles
+  counted as a Q tile's visitors (m_block_visitors, the deterministic dQ turns) are exactly those whose range holds it,
+  and every S^T tile that bwd_tile_needs_mask leaves unmasked is fully visible (the three warpgroup tile geometries);
+- the cache key (window / softcap only when used), argument checks, two_cta's ConfigError;
+- compile of window / softcap backward configs at every head dim (pairwise over head dims x causal x window kind x
+  softcap x deterministic), and the SASS of two of them (MUFU.TANH with a softcap, none without, no spills).
+The GPU side (forward output, backward gradients vs the fp64 reference) is tests/test_window_softcap_gpu.py.
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
 from kernels.reference import attention_exact, attention_naive, window_mask  # noqa: E402
-from kernels.sm90.mask import window_block_range  # noqa: E402
+from kernels.sm90.mask import (bwd_tile_needs_mask, m_block_range_window, m_block_visitors,  # noqa: E402
+                               window_block_range)
 from kernels.validate import canonical_window, check_softcap, check_window  # noqa: E402
 
 
@@ -310,3 +317,166 @@ def test_window_and_softcap_compile_their_own_kernels():
     assert len({id(plain[1]), id(win[1]), id(cap[1])}) == 3
     assert (win[0].window_left, cap[0].softcap, plain[0].has_window, plain[0].softcap) == (64, 30.0, False, 0.0)
     assert get_fwd_kernel(cfg, "bfloat16", 128, 128, True, tvm_ffi=False, window_left=64)[1] is win[1]
+
+
+# ---- backward: block ranges, dQ turns, masks -------------------------------------------------------------------------
+# (tile_m, tile_n, K/V rows per warpgroup, Q columns per warpgroup): bwd.py hd64 (128-row Q tiles) and hd128, bwd_wide.py
+BWD_GEOMETRIES = [(128, 128, 64, 128), (64, 128, 64, 64), (64, 64, 64, 32)]
+
+
+def _check_bwd_ranges(sq, sk, geometry, causal, left, right):
+    tile_m, tile_n, kv_rows, q_cols = geometry
+    ok = window_mask(sq, sk, causal, (left, right))
+    ok = torch.ones(sq, sk, dtype=torch.bool) if ok is None else ok
+    c_causal, c_left, c_right = canonical_window(causal, (left, right))
+    n_blocks, m_blocks = -(-sk // tile_n), -(-sq // tile_m)
+    off = sk - sq
+    visits = set()
+    for n in range(n_blocks):
+        lo, hi = m_block_range_window(n, tile_m, tile_n, sq, sk, c_causal, c_left, c_right)
+        assert 0 <= lo <= hi <= m_blocks, (n, lo, hi)
+        rows = ok[:, n * tile_n:(n + 1) * tile_n].any(dim=1).nonzero().flatten()
+        if len(rows):  # every row that sees one of the tile's keys is in a visited Q tile
+            assert lo <= int(rows.min()) // tile_m and int(rows.max()) // tile_m < hi, (n, lo, hi)
+        for m in range(lo, hi):
+            visits.add((n, m))
+            for w_n in range(tile_n // kv_rows):  # each warpgroup's S^T tile: unmasked only if fully visible
+                for w_m in range(tile_m // q_cols):
+                    n0, m0 = n * tile_n + w_n * kv_rows, m * tile_m + w_m * q_cols
+                    need = bwd_tile_needs_mask(n0, n0 + kv_rows, m0, m0 + q_cols - 1, sk, off, c_causal, c_left,
+                                               c_right)
+                    if not need:
+                        assert n0 + kv_rows <= sk and ok[m0:min(sq, m0 + q_cols), n0:n0 + kv_rows].all(), (n, m, w_n, w_m)
+    for m in range(m_blocks):  # the deterministic turns: exactly the K/V tiles that visit Q tile m, contiguous
+        n_lo, n_hi = m_block_visitors(m, tile_m, tile_n, off, n_blocks, c_causal, c_left, c_right)
+        assert {n for n, mm in visits if mm == m} == set(range(n_lo, n_hi)), (m, n_lo, n_hi)
+
+
+@pytest.mark.parametrize("geometry", BWD_GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
+def test_bwd_block_ranges_and_masks(geometry):
+    for sq, sk in ((1000, 1000), (300, 1111), (1111, 300), (129, 257), (1, 700), (700, 1), (64, 64)):
+        for causal in (False, True):
+            for left, right in ((-1, -1), (0, 0), (100, 50), (127, 0), (128, -1), (-1, 200), (513, 7), (5, 1000),
+                                (0, -1), (-1, 0)):
+                _check_bwd_ranges(sq, sk, geometry, causal, left, right)
+
+
+def test_bwd_empty_ranges_exist():
+    """A left bound with s_k > s_q leaves the first K/V tiles unseen: their range is empty (dK / dV written as 0)."""
+    lo, hi = m_block_range_window(0, 64, 128, 100, 2000, False, 10, -1)
+    assert lo == hi == 0
+    assert m_block_visitors(0, 64, 128, 1900, 16, False, 10, -1)[0] > 0
+
+
+def test_bwd_cache_key_and_kernel_arguments():
+    import cutlass
+
+    from kernels.compile_cache import cache_key, feature_extra
+    from kernels.sm90.backward import _canonical, _features
+    from kernels.sm90.bwd import FlashBwdSm90
+    from kernels.sm90.bwd_wide import FlashBwdWideSm90
+
+    assert _features(-1, -1, 0.0) == {} and feature_extra(-1, -1, 0.0) == {}
+    assert _features(64, -1, 30.0) == {"window_left": 64, "softcap": 30.0}
+    assert _canonical(False, -1, 0, 0.0) == (True, -1, -1, 0.0)  # right 0 = causal: the plain causal kernel
+    assert _canonical(True, 32, 0, 0.0) == (True, 32, -1, 0.0)
+    cfg = AttnConfig().resolve("sm90", 128, False)
+    plain = cache_key("bwd", cfg, "bfloat16", 128, 128, False, "sm90")
+    assert cache_key("bwd", cfg, "bfloat16", 128, 128, False, "sm90", **feature_extra(-1, -1, 0.0)) == plain
+    assert cache_key("bwd", cfg, "bfloat16", 128, 128, False, "sm90", **feature_extra(64, -1, 0.0)) != plain
+    for kw, msg in ((dict(window_left=-2), "window_left=-2"), (dict(window_right=3), "with causal the right bound"),
+                    (dict(softcap=-1.0), "softcap=-1.0"), (dict(softcap=float("inf")), "softcap=inf"),
+                    (dict(window_left=8, two_cta=True), "two_cta=True: not supported with a sliding window")):
+        with pytest.raises(ValueError, match=msg):
+            FlashBwdSm90(cutlass.BFloat16, 128, True, **kw)
+    k = FlashBwdSm90(cutlass.BFloat16, 128, True, window_left=64, window_right=0, softcap=30)
+    assert (k.window_left, k.window_right, k.right_bound, k.has_window, k.softcap) == (64, -1, 0, True, 30.0)
+    k = FlashBwdWideSm90(cutlass.BFloat16, 256, False, hdim_v=256, window_right=16)
+    assert (k.window_left, k.right_bound, k.has_window, k.softcap, k.s_cols) == (-1, 16, True, 0.0, 32)
+    k = FlashBwdSm90(cutlass.BFloat16, 64, False)
+    assert (k.has_window, k.softcap) == (False, 0.0)
+
+
+def test_bwd_two_cta_with_features_is_a_config_error():
+    from kernels.sm90.backward import compile_backward
+
+    with pytest.raises(ConfigError, match="two_cta=True with window_size/softcap"):
+        compile_backward(AttnConfig(two_cta=True), "bfloat16", 128, True, window_left=64)
+    with pytest.raises(ConfigError, match="two_cta=True with window_size/softcap"):
+        compile_backward(AttnConfig(two_cta=True), "bfloat16", 64, False, softcap=30.0)
+
+
+BWD_FACTORS = {"hdims": [(64, 64), (128, 128), (256, 256), (192, 128)], "causal": [False, True],
+               "window": list(WINDOWS), "softcap": [0.0, 30.0], "deterministic": [False, True]}
+BWD_COMPILE_CASES = [(r["hdims"], r["causal"], WINDOWS[r["window"]], r["softcap"], r["deterministic"])
+                     for r in _pairwise(BWD_FACTORS)]
+
+
+def test_bwd_compile_cases_are_pairwise_complete():
+    import itertools
+
+    rows = _pairwise(BWD_FACTORS)
+    assert len(rows) <= 20
+    names = list(BWD_FACTORS)
+    valid = [dict(zip(names, v)) for v in itertools.product(*BWD_FACTORS.values())]
+    valid = [r for r in valid if _valid(r)]
+    for a, b in itertools.combinations(names, 2):
+        assert {(r[a], r[b]) for r in rows} == {(r[a], r[b]) for r in valid}, (a, b)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", BWD_COMPILE_CASES,
+                         ids=lambda c: f"d{c[0][0]}x{c[0][1]}-c{int(c[1])}-w{c[2][0]}_{c[2][1]}-cap{c[3]:g}-det{int(c[4])}")
+def test_bwd_compile_window_softcap(case):
+    from kernels.sm90.backward import compile_backward
+
+    (hd, hv), causal, (left, right), softcap, det = case
+    plain = compile_backward(AttnConfig(deterministic=det), "bfloat16", hd, causal, hdim_v=hv)
+    out = compile_backward(AttnConfig(deterministic=det), "bfloat16", hd, causal, hdim_v=hv, window_left=left,
+                           window_right=right, softcap=softcap)
+    assert set(out) >= {"pre", "main", "post"}
+    assert out["main"] is not plain["main"]  # its own kernel, never the plain one's cubin
+
+
+def _bwd_sass(tmp_path, hd, hv, causal, left, right, softcap):
+    import glob
+    import subprocess
+    import sys
+    import textwrap
+
+    from kernels.sm90.sass import disassemble, find_nvdisasm
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {root!r})
+        from kernels import AttnConfig
+        from kernels.sm90.backward import compile_backward
+        compile_backward(AttnConfig(), 'bfloat16', {hd}, {causal}, hdim_v={hv}, window_left={left},
+                         window_right={right}, softcap={softcap})
+    """)
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(tmp_path),
+               CUTE_DSL_NO_CACHE="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
+    if find_nvdisasm() is None:
+        return None
+    cubins = [c for c in glob.glob(str(tmp_path / "*.cubin")) if "FlashBwdSm90" in c or "FlashBwdWideSm90" in c]
+    assert len(cubins) == 1, cubins
+    return disassemble(cubins[0])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", [(128, 128, True, 100, -1, 30.0), (256, 256, False, 64, 32, 0.0)],
+                         ids=lambda c: f"d{c[0]}-c{int(c[2])}-w{c[3]}_{c[4]}-cap{c[5]:g}")
+def test_bwd_sass_window_softcap(tmp_path, case):
+    """MUFU.TANH only with a softcap; no local-memory spills (hd 64's 128-row Q tiles with a softcap do spill:
+    see the README's window / softcap section; bwd_tile_m=64 does not)."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    hd, hv, causal, left, right, softcap = case
+    sass = _bwd_sass(tmp_path, hd, hv, causal, left, right, softcap)
+    if sass is None:
+        pytest.skip("compiled; nvdisasm not installed for the SASS checks")
+    c = opcode_counts(sass)
+    assert count(c, "HGMMA") > 0
+    assert (count(c, "MUFU.TANH") > 0) == (softcap > 0)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0

@@ -1,12 +1,18 @@
-"""GPU tests of the sliding window ``window_size=(left, right)`` and ``softcap`` forward (issue 12.3), against the fp64
+"""GPU tests of the sliding window ``window_size=(left, right)`` and ``softcap`` (issue 12.3), forward and backward, against the fp64
 reference (kernels.reference.attention_exact, FlashAttention semantics: query i sees keys i + s_k - s_q - left ..
 i + s_k - s_q + right, -1 unbounded, causal right 0; softcap: scores softcap * tanh(q.k * scale / softcap)), by the
 DESIGN.md rule max|out - ref| <= 2 * max|out_pt - ref| + atol with out_pt = attention_naive at the input dtype.
 
 out / lse are preallocated and NaN-poisoned. Cases: every head dim, causal both, s_q != s_k both ways, odd lengths,
 windows narrower than a tile, spanning several tiles, one-sided, (0, 0), and softcap 30 / 50 alone and with windows;
-one case per non-default path (intra_wg_overlap off, pingpong off, GQA, tau 0, exp2 emulation). The public
-``kernels.attention`` path is checked too, with its backward raising NotImplementedError (not implemented yet).
+one case per non-default path (intra_wg_overlap off, pingpong off, GQA, tau 0, exp2 emulation).
+
+Backward (kernels/sm90/backward.py; out / lse from the fp64 reference, so the backward is tested alone): dq / dk / dv
+preallocated and NaN-poisoned, vs autograd of attention_exact (fp64) by the same rule with x_pt = autograd of
+attention_naive at the input dtype; every head dim, causal both, s_q != s_k both ways (rows that see no key: dq 0; K/V
+tiles that no query sees: dk / dv 0), odd lengths, every window kind, softcap alone and with windows, GQA, bwd_tile_m 64
+at hd 64, exp2 emulation; deterministic=True with a window / softcap: bitwise-equal repeats. The public
+``kernels.attention`` path is checked end to end (our forward, then autograd through our backward).
 ids name head dim, causal, lengths, window and softcap, e.g. ``-k "cap30"``, ``-k "w64_64"``, ``-k hd256``.
 
     python -m pytest -q tests/test_window_softcap_gpu.py
@@ -116,8 +122,8 @@ def test_window_softcap_forward(case, dtype):
     _check(o, l, ref, ref_lse, pt, _id(case), cap)
 
 
-def test_window_softcap_public_api_and_backward_error():
-    """kernels.attention with window / softcap: the forward matches the reference; a backward raises (not yet)."""
+def test_window_softcap_public_api():
+    """kernels.attention with window / softcap: the forward matches the reference."""
     import kernels
 
     q, k, v = _inputs(2, 700, 900, 4, 2, 128, 128, torch.bfloat16, seed=7)
@@ -128,10 +134,6 @@ def test_window_softcap_public_api_and_backward_error():
         ref, ref_lse, pt = _refs(q, k, v, kw.get("causal", False), scale, kw.get("window_size", (-1, -1)),
                                  kw.get("softcap", 0.0))
         _check(out, lse, ref, ref_lse, pt, str(kw), kw.get("softcap", 0.0))
-    qq = q.clone().requires_grad_(True)
-    out = kernels.attention(qq, k, v, window_size=(64, 64), softcap=30.0)
-    with pytest.raises(NotImplementedError, match=r"window_size/softcap backward: not implemented yet \(issue 12.3\)"):
-        out.float().sum().backward()
 
 
 def test_window_equal_to_full_when_wide():
@@ -145,3 +147,106 @@ def test_window_equal_to_full_when_wide():
     assert torch.equal(kernels.attention(q, k, v, window_size=(-1, 0)), kernels.attention(q, k, v, causal=True))
     wide = kernels.attention(q, k, v, window_size=(5000, 5000))
     assert (wide.double() - plain.double()).abs().max().item() < 1e-2
+
+
+# ---- backward ---------------------------------------------------------------------------------------------------------
+# (batch, s_q, s_k, heads, heads_kv, (d, dv), causal, window, softcap, switches, dtypes)
+BF, BH = ("bfloat16",), ("bfloat16", "float16")
+BWD_CASES = [
+    (1, 1000, 1000, 2, 2, (128, 128), False, (128, 128), 0.0, {}, BH),
+    (1, 777, 1301, 2, 2, (128, 128), True, (200, -1), 30.0, {}, BF),
+    (1, 1301, 777, 2, 2, (128, 128), False, (100, 37), 0.0, {}, BF),  # s_q > s_k: early rows see no key (dq 0)
+    (1, 700, 700, 2, 2, (128, 128), False, (0, 0), 0.0, {}, BF),
+    (2, 999, 999, 2, 2, (128, 128), False, (-1, -1), 50.0, {}, BH),
+    (1, 999, 2049, 2, 2, (64, 64), True, (300, -1), 0.0, {}, BF),  # keys < 750 seen by no row: empty Q ranges, dk/dv 0
+    (2, 513, 513, 2, 2, (64, 64), True, (-1, -1), 30.0, {}, BH),
+    (1, 600, 900, 2, 2, (64, 64), False, (-1, 200), 50.0, {"bwd_tile_m": 64}, BF),
+    (1, 901, 901, 2, 2, (256, 256), False, (64, 32), 30.0, {}, BF),
+    (1, 333, 700, 2, 2, (256, 256), True, (64, -1), 0.0, {}, BF),
+    (1, 517, 1025, 2, 2, (192, 128), False, (128, 128), 50.0, {}, BF),
+    (1, 517, 517, 2, 2, (192, 128), True, (-1, -1), 30.0, {}, BF),
+    (1, 800, 800, 4, 2, (128, 128), True, (128, -1), 30.0, {}, BF),  # GQA 2:1
+    (1, 800, 900, 2, 2, (64, 64), True, (400, -1), 50.0, {"exp2_emu_fraction": 0.25}, BF),
+]
+BWD_PARAMS = [pytest.param(c[:-1], dt, id=f"{_id(c[:-1])}-{dt}") for c in BWD_CASES for dt in c[-1]]
+
+
+def _bwd_refs(q, k, v, do, causal, scale, window, cap):
+    """(out64, lse64, grads64, grads_pt): the fp64 reference's out / lse and autograd gradients, and those of plain
+    PyTorch at the input dtype (dk / dv with K/V's heads: autograd sums the repeated heads)."""
+    from kernels.reference import attention_exact, attention_naive
+
+    rep = q.shape[2] // k.shape[2]
+    res = []
+    for fn, dt in ((attention_exact, torch.float64), (attention_naive, q.dtype)):
+        qq, kk, vv = (t.detach().to(dt).requires_grad_(True) for t in (q, k, v))
+        kr, vr = (t.repeat_interleave(rep, dim=2) for t in (kk, vv))
+        out, lse = fn(qq, kr, vr, causal=causal, softmax_scale=scale, return_lse=True, window_size=window,
+                      softcap=cap)
+        out.backward(do.to(dt))
+        res.append((out.detach(), lse.detach(), (qq.grad, kk.grad, vv.grad)))
+    (out64, lse64, g64), (_, _, gpt) = res
+    return out64, lse64, g64, gpt
+
+
+def _run_bwd(case, dtype, cfg_extra=None, seed=None, repeats=1):
+    from kernels import AttnConfig
+    from kernels.sm90.backward import attention_backward
+    from kernels.validate import canonical_window
+
+    b, sq, sk, h, hkv, (d, dv), causal, window, cap, sw = case
+    dt = getattr(torch, dtype)
+    q, k, v = _inputs(b, sq, sk, h, hkv, d, dv, dt, seed=seed if seed is not None else sq * 7 + sk)
+    do = torch.randn(b, sq, h, dv, device="cuda", dtype=dt)
+    scale = 1.0 / math.sqrt(d)
+    out64, lse64, g64, gpt = _bwd_refs(q, k, v, do, causal, scale, window, cap)
+    c_causal, left, right = canonical_window(causal, window)
+    cfg = AttnConfig(**{**sw, **(cfg_extra or {})})
+    runs = []
+    for _ in range(repeats):
+        bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        got = attention_backward(q, k, v, out64.to(dt), do, lse64.float(), c_causal, scale, cfg, dq=bufs[0],
+                                 dk=bufs[1], dv=bufs[2], window_left=left, window_right=right, softcap=cap)
+        torch.cuda.synchronize()
+        assert all(x.data_ptr() == y.data_ptr() for x, y in zip(got, bufs))
+        runs.append(got)
+    for name, x, r, p in zip(("dq", "dk", "dv"), runs[0], g64, gpt):
+        assert torch.isfinite(x).all(), f"{name}: non-finite values (an element left unwritten?) {_id(case)} {dtype}"
+        err = (x.double() - r).abs().max().item()
+        err_pt = (p.double() - r).abs().max().item()
+        assert err <= 2 * err_pt + ATOL, f"{name}: max err {err:.3e} > 2*{err_pt:.3e}+{ATOL} {_id(case)} {dtype}"
+    return runs
+
+
+@pytest.mark.parametrize("case,dtype", BWD_PARAMS)
+def test_window_softcap_backward(case, dtype):
+    _run_bwd(case, dtype)
+
+
+@pytest.mark.parametrize("case", [BWD_CASES[1][:-1], BWD_CASES[5][:-1], BWD_CASES[8][:-1]],
+                         ids=lambda c: _id(c))
+def test_window_softcap_backward_deterministic(case):
+    """deterministic=True with a window (its dQ turns count only the K/V tiles that visit a Q tile) and softcap:
+    correct, and bitwise-equal over repeats."""
+    runs = _run_bwd(case, "bfloat16", cfg_extra={"deterministic": True}, repeats=10)
+    for got in runs[1:]:
+        for x, y in zip(runs[0], got):
+            assert torch.equal(x, y)
+
+
+def test_window_softcap_public_api_backward():
+    """End to end: kernels.attention (our forward, window / softcap, GQA) and autograd through our backward."""
+    import kernels
+
+    q, k, v = _inputs(1, 700, 900, 4, 2, 128, 128, torch.bfloat16, seed=11)
+    do = torch.randn(1, 700, 4, 128, device="cuda", dtype=torch.bfloat16)
+    scale = 1.0 / math.sqrt(128)
+    for kw in (dict(causal=True, window_size=(128, 128)), dict(window_size=(64, 32), softcap=30.0)):
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        kernels.attention(qq, kk, vv, **kw).backward(do)
+        _, _, g64, gpt = _bwd_refs(q, k, v, do, kw.get("causal", False), scale, kw["window_size"],
+                                   kw.get("softcap", 0.0))
+        for name, x, r, p in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), g64, gpt):
+            err = (x.double() - r).abs().max().item()
+            err_pt = (p.double() - r).abs().max().item()
+            assert err <= 2 * err_pt + ATOL, f"{name}: {err:.3e} > 2*{err_pt:.3e}+{ATOL} {kw}"

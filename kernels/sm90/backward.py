@@ -14,13 +14,18 @@ each group's g heads (fp32 accumulation inside the reduction, one rounding at th
 gives (b, s_k, h_kv, d). The rounding of each per-head dK / dV to the input dtype before the sum is what the
 repeat_interleave path (autograd summing the repeated heads' gradients) does too. (An fp32 bulk reduce-add epilogue,
 FA3's choice, would save the scratch and the rounding; not done.)
+
+Sliding window and softcap (``window_left`` / ``window_right`` / ``softcap``, canonical as kernels.validate.canonical_window
+gives them; compile-time constants of the main kernel, in the cache key only when used, so the plain keys and kernels
+are those of before): the main kernel visits only the Q tiles a K/V tile's keys are visible to, masks the tiles that
+cross a bound, and applies the softcap's chain rule (bwd.py). two_cta does not support them (a ConfigError).
 """
 from __future__ import annotations
 
 import functools
 import math
 
-from ..compile_cache import cache_key, get_or_compile, gqa_extra
+from ..compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
 from ..config import AttnConfig, ConfigError, resolve_cached
 
 ARCH = "sm90"
@@ -33,8 +38,9 @@ def _cutlass_dtype(dtype_name: str):
 
 
 @functools.lru_cache(maxsize=256)
-def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
-    """ConfigError unless the backward compiles (head dims, switches) for a resolved config; memoised (per call)."""
+def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = False) -> None:
+    """ConfigError unless the backward compiles (head dims, switches) for a resolved config; memoised (per call).
+    ``features``: a sliding window or softcap is used."""
     from .bwd import BWD_TILES
     from .bwd_wide import WIDE_BWD_TILES
 
@@ -51,13 +57,18 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
         if cfg.bwd_tile_m != tm:
             raise ConfigError(f"bwd_tile_m={cfg.bwd_tile_m} at hdim {hdim}: the sm90 backward supports {tm} there "
                               "(64 x 64 tiles, the warpgroups split the head dim)")
+    if features and cfg.two_cta:
+        raise ConfigError("two_cta=True with window_size/softcap: the sm90 backward's 2-CTA mode does not support a "
+                          "sliding window or softcap; use two_cta=False")
     if hdim == 128 and cfg.bwd_tile_m == 128:
         raise ConfigError("bwd_tile_m=128 at hdim 128: S, dP, dK and dV accumulators would need 256 registers per "
                           "thread (124 spills in the SASS); use 64")
 
 
-def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1):
-    """FlashBwdSm90 (hdim 64 / 128) or FlashBwdWideSm90 (hdim 256, (192, 128)) for a checked config."""
+def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
+                 features: dict | None = None):
+    """FlashBwdSm90 (hdim 64 / 128) or FlashBwdWideSm90 (hdim 256, (192, 128)) for a checked config; ``features``:
+    window_left / window_right / softcap keyword arguments (only the non-default ones)."""
     from .bwd import FlashBwdSm90
     from .bwd_wide import WIDE_BWD_TILES, FlashBwdWideSm90
 
@@ -65,12 +76,25 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     kw = dict(hdim_v=hdim_v) if cls is FlashBwdWideSm90 else {}
     if qhead_per_kvhead != 1:
         kw["qhead_per_kvhead"] = qhead_per_kvhead
+    kw.update(features or {})
     return cls(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
                exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule, tile_m=cfg.bwd_tile_m, **kw)
 
 
+def _features(window_left: int, window_right: int, softcap: float) -> dict:
+    """The main kernel's window / softcap keyword arguments, only the non-default ones."""
+    out = {}
+    if window_left != -1:
+        out["window_left"] = int(window_left)
+    if window_right != -1:
+        out["window_right"] = int(window_right)
+    if softcap != 0.0:
+        out["softcap"] = float(softcap)
+    return out
+
+
 def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: bool = False,
-           hdim_v: int | None = None, qhead_per_kvhead: int = 1):
+           hdim_v: int | None = None, qhead_per_kvhead: int = 1, features: dict | None = None):
     """Compile (pre, main, post) for one key from symbolic-shape fake tensors (no GPU needed).
 
     With ``tvm_ffi`` (the GPU path) the compiled functions take torch tensors and run on the current CUDA
@@ -85,7 +109,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
 
     hdim_v = hdim if hdim_v is None else hdim_v
     dt = _cutlass_dtype(dtype_name)
-    main = _main_kernel(dt, cfg, hdim, hdim_v, causal, qhead_per_kvhead)
+    main = _main_kernel(dt, cfg, hdim, hdim_v, causal, qhead_per_kvhead, features)
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v)
@@ -115,15 +139,31 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
-                     qhead_per_kvhead: int = 1):
+                     qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
     """Compile the three backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host).
-    ``qhead_per_kvhead``: the GQA group size (1 = MHA, the same key and kernels as without the argument)."""
+    ``qhead_per_kvhead``: the GQA group size (1 = MHA, the same key and kernels as without the argument).
+    ``window_left`` / ``window_right`` / ``softcap``: sliding window and softcap (canonicalised here as the forward's:
+    kernels.validate.canonical_window; the defaults give the plain key and kernels)."""
     hdim_v = hdim if hdim_v is None else hdim_v
+    causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
+    feats = _features(window_left, window_right, softcap)
     cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
-    _check_supported(cfg, hdim, hdim_v)
-    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead))
+    _check_supported(cfg, hdim, hdim_v, bool(feats))
+    key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead),
+                    **feature_extra(window_left, window_right, softcap))
     return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, hdim_v=hdim_v,
-                                              qhead_per_kvhead=qhead_per_kvhead))
+                                              qhead_per_kvhead=qhead_per_kvhead, features=feats))
+
+
+def _canonical(causal, window_left: int, window_right: int, softcap: float):
+    """(causal, window_left, window_right, softcap) canonical (validate.canonical_window / check_softcap): with causal
+    the right bound is the diagonal (window_right -1); a non-causal right bound of 0 is causal."""
+    from ..validate import canonical_window, check_softcap
+
+    if window_left == -1 and window_right == -1 and softcap == 0.0:
+        return bool(causal), -1, -1, 0.0
+    causal, window_left, window_right = canonical_window(bool(causal), (window_left, window_right))
+    return causal, window_left, window_right, check_softcap(softcap)
 
 
 def _grad_buffer(g, like, name: str):
@@ -138,8 +178,11 @@ def _grad_buffer(g, like, name: str):
     return g
 
 
-def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=None, dk=None, dv=None):
-    """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels.
+def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=None, dk=None, dv=None,
+                       window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
+    """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels; with a sliding
+    window (``window_left`` / ``window_right``, -1 = unbounded) and / or ``softcap`` those of the forward that used
+    them (scores softcap * tanh(q k^T * scale / softcap), keys outside the window masked).
 
     ``dq`` / ``dk`` / ``dv`` may be preallocated (contiguous, like q / k / v), e.g. NaN-poisoned by a test to
     prove the kernels write every element. k / v (and dk / dv) may have h_kv heads dividing q's h (GQA / MQA): see the
@@ -167,8 +210,10 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
                              f"got {tuple(t.shape)}")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
+    causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
+    feats = _features(window_left, window_right, softcap)
     cfg = resolve_cached(config, ARCH, d, bool(causal))
-    _check_supported(cfg, d, dv_dim)
+    _check_supported(cfg, d, dv_dim, bool(feats))
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
@@ -182,9 +227,10 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     sem = torch.zeros(b, h, n_m, device=dev, dtype=torch.int32) if cfg.deterministic else \
         torch.empty(b, h, n_m, device=dev, dtype=torch.int32)
     dq, dk, dv = (_grad_buffer(g, like, name) for g, like, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv")))
-    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True, **gqa_extra(group))
+    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True, **gqa_extra(group),
+                    **feature_extra(window_left, window_right, softcap))
     kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
-                                              qhead_per_kvhead=group))
+                                              qhead_per_kvhead=group, features=feats))
     # GQA: the main kernel writes dK / dV per Q head into scratch, summed over each group below
     dk_h = dk if group == 1 else torch.empty(b, sk, h, d, device=dev, dtype=k.dtype)
     dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)

@@ -36,6 +36,16 @@ memory (one cp.async.bulk shared::cta -> shared::cluster of 8 KB per Q tile, com
 the receiver; a second mbarrier hands the buffer back), and it keeps the peer's K tile resident. Each dQ
 element is reduced into global memory once per cluster instead of once per CTA.
 
+Sliding window and softcap (compile-time ``window_left`` / ``window_right`` / ``softcap``; at the defaults the code is
+the plain kernel's, byte-identical SASS): a K/V tile walks only the Q tiles whose rows' windows reach its keys
+(kernels/sm90/mask.py m_block_range_window, the transpose of the forward's key-block range; an empty range leaves dK /
+dV zero), and S^T tiles that cross a bound or seqlen_k are masked element by element. With ``deterministic`` a Q tile's
+dQ turns are counted among the K/V tiles that visit it (m_block_visitors, the exact inverse of the ranges). Softcap:
+the scale argument becomes softmax_scale / softcap, t = tanh(S^T * that) (MUFU.TANH, recomputed),
+P^T = exp2(t * softcap * log2e - LSE_log2) (the forward's), and dS^T = P^T (dP^T - dPsum) (1 - t^2), the cap's chain
+rule; dK and dQ are scaled by softmax_scale as usual. two_cta supports neither. CPU SASS: no spills except hd 64 with a
+softcap and 128-row Q tiles (bwd_tile_m=64 has none).
+
 GQA / MQA: ``qhead_per_kvhead`` = g (compile-time; at 1 the code is the MHA kernel's, byte-identical SASS) -- the CTA of
 Q head h loads K/V head h // g (the TMA coordinates; K/V are never repeated in memory) and writes dK / dV per Q head;
 kernels/sm90/backward.py sums each group's g heads into (b, s_k, h_kv, d).
@@ -64,6 +74,7 @@ from ..config import DEFAULTS
 from .barriers import Bar
 from .exp2 import compiled_fraction, emulated_fragments, exp2_poly
 from .gemm import wgmma
+from .mask import bwd_tile_needs_mask, m_block_range_window, m_block_visitors
 
 _CLUSTER = _nvvm.MemScopeKind.CLUSTER
 
@@ -118,12 +129,15 @@ class FlashBwdSm90:
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
-                 qhead_per_kvhead: int = 1):
+                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
         self._set_gqa(qhead_per_kvhead)
         if hdim not in BWD_TILES or hdim_v not in (None, hdim):
             raise ValueError(f"hdim={hdim}, hdim_v={hdim_v}: FlashBwdSm90 supports head dims {sorted(BWD_TILES)} "
                              "with hdim_v == hdim (bwd_wide.py has the wider ones)")
         self._set_schedule(dtype, causal, deterministic, det_schedule)
+        self._set_features(window_left, window_right, softcap)
+        if two_cta and (self.has_window or self.softcap > 0.0):
+            raise ValueError("two_cta=True: not supported with a sliding window or softcap (use two_cta=False)")
         self.hdim = hdim
         self.hdim_v = hdim  # V / dO / dV head dim (load() reads it; FlashBwdWideSm90 sets it apart)
         self.two_cta = bool(two_cta)
@@ -169,10 +183,28 @@ class FlashBwdSm90:
         self.spt = self.causal and (det_schedule == "spt" or not deterministic)
         self.deterministic = bool(deterministic)
 
+    def _set_features(self, window_left: int, window_right: int, softcap: float) -> None:
+        """Sliding window and softcap (compile-time; the defaults -1, -1, 0.0 compile the plain kernel). Canonical
+        bounds as the forward's: with causal the right bound is the diagonal (window_right -1 or 0 accepted)."""
+        for name, w in (("window_left", window_left), ("window_right", window_right)):
+            if isinstance(w, bool) or not isinstance(w, int) or w < -1:
+                raise ValueError(f"{name}={w!r}: must be an int >= -1 (-1 = unbounded)")
+        if self.causal and window_right not in (-1, 0):
+            raise ValueError(f"window_right={window_right}: with causal the right bound is the diagonal (pass -1 or 0)")
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap >= 0.0 \
+                or softcap == float("inf"):
+            raise ValueError(f"softcap={softcap!r}: must be a finite float >= 0 (0 = off)")
+        self.window_left = int(window_left)
+        self.window_right = -1 if self.causal else int(window_right)
+        self.has_window = self.window_left >= 0 or self.window_right >= 0
+        self.right_bound = 0 if self.causal else self.window_right  # keys right of the diagonal a row sees; -1: all
+        self.softcap = float(softcap)
+
     def _set_exp2_regs(self, s_cols: int, exp2_emu_fraction: float, consumer_regs: int, producer_regs: int) -> None:
         """exp2 emulation (the forward's polynomial, kernels/sm90/exp2.py): a thread's S^T accumulator of s_cols
         Q columns holds s_cols/8 fragments of 4 values (one per 8 Q rows); whole fragments go to the FMA pipe.
         Then the setmaxnreg split of the producer and MMA warpgroups."""
+        self.s_cols = s_cols  # Q columns of a warpgroup's S^T tile
         self.exp2_groups = s_cols // 8
         self.exp2_emu_frags = emulated_fragments(self.exp2_groups, exp2_emu_fraction)
         self.exp2_fraction_compiled = compiled_fraction(self.exp2_groups, exp2_emu_fraction)
@@ -312,8 +344,15 @@ class FlashBwdSm90:
         grid = (cute.ceil_div(num_n_blocks, mc) * mc, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
                     self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
-                    self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
+                    self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), self.score_scale(softmax_scale)).launch(
             grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def score_scale(self, softmax_scale):
+        """The kernel's scale_log2 argument: softmax_scale * log2(e), or with a softcap the pre-tanh factor
+        softmax_scale / softcap (the exp2 then scales tanh by the compile-time softcap * log2(e), as the forward)."""
+        if const_expr(self.softcap > 0.0):
+            return Float32(softmax_scale * (1.0 / self.softcap))
+        return Float32(softmax_scale * LOG2_E)
 
     # ---------------------------------------------------------------------------------------------
     @cute.kernel
@@ -405,7 +444,12 @@ class FlashBwdSm90:
         n_block = group * mc + rank
         m_block_max = cute.ceil_div(seqlen_q, tm)
         m_block_min = Int32(0)
-        if const_expr(self.causal):
+        if const_expr(self.has_window):
+            # the Q tiles whose rows' windows reach this K/V tile (possibly none: dK / dV stay zero)
+            lo, hi = m_block_range_window(n_block, tm, tn, seqlen_q, seqlen_k, self.causal, self.window_left,
+                                          self.window_right)
+            m_block_min, m_block_max = Int32(lo), Int32(hi)
+        elif const_expr(self.causal):
             # both CTAs of a pair walk the Q tiles of the pair's first K/V tile (extra ones are masked)
             first_row = group * mc * tn - (seqlen_k - seqlen_q)
             if first_row < 0:
@@ -610,6 +654,17 @@ class FlashBwdSm90:
         pipe_do.consumer_wait(do_state)
         wgmma(mma_S, acc_dP, tSrV, tSrdO, zero_init=True, fence=False)
         warpgroup.wait_group(1)
+        if const_expr(self.has_window or self.softcap > 0.0):
+            self.p_ds_features(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
+                               causal_off, scale_log2)
+        else:
+            self.p_ds_plain(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
+                            causal_off, scale_log2)
+
+    @cute.jit
+    def p_ds_plain(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
+                   causal_off, scale_log2):
+        """P^T and dS^T without window or softcap (the mask: seqlen_k and the causal diagonal)."""
         need_mask = (n_block + 1) * self.tile_n > seqlen_k
         if const_expr(self.causal):
             need_mask = need_mask | ((n_block + 1) * self.tile_n - 1 > m_row0 + causal_off)
@@ -630,6 +685,62 @@ class FlashBwdSm90:
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
         rdS_acc.store(acc_dP.load().to(self.dtype))
+
+    @cute.jit
+    def p_ds_features(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
+                      causal_off, scale_log2):
+        """P^T and dS^T with a sliding window and / or a softcap, while the dP GEMM runs (as the plain path). Window: a
+        tile crossing a bound (or seqlen_k) is masked element by element (key n visible to query m iff
+        m + off - left <= n <= m + off + right). Softcap: t = tanh(S * scale / softcap) (scale_log2 carries
+        scale / softcap), P = exp2(t * softcap * log2(e) - LSE_log2) goes to rP_acc element by element, and acc_S keeps
+        P (1 - t^2), the cap's chain rule: dS = P (1 - t^2) (dP - dPsum); t needs no registers of its own."""
+        if const_expr(self.has_window):
+            need_mask = bwd_tile_needs_mask(n_row0, n_row0 + 64, m_row0, m_row0 + self.s_cols - 1, seqlen_k,
+                                            causal_off, self.causal, self.window_left, self.window_right)
+        else:  # softcap only: the seqlen_k edge (and the causal diagonal) as the plain kernel
+            need_mask = n_row0 + 64 > seqlen_k
+            if const_expr(self.causal):
+                need_mask = need_mask | (n_row0 + 63 > m_row0 + causal_off)
+        if need_mask:
+            self.p_features_loop(acc_S, rP_acc, tScS, tLSE, n_row0, m_row0, seqlen_k, causal_off, scale_log2, True)
+        else:
+            self.p_features_loop(acc_S, rP_acc, tScS, tLSE, n_row0, m_row0, seqlen_k, causal_off, scale_log2, False)
+        if const_expr(self.softcap == 0.0):
+            rP_acc.store(acc_S.load().to(self.dtype))
+        warpgroup.wait_group(0)
+        for i in cutlass.range_constexpr(cute.size(acc_dP)):
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
+        rdS_acc.store(acc_dP.load().to(self.dtype))
+
+    @cute.jit
+    def p_features_loop(self, acc_S, rP_acc, tScS, tLSE, n_row0, m_row0, seqlen_k, causal_off, scale_log2,
+                        mask: cutlass.Constexpr[bool]):
+        """One pass over the S^T accumulator: P (masked to 0 when ``mask``) into acc_S, or with a softcap into rP_acc
+        (the input dtype) and P (1 - t^2) into acc_S."""
+        right, left = self.right_bound, self.window_left
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            p = Float32(0.0)
+            t = Float32(0.0)
+            if const_expr(self.softcap > 0.0):
+                t = cute.math.tanh(acc_S[i] * scale_log2, fastmath=True)
+                p = self.exp2_elem(t * Float32(self.softcap * LOG2_E) - tLSE[i], i)
+            else:
+                p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+            if const_expr(mask):
+                r, c = tScS[i]
+                n_g = n_row0 + r
+                diag = m_row0 + c + causal_off  # the query's diagonal key
+                masked = n_g >= seqlen_k
+                if const_expr(right >= 0):
+                    masked = masked | (n_g > diag + right)
+                if const_expr(left >= 0):
+                    masked = masked | (n_g < diag - left)
+                p = Float32(0.0) if masked else p
+            if const_expr(self.softcap > 0.0):
+                rP_acc[i] = p.to(self.dtype)
+                acc_S[i] = p - p * t * t
+            else:
+                acc_S[i] = p
 
     @cute.jit
     def ds_to_smem(self, st_atom, thr_st, rdS_acc, tSsdS, pds_bar, mbar_dsempty, it):
@@ -807,7 +918,14 @@ class FlashBwdSm90:
         """This contributor's turn on a dQ tile: its K/V group index (naive), or for causal shortest-processing-
         time first, the reverse over the groups that see this Q tile (the diagonal-most, least-work group first)."""
         turn = idx
-        if const_expr(self.spt):
+        if const_expr(self.has_window):
+            # the K/V tiles n_lo .. n_hi-1 visit this Q tile (m_block_visitors inverts their m_block ranges exactly)
+            n_lo, n_hi = m_block_visitors(m_block, self.tile_m, cols_per_group, causal_off, num_groups, self.causal,
+                                          self.window_left, self.window_right)
+            turn = idx - n_lo
+            if const_expr(self.spt):
+                turn = n_hi - 1 - idx
+        elif const_expr(self.spt):
             g_max = cute.ceil_div((m_block + 1) * self.tile_m + causal_off, cols_per_group)
             if g_max > num_groups:
                 g_max = num_groups

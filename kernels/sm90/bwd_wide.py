@@ -27,7 +27,8 @@ warpgroup (48 KB): 185 KB. Registers per MMA thread (of 240): hd256 dK + dV accu
 S^T + dP^T 16 + 16; (192, 128): 48 + 32, 48, 16 + 16. P^T / dS^T have one buffer: a warpgroup waits at a named
 barrier until the other has finished the previous Q tile's GEMMs before it overwrites them. At hd192 the Q and K
 tiles use 32-wide (64-byte) swizzle atoms so that each warpgroup's 96-column half starts on an atom. two_cta is
-not supported at these head dims (a ConfigError in backward.py).
+not supported at these head dims (a ConfigError in backward.py). Sliding window and softcap: bwd.py's tile schedule,
+P^T / dS^T recomputation and dQ turns (see its docstring), with this kernel's 64 x 32 S^T tiles per warpgroup.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..config import DEFAULTS
 from .barriers import Bar
-from .bwd import LOG2_E, SMEM_BYTES, FlashBwdSm90, transpose_view
+from .bwd import SMEM_BYTES, FlashBwdSm90, transpose_view
 from .gemm import wgmma
 
 # (hdim, hdim_v) -> (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m; tile_n = K/V rows per CTA)
@@ -58,7 +59,7 @@ class FlashBwdWideSm90(FlashBwdSm90):
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
-                 qhead_per_kvhead: int = 1):
+                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
         self._set_gqa(qhead_per_kvhead)  # K/V head of a Q head: load() in bwd.py
         hdim_v = hdim if hdim_v is None else hdim_v
         if (hdim, hdim_v) not in WIDE_BWD_TILES:
@@ -67,6 +68,7 @@ class FlashBwdWideSm90(FlashBwdSm90):
             raise ValueError(f"two_cta=True: not supported at hdim {hdim} (the peer's K tile and dS exchange do not "
                              "fit in shared memory next to the wide tiles)")
         self._set_schedule(dtype, causal, deterministic, det_schedule)
+        self._set_features(window_left, window_right, softcap)  # sliding window / softcap: bwd.py's p_and_ds
         self.hdim, self.hdim_v = hdim, hdim_v
         self.two_cta = False
         self.cluster = 1
@@ -149,7 +151,7 @@ class FlashBwdWideSm90(FlashBwdSm90):
         grid = (num_n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dK, mma_dV, mma_dQ,
                     self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
-                    Float32(softmax_scale), Float32(softmax_scale * LOG2_E)).launch(
+                    Float32(softmax_scale), self.score_scale(softmax_scale)).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,13 @@ n_block_min .. n_block_max-1; blocks >= n_block_min_masked need the right bound 
 < n_block_local_end the left bound; the blocks in between are unmasked. At the defaults (-1, -1) both functions
 compile the code of the window-less ones. With a left bound the mask is one unsigned compare per element,
 (col - col_start) < (col_limit - col_start) (two signed compares and an OR made hd 64's 160-register kernel spill).
+
+Backward (the transpose: a CTA owns K/V tile n_block and walks Q tiles): key j is seen by the query rows i with
+j - (s_k - s_q) - right <= i <= j - (s_k - s_q) + left. ``m_block_range_window`` -> (m_block_min, m_block_max), the Q
+tiles a K/V tile visits (possibly none: its dK / dV are then zero); ``m_block_visitors`` -> (n_lo, n_hi), the K/V tiles
+whose range holds a Q tile, derived from the same formulas (the deterministic dQ turns count inside it);
+``bwd_tile_needs_mask`` says whether a (K/V rows, Q columns) tile of S^T crosses a bound or seqlen_k. Plain Python
+traced with DSL integers, and evaluated with Python ints by the CPU tests.
 """
 from __future__ import annotations
 
@@ -108,3 +115,53 @@ def n_block_range_window(m_block: Int32, tile_m: cutlass.Constexpr[int], tile_n:
                          window_left: cutlass.Constexpr[int], window_right: cutlass.Constexpr[int]):
     """(n_block_min, n_block_max, n_block_min_masked, n_block_local_end) of a Q tile under a sliding window."""
     return window_block_range(m_block, tile_m, tile_n, seqlen_q, seqlen_k, causal, window_left, window_right)
+
+
+def m_block_range_window(n_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, causal: bool, window_left: int,
+                         window_right: int):
+    """Backward: (m_block_min, m_block_max), the Q tiles m_block_min .. m_block_max-1 that see some key of K/V tile
+    n_block (keys n_block*tile_n .. +tile_n-1; the last tile's keys past seqlen_k count too, they are masked). An
+    empty range (m_block_max == m_block_min) is possible with a left bound: no query sees the tile's keys."""
+    right = 0 if causal else window_right
+    off = seqlen_k - seqlen_q
+    m_block_max = (seqlen_q + tile_m - 1) // tile_m
+    m_block_min = 0
+    if const_expr(right >= 0):
+        # first row whose right bound reaches the tile's first key
+        m_block_min = cutlass.max(n_block * tile_n - off - right, 0) // tile_m
+    if const_expr(window_left >= 0):
+        # last row whose left bound reaches the tile's last key, + 1
+        row_end = cutlass.max(n_block * tile_n + tile_n - off + window_left, 0)
+        m_block_max = cutlass.min(m_block_max, (row_end + tile_m - 1) // tile_m)
+    m_block_max = cutlass.max(m_block_max, m_block_min)
+    return m_block_min, m_block_max
+
+
+def m_block_visitors(m_block, tile_m: int, tile_n: int, off, num_n_blocks, causal: bool, window_left: int,
+                     window_right: int):
+    """(n_lo, n_hi): the K/V tiles n_lo .. n_hi-1 whose ``m_block_range_window`` holds Q tile m_block (for
+    m_block < ceil(seqlen_q / tile_m)); the exact inverse of that range (n visits m iff m_min(n) <= m < m_max(n):
+    m_min(n) <= m iff n * tile_n < (m+1) * tile_m + off + right, m < m_max(n) iff n >= floor((m * tile_m + off -
+    left) / tile_n), off = seqlen_k - seqlen_q), so deterministic dQ turns counted inside it never wait for a tile
+    that does not come."""
+    right = 0 if causal else window_right
+    n_lo = 0
+    n_hi = num_n_blocks
+    if const_expr(right >= 0):
+        n_hi = cutlass.min(n_hi, (cutlass.max((m_block + 1) * tile_m + off + right, 0) + tile_n - 1) // tile_n)
+    if const_expr(window_left >= 0):
+        n_lo = cutlass.max(m_block * tile_m + off - window_left, 0) // tile_n
+    return n_lo, n_hi
+
+
+def bwd_tile_needs_mask(n_first, n_end, m_first, m_last, seqlen_k, off, causal: bool, window_left: int,
+                        window_right: int):
+    """Backward: does the S^T tile of keys n_first .. n_end-1 and query rows m_first .. m_last hold an element that is
+    not visible (a key >= seqlen_k, right of some row's right bound or left of some row's left bound)?"""
+    right = 0 if causal else window_right
+    need = n_end > seqlen_k
+    if const_expr(right >= 0):
+        need = need | (n_end - 1 > m_first + off + right)
+    if const_expr(window_left >= 0):
+        need = need | (n_first < m_last + off - window_left)
+    return need
