@@ -173,14 +173,16 @@ class FlashBwdSm90:
         self._set_exp2_regs(self.tile_m, exp2_emu_fraction, consumer_regs, producer_regs)
 
     def _set_schedule(self, dtype, causal, deterministic, det_schedule) -> None:
-        """dtype, causal and the deterministic dQ schedule. Causal: dQ turns shortest-processing-time first (the
-        diagonal-most K/V tile first) unless a deterministic run asks for the naive schedule (K/V tile order for the
-        grid and the turns)."""
+        """dtype, causal and the deterministic dQ schedule. Causal deterministic: dQ turns shortest-processing-time
+        first (the diagonal-most K/V tile launched and reduced first) unless det_schedule is "naive" (K/V tile order
+        for the grid and the turns). Causal without determinism launches in K/V tile order, i.e. the longest CTA
+        (K/V tile 0 sees every Q tile) first, which packs the grid's tail better (list-scheduling model: 7.7% ->
+        5.6% over the ideal makespan at b2 h16 s8k)."""
         if det_schedule not in ("spt", "naive"):
             raise ValueError(f"det_schedule={det_schedule!r}: 'spt' or 'naive'")
         self.dtype = dtype
         self.causal = bool(causal)
-        self.spt = self.causal and (det_schedule == "spt" or not deterministic)
+        self.spt = self.causal and bool(deterministic) and det_schedule == "spt"
         self.deterministic = bool(deterministic)
 
     def _set_features(self, window_left: int, window_right: int, softcap: float) -> None:
@@ -651,8 +653,20 @@ class FlashBwdSm90:
         cross seqlen_k or the diagonal) and dS^T = P^T (dP^T - dPsum), both converted into their A fragments."""
         pipe_q.consumer_wait(q_state)
         wgmma(mma_S, acc_S, tSrK, tSrQ, zero_init=True)
+        # LSE / dPsum into registers while the GEMMs run (loaded after a wait_group they sat on the S -> P -> dS
+        # path); only where the registers allow (64-row Q tiles: 16 + 16 values; hd64's 128-row tiles spill)
+        preload = const_expr(cute.size(acc_S) <= 32)
+        rLSE, rdPsum = tLSE, tdPsum
+        if const_expr(preload):
+            rLSE = cute.make_rmem_tensor(acc_S.layout, Float32)
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                rLSE[i] = tLSE[i]
         pipe_do.consumer_wait(do_state)
         wgmma(mma_S, acc_dP, tSrV, tSrdO, zero_init=True, fence=False)
+        if const_expr(preload):
+            rdPsum = cute.make_rmem_tensor(acc_dP.layout, Float32)
+            for i in cutlass.range_constexpr(cute.size(acc_dP)):
+                rdPsum[i] = tdPsum[i]
         warpgroup.wait_group(1)
         if const_expr(self.has_window or self.softcap > 0.0):
             self.p_ds_features(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
@@ -675,15 +689,15 @@ class FlashBwdSm90:
                 masked = n_g >= seqlen_k
                 if const_expr(self.causal):
                     masked = masked | (n_g > m_row0 + c + causal_off)
-                p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+                p = self.exp2_elem(acc_S[i] * scale_log2 - rLSE[i], i)
                 acc_S[i] = Float32(0.0) if masked else p
         else:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+                acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - rLSE[i], i)
         rP_acc.store(acc_S.load().to(self.dtype))
         warpgroup.wait_group(0)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - rdPsum[i])
         rdS_acc.store(acc_dP.load().to(self.dtype))
 
     @cute.jit
@@ -756,11 +770,13 @@ class FlashBwdSm90:
     @cute.jit
     def dq_dk_one_cta(self, mma_dQ, mma_dKV, acc_dQ, acc_dK, tdQrdS, tdQrK, rdS, tdKrQ, sdQ_raw,
                       pipe_q, q_state, pipe_do, do_state, wg, tid, it):
-        """dQ_w = dS K (this warpgroup's half) first, then dK += dS^T Q: dQ goes to the writer warp while dK runs."""
+        """dQ_w = dS K (this warpgroup's half) first, then dK += dS^T Q: dO is released once dV is done, dQ goes to
+        the writer warp while dK runs."""
         wgmma(mma_dQ, acc_dQ, tdQrdS, tdQrK, zero_init=True, fence=False)
+        warpgroup.wait_group(1)  # dV (the last reader of dO) done: the producer can refill dO's slot
+        pipe_do.consumer_release(do_state)
         wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
         warpgroup.wait_group(1)
-        pipe_do.consumer_release(do_state)
         self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(q_state)
@@ -899,7 +915,7 @@ class FlashBwdSm90:
                     cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
-                    if lane == 0:
+                    with cute.arch.elect_one():  # elect.sync: no divergent branch around the bulk reduction
                         # chunk w * dq_pieces + p of the tile: columns [(w * dq_pieces + p) * dq_n, ...)
                         gptr = mdQ2.iterator + ((m_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
                         bulk_reduce_add_f32(gptr, sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
