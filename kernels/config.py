@@ -22,6 +22,9 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #   num_stages    : K/V shared-memory pipeline depth
 #   exp2_emu_fraction : share of exponentials done on the FMA pipe, (non-causal, causal)
 #   consumer_regs / producer_regs : setmaxnreg budgets per thread (Hopper warp specialisation)
+#   persistent_max_seqlen : (non-causal, causal) longest seqlen_q at which AttnConfig.persistent=None runs the
+#                   persistent forward (0 = never); not a config field: kernels/interface.py attention_forward applies it
+#                   per call (kernels.config.persistent_by_default)
 DEFAULTS: dict[tuple[str, int], dict] = {
     # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
     # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
@@ -29,22 +32,28 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # instructions and pingpong already hides MUFU under the GEMMs. The switch stays for ablations.
     # bwd_tile_m: the backward's Q rows per step (its K/V tile is 128 rows, two MMA warpgroups); at hd128, 128 rows
     # do not fit the registers; hd 192/256 have no sm90 backward yet, their entry is FA3's 64 so a config resolves
+    # persistent_max_seqlen: from an H200 measurement (same process, interleaved; 16k total tokens, hidden 2048) of the
+    # OLD persistent kernel (aa63b90..a4ca8fc, built on the split main loop that 12fc57e reverted) against the forward
+    # of that day: 1.06-1.15x at seqlen 1k (hd 64/128, causal both), 1.02-1.05x at 2k except hd128 causal (0.99x),
+    # 0.74-0.92x at 8k/16k causal. The bounds need re-measuring with the current port (kernels/sm90/fwd.py
+    # persistent=True); hd 192/256 were not measured: never.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       bwd_tile_m=128, persistent_max_seqlen=(2048, 2048)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64),
+                        bwd_tile_m=64, persistent_max_seqlen=(2048, 1024)),
     ("sm90", 192): dict(tile_m=128, tile_n=112, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
-    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
-    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
-    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
-    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128),
+    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
+    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
+    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
+    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
 }
 
 DET_SCHEDULES = ("spt", "naive")
+PER_CALL_FIELDS = ("persistent",)  # None stays None through resolve(): decided per call from the shapes
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
 # Q tile of bwd_tile_m rows has bwd_tile_m/8 (16 at 128 rows, 8 at 64). Any fraction in [0, 1] is accepted; it is
@@ -68,6 +77,10 @@ class AttnConfig:
     two_cta: bool = False  # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS
     det_schedule: str = "spt"  # deterministic causal backward: "spt" (shortest first) or "naive" (K/V tile order)
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128); K/V rows per CTA stay 128
+    # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
+    # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
+    # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
+    persistent: bool | None = None
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None
@@ -95,6 +108,8 @@ class AttnConfig:
         for name in ("pingpong", "intra_wg_overlap", "deterministic", "two_cta"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
+        if self.persistent is not None and not isinstance(self.persistent, bool):
+            raise ConfigError(f"persistent={self.persistent!r}: must be None (by sequence length) or a bool")
         for name, lo, hi, mult in (("bwd_tile_m", 64, 128, 64), ("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
                                    ("consumer_regs", 24, 256, 8), ("producer_regs", 24, 256, 8)):
             v = getattr(self, name)
@@ -121,10 +136,14 @@ class AttnConfig:
 
     @property
     def is_resolved(self) -> bool:
-        return all(getattr(self, f.name) is not None for f in fields(self))
+        # persistent=None is a resolved value: the forward decides it per call (persistent_by_default)
+        return all(getattr(self, f.name) is not None for f in fields(self) if f.name not in PER_CALL_FIELDS)
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; a per-call field (persistent) only when set, so configs, hashes and compile cache keys from
+        before the field existed are unchanged."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not (f.name in PER_CALL_FIELDS and getattr(self, f.name) is None)}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "AttnConfig":
@@ -282,9 +301,29 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
         raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
     d = dict(DEFAULTS[(arch, int(hdim))])
     d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
+    d.pop("persistent_max_seqlen")  # a per-call rule, not a field (persistent_by_default)
     if tuned:
         d.update(TUNED.get((arch, int(hdim), bool(causal)), {}))
     return d
+
+
+def persistent_max_seqlen(arch: str, hdim: int, causal: bool) -> int:
+    """The longest seqlen_q at which ``AttnConfig.persistent=None`` runs the persistent forward (0 = never)."""
+    arch = normalize_arch(arch)
+    if (arch, int(hdim)) not in DEFAULTS:
+        raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
+    return int(DEFAULTS[(arch, int(hdim))]["persistent_max_seqlen"][1 if causal else 0])
+
+
+def persistent_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, causal: bool, seqlen_q: int,
+                          varlen: bool = False) -> bool:
+    """Whether the forward runs persistent: ``cfg.persistent`` when set, otherwise seqlen_q <= the table's bound for
+    (arch, hdim, causal); never by default for varlen (a forced True with varlen is kernels.validate's ConfigError)."""
+    if cfg is not None and cfg.persistent is not None:
+        return bool(cfg.persistent)
+    if varlen:
+        return False
+    return 0 < int(seqlen_q) <= persistent_max_seqlen(arch, hdim, causal)
 
 
 TUNED.update(_load_tuned_dir())

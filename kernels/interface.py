@@ -6,15 +6,19 @@ CUDA tensors; ``resolve_config`` resolves an AttnConfig for (sm90, head dim, cau
 non-Hopper GPU. Sliding window and softcap (forward only so far) are compile-time constants of the kernel, part of the
 key only when used. The public, differentiable ``attention(q, k, v, ...)`` is in kernels/ops.py: input checks, then the
 torch.library op ``fa4lab::fwd`` (its backward, ``fa4lab::bwd``, calls ``kernels.sm90.backward.attention_backward``).
+Persistent forward: ``cfg.persistent`` True / False forces it; None runs it when seqlen_q <= the per-(arch, hdim, causal)
+bound of kernels.config.DEFAULTS (``persistent_by_default``); a persistent launch has min(SM count of the tensors'
+device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
 from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
-from .config import AttnConfig, ConfigError, resolve_cached
+from .config import AttnConfig, ConfigError, persistent_by_default, resolve_cached
 from .validate import InputError, check_gqa_heads
 
 ARCH = "sm90"
@@ -30,6 +34,26 @@ def _check_arch(device: torch.device) -> None:
 @functools.lru_cache(maxsize=64)
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=64)
+def _sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index``: the persistent forward's grid is min(this, tiles). A test
+    hook: monkeypatch ``kernels.interface._sm_count`` (e.g. ``lambda index: 3``) to make each CTA walk several tiles."""
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def persistent_grid(sms: int, s_q: int, tile_m: int, heads: int, batch: int) -> int:
+    """CTAs of a persistent forward launch: one per SM (the kernel holds one CTA per SM), at most one per tile."""
+    return max(1, min(int(sms), -(-int(s_q) // int(tile_m)) * int(heads) * int(batch)))
+
+
+def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int) -> AttnConfig:
+    """The config the forward compiles for this call: ``persistent`` forced by cfg, or by seqlen_q when None
+    (kernels.config.persistent_by_default), normalised to True / None so that a non-persistent call's compile cache key
+    (and kernel) is the one from before the field existed."""
+    want = True if persistent_by_default(cfg, ARCH, hdim, causal, seqlen_q) else None
+    return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 
 
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
@@ -90,6 +114,8 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     s_k, d_v = k.shape[1], v.shape[3]
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     group = check_gqa_heads(h, k.shape[2], v.shape[2])
+    cfg = forward_config(cfg, d, causal, s_q)
+    persistent = bool(cfg.persistent)
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
     if out is None:
@@ -102,5 +128,10 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
         raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
     hb_group = lpt_group_size(h, b, s_k, d, d_v, q.element_size()) if causal else 1
     with torch.cuda.device(q.device):
-        compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group))
+        if persistent:
+            sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+            compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group),
+                     persistent_grid(sms, s_q, cfg.tile_m, h, b))
+        else:
+            compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group))
     return out, lse

@@ -121,3 +121,11 @@ def check_softcap(softcap) -> float:
         raise ConfigError(f"softcap={softcap!r}: must be a finite float >= 0 (0 = off; scores become "
                           "softcap * tanh(scores / softcap))")
     return float(softcap)
+
+
+def check_persistent_varlen(cfg) -> None:
+    """``AttnConfig(persistent=True)`` with a variable-length batch: a ConfigError (the varlen forward has one tile per
+    CTA; ``persistent=None`` never picks the persistent kernel for varlen)."""
+    if cfg is not None and cfg.persistent is True:
+        raise ConfigError("persistent=True: the variable-length forward (attention_varlen) has no persistent kernel; "
+                          "pass persistent=None or False")

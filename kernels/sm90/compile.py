@@ -5,7 +5,9 @@ Sequence lengths, batch and heads are symbolic, so one compiled kernel serves ev
 ``compiled(q, k, v, out, lse, softmax_scale, hb_group)`` on the current CUDA stream. GQA / MQA: ``qhead_per_kvhead``
 > 1 compiles a kernel whose K/V have their own (symbolic) head count, h_q / qhead_per_kvhead; at 1 K/V share Q's head
 symbol, as before (the same kernel, the same SASS). Sliding window ``window_left`` / ``window_right`` and ``softcap`` are
-compile-time constants too; at their defaults (-1, -1, 0.0) the kernel is the plain one.
+compile-time constants too; at their defaults (-1, -1, 0.0) the kernel is the plain one. A persistent config
+(``cfg.persistent`` True) compiles ``call_persistent``: ``compiled(q, k, v, out, lse, softmax_scale, hb_group, num_ctas)``
+with num_ctas = min(SM count, tiles), the grid (kernels/interface.py computes it).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
         producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
-        window_right=window_right, softcap=softcap)
+        window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent))
 
 
 def tvm_ffi_available() -> bool:
@@ -71,4 +73,7 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str
 
         os.makedirs(dump_dir, exist_ok=True)
         options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
+    if kernel.persistent:  # one more argument: the grid (num_ctas)
+        return cute.compile(kernel.call_persistent, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1),
+                            cutlass.Int32(1), stream, options=options)
     return cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream, options=options)

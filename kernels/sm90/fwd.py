@@ -36,6 +36,14 @@ packed TMA tensors): rows past its end are the next sequence's, hidden by the se
 (queries). O goes registers -> shared memory -> global with 16-byte row-predicated stores by all consumer threads (a TMA
 store clips only at the packed tensor's end and would overwrite the next sequence); LSE is (h, total_q). Off, the code is
 the plain kernel's (byte-identical SASS).
+Persistent scheduling ``persistent`` (compile-time; launched through ``call_persistent`` with ``num_ctas`` = min(SM count,
+tiles)): grid (num_ctas,), CTA c walks tiles c, c + num_ctas, ... of the one-tile kernel's order (causal: longest first
+in L2 groups; kernels/sm90/scheduler.py tile_at), the pipelines' states carried from tile to tile, so the next tile's
+K/V loads overlap this tile's epilogue. Where shared memory allows (all but hd256) O gets its own buffer: Q is released
+after the tile's last QK^T (the next Q loads under the last PV and the epilogue) and the O store is waited for only
+before the next epilogue writes the buffer (it runs under the next tile's main loop) and at exit; otherwise O shares
+Q's buffer and the next Q waits for the O store to have read it. The tile-independent wgmma views are built once per
+CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS).
 """
 from __future__ import annotations
 
@@ -56,7 +64,7 @@ from .barriers import Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
-from .scheduler import tile_coords
+from .scheduler import tile_at, tile_coords
 from .softmax import apply_softcap, finalize, online_softmax_step, rescale_o
 
 LOG2_E = math.log2(math.e)
@@ -75,7 +83,7 @@ class FlashFwdSm90:
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
-                 softcap: float = 0.0, varlen: bool = False):
+                 softcap: float = 0.0, varlen: bool = False, persistent: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -112,6 +120,9 @@ class FlashFwdSm90:
         self.has_window = self.has_left or self.window_right >= 0
         self.softcap = float(softcap)
         self.varlen = bool(varlen)  # packed (total, h, d) tensors + cu_seqlens: launched through call_varlen
+        if persistent and varlen:
+            raise ValueError("persistent=True with varlen=True: the variable-length forward has one tile per CTA")
+        self.persistent = bool(persistent)  # grid = num_ctas, tiles walked per CTA: launched through call_persistent
         self.qhead_per_kvhead = int(qhead_per_kvhead)  # GQA group: Q head h reads K/V head h // qhead_per_kvhead
         self.tile_m, self.tile_n = tile_m, tile_n
         self.num_stages = num_stages
@@ -130,6 +141,8 @@ class FlashFwdSm90:
         if smem > 227 * 1024 - 2048:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
+        # persistent, where shared memory allows (all but hd256): O in its own buffer (see the module docstring)
+        self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= 227 * 1024 - 2048
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -173,15 +186,27 @@ class FlashFwdSm90:
         self.bytes_V = cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1]))
 
         q_o_elems = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
+        o_elems = cute.cosize(sO_layout)
 
-        @cute.struct
-        class SharedStorage:
-            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+        if const_expr(self.separate_o):  # persistent: O in its own buffer
+            @cute.struct
+            class SharedStorage:
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+                sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
+        else:
+            @cute.struct
+            class SharedStorage:
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
+                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
         return (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout,
                 sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage)
@@ -191,6 +216,7 @@ class FlashFwdSm90:
                  softmax_scale: Float32, hb_group: Int32, stream: cuda.CUstream):
         """mQ (b, s_q, h, d), mK (b, s_k, h_kv, d), mV (b, s_k, h_kv, dv), mO (b, s_q, h, dv), mLSE (b, h, s_q) fp32,
         h = h_kv * qhead_per_kvhead (the caller checks it)."""
+        assert not self.persistent, "a persistent kernel is launched through call_persistent"
         # (b, s, h, d) -> (s, d, h, b); LSE (b, h, s) -> (s, h, b)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -214,6 +240,27 @@ class FlashFwdSm90:
             scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
             SharedStorage,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    @cute.jit
+    def call_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                        softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """Persistent launch (``persistent=True``): the tensors as ``__call__`` takes them; grid (num_ctas,), num_ctas =
+        min(SM count, tiles) (the caller computes it: kernels/interface.py)."""
+        assert self.persistent, "call_persistent needs FlashFwdSm90(persistent=True)"
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                          for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
+         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
+        if const_expr(self.softcap > 0.0):
+            scale_log2 = softmax_scale * Float32(1.0 / self.softcap)
+        else:
+            scale_log2 = softmax_scale * Float32(LOG2_E)
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+            SharedStorage,
+        ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -276,46 +323,54 @@ class FlashFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
+        if const_expr(self.separate_o):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        else:
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
         # V^T view (hdim_v, tile_n, stages) for the PV GEMM's B operand
         sVt = cute.composition(sV, cute.make_ordered_layout((self.hdim_v, self.tile_n, self.num_stages), order=(1, 0, 2)))
 
-        offset_q = 0  # varlen: the sequence's first row in the packed Q / O / LSE and K / V
-        offset_k = 0
-        if const_expr(self.varlen):
-            m_block, head, bidx = cute.arch.block_idx()
-            if const_expr(self.causal):  # the tiles with the most K blocks first (the grid covers max_seqlen_q)
-                m_block = cute.arch.grid_dim()[0] - 1 - m_block
-            offset_q = mCuSeqlensQ[bidx]
-            seqlen_q = mCuSeqlensQ[bidx + 1] - offset_q
-            offset_k = mCuSeqlensK[bidx]
-            seqlen_k = mCuSeqlensK[bidx + 1] - offset_k
+        if const_expr(self.persistent):
+            self.roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
+                                  tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, hb_group,
+                                  warp_idx, tidx)
         else:
-            seqlen_q = mQ.shape[0]
-            seqlen_k = mK.shape[0]
-            m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-            m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
-        n_block_min = 0  # first K/V block visited (> 0 only with a left window bound)
-        n_block_local_end = 0  # blocks below it cross the left window bound
-        if const_expr(self.has_window):
-            n_block_min, n_block_max, n_block_min_masked, n_block_local_end = n_block_range_window(
-                m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal, self.window_left,
-                self.window_right)
-        else:
-            n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
-                                                            self.causal)
+            offset_q = 0  # varlen: the sequence's first row in the packed Q / O / LSE and K / V
+            offset_k = 0
+            if const_expr(self.varlen):
+                m_block, head, bidx = cute.arch.block_idx()
+                if const_expr(self.causal):  # the tiles with the most K blocks first (the grid covers max_seqlen_q)
+                    m_block = cute.arch.grid_dim()[0] - 1 - m_block
+                offset_q = mCuSeqlensQ[bidx]
+                seqlen_q = mCuSeqlensQ[bidx + 1] - offset_q
+                offset_k = mCuSeqlensK[bidx]
+                seqlen_k = mCuSeqlensK[bidx + 1] - offset_k
+            else:
+                seqlen_q = mQ.shape[0]
+                seqlen_k = mK.shape[0]
+                m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+                m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
+            n_block_min = 0  # first K/V block visited (> 0 only with a left window bound)
+            n_block_local_end = 0  # blocks below it cross the left window bound
+            if const_expr(self.has_window):
+                n_block_min, n_block_max, n_block_min_masked, n_block_local_end = n_block_range_window(
+                    m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal, self.window_left,
+                    self.window_right)
+            else:
+                n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                                                                self.causal)
 
-        if const_expr(self.varlen):
-            if m_block * self.tile_m < seqlen_q:  # the whole CTA leaves when its tile starts past its sequence
+            if const_expr(self.varlen):
+                if m_block * self.tile_m < seqlen_q:  # the whole CTA leaves when its tile starts past its sequence
+                    self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+                               tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
+                               n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
+                               n_block_local_end, offset_q, offset_k)
+            else:
                 self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
                            tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
                            n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
-                           n_block_local_end, offset_q, offset_k)
-        else:
-            self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-                       tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
-                       n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
-                       n_block_local_end)
+                           n_block_local_end)
 
     @cute.jit
     def roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -335,12 +390,76 @@ class FlashFwdSm90:
                          seqlen_k, tidx - self.threads_per_wg, n_block_min, n_block_local_end, offset_q)
 
     @cute.jit
+    def tile_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """(n_block_min, n_block_max, n_block_min_masked, n_block_local_end) of a tile (persistent path; the one-tile
+        kernel computes the same inline)."""
+        n_block_min = 0
+        n_block_local_end = 0
+        if const_expr(self.has_window):
+            n_block_min, n_block_max, n_block_min_masked, n_block_local_end = n_block_range_window(
+                m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal, self.window_left,
+                self.window_right)
+        else:
+            n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                                                            self.causal)
+        return n_block_min, n_block_max, n_block_min_masked, n_block_local_end
+
+    @cute.jit
+    def roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
+                         tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32,
+                         hb_group: Int32, warp_idx: Int32, tidx: Int32):
+        """Persistent warp roles: the producer warp and the consumer warpgroups walk the same static round robin
+        over the tiles (CTA c: tiles c, c + grid, ...), their pipeline states carried from tile to tile."""
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        heads = mQ.shape[2]
+        batch = mQ.shape[3]
+        m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+        num_tiles = m_blocks * heads * batch
+        bx, _, _ = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                for tile in cutlass.range(bx, num_tiles, gx, unroll=1):
+                    m_block, head, bidx = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
+                    n_block_min, n_block_max, _, _ = self.tile_blocks(m_block, seqlen_q, seqlen_k)
+                    state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
+                                               pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
+                                               state=state, q_state=q_state)
+                pipe_v.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            ctidx = tidx - self.threads_per_wg
+            frags = self.consumer_fragments(sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, ctidx)
+            if const_expr(self.pingpong):
+                if frags[0] == 0:  # the first warpgroup starts with the GEMM token (once per CTA)
+                    cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            for tile in cutlass.range(bx, num_tiles, gx, unroll=1):
+                m_block, head, bidx = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
+                n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(
+                    m_block, seqlen_q, seqlen_k)
+                state, q_state = self.consume(
+                    mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                    scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q, seqlen_k, ctidx,
+                    n_block_min, n_block_local_end, state=state, q_state=q_state, frags=frags)
+            if const_expr(self.separate_o):
+                if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32, n_block_min, offset_q=0, offset_k=0):
+             m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32, n_block_min, offset_q=0, offset_k=0,
+             state=None, q_state=None):
         """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[first] -- the order the consumers use
         (first = n_block_min: 0 unless a left window bound skips blocks). Varlen: the TMA coordinates start at the
         sequence's first row (offset_q / offset_k); rows past the sequence's end are the next sequence's (or zero
-        fill past the packed tensor's end): the seqlen_k edge mask hides the keys, the Q rows are never stored."""
+        fill past the packed tensor's end): the seqlen_k edge mask hides the keys, the Q rows are never stored.
+        Persistent: takes and returns the producer states (K/V, Q) and leaves the pipeline tail to the caller."""
         head_kv = head
         if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
             head_kv = head // self.qhead_per_kvhead
@@ -361,8 +480,9 @@ class FlashFwdSm90:
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                                            cute.group_modes(gV, 0, 2))
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        if const_expr(not self.persistent):
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
 
         n_block = n_block_max - 1
         pipe_k.producer_acquire(state)
@@ -390,7 +510,11 @@ class FlashFwdSm90:
         else:
             cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
         state.advance()
-        pipe_v.producer_tail(state)
+        if const_expr(self.persistent):
+            q_state.advance()  # the next tile's Q waits for this tile's release
+            return state, q_state
+        else:
+            pipe_v.producer_tail(state)
 
     # ---- consumer warpgroups --------------------------------------------------------------------
     @cute.jit
@@ -464,18 +588,10 @@ class FlashFwdSm90:
                 rescale_o(acc_O, row_scale)
 
     @cute.jit
-    def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
-                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32, n_block_min=0,
-                n_block_local_end=0, offset_q=0):
+    def consumer_fragments(self, sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx: Int32):
+        """A consumer thread's tile-independent views (persistent: built once per CTA, outside the tile loop): its
+        warpgroup, MMA slices and the wgmma shared-memory operand fragments."""
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
-        softcap_mul = None
-        if const_expr(self.softcap > 0.0):  # the scale argument is scale / softcap; the softmax scale is softcap*log2e
-            softcap_mul = scale_log2
-            scale_log2 = Float32(self.softcap * LOG2_E)
-        n_iter = n_block_max  # K/V blocks this tile visits
-        if const_expr(self.has_left):
-            n_iter = n_block_max - n_block_min
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * self.threads_per_wg)
@@ -483,6 +599,34 @@ class FlashFwdSm90:
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        return wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt
+
+    @cute.jit
+    def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
+                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32, n_block_min=0,
+                n_block_local_end=0, offset_q=0, state=None, q_state=None, frags=None):
+        """One tile of the consumer warpgroups. Persistent: ``frags`` (consumer_fragments), the consumer states in
+        and out; the pingpong token is handed out once per CTA by the caller."""
+        if const_expr(self.persistent):
+            wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt = frags
+        else:
+            wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        softcap_mul = None
+        if const_expr(self.softcap > 0.0):  # the scale argument is scale / softcap; the softmax scale is softcap*log2e
+            softcap_mul = scale_log2
+            scale_log2 = Float32(self.softcap * LOG2_E)
+        n_iter = n_block_max  # K/V blocks this tile visits
+        if const_expr(self.has_left):
+            n_iter = n_block_max - n_block_min
+        if const_expr(not self.persistent):
+            thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+            thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+            wg_mma_qk = tiled_mma_qk.get_slice(wg * self.threads_per_wg)
+            wg_mma_pv = tiled_mma_pv.get_slice(wg * self.threads_per_wg)
+            tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+            tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+            tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
         acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
         tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
@@ -494,12 +638,13 @@ class FlashFwdSm90:
         row_scale = cute.make_rmem_tensor(n_rows, Float32)
         m_base = m_block * self.tile_m
 
-        if const_expr(self.pingpong):
-            if wg == 0:  # the first warpgroup starts with the GEMM token
-                cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
+        if const_expr(not self.persistent):
+            if const_expr(self.pingpong):
+                if wg == 0:  # the first warpgroup starts with the GEMM token
+                    cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
 
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
 
         n_block = n_block_max - 1
@@ -534,6 +679,8 @@ class FlashFwdSm90:
                 pipe_v.consumer_release(state_v)
                 self.to_p(acc_S, tOrP)
                 self.maybe_rescale(acc_O, row_scale, do_rescale)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
             # last half: O += P(0) V(0)
             pipe_v.consumer_wait(state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
@@ -565,6 +712,8 @@ class FlashFwdSm90:
                 pipe_v.consumer_release(state)
                 state.advance()
             self.sched_arrive(wg)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)
 
         # ---- epilogue: normalise, LSE, O via shared memory and one TMA store ----
         inv_sum = cute.make_rmem_tensor(n_rows, Float32)
@@ -585,7 +734,10 @@ class FlashFwdSm90:
                     else:
                         mLSE[row, head, bidx] = lse[r]
 
-        # both warpgroups must be done reading sQ before O overwrites it
+        if const_expr(self.separate_o):
+            if tidx < 32:  # the previous tile's O store must have read sO before it is written again
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        # both warpgroups must be done reading sQ before O overwrites it (separate sO: the wait above is done)
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_st = cute.make_tiled_copy_C(st_atom, tiled_mma_pv).get_slice(tidx)
@@ -601,8 +753,13 @@ class FlashFwdSm90:
                                                    cute.group_modes(gO, 0, 2))
                 cute.copy(tma_atom_O, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-        pipe_q.consumer_release(q_state)
+                if const_expr(not self.separate_o):  # separate sO: waited for before the next epilogue / at exit
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if const_expr(not self.separate_o):
+            pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
+        if const_expr(self.persistent):
+            q_state.advance()
+            return state, q_state
 
     @cute.jit
     def store_o_varlen(self, mO, sO, head: Int32, m_block: Int32, offset_q: Int32, seqlen_q: Int32, tidx: Int32):

@@ -5,6 +5,9 @@ Causal (longest-processing-time first): a 1-D grid whose blocks are issued in or
 the Q tiles with the most K blocks (the last m_blocks) go first. Heads are taken in groups of ``hb_group``
 (head, batch) pairs whose K and V fit in a slice of L2, so the tiles running together share K/V in L2:
 within a group the order is m_block descending, then (head, batch).
+Persistent (AttnConfig.persistent): grid = min(SM count, tiles); CTA c walks tiles c, c + grid, c + 2 grid, ... of the
+same order (``tile_at``; non-causal: m_block fastest, then head, then batch), a static round robin that for causal
+hands out the longest tiles first.
 """
 from __future__ import annotations
 
@@ -42,4 +45,27 @@ def tile_coords(m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, ca
         hb = group * hb_group + within % g_size
         bidx = hb // heads
         head = hb - bidx * heads
+    return m_block, head, bidx
+
+
+@cute.jit
+def tile_at(tile: Int32, m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32,
+            causal: cutlass.Constexpr[bool]):
+    """(m_block, head, batch) of tile number ``tile`` in the issue order (persistent kernel): causal as
+    ``tile_coords`` orders its 1-D grid; non-causal m_block fastest, then head, then batch."""
+    hb = Int32(0)
+    m_block = Int32(0)
+    if const_expr(causal):
+        num_hb = heads * batch
+        per_group = hb_group * m_blocks
+        group = tile // per_group
+        within = tile - group * per_group
+        g_size = cutlass.min(hb_group, num_hb - group * hb_group)
+        m_block = m_blocks - 1 - within // g_size
+        hb = group * hb_group + within % g_size
+    else:
+        hb = tile // m_blocks
+        m_block = tile - hb * m_blocks
+    bidx = hb // heads
+    head = hb - bidx * heads
     return m_block, head, bidx

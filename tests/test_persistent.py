@@ -1,0 +1,190 @@
+"""Persistent forward scheduling (AttnConfig.persistent), CPU only: the config field and its per-call default rule,
+compiles of persistent kernels (a pairwise cover of head dims x causal x window / softcap x GQA), and the SASS: a tile
+loop around the key-block loops and the O store, no local-memory spills. GPU numerics: tests/test_persistent_gpu.py.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from kernels.config import (DEFAULTS, AttnConfig, ConfigError, persistent_by_default,  # noqa: E402
+                            persistent_max_seqlen)
+from kernels.tiles import compiled_config  # noqa: E402
+
+
+# ---- config: field, rule, keys --------------------------------------------------------------------------------------
+def test_field_validates_and_stays_out_of_dicts_while_none():
+    assert AttnConfig().persistent is None
+    with pytest.raises(ConfigError, match="persistent"):
+        AttnConfig(persistent=1)
+    r = AttnConfig().resolve("sm90", 128, True)
+    assert r.persistent is None and r.is_resolved  # decided per call, not by resolve()
+    assert "persistent" not in r.to_dict()  # hashes / keys from before the field existed are unchanged
+    assert AttnConfig(persistent=True).to_dict()["persistent"] is True
+    assert AttnConfig(persistent=True).config_hash() != AttnConfig().config_hash()
+    assert AttnConfig.from_dict(AttnConfig(persistent=False).to_dict()) == AttnConfig(persistent=False)
+    # forward-only: one backward kernel either way
+    assert (compiled_config(AttnConfig(persistent=True), "sm90", 128, True, mode="bwd")
+            == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
+
+
+@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 2048), (64, True, 2048), (128, False, 2048),
+                                               (128, True, 1024), (192, False, 0), (192, True, 0), (256, False, 0),
+                                               (256, True, 0)])
+def test_default_rule_is_the_table(hdim, causal, bound):
+    assert persistent_max_seqlen("sm90", hdim, causal) == bound
+    assert persistent_max_seqlen("sm100", hdim, causal) == 0
+    none = AttnConfig()
+    if bound:
+        assert persistent_by_default(none, "sm90", hdim, causal, 1)
+        assert persistent_by_default(none, "sm90", hdim, causal, bound)
+    assert not persistent_by_default(none, "sm90", hdim, causal, bound + 1)
+    assert not persistent_by_default(none, "sm90", hdim, causal, 1, varlen=True)  # never picked for varlen
+    assert persistent_by_default(AttnConfig(persistent=True), "sm90", hdim, causal, 1 << 20)
+    assert not persistent_by_default(AttnConfig(persistent=False), "sm90", hdim, causal, 1)
+    assert all(len(DEFAULTS[k]["persistent_max_seqlen"]) == 2 for k in DEFAULTS)
+
+
+def test_forward_config_normalises_the_cache_key():
+    from kernels.interface import forward_config, fwd_kernel_key, persistent_grid
+
+    base = AttnConfig().resolve("sm90", 128, True)
+    on = forward_config(base, 128, True, 1024)
+    assert on.persistent is True
+    off = forward_config(base, 128, True, 1025)
+    forced_off = forward_config(AttnConfig(persistent=False).resolve("sm90", 128, True), 128, True, 512)
+    assert off == forced_off == base  # persistent None: the key (and kernel) of before the field existed
+    key = fwd_kernel_key(off, "bfloat16", 128, 128, True)
+    assert "persistent" not in str(key) and fwd_kernel_key(on, "bfloat16", 128, 128, True) != key
+    assert forward_config(AttnConfig(persistent=True).resolve("sm90", 256, False), 256, False, 1 << 16).persistent
+    assert persistent_grid(132, 1000, 128, 4, 2) == 64 and persistent_grid(132, 16384, 128, 16, 1) == 132
+    assert persistent_grid(3, 1, 128, 1, 1) == 1
+
+
+def test_persistent_with_varlen_is_a_config_error():
+    from kernels.validate import check_persistent_varlen
+
+    with pytest.raises(ConfigError, match="persistent=True"):
+        check_persistent_varlen(AttnConfig(persistent=True))
+    check_persistent_varlen(AttnConfig())
+    check_persistent_varlen(AttnConfig(persistent=False))
+    pytest.importorskip("cutlass")
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    with pytest.raises(ValueError, match="varlen"):
+        FlashFwdSm90(cutlass.BFloat16, 64, 64, False, tile_m=192, consumer_regs=160, producer_regs=32, varlen=True,
+                     persistent=True)
+
+
+# ---- compiles: pairwise over head dims x causal x window / softcap x GQA ------------------------------------------------
+# (hdim, hdim_v, causal, window (left, right), softcap, qhead_per_kvhead); every pair of (head dim, feature),
+# (head dim, causal), (head dim, GQA), (causal, feature), (causal, GQA), (feature, GQA) appears in some row
+FEATURES = {"plain": ((-1, -1), 0.0), "window": ((96, -1), 0.0), "softcap": ((-1, -1), 30.0),
+            "window_softcap": ((200, -1), 50.0)}
+PAIRWISE = [
+    (64, 64, False, "plain", 1), (64, 64, True, "window", 4), (64, 64, True, "softcap", 1),
+    (64, 64, False, "window_softcap", 4),
+    (128, 128, True, "plain", 4), (128, 128, False, "window", 1), (128, 128, False, "softcap", 4),
+    (128, 128, True, "window_softcap", 1),
+    (256, 256, True, "plain", 1), (256, 256, False, "window", 4), (256, 256, True, "softcap", 4),
+    (256, 256, False, "window_softcap", 1),
+    (192, 128, False, "plain", 4), (192, 128, True, "window_softcap", 1), (192, 128, False, "softcap", 1),
+    (192, 128, True, "window", 4),
+]
+
+
+def test_pairwise_cover_is_complete():
+    rows = [(f"hd{hd}", c, feat, g) for hd, _, c, feat, g in PAIRWISE]
+    levels = [sorted({r[i] for r in rows}, key=str) for i in range(4)]
+    assert levels[2] == sorted(FEATURES) and levels[3] == [1, 4] and len(levels[0]) == 4
+    for i in range(4):
+        for j in range(i + 1, 4):
+            want = {(a, b) for a in levels[i] for b in levels[j]}
+            assert want == {(r[i], r[j]) for r in rows}, (i, j)
+
+
+def _sass_or_none(kern, workdir):
+    from kernels.sm90.compile import compile_fwd
+    from kernels.sm90.sass import disassemble, find_nvdisasm
+
+    assert compile_fwd(kern, tvm_ffi=False, dump_dir=workdir) is not None
+    if find_nvdisasm() is None:
+        return None
+    import glob
+
+    (cubin,) = glob.glob(os.path.join(workdir, "*.cubin"))
+    return disassemble(cubin)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("hdim,hdim_v,causal,feat,group", PAIRWISE,
+                         ids=[f"hd{r[0]}-{'causal' if r[2] else 'full'}-{r[3]}-g{r[4]}" for r in PAIRWISE])
+def test_persistent_compiles(tmp_path, hdim, hdim_v, causal, feat, group):
+    pytest.importorskip("cutlass")
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.validate import canonical_window
+
+    window, cap = FEATURES[feat]
+    c_causal, left, right = canonical_window(causal, window)
+    cfg = AttnConfig(persistent=True).resolve("sm90", hdim, c_causal)
+    kern = make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, c_causal, qhead_per_kvhead=group, window_left=left,
+                           window_right=right, softcap=cap)
+    assert kern.persistent and kern.separate_o == (hdim != 256)  # hd256: O shares Q's buffer (shared memory)
+    _sass_or_none(kern, str(tmp_path))
+
+
+# ---- SASS: the tile loop, no spills ----------------------------------------------------------------------------------
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)(.*)")
+
+
+def outer_loops(sass: str) -> list[list[str]]:
+    """Opcodes of the outermost loops (a predicated backward BRA; .U.ANY retry idioms left out) that issue wgmma."""
+    insns, labels = [], {}
+    for line in sass.splitlines():
+        m = _LABEL.match(line.strip())
+        if m:
+            labels[m.group(1)] = len(insns)
+            continue
+        m = _INSN.search(line)
+        if m:
+            insns.append((m.group(1), m.group(2), m.group(3)))
+    spans = []
+    for i, (pred, op, rest) in enumerate(insns):
+        t = re.search(r"\((\.L_x_\d+)\)", rest)
+        if op == "BRA" and pred and t and labels.get(t.group(1), len(insns)) <= i:
+            spans.append((labels[t.group(1)], i))
+    gemm = [sp for sp in spans if any(op.startswith("HGMMA") for _, op, _ in insns[sp[0]:sp[1] + 1])]
+    outer = [sp for sp in gemm if not any(o != sp and o[0] <= sp[0] and sp[1] <= o[1] for o in gemm)]
+    return [[op for _, op, _ in insns[a:b + 1]] for a, b in sorted(set(outer))]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("hdim,hdim_v", [(64, 64), (128, 128), (256, 256), (192, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_sass_has_a_tile_loop_and_no_spills(tmp_path, hdim, hdim_v, causal):
+    """persistent=True: one loop issues the wgmmas AND the O store (UTMASTG) -- the tile loop around the key-block
+    loops and the epilogue; no local memory (LDL / STL). The one-tile kernel has no loop around its O store."""
+    pytest.importorskip("cutlass")
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, find_nvdisasm, opcode_counts
+
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    cfg = AttnConfig(persistent=True).resolve("sm90", hdim, causal)
+    on = _sass_or_none(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal), str(tmp_path / "on"))
+    c = opcode_counts(on)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0
+    tile_loops = [b for b in outer_loops(on) if any(op.startswith("UTMASTG") for op in b)]
+    assert len(tile_loops) == 1
+    assert sum(op.startswith("HGMMA") for op in tile_loops[0]) == count(c, "HGMMA")  # every wgmma inside it
+    if hdim == 128:  # the one-tile kernel: no loop around the O store
+        off = _sass_or_none(make_fwd_kernel(cfg.__class__(**{**cfg.to_dict(), "persistent": None}), "bfloat16",
+                                            hdim, hdim_v, causal), str(tmp_path / "off"))
+        assert not any(any(op.startswith("UTMASTG") for op in b) for b in outer_loops(off))
