@@ -654,8 +654,9 @@ class FlashBwdSm90:
         pipe_q.consumer_wait(q_state)
         wgmma(mma_S, acc_S, tSrK, tSrQ, zero_init=True)
         # LSE / dPsum into registers while the GEMMs run (loaded after a wait_group they sat on the S -> P -> dS
-        # path); only where the registers allow (64-row Q tiles: 16 + 16 values; hd64's 128-row tiles spill)
-        preload = const_expr(cute.size(acc_S) <= 32)
+        # path); only where the registers allow (64-row Q tiles without window / softcap: 16 + 16 values; hd64's
+        # 128-row tiles and hd128 causal + window + softcap spill)
+        preload = const_expr(cute.size(acc_S) <= 32 and not (self.has_window or self.softcap > 0.0))
         rLSE, rdPsum = tLSE, tdPsum
         if const_expr(preload):
             rLSE = cute.make_rmem_tensor(acc_S.layout, Float32)
@@ -669,10 +670,10 @@ class FlashBwdSm90:
                 rdPsum[i] = tdPsum[i]
         warpgroup.wait_group(1)
         if const_expr(self.has_window or self.softcap > 0.0):
-            self.p_ds_features(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
+            self.p_ds_features(acc_S, acc_dP, tScS, rLSE, rdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
                                causal_off, scale_log2)
         else:
-            self.p_ds_plain(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
+            self.p_ds_plain(acc_S, acc_dP, tScS, rLSE, rdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
                             causal_off, scale_log2)
 
     @cute.jit
@@ -689,15 +690,15 @@ class FlashBwdSm90:
                 masked = n_g >= seqlen_k
                 if const_expr(self.causal):
                     masked = masked | (n_g > m_row0 + c + causal_off)
-                p = self.exp2_elem(acc_S[i] * scale_log2 - rLSE[i], i)
+                p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
                 acc_S[i] = Float32(0.0) if masked else p
         else:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - rLSE[i], i)
+                acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
         rP_acc.store(acc_S.load().to(self.dtype))
         warpgroup.wait_group(0)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - rdPsum[i])
+            acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
         rdS_acc.store(acc_dP.load().to(self.dtype))
 
     @cute.jit
