@@ -190,3 +190,11 @@ def test_compile_varlen(tmp_path, case):
     if features.get("softcap"):
         assert count(c, "MUFU.TANH") > 0
     assert count(c, "LDL") == 0 and count(c, "STL") == 0  # no spills
+
+
+def test_varlen_rejects_forced_persistent():
+    """persistent=True has no varlen kernel: a ConfigError before anything is launched (CPU tensors suffice)."""
+    q = torch.zeros(8, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ConfigError, match="persistent=True"):
+        attention_varlen(q, q, q, cu, cu, 8, 8, config=AttnConfig(persistent=True))
