@@ -183,10 +183,10 @@ def main():
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 times = round_robin(fns, a.repeats)
                 flops = attention_flops(batch, heads, s, s, hdim, hdim_v, causal, "bwd")
-                base = times["ours"]
+                t_ours = times["ours"]
                 for name, t in times.items():
                     med = statistics.median(t)
-                    ratios = sorted(b / x for b, x in zip(base, t))  # speed of `name` relative to ours, per round
+                    ratios = sorted(b / x for b, x in zip(t_ours, t))  # speed of `name` relative to ours, per round
                     row = dict(backend=name, hdim=hdim, hdim_v=hdim_v, seqlen=s, batch=batch, heads=heads, causal=causal,
                                ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=statistics.median(ratios),
                                p20=ratios[len(ratios) // 5], p80=ratios[(4 * len(ratios)) // 5], n=len(t),
