@@ -32,15 +32,18 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # instructions and pingpong already hides MUFU under the GEMMs. The switch stays for ablations.
     # bwd_tile_m: the backward's Q rows per step (its K/V tile is 128 rows, two MMA warpgroups); at hd128, 128 rows
     # do not fit the registers; hd 192/256 have no sm90 backward yet, their entry is FA3's 64 so a config resolves
-    # persistent_max_seqlen: from an H200 measurement (same process, interleaved; 16k total tokens, hidden 2048) of the
-    # OLD persistent kernel (aa63b90..a4ca8fc, built on the split main loop that 12fc57e reverted) against the forward
-    # of that day: 1.06-1.15x at seqlen 1k (hd 64/128, causal both), 1.02-1.05x at 2k except hd128 causal (0.99x),
-    # 0.74-0.92x at 8k/16k causal. The bounds need re-measuring with the current port (kernels/sm90/fwd.py
-    # persistent=True); hd 192/256 were not measured: never.
+    # persistent_max_seqlen: two H200 measurements (same process, interleaved, 10-12 rounds; 16k total tokens, hidden
+    # 2048), persistent / one-tile speed. The old persistent kernel (aa63b90..a4ca8fc, on the split loop 12fc57e
+    # reverted): 1.06-1.15x at 1k (hd 64/128, causal both), 1.02-1.05x at 2k except hd128 causal (0.99x), 0.74-0.92x
+    # at 8k/16k causal. The current port (2026-11-30, results/h200/session_ab/fwd_persistent_port.jsonl): hd64 1k
+    # 1.047x / 1.048x (non-causal / causal), hd64 2k 1.015x / 0.95x, hd128 1k 0.94x / 0.95x, hd128 2k 1.04x
+    # non-causal (p20-p80 spreads up to +-8%; the hd128 causal 2k pair ran one kernel twice and read 0.94x: noise
+    # ~+-7% at these short calls). Only hd64 <= 1k gained in both: the default runs it there; everything else
+    # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128, persistent_max_seqlen=(2048, 2048)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(2048, 1024)),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
     ("sm90", 192): dict(tile_m=128, tile_n=112, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,

@@ -7,7 +7,7 @@ str config, int window_left=-1, int window_right=-1, float softcap=0.) -> (Tenso
 
 The window and softcap arguments are canonical (kernels.validate.canonical_window: with causal, window_right is -1)
 and are passed only when used, so a plain call traces to the same graph as before. The backward supports them too
-(issue 12.3; compiled and checked on the CPU, not yet run on the GPU): the autograd backward of a forward that used them
+(issue 12.3; GPU tests passed on the H200): the autograd backward of a forward that used them
 calls fa4lab::bwd with the same window / softcap (kernels/sm90/backward.py); two_cta=True with either is a ConfigError.
 
 Both run on CUDA only (the CuTe DSL kernels of kernels.interface / kernels.sm90.backward), have fake (meta)
@@ -177,7 +177,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse
     ``window_size=(left, right)``: sliding window, FlashAttention semantics -- query i sees keys
     i + s_k - s_q - left .. i + s_k - s_q + right (bottom-right aligned), -1 = unbounded on that side, with causal the
     right bound is 0. ``softcap`` > 0: scores become softcap * tanh(q.k * softmax_scale / softcap). Both are
-    differentiable (the backward kernels take them too; not yet run on the GPU). Then
+    differentiable (the backward kernels take them too). Then
     ``fa4lab::fwd`` when traced (its backward is fa4lab::bwd), or the same implementations eagerly."""
     check_qkv(q, k, v, devices=False, gqa=True)
     check_scale(softmax_scale)

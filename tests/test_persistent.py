@@ -32,8 +32,8 @@ def test_field_validates_and_stays_out_of_dicts_while_none():
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
-@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 2048), (64, True, 2048), (128, False, 2048),
-                                               (128, True, 1024), (192, False, 0), (192, True, 0), (256, False, 0),
+@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 1024), (128, False, 0),
+                                               (128, True, 0), (192, False, 0), (192, True, 0), (256, False, 0),
                                                (256, True, 0)])
 def test_default_rule_is_the_table(hdim, causal, bound):
     assert persistent_max_seqlen("sm90", hdim, causal) == bound
@@ -52,14 +52,14 @@ def test_default_rule_is_the_table(hdim, causal, bound):
 def test_forward_config_normalises_the_cache_key():
     from kernels.interface import forward_config, fwd_kernel_key, persistent_grid
 
-    base = AttnConfig().resolve("sm90", 128, True)
-    on = forward_config(base, 128, True, 1024)
+    base = AttnConfig().resolve("sm90", 64, True)
+    on = forward_config(base, 64, True, 1024)
     assert on.persistent is True
-    off = forward_config(base, 128, True, 1025)
-    forced_off = forward_config(AttnConfig(persistent=False).resolve("sm90", 128, True), 128, True, 512)
+    off = forward_config(base, 64, True, 1025)
+    forced_off = forward_config(AttnConfig(persistent=False).resolve("sm90", 64, True), 64, True, 512)
     assert off == forced_off == base  # persistent None: the key (and kernel) of before the field existed
-    key = fwd_kernel_key(off, "bfloat16", 128, 128, True)
-    assert "persistent" not in str(key) and fwd_kernel_key(on, "bfloat16", 128, 128, True) != key
+    key = fwd_kernel_key(off, "bfloat16", 64, 64, True)
+    assert "persistent" not in str(key) and fwd_kernel_key(on, "bfloat16", 64, 64, True) != key
     assert forward_config(AttnConfig(persistent=True).resolve("sm90", 256, False), 256, False, 1 << 16).persistent
     assert persistent_grid(132, 1000, 128, 4, 2) == 64 and persistent_grid(132, 16384, 128, 16, 1) == 132
     assert persistent_grid(3, 1, 128, 1, 1) == 1

@@ -95,8 +95,8 @@ def test_few_ctas_walk_many_tiles(monkeypatch, sms, causal, case):
 def test_default_rule_runs_the_persistent_kernel_at_short_seqlen():
     from kernels.compile_cache import compile_records
 
-    _run({}, 2, 1000, 1000, 4, 4, 128, 128, True)  # hd128 causal: persistent up to 1024
-    _run({}, 1, 1100, 1100, 4, 4, 128, 128, True)  # past the bound: the one-tile kernel
+    _run({}, 2, 1000, 1000, 4, 4, 64, 64, True)  # hd64 causal: persistent up to 1024
+    _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # past the bound: the one-tile kernel
     keys = [str(r.key) for r in compile_records() if r.key[0] == "fwd"]
     assert any("('persistent', True)" in k for k in keys)
     assert any("persistent" not in k for k in keys)
