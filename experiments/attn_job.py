@@ -41,7 +41,7 @@ from .shapes import Shape, make_inputs, randn
 from .timing.sampler import GpuSampler
 
 MODES = ("fwd", "bwd")
-DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None)
+DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None, hold_us=0.0)
 MESSAGE_LINES = 3
 MESSAGE_CHARS = 600
 
@@ -235,7 +235,8 @@ def run(job: dict) -> list[dict]:
                 fn = _timed_fn(backend, shape, cfg, mode, scale, inputs)
                 with GpuSampler() as sampler:  # GPU state during the timing, not only before/after
                     t = time_fn(fn, device=device, warmup=int(bench["warmup"]), repeats=int(bench["repeats"]),
-                                flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+                                flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"],
+                                hold_us=float(bench["hold_us"]))
             except NotImplementedError as e:  # the backend lacks this mode: a skip, and nothing to check
                 rows.add(mode, None, None, status="skip", reason=error_message(e), state=before)
                 continue
@@ -333,7 +334,8 @@ def _ab_row(rows: _Rows, backend, shape: Shape, ab: dict, mode: str, scale, inpu
     try:
         fn_base = _timed_fn(backend, shape, base_cfg, mode, scale, inputs)
         r = compare_ab(fn_base, fn_variant, device=device, warmup=int(bench["warmup"]),
-                       repeats=int(bench["repeats"]), flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"])
+                       repeats=int(bench["repeats"]), flush_l2=bool(bench["flush_l2"]), max_time_s=bench["max_time_s"],
+                       hold_us=float(bench["hold_us"]))
     except NotImplementedError as e:  # the baseline config lacks this mode
         rows.add(mode, "ab_ratio", None, status="skip", reason=f"ab baseline {ab['variant']!r}: {error_message(e)}",
                  state=before, **ident)

@@ -96,20 +96,33 @@ def _sync(device) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
+HOLD_CYCLES_PER_US = 2000  # GPU spin cycles per microsecond of ``hold_us`` (about the H200's 1.98 GHz SM clock)
+
+
 class CallTimer:
     """Times one call: CUDA events on a GPU (the flush happens before the start event), else perf_counter.
-    ``run(fn)`` returns the milliseconds on the CPU path (None on CUDA: ``collect()`` syncs and returns them)."""
+    ``run(fn)`` returns the milliseconds on the CPU path (None on CUDA: ``collect()`` syncs and returns them).
 
-    def __init__(self, device, flush_l2: bool):
+    ``hold_us`` > 0 (CUDA): a GPU spin of about that many microseconds is queued after the flush and before the start
+    event, so the host has queued the call's kernels before the GPU reaches them: the events then time the device
+    work alone. With 0 (the default) a call whose host-side launch path outlasts the flush also counts the host's
+    time (on the H200 an identical-kernel pair of 0.26 ms forward calls read 0.94x this way)."""
+
+    def __init__(self, device, flush_l2: bool, hold_us: float = 0.0):
+        if hold_us < 0:
+            raise ValueError(f"hold_us={hold_us}: must be >= 0")
         self.cuda = _is_cuda(device)
         self.device = device
         self.flush = L2Flusher(device) if (flush_l2 and self.cuda) else None
+        self.hold_us = float(hold_us) if self.cuda else 0.0
         self.name = "cuda_events" if self.cuda else "perf_counter"
         self.pending = []
 
     def run(self, fn: Callable) -> float | None:
         if self.flush is not None:
             self.flush()
+        if self.hold_us > 0:
+            torch.cuda._sleep(int(self.hold_us * HOLD_CYCLES_PER_US))
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -138,7 +151,7 @@ def time_first_call(fn: Callable, device=None) -> float:
 
 
 def time_fn(fn: Callable, device=None, warmup: int = 5, repeats: int = 30, flush_l2: bool = True,
-            max_time_s: float | None = None, first_call: bool = True) -> Timing:
+            max_time_s: float | None = None, first_call: bool = True, hold_us: float = 0.0) -> Timing:
     """Time ``fn()``: first call (seconds, compile included), the second call (seconds: the cached path), ``warmup``
     untimed calls, then up to ``repeats`` timed calls (fewer if ``max_time_s`` of timed work is exceeded; at least 3)."""
     if repeats < 1 or warmup < 0:
@@ -147,7 +160,7 @@ def time_fn(fn: Callable, device=None, warmup: int = 5, repeats: int = 30, flush
     second = time_first_call(fn, device) if first_call else float("nan")
     for _ in range(warmup):
         fn()
-    timer = CallTimer(device, flush_l2)
+    timer = CallTimer(device, flush_l2, hold_us)
     times: list[float] = []
     t_start = time.perf_counter()
     for i in range(repeats):
@@ -178,7 +191,7 @@ class ABResult:
 
 
 def compare_ab(fn_a: Callable, fn_b: Callable, device=None, warmup: int = 5, repeats: int = 30,
-               flush_l2: bool = True, max_time_s: float | None = None) -> ABResult:
+               flush_l2: bool = True, max_time_s: float | None = None, hold_us: float = 0.0) -> ABResult:
     """Interleave A and B (order A B, B A, A B, ... so neither always runs second) and report the ratio; up to
     ``repeats`` pairs (fewer if ``max_time_s`` of timed work is exceeded; at least 3)."""
     if repeats < 1 or warmup < 0:
@@ -188,7 +201,7 @@ def compare_ab(fn_a: Callable, fn_b: Callable, device=None, warmup: int = 5, rep
     for _ in range(warmup):
         fn_a()
         fn_b()
-    timer = CallTimer(device, flush_l2)
+    timer = CallTimer(device, flush_l2, hold_us)
     order = []
     ta, tb = [], []
     t_start = time.perf_counter()

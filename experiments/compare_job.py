@@ -34,7 +34,7 @@ from .shapes import Shape
 from .timing.roundrobin import round_robin
 from .timing.sampler import GpuSampler
 
-DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None, settle_s=None, min_rounds=10)
+DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None, settle_s=None, min_rounds=10, hold_us=0.0)
 ENTRY_KEYS = ("backend", "variant", "config")
 
 
@@ -169,7 +169,8 @@ def _time(job, entries, fns, base, mode, shape, device, bench, settle_s) -> str 
         with GpuSampler() as sampler:
             rr = round_robin(fns, device=device, warmup=int(bench["warmup"]), rounds=int(bench["repeats"]),
                              min_rounds=int(bench["min_rounds"]), flush_l2=bool(bench["flush_l2"]),
-                             max_time_s=bench["max_time_s"], settle_s=float(settle_s), sampler=sampler)
+                             max_time_s=bench["max_time_s"], settle_s=float(settle_s), sampler=sampler,
+                             hold_us=float(bench["hold_us"]))
     except Exception as x:  # noqa: BLE001 -- which entry raised is unknown: every timed entry gets the fail row
         cls = classify_error(x)
         for e in timed:
@@ -178,7 +179,7 @@ def _time(job, entries, fns, base, mode, shape, device, bench, settle_s) -> str 
     state = {**before, **gpu_state_fields("after")}
     gpu = sampler.summary()
     flops, peak = attn_flops(shape, mode), _peak(shape)
-    common = dict(timer=rr.timer, flush_l2=rr.flush_l2, rr_entries=rr.names, rr_baseline=base,
+    common = dict(timer=rr.timer, flush_l2=rr.flush_l2, hold_us=float(bench["hold_us"]), rr_entries=rr.names, rr_baseline=base,
                   round_throttled=rr.round_throttled, **rr.settle, **gpu)
     for e in timed:
         st = rr.stats(e.label)

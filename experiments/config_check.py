@@ -50,6 +50,8 @@ def check_bench(key: str, bench) -> None:
     _need(isinstance(b["flush_l2"], bool), f"{key}.flush_l2", b["flush_l2"], "must be true or false")
     _need(b["max_time_s"] is None or (_is_num(b["max_time_s"]) and b["max_time_s"] > 0), f"{key}.max_time_s",
           b["max_time_s"], "must be null (no cap) or a number > 0")
+    _need(_is_num(b["hold_us"]) and b["hold_us"] >= 0, f"{key}.hold_us", b["hold_us"],
+          "must be a number >= 0 (microseconds of GPU spin before each timed call; 0 = none)")
 
 
 def check_grid(grid: dict) -> None:

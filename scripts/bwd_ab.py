@@ -61,7 +61,9 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     return fns
 
 
-def round_robin(fns: dict, repeats: int, warmup: int = 3) -> dict:
+def round_robin(fns: dict, repeats: int, warmup: int = 3, hold_us: float = 0.0) -> dict:
+    """Per-variant CUDA-event times over ``repeats`` rotated rounds, the L2 flushed before each call; ``hold_us`` > 0
+    queues a GPU spin after the flush so the host's launch time is not timed (experiments.bench.CallTimer)."""
     import torch
 
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
@@ -73,6 +75,8 @@ def round_robin(fns: dict, repeats: int, warmup: int = 3) -> dict:
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each round
             flush.zero_()
+            if hold_us > 0:
+                torch.cuda._sleep(int(hold_us * 2000))  # ~2000 cycles per us at the H200's clock
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             fns[name]()
@@ -153,6 +157,7 @@ def main():
     ap.add_argument("--host", action="store_true")
     ap.add_argument("--profile", action="store_true", help="with --host: cProfile of our forward+backward calls")
     ap.add_argument("--base", help="a folder holding an older kernels/ tree: adds the variant ours_base")
+    ap.add_argument("--hold-us", type=float, default=0.0, help="GPU spin before each timed call (device time only)")
     a = ap.parse_args()
     base = None
     if a.base:
@@ -181,7 +186,7 @@ def main():
                 fns = _variants(q, k, v, out, do, lse, scale, causal, base)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
-                times = round_robin(fns, a.repeats)
+                times = round_robin(fns, a.repeats, hold_us=a.hold_us)
                 flops = attention_flops(batch, heads, s, s, hdim, hdim_v, causal, "bwd")
                 t_ours = times["ours"]
                 for name, t in times.items():

@@ -150,6 +150,7 @@ def main():
     ap.add_argument("--cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of this tree")
     ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
     ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--hold-us", type=float, default=0.0, help="GPU spin before each timed call (device time only)")
     a = ap.parse_args()
     base = load_base(a.base_rev) if a.base_rev else None
     extra = dict(_parse_cfg(s) for s in a.cfg)
@@ -168,7 +169,7 @@ def main():
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
-                times = round_robin(fns, a.repeats)
+                times = round_robin(fns, a.repeats, hold_us=a.hold_us)
                 flops = 2 * batch * heads * s * s * (hdim + dv) * (0.5 if causal else 1.0)
                 off = times.get("fa4_official")
                 for name, t in times.items():

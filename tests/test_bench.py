@@ -155,3 +155,33 @@ def test_first_call_holds_the_compile_second_call_does_not():
 
     t = time_fn(fn, device="cpu", warmup=0, repeats=3)
     assert t.first_call_s >= 0.2 > t.second_call_s
+
+
+def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatch):
+    """CallTimer(hold_us=...): flush, then the spin, then the start event, the call, the end event (CUDA faked)."""
+    import torch
+
+    from experiments import bench
+
+    assert bench.CallTimer("cpu", flush_l2=True, hold_us=500).hold_us == 0.0  # nothing to hold on the CPU
+    log = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+    monkeypatch.setattr(bench, "_is_cuda", lambda device: True)
+    monkeypatch.setattr(bench, "L2Flusher", lambda device: (lambda: log.append("flush")))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
+    timer = bench.CallTimer("cuda", flush_l2=True, hold_us=500)
+    assert timer.run(lambda: log.append("call")) is None
+    assert log == ["flush", ("sleep", 500 * bench.HOLD_CYCLES_PER_US), "event", "call", "event"]
+    log.clear()
+    bench.CallTimer("cuda", flush_l2=True).run(lambda: log.append("call"))  # default: no spin
+    assert log == ["flush", "event", "call", "event"]
+    with pytest.raises(ValueError, match="hold_us"):
+        bench.CallTimer("cuda", flush_l2=True, hold_us=-1)

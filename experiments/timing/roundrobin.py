@@ -79,11 +79,11 @@ def settle(fns: dict, seconds: float, sampler=None, sync: Callable[[], None] = l
 
 def round_robin(fns: dict, device=None, warmup: int = 5, rounds: int = 30, min_rounds: int = 10,
                 flush_l2: bool = True, max_time_s: float | None = None, settle_s: float = 0.0, sampler=None,
-                timer=None) -> RoundRobin:
+                timer=None, hold_us: float = 0.0) -> RoundRobin:
     """Time every function of ``fns`` (name -> zero-argument callable) round-robin: ``rounds`` rounds, fewer if
     ``max_time_s`` of rounds has passed but never fewer than ``min(min_rounds, rounds)``. ``sampler``: a started
     GpuSampler (its samples flag throttled rounds). ``timer``: CallTimer-like (``run``, ``collect``, ``name``,
-    ``flush``); default CUDA events / perf_counter for ``device``."""
+    ``flush``); default CUDA events / perf_counter for ``device`` (``hold_us``: experiments.bench.CallTimer's)."""
     if not fns:
         raise ValueError("round_robin: no functions to time")
     if rounds < 1 or warmup < 0:
@@ -94,7 +94,7 @@ def round_robin(fns: dict, device=None, warmup: int = 5, rounds: int = 30, min_r
         _pass(fns, sync)
     st = settle(fns, settle_s, sampler, sync) if settle_s > 0 else dict(settle_s=0.0, settle_passes=0,
                                                                        settle_steady=None, settle_sm_clock_mhz=None)
-    timer = timer or CallTimer(device, flush_l2)
+    timer = timer or CallTimer(device, flush_l2, hold_us)
     times = {n: [] for n in names}
     throttled = []
     t_start = time.perf_counter()
