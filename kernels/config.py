@@ -79,7 +79,7 @@ class AttnConfig:
     deterministic: bool = False  # backward: dQ accumulated in a fixed order
     two_cta: bool = False  # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS
     det_schedule: str = "spt"  # deterministic causal backward: "spt" (shortest first) or "naive" (K/V tile order)
-    bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128); K/V rows per CTA stay 128
+    bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128; 80 at sm90 hdim 128); K/V rows per CTA stay 128
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
@@ -113,7 +113,11 @@ class AttnConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
         if self.persistent is not None and not isinstance(self.persistent, bool):
             raise ConfigError(f"persistent={self.persistent!r}: must be None (by sequence length) or a bool")
-        for name, lo, hi, mult in (("bwd_tile_m", 64, 128, 64), ("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
+        if self.bwd_tile_m is not None and (isinstance(self.bwd_tile_m, bool) or not isinstance(self.bwd_tile_m, int)
+                                            or self.bwd_tile_m not in (64, 80, 128)):
+            raise ConfigError(f"bwd_tile_m={self.bwd_tile_m!r}: must be None (per-arch default) or one of 64, 80, 128 "
+                              "(80: sm90 hdim 128 only)")
+        for name, lo, hi, mult in (("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
                                    ("consumer_regs", 24, 256, 8), ("producer_regs", 24, 256, 8)):
             v = getattr(self, name)
             if v is None:

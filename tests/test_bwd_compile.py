@@ -111,6 +111,9 @@ def test_distinct_configs_distinct_kernels():
     (dict(two_cta=True, deterministic=True), 192, 128, "two_cta=True at hdim 192"),
     (dict(bwd_tile_m=128), 256, 256, "bwd_tile_m=128 at hdim 256"),
     (dict(bwd_tile_m=128), 128, 128, "bwd_tile_m=128 at hdim 128"),
+    (dict(bwd_tile_m=80), 64, 64, "bwd_tile_m=80 at hdim 64"),
+    (dict(bwd_tile_m=80), 256, 256, "bwd_tile_m=80 at hdim 256"),
+    (dict(bwd_tile_m=80, two_cta=True), 128, 128, "bwd_tile_m=80 at hdim 128, two_cta=True"),
     (dict(), 192, 192, r"\(head_dim, head_dim_v\)=\(192, 192\)"),
     (dict(), 128, 64, r"\(head_dim, head_dim_v\)=\(128, 64\)"),
 ])
@@ -141,3 +144,20 @@ def test_window_softcap_defaults_are_the_plain_kernels():
     assert compile_backward(AttnConfig(), "bfloat16", 64, False, window_left=-1, window_right=-1, softcap=0.0) is plain
     causal = compile_backward(AttnConfig(), "bfloat16", 64, True)
     assert compile_backward(AttnConfig(), "bfloat16", 64, False, window_right=0) is causal
+
+
+@pytest.mark.parametrize("det,causal,dtype,window_left", [(False, False, "float16", -1), (True, True, "bfloat16", -1),
+                                                          (False, True, "bfloat16", 100), (True, False, "float16", 100)])
+def test_tile_m_80_compiles(det, causal, dtype, window_left):
+    """bwd_tile_m=80 at hd128 (opt-in): plain, deterministic, fp16 and with a sliding window compile (the postprocess
+    maps the transposed dQ^T chunks back); a softcap is a ConfigError (it spills at 80 rows)."""
+    from kernels import AttnConfig, ConfigError
+    from kernels.sm90.backward import compile_backward
+
+    out = compile_backward(AttnConfig(bwd_tile_m=80, deterministic=det, exp2_emu_fraction=0.5), dtype, 128, causal,
+                           window_left=window_left)
+    assert out["tile_m"] == 80 and out["tile_n"] == 128
+    assert out["exp2_fraction_compiled"] == 0.5  # 10 fragments per thread, 5 emulated
+    with pytest.raises(ConfigError, match="bwd_tile_m=80 with softcap"):
+        compile_backward(AttnConfig(bwd_tile_m=80, deterministic=det), dtype, 128, causal, window_left=window_left,
+                         softcap=30.0)

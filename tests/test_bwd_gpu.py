@@ -113,6 +113,25 @@ def test_bwd_tile_m_128(switch, causal):
     _run_case(1, 256, 256, 2, 64, causal, torch.bfloat16, cfg, seed=10)
 
 
+# (batch, seqlen_q, seqlen_k, heads) for 80-row Q tiles: lengths 1 / 17 / 1000 / 4097 (none a multiple of 80, so the
+# last Q tile is partial), seqlen_q != seqlen_k both ways, a multiple of 80 (160)
+TILE80_SHAPES = [(3, 1, 1, 2), (2, 17, 17, 1), (1, 1000, 1000, 2), (1, 4097, 4097, 1), (2, 333, 397, 2),
+                 (1, 17, 129, 3), (1, 200, 77, 2), (1, 160, 160, 2), (1, 1, 333, 2)]
+
+
+@pytest.mark.parametrize("switch", [dict(), dict(deterministic=True), dict(deterministic=True, det_schedule="naive"),
+                                    dict(exp2_emu_fraction=0.5)], ids=["plain", "det", "det-naive", "emu0.5"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", TILE80_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_bwd_tile_m_80(switch, dtype, causal, shape):
+    """hd128 with 80-row Q tiles (opt-in; dQ^T = K^T dS^T per warpgroup, transposed chunks in the postprocess)."""
+    b, sq, sk, h = shape
+    if causal and sq > sk:
+        pytest.skip("causal with seqlen_q > seqlen_k leaves rows with no key (reference is NaN there)")
+    _run_case(b, sq, sk, h, 128, causal, getattr(torch, dtype), _cfg(bwd_tile_m=80, **switch), seed=13)
+
+
 @pytest.mark.parametrize("hdim,causal,dtype", [(64, True, torch.bfloat16), (128, True, torch.float16),
                                                (128, False, torch.bfloat16), (256, True, torch.bfloat16),
                                                ((192, 128), True, torch.float16)],
@@ -150,7 +169,7 @@ def _repeat_dq(cfg, causal, repeats, d=128):
 
 
 VARIANTS = {"spt": dict(), "naive": dict(det_schedule="naive"), "two_cta": dict(two_cta=True),
-            "tile128": dict(bwd_tile_m=128)}
+            "tile128": dict(bwd_tile_m=128), "tile80": dict(bwd_tile_m=80)}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -159,13 +178,37 @@ VARIANTS = {"spt": dict(), "naive": dict(det_schedule="naive"), "two_cta": dict(
 def test_deterministic_bitwise(causal, hdim, variant):
     if variant == "tile128" and hdim != 64:
         pytest.skip("bwd_tile_m=128 is a hd64 option")
+    if variant == "tile80" and hdim != 128:
+        pytest.skip("bwd_tile_m=80 is a hd128 option")
     if variant == "two_cta" and hdim in WIDE:
         pytest.skip("no two_cta at the wide head dims (a ConfigError, test_bwd_switches)")
     n_diff = _repeat_dq(_cfg(deterministic=True, **VARIANTS[variant]), causal, 200, d=hdim)
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 
 
-@pytest.mark.parametrize("variant", ["spt", "two_cta"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1000, 1000), (1000, 1337)])
+def test_deterministic_bitwise_tile80_odd(causal, sq, sk):
+    """bwd_tile_m=80, deterministic: 50 repeats bitwise equal at lengths that leave a partial last Q tile (causal:
+    seqlen_q != seqlen_k shifts the diagonal across the 80-row tiles, so the SPT turn counts are exercised)."""
+    from kernels.sm90.backward import attention_backward
+
+    b, h, d = 2, 4, 128
+    g = torch.Generator(device="cuda").manual_seed(14)
+    q, do = (torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    scale = 1.0 / math.sqrt(d)
+    with torch.no_grad():
+        out32, lse = attention_at_dtype(q.float(), k.float(), v.float(), causal, scale)
+    out = out32.to(torch.bfloat16)
+    cfg = _cfg(deterministic=True, bwd_tile_m=80)
+    first = attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
+    n_diff = sum(int(not all(torch.equal(a, c) for a, c in zip(first, attention_backward(
+        q, k, v, out, do, lse, causal, scale, cfg)))) for _ in range(50))
+    assert n_diff == 0, f"deterministic bwd_tile_m=80 differed in {n_diff}/50 repeats"
+
+
+@pytest.mark.parametrize("variant", ["spt", "two_cta", "tile80"])
 def test_nondeterministic_reorders(capsys, variant):
     """Report (not assert) whether unordered dQ reductions change dQ bits on the same shape."""
     n_diff = _repeat_dq(_cfg(deterministic=False, **VARIANTS[variant]), False, 50)

@@ -149,3 +149,21 @@ def test_det_schedule_changes_the_kernel(tmp_path):
     strip = lambda s: re.sub(r"/\*[0-9a-f]{4}\*/", "", s)
     assert strip(spt) != strip(naive)
     assert re.search(r"LDG\.E\.STRONG\.GPU", naive) and re.search(r"LDG\.E\.STRONG\.GPU", spt)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_m_80_sass(tmp_path, causal):
+    """hd128 with 80-row Q tiles (opt-in): S^T / dP^T and dQ^T = K^T dS^T are 64 x 80 wgmma per warpgroup (8 each),
+    dV / dK 64 x 128 RS over K = 80 (5 each); no spills; the chains stay asynchronous; dQ by the writer warp."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    for det in (False, True):
+        sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=128, tile_m=80)
+        ops = opcode_counts(sass)
+        assert count(ops, "LDL") == 0 and count(ops, "STL") == 0, f"spills at tile 80 causal={causal} det={det}"
+        kinds = {op: n for op, n in ops.items() if op.startswith("HGMMA")}
+        assert kinds == {"HGMMA.64x80x16.F32.BF16": 24, "HGMMA.64x128x16.F32.BF16": 10}, kinds
+        assert count(ops, "UBLKRED") == 2 and "STSM" in sass and "UTMASTG" in sass
+        assert not re.search(r"REDG\.E\.ADD\.F32", sass) and not re.search(r"\bSTG\.E", sass)
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8, f"serialised wgmma: tile 80 causal={causal} det={det}"
+        assert bool(re.search(r"LDG\.E\.STRONG\.GPU", sass)) == det

@@ -22,6 +22,8 @@ from kernels.config import normalize_arch, quantized_exp2_fraction
     (dict(consumer_regs=250), "consumer_regs"),
     (dict(det_schedule="lpt"), "det_schedule"),
     (dict(bwd_tile_m=96), "bwd_tile_m"),
+    (dict(bwd_tile_m=72), "bwd_tile_m"),
+    (dict(bwd_tile_m=80.0), "bwd_tile_m"),
     (dict(bwd_tile_m=256), "bwd_tile_m"),
 ])
 def test_bad_fields_name_the_field(kwargs, needle):
@@ -90,3 +92,29 @@ def test_backward_fields_resolve_and_reject_what_does_not_fit():
 
     with pytest.raises(ConfigError, match="bwd_tile_m=128 at hdim 128"):
         compile_backward(AttnConfig(bwd_tile_m=128), "bfloat16", 128, False)
+
+
+def test_bwd_tile_m_80_only_at_hd128_one_cta():
+    """bwd_tile_m=80 (opt-in, dQ^T per warpgroup): accepted by AttnConfig; the sm90 backward takes it at hdim 128
+    without two_cta and raises ConfigError at hdim 64 / 256 and with two_cta. The defaults do not use it."""
+    from kernels.config import table_defaults
+
+    assert AttnConfig(bwd_tile_m=80).resolve("sm90", 128, False).bwd_tile_m == 80
+    assert all(table_defaults("sm90", d, c)["bwd_tile_m"] != 80 for d in (64, 128, 256) for c in (False, True))
+    pytest.importorskip("cutlass")
+    from kernels.sm90.backward import _check_supported
+    from kernels.sm90.bwd import FlashBwdSm90
+
+    _check_supported(AttnConfig(bwd_tile_m=80).resolve("sm90", 128, False), 128, 128)
+    _check_supported(AttnConfig(bwd_tile_m=80, deterministic=True).resolve("sm90", 128, True), 128, 128)
+    for hdim in (64, 256):
+        with pytest.raises(ConfigError, match="bwd_tile_m=80"):
+            _check_supported(AttnConfig(bwd_tile_m=80).resolve("sm90", hdim, False), hdim, hdim)
+    with pytest.raises(ConfigError, match="bwd_tile_m=80"):
+        _check_supported(AttnConfig(bwd_tile_m=80, two_cta=True).resolve("sm90", 128, False), 128, 128)
+    import cutlass
+
+    with pytest.raises(ValueError, match="bwd_tile_m=80"):
+        FlashBwdSm90(cutlass.BFloat16, 128, False, two_cta=True, tile_m=80)
+    k = FlashBwdSm90(cutlass.BFloat16, 128, False, tile_m=80)
+    assert k.dq_transposed and k.dq_shape == (64, 80) and k.dq_vals == 40 and k.dq_stages == 1 and k.lse_stride == 96

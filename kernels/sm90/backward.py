@@ -38,9 +38,9 @@ def _cutlass_dtype(dtype_name: str):
 
 
 @functools.lru_cache(maxsize=256)
-def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = False) -> None:
+def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = False, softcap: bool = False) -> None:
     """ConfigError unless the backward compiles (head dims, switches) for a resolved config; memoised (per call).
-    ``features``: a sliding window or softcap is used."""
+    ``features``: a sliding window or softcap is used; ``softcap``: a softcap is."""
     from .bwd import BWD_TILES
     from .bwd_wide import WIDE_BWD_TILES
 
@@ -60,6 +60,12 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
     if features and cfg.two_cta:
         raise ConfigError("two_cta=True with window_size/softcap: the sm90 backward's 2-CTA mode does not support a "
                           "sliding window or softcap; use two_cta=False")
+    if cfg.bwd_tile_m == 80 and (hdim != 128 or cfg.two_cta):
+        raise ConfigError(f"bwd_tile_m=80 at hdim {hdim}, two_cta={cfg.two_cta}: 80-row Q tiles (dQ^T = K^T dS^T per "
+                          "warpgroup) exist only at hdim 128 without two_cta; use 64 or 128")
+    if cfg.bwd_tile_m == 80 and softcap:
+        raise ConfigError("bwd_tile_m=80 with softcap: the 80-row backward spills with a softcap (41-54 LDL/STL in the "
+                          "SASS, serialised wgmma); use bwd_tile_m=64 (a sliding window alone works with 80)")
     if hdim == 128 and cfg.bwd_tile_m == 128:
         raise ConfigError("bwd_tile_m=128 at hdim 128: S, dP, dK and dV accumulators would need 256 registers per "
                           "thread (124 spills in the SASS); use 64")
@@ -113,10 +119,12 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v)
-    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, chunks=main.num_mma_wg * main.dq_pieces)
+    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, chunks=main.num_mma_wg * main.dq_pieces,
+                            transposed=main.dq_transposed)
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
     HKV = H if qhead_per_kvhead == 1 else cute.sym_int32(symbol="HKV")  # GQA: K/V heads apart from Q's
-    SQP = cute.sym_int32(divisibility=64, symbol="SQP")
+    # padded seqlen_q: a multiple of tile_m (attention_backward pads to it); 80-row tiles promise 16
+    SQP = cute.sym_int32(divisibility=64 if main.tile_m % 64 == 0 else 16, symbol="SQP")
     qkv = lambda s, d=hdim, h=H: make_fake_compact_tensor(dt, (B, s, h, d), stride_order=(3, 2, 1, 0), assumed_align=16)
     f32 = lambda shape: make_fake_compact_tensor(cutlass.Float32, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
                                                   assumed_align=16)
@@ -148,7 +156,7 @@ def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, caus
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
     cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
-    _check_supported(cfg, hdim, hdim_v, bool(feats))
+    _check_supported(cfg, hdim, hdim_v, bool(feats), softcap != 0.0)
     key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead),
                     **feature_extra(window_left, window_right, softcap))
     return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, hdim_v=hdim_v,
@@ -213,7 +221,7 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
     cfg = resolve_cached(config, ARCH, d, bool(causal))
-    _check_supported(cfg, d, dv_dim, bool(feats))
+    _check_supported(cfg, d, dv_dim, bool(feats), softcap != 0.0)
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()

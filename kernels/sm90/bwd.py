@@ -13,6 +13,13 @@ computes, per Q tile, with wgmma:
     dK_w += dS^T Q      (RS)
     dQ[:, half w] = dS K[:, half w]   (SS; dS^T is stored transposed to shared memory, both warpgroups read it)
 
+``tile_m=80`` (``AttnConfig(bwd_tile_m=80)``, hd128 one-CTA only; opt-in, compiled and SASS-checked on the CPU, not yet
+run on a GPU): S^T / dP^T are 64 x 80 per warpgroup (wgmma N = 80), dV / dK RS over K = 80, and since M = 80 is no
+wgmma shape dQ is computed transposed, dQ^T[d-half w] = K^T[d-half w] dS^T (64 head-dim rows x 80 Q rows, SS: A = K^T
+head-dim contiguous, B = the dS^T tile with its Q rows contiguous, MN_SW32 atoms); its 40 fp32 values per thread go
+to the writer warp in fragment order as usual (bwd_post's ``transposed`` maps them back). Shared memory allows one dQ
+staging buffer (227 KB in all); the LSE / dPsum stages are padded to 96 floats (128-byte aligned TMA destinations).
+
 dQ goes to a padded fp32 accumulator in global memory without the MMA warps issuing a global reduction: each
 MMA warpgroup writes its fp32 fragment to shared memory (in fragment order, so dQaccum is stored tile-blocked
 and the postprocess undoes the permutation) and warp 1, the dQ writer, issues one ``cp.reduce.async.bulk
@@ -126,6 +133,8 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 class FlashBwdSm90:
     """Main backward kernel. Plain-Python knobs in, compile-time constants inside."""
 
+    dq_transposed = False  # dQ^T = K^T dS^T per warpgroup (80-row Q tiles); FlashBwdWideSm90 keeps dQ = dS K
+
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
@@ -144,13 +153,23 @@ class FlashBwdSm90:
         self.cluster = 2 if self.two_cta else 1
         self.tile_m, self.tile_n = BWD_TILES[hdim]
         if tile_m is not None:
-            if tile_m not in (64, 128):
-                raise ValueError(f"bwd_tile_m={tile_m}: the sm90 backward supports 64 or 128")
+            if tile_m not in (64, 80, 128):
+                raise ValueError(f"bwd_tile_m={tile_m}: the sm90 backward supports 64 or 128 (80 at hdim 128)")
+            if tile_m == 80 and (hdim != 128 or self.two_cta or self.softcap > 0.0):
+                raise ValueError(f"bwd_tile_m=80: only at hdim 128 without two_cta or softcap (hdim={hdim}, "
+                                 f"two_cta={two_cta}, softcap={softcap}; a softcap spills 41-54 LDL/STL)")
             self.tile_m = tile_m
         # one-CTA dQ = dS K per warpgroup: with 64-row Q tiles each warpgroup takes half of the head dim, with
-        # 128-row tiles half of the rows (wgmma M is 64 per warpgroup); either way tile_m * hdim / 2 values
-        self.dq_shape = (self.tile_m, hdim // 2) if self.tile_m == 64 else (64, hdim)
-        self.dq_split_rows = int(self.dq_shape[0] < self.tile_m)  # 1: warpgroups split dQ by rows, 0: by columns
+        # 128-row tiles half of the rows (wgmma M is 64 per warpgroup); either way tile_m * hdim / 2 values.
+        # 80-row tiles (hd128, opt-in): M = 80 is no wgmma shape, so each warpgroup computes dQ^T for its half of
+        # the head dim, dQ^T[d-half w] = K^T[d-half w] dS^T (64 head-dim rows x 80 Q rows, N = 80; dq_transposed)
+        self.dq_transposed = self.tile_m == 80
+        if self.dq_transposed:
+            self.dq_shape = (hdim // 2, self.tile_m)
+        else:
+            self.dq_shape = (self.tile_m, hdim // 2) if self.tile_m == 64 else (64, hdim)
+        # 1: warpgroups split dQ by rows, 0: by columns (dQ^T: by head-dim rows, i.e. dQ columns)
+        self.dq_split_rows = 0 if self.dq_transposed else int(self.dq_shape[0] < self.tile_m)
         # two_cta: dQ^T per warpgroup is (64 head-dim rows) x (dq_n Q rows); the CTA owns tile_m/2 Q rows
         self.dq_n = self.tile_m // 2 if hdim == 128 else self.tile_m // 4
         # one-CTA mode: dQ fragments staged in shared memory and bulk-reduced by the writer warp
@@ -171,6 +190,12 @@ class FlashBwdSm90:
         self.q_stages = self.do_stages = NUM_STAGES  # producer-side depths (FlashBwdWideSm90 sets them apart)
         self.dq_pieces = 1  # dQ GEMMs (and writer hand-offs) per warpgroup and Q tile
         self._set_exp2_regs(self.tile_m, exp2_emu_fraction, consumer_regs, producer_regs)
+
+    @property
+    def lse_stride(self) -> int:
+        """Floats per LSE / dPsum stage in shared memory: tile_m rounded up to 32, so that every stage (a TMA
+        destination) starts 128-byte aligned (80-row tiles: 96; tile_m itself for 64 / 128)."""
+        return -(-self.tile_m // 32) * 32
 
     def _set_schedule(self, dtype, causal, deterministic, det_schedule) -> None:
         """dtype, causal and the deterministic dQ schedule. Causal: the grid launches the diagonal-most K/V tile
@@ -271,7 +296,7 @@ class FlashBwdSm90:
         tm, qst, dost = self.tile_m, self.q_stages, self.do_stages
         fields = dict(
             mbar_q=R[cutlass.Int64, qst * 2], mbar_do=R[cutlass.Int64, dost * 2], mbar_kv=R[cutlass.Int64, 2],
-            sLSE=A[R[Float32, tm * qst], 128], sdPsum=A[R[Float32, tm * dost], 128],
+            sLSE=A[R[Float32, self.lse_stride * qst], 128], sdPsum=A[R[Float32, self.lse_stride * dost], 128],
             sQ=tile(cute.cosize(self.sQ_layout)), sdO=tile(cute.cosize(self.sdO_layout)),
             sK=tile(cute.cosize(self.sK_layout)), sV=tile(cute.cosize(self.sV_layout)))
         if p_cosize is not None:
@@ -485,8 +510,9 @@ class FlashBwdSm90:
         """Shared-memory tensors of what the producer loads: sQ, sdO, sK, sV, and the LSE / dPsum stages."""
         get = lambda mem, lay: mem.get_tensor(lay.outer, swizzle=lay.inner)
         return (get(storage.sQ, sQ_layout), get(storage.sdO, sdO_layout), get(storage.sK, sK_layout),
-                get(storage.sV, sV_layout), storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages))),
-                storage.sdPsum.get_tensor(cute.make_layout((self.tile_m, self.do_stages))))
+                get(storage.sV, sV_layout),
+                storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.q_stages), stride=(1, self.lse_stride))),
+                storage.sdPsum.get_tensor(cute.make_layout((self.tile_m, self.do_stages), stride=(1, self.lse_stride))))
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
@@ -564,7 +590,7 @@ class FlashBwdSm90:
         acc_dP = cute.make_rmem_tensor(thr_S.partition_shape_C((64, tm)), Float32)
         # coordinates (local K/V row, local Q row) of each accumulator element, LSE / dPsum broadcast
         tScS = thr_S.partition_C(cute.make_identity_tensor((64, tm)))
-        bcast = cute.make_layout((64, tm, self.stages), stride=(0, 1, tm))
+        bcast = cute.make_layout((64, tm, self.stages), stride=(0, 1, self.lse_stride))
         tSsLSE = thr_S.partition_C(cute.make_tensor(sLSE.iterator, bcast))
         tSsdPsum = thr_S.partition_C(cute.make_tensor(sdPsum.iterator, bcast))
         sdSt = transpose_view(sdS)  # (tn, tm, stages): Q rows contiguous, as the accumulator's columns
@@ -588,7 +614,14 @@ class FlashBwdSm90:
 
         # ---- dQ -----------------------------------------------------------------------------------------
         thr_dQ = mma_dQ.get_slice(tid)
-        if const_expr(not self.two_cta):
+        if const_expr(self.dq_transposed):
+            # dQ^T[d-half w] = K^T[d-half w] dS^T (80-row tiles): A = K^T (head dim contiguous), B = dS^T as the
+            # (Q rows, K/V rows) tile sdS itself (Q rows contiguous, MN-major)
+            sKt_w = cute.local_tile(transpose_view(sK)[None, None, 0], (64, tn), (wg, 0))
+            tdQrK = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKt_w))
+            tdQrdS = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS))
+            acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32)
+        elif const_expr(not self.two_cta):
             # dQ[:, half w] = dS K[:, half w] (64-row tiles) or dQ[rows w] = dS[rows w] K (128-row tiles)
             dq_m, dq_n = self.dq_shape
             sdS_w = cute.local_tile(sdS, (dq_m, tn, self.stages), (wg * self.dq_split_rows, 0, 0))
@@ -656,7 +689,8 @@ class FlashBwdSm90:
         # LSE / dPsum into registers while the GEMMs run (loaded after a wait_group they sat on the S -> P -> dS
         # path); only where the registers allow (64-row Q tiles without window / softcap: 16 + 16 values; hd64's
         # 128-row tiles and hd128 causal + window + softcap spill) and where it was run on the GPU (hd128 one-CTA:
-        # tests passed, H200 s8k non-causal 0.9% faster, otherwise within noise; not the wide kernels nor two_cta)
+        # tests passed, H200 s8k non-causal 0.9% faster, otherwise within noise; not the wide kernels nor two_cta).
+        # Not at 80-row tiles (20 + 20 values): LSE + dPsum spilled 21-24 LDL, LSE alone 1 LDL / 1 STL causal (CPU SASS)
         preload = const_expr(self.hdim == 128 and not self.two_cta and cute.size(acc_S) <= 32
                              and not (self.has_window or self.softcap > 0.0))
         rLSE, rdPsum = tLSE, tdPsum
@@ -776,7 +810,10 @@ class FlashBwdSm90:
         """dQ_w = dS K (this warpgroup's half) first, then dK += dS^T Q: dQ goes to the writer warp while dK runs.
         (Releasing dO between the two, after a wait for dV, made ptxas serialise every wgmma of the kernel: 32
         WARPGROUP.DEPBAR instead of 4, hd64 s1k 0.83 -> 0.99 ms on the H200.)"""
-        wgmma(mma_dQ, acc_dQ, tdQrdS, tdQrK, zero_init=True, fence=False)
+        if const_expr(self.dq_transposed):
+            wgmma(mma_dQ, acc_dQ, tdQrK, tdQrdS, zero_init=True, fence=False)  # dQ^T = K^T dS^T
+        else:
+            wgmma(mma_dQ, acc_dQ, tdQrdS, tdQrK, zero_init=True, fence=False)
         wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
         warpgroup.wait_group(1)
         pipe_do.consumer_release(do_state)

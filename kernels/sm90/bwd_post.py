@@ -5,7 +5,8 @@ dQaccum is a (batch, heads, seqlen_q padded, head_dim) fp32 buffer in one of two
 - ``blocked=True`` (one-CTA kernels, bulk reductions): per Q tile, ``chunks`` chunks (one per dQ GEMM of an MMA
   warpgroup) each holding one thread's dQ accumulator fragment (values grouped by 4, thread-minor); chunk c covers
   columns [c*hdim/chunks, ...) of a 64-row tile, or rows [64c, 64c+64) of a 128-row tile (FlashBwdSm90: 2 chunks,
-  one per warpgroup; FlashBwdWideSm90 at hd256: 4, each warpgroup's half of the head dim in two GEMMs). The
+  one per warpgroup; FlashBwdWideSm90 at hd256: 4, each warpgroup's half of the head dim in two GEMMs); with
+  ``transposed`` (80-row tiles) chunk c is dQ^T, (head-dim rows [c*hdim/chunks, ...)) x (the tile's Q rows). The
   postprocess rebuilds the same wgmma tiled MMA to recover each value's (row, column), one warpgroup per chunk,
   puts the converted tile into shared memory and stores it to dQ (batch, seqlen_q, heads, hdim) in 16-byte row
   pieces. (Scattering 2-byte values straight to global memory, as before, took 154-194 us per call at 16k tokens,
@@ -23,18 +24,25 @@ from cutlass.cute.nvgpu import OperandMajorMode
 
 
 class FlashBwdPostSm90:
-    def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2):
+    def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2,
+                 transposed: bool = False):
         self.dtype = dtype
         self.hdim = hdim
         self.tile_m = tile_m
         self.blocked = blocked
         self.chunks = chunks
+        self.transposed = bool(transposed)
         self.tpr = hdim // 8
         self.num_threads = 128 * chunks if blocked else 128
         self.rows_per_cta = self.num_threads // self.tpr
-        # as the main kernel's dQ GEMM: 64-row tiles split the head dim into chunks, 128-row tiles the rows in two
-        self.dq_shape = (tile_m, hdim // chunks) if tile_m == 64 else (64, hdim)
+        # as the main kernel's dQ GEMM: 64-row tiles split the head dim into chunks, 128-row tiles the rows in two;
+        # transposed (80-row tiles): chunk c is dQ^T of head-dim rows [c*hdim/chunks, ...) x all tile_m Q rows
+        if self.transposed:
+            self.dq_shape = (hdim // chunks, tile_m)
+        else:
+            self.dq_shape = (tile_m, hdim // chunks) if tile_m == 64 else (64, hdim)
         assert tile_m == 64 or chunks == 2
+        assert tile_m != 80 or self.transposed or not blocked
         assert not blocked or (tile_m * hdim // 8) % self.num_threads == 0
         self.dq_vals = self.dq_shape[0] * self.dq_shape[1] // 128
         # offset of warpgroup w's chunk in the tile: (w * row_step, w * col_step)
@@ -96,10 +104,16 @@ class FlashBwdPostSm90:
         sdQ = smem.allocate_tensor(self.dtype, cute.make_layout((tm, d), stride=(pitch, 1)), byte_alignment=16)
         sdQ32 = cute.recast_tensor(sdQ, cutlass.Uint32)  # (tm, d / 2): one column pair per word
         rdQ32 = cute.recast_tensor(rdQ, cutlass.Uint32)  # (2, nv // 4): value pairs (i, i + 1), i even
-        for j in cutlass.range_constexpr(nv // 4):
-            for e in cutlass.range_constexpr(2):
-                r, c = tcoord[2 * e + 4 * j]
-                sdQ32[r + wg * self.row_step, (c + wg * self.col_step) // 2] = rdQ32[e, j]
+        if cutlass.const_expr(self.transposed):
+            # values are (head-dim row, Q column) of dQ^T: adjacent fragment values are adjacent Q rows, 2-byte stores
+            for i in cutlass.range_constexpr(nv):
+                dl, ql = tcoord[i]
+                sdQ[ql, dl + wg * self.dq_shape[0]] = rdQ[i]
+        else:
+            for j in cutlass.range_constexpr(nv // 4):
+                for e in cutlass.range_constexpr(2):
+                    r, c = tcoord[2 * e + 4 * j]
+                    sdQ32[r + wg * self.row_step, (c + wg * self.col_step) // 2] = rdQ32[e, j]
         cute.arch.sync_threads()
 
         seqlen_q = mdQ.shape[1]
