@@ -732,10 +732,7 @@ class FlashBwdSm90:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
         rP_acc.store(acc_S.load().to(self.dtype))
-        warpgroup.wait_group(0)
-        for i in cutlass.range_constexpr(cute.size(acc_dP)):
-            acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
-        rdS_acc.store(acc_dP.load().to(self.dtype))
+        self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc)
 
     @cute.jit
     def p_ds_features(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
@@ -758,6 +755,11 @@ class FlashBwdSm90:
             self.p_features_loop(acc_S, rP_acc, tScS, tLSE, n_row0, m_row0, seqlen_k, causal_off, scale_log2, False)
         if const_expr(self.softcap == 0.0):
             rP_acc.store(acc_S.load().to(self.dtype))
+        self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc)
+
+    @cute.jit
+    def ds_from_p(self, acc_S, acc_dP, tdPsum, rdS_acc):
+        """Once dP^T is done: dS^T = acc_S (P, or P (1 - t^2) with a softcap) * (dP^T - dPsum), into its A fragment."""
         warpgroup.wait_group(0)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
