@@ -39,7 +39,7 @@ SM90_FWD_VALUES = {
     "pingpong": (True, False),
     "exp2_emu_fraction": (0.0, 0.125, 0.25, 0.5),
 }
-SM90_BWD_VALUES = {"bwd_tile_m": (64, 128)}
+SM90_BWD_VALUES = {"bwd_tile_m": (64, 80, 128)}  # 80: hd128 only (dQ^T; kernels/sm90/bwd.py)
 REG_RESERVE = 16  # registers per consumer thread beyond the accumulators: row max/sum, indices, addresses (minimum)
 
 

@@ -56,13 +56,13 @@ def test_invalid_points_are_rejected_with_a_reason():
     assert budget and "512" in budget
 
 
-def test_backward_space_is_bwd_tile_m_with_128_only_at_hdim_64():
+def test_backward_space_is_bwd_tile_m_with_128_only_at_hdim_64_and_80_only_at_hdim_128():
     pytest.importorskip("cutlass")
     from experiments.tune_space import candidates, valid_points
 
     assert sorted(p["bwd_tile_m"] for p in valid_points("sm90", 64, False, "bwd")) == [64, 128]
-    assert [p["bwd_tile_m"] for p in valid_points("sm90", 128, True, "bwd")] == [64]
-    assert candidates("sm90", 128, True, "bwd") == []
+    assert sorted(p["bwd_tile_m"] for p in valid_points("sm90", 128, True, "bwd")) == [64, 80]
+    assert [p["bwd_tile_m"] for p in candidates("sm90", 128, True, "bwd")] == [80]
     d = table_defaults("sm90", 64, False, tuned=False)["bwd_tile_m"]
     assert [p["bwd_tile_m"] for p in candidates("sm90", 64, False, "bwd")] == [{64: 128, 128: 64}[d]]
 
