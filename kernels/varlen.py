@@ -18,8 +18,16 @@ are CPU tensors (they are then copied to the GPU), one device-to-host sync when 
 ``check_seqlens=False`` to skip that sync (e.g. in a CUDA graph); the values are then trusted, and wrong ones give
 wrong results or out-of-bounds accesses.
 
-Backward: not implemented yet; the forward runs under autograd, and backpropagating through it raises
-NotImplementedError("varlen backward: issue 12.2, not yet").
+Backward (autograd): kernels/sm90/backward.py attention_backward_varlen -- the sm90 backward's preprocess, main and
+postprocess kernels compiled with ``varlen=True`` (their own cache entries). The main kernel's grid is
+(ceil(max_seqlen_k / tile_n), heads, batch); a CTA whose K/V tile starts past its sequence's keys leaves at once. Q / dO
+/ K / V TMA tiles start at the sequence's first row; LSE (log2) / dPsum / fp32 dQaccum (and the deterministic mode's
+semaphores) live in padded per-call buffers where sequence b's Q tiles own whole tile slots from padded row
+(cu_seqlens_q[b] + b * tile_m) rounded down to tile_m, so no TMA load or bulk reduction crosses into another
+sequence's rows; dK / dV (and dQ in the postprocess) leave through row-predicated 16-byte stores. Head dims 64 / 128,
+bwd_tile_m 64 / 128, GQA, sliding window, softcap and deterministic mode; two_cta, bwd_tile_m=80 and the wide head dims
+(256, (192, 128)) are ConfigErrors raised by the backward (check_varlen_backward tells beforehand). Compiled and SASS-checked on the CPU; not yet run on a
+GPU (tests/test_varlen_gpu.py).
 """
 from __future__ import annotations
 
@@ -33,7 +41,6 @@ from .config import AttnConfig, ConfigError
 from .validate import (SUPPORTED_DTYPES, SUPPORTED_HDIM_PAIRS, InputError, canonical_window, check_gqa_heads,
                        check_persistent_varlen, check_scale, check_softcap)
 
-VARLEN_BWD_ERROR = "varlen backward: issue 12.2, not yet"
 MAX_GRID_YZ = 65535  # heads and batch are the grid's y and z
 
 
@@ -124,6 +131,14 @@ def get_varlen_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, c
 
 
 # ---- checks ---------------------------------------------------------------------------------------------------------
+def check_varlen_backward(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
+    """ConfigError unless the varlen backward exists for this resolved config (head dims 64 / 128, no two_cta,
+    bwd_tile_m 64 / 128)."""
+    from .sm90.backward import check_varlen_supported
+
+    check_varlen_supported(cfg, hdim, hdim_v)
+
+
 def check_varlen_qkv(q, k, v) -> int:
     """Packed (total, heads, head_dim) q, k, v; returns the GQA group (heads_q // heads_kv)."""
     named = (("q", q), ("k", k), ("v", v))
@@ -239,16 +254,25 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, causa
 
 class _VarlenFwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, cfg, window_left, window_right,
-                softcap):
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg, window_left,
+                window_right, softcap):
         out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, cfg,
                                   window_left=window_left, window_right=window_right, softcap=softcap)
         ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale, cfg, window_left, window_right, softcap)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        raise NotImplementedError(VARLEN_BWD_ERROR)
+        from .sm90.backward import attention_backward_varlen
+
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        max_seqlen_q, max_seqlen_k, causal, scale, cfg, window_left, window_right, softcap = ctx.args
+        dq, dk, dv = attention_backward_varlen(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, max_seqlen_k, causal, scale, cfg,
+                                               window_left=window_left, window_right=window_right, softcap=softcap)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
@@ -261,8 +285,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (max_seqlen_q sizes the grid). ``causal`` is bottom-right aligned per sequence; ``window_size`` / ``softcap`` as in
     ``kernels.attention``. Returns out (total_q, heads, head_dim_v) [, lse (heads, total_q) fp32]. ``check_seqlens``:
     check the cu_seqlens values and max_seqlen on a host copy (one device-to-host sync for CUDA cu_seqlens; CPU ones
-    are checked for free and copied to q's device); False trusts them (no sync). A backward raises
-    NotImplementedError (not implemented yet)."""
+    are checked for free and copied to q's device); False trusts them (no sync). Differentiable (dq / dk / dv packed
+    like q / k / v): head dims 64 / 128 without two_cta or bwd_tile_m=80; other configs raise a ConfigError in the
+    backward (kernels.varlen.check_varlen_backward tells beforehand)."""
     from .interface import _check_arch, resolve_config
 
     group = check_varlen_qkv(q, k, v)  # noqa: F841 (GQA heads checked; the kernel reads the group from the shapes)
@@ -298,6 +323,6 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     _check_arch(q.device)
     cfg = resolve_config(config, q.shape[2], causal)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
-    out, lse = _VarlenFwd.apply(q, k, v, cus[0], cus[1], max_seqlen_q, causal, float(scale), cfg, window_left,
-                                window_right, softcap)
+    out, lse = _VarlenFwd.apply(q, k, v, cus[0], cus[1], max_seqlen_q, max_seqlen_k, causal, float(scale), cfg,
+                                window_left, window_right, softcap)
     return (out, lse) if return_lse else out

@@ -1,7 +1,9 @@
-"""Variable-length packed batches (issue 12.2), forward, on the CPU: ``kernels.attention_varlen``'s argument checks
+"""Variable-length packed batches (issue 12.2), forward and backward, on the CPU: ``kernels.attention_varlen``'s argument checks
 (each one raises its own one-line message), the compile cache key, and compiles of the varlen forward kernel
 (head dims 64 / 128 / 256 x causal both, dtype and GQA covered pairwise; plus (192, 128) and a window + softcap kernel)
-with their SASS: no TMA store of O (row-predicated 16-byte STGs instead), no local-memory spills. The GPU side is tests/test_varlen_gpu.py.
+with their SASS: no TMA store of O (row-predicated 16-byte STGs instead), no local-memory spills; the backward's
+wiring, config errors, padded tile slots and compiles + SASS (hd 64 / 128, causal both, deterministic once). The GPU
+side is tests/test_varlen_gpu.py.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels import AttnConfig, ConfigError, InputError, attention_varlen  # noqa: E402
-from kernels.varlen import VARLEN_BWD_ERROR, _VarlenFwd  # noqa: E402
+from kernels.varlen import _VarlenFwd  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -114,10 +116,119 @@ def test_valid_edge_values_pass_the_checks():
             attention_varlen(**kw)
 
 
-def test_backward_raises_not_implemented():
-    with pytest.raises(NotImplementedError, match=r"^varlen backward: issue 12.2, not yet$"):
-        _VarlenFwd.backward(None, None, None)
-    assert VARLEN_BWD_ERROR == "varlen backward: issue 12.2, not yet"
+# ---- backward (CPU: wiring, config errors, the padded layout, compiles + SASS) ------------------------------------------
+def test_backward_calls_the_varlen_backward(monkeypatch):
+    """_VarlenFwd.backward hands the saved tensors and arguments to attention_backward_varlen and returns dq / dk / dv
+    for q / k / v (None for the rest)."""
+    import types
+
+    import kernels.sm90.backward as bw
+
+    seen = {}
+
+    def fake(q, k, v, out, dout, lse, cu_q, cu_k, max_q, max_k, causal, scale, cfg, **kw):
+        seen.update(max_q=max_q, max_k=max_k, causal=causal, scale=scale, cfg=cfg, **kw)
+        return q + 1, k + 2, v + 3
+
+    monkeypatch.setattr(bw, "attention_backward_varlen", fake)
+    a = _args()
+    out, lse = torch.zeros(10, 2, 64), torch.zeros(2, 10)
+    ctx = types.SimpleNamespace(saved_tensors=(a["q"], a["k"], a["v"], out, lse, a["cu_seqlens_q"],
+                                               a["cu_seqlens_k"]),
+                                args=(7, 6, True, 0.125, "cfg", 5, -1, 30.0))
+    grads = _VarlenFwd.backward(ctx, torch.ones(10, 2, 64), None)
+    assert len(grads) == 13 and all(g is None for g in grads[3:])
+    assert torch.equal(grads[0], a["q"] + 1) and torch.equal(grads[2], a["v"] + 3)
+    assert seen == dict(max_q=7, max_k=6, causal=True, scale=0.125, cfg="cfg", window_left=5, window_right=-1,
+                        softcap=30.0)
+
+
+@pytest.mark.parametrize("cfg, hd, hv, msg", [
+    (AttnConfig(two_cta=True), 128, 128, r"^two_cta=True with varlen"),
+    (AttnConfig(), 256, 256, r"^\(head_dim, head_dim_v\)=\(256, 256\) with varlen"),
+    (AttnConfig(), 192, 128, r"^\(head_dim, head_dim_v\)=\(192, 128\) with varlen"),
+    (AttnConfig(bwd_tile_m=80), 128, 128, r"^bwd_tile_m=80 with varlen"),
+])
+def test_backward_config_errors(cfg, hd, hv, msg):
+    from kernels.varlen import check_varlen_backward
+
+    with pytest.raises(ConfigError, match=msg):
+        check_varlen_backward(cfg.resolve("sm90", hd, True), hd, hv)
+
+
+def test_backward_kernel_guards():
+    from kernels.sm90.bwd import FlashBwdSm90
+    from kernels.sm90.backward import _varlen_key, compile_backward_varlen
+
+    import cutlass
+
+    with pytest.raises(ValueError, match="varlen=True with two_cta=True"):
+        FlashBwdSm90(cutlass.BFloat16, 128, True, two_cta=True, varlen=True)
+    assert FlashBwdSm90(cutlass.BFloat16, 128, True).varlen is False
+    with pytest.raises(ConfigError, match="two_cta=True with varlen"):
+        compile_backward_varlen(AttnConfig(two_cta=True), "bfloat16", 128, True)
+    cfg = AttnConfig().resolve("sm90", 128, True)
+    key = _varlen_key("bwd", cfg, "bfloat16", 128, True, 1, -1, -1, 0.0)
+    assert ("varlen", True) in key[-1]
+
+
+@pytest.mark.parametrize("tile_m", [64, 128])
+def test_padded_tile_slots_never_overlap(tile_m):
+    """The scheme of kernels/sm90/bwd_pre.py varlen_pad_offset: sequence b's ceil(s_b / tile_m) tile slots from
+    (cu_q[b] + b * tile_m) // tile_m * tile_m end at or before sequence b + 1's first slot and inside
+    varlen_total_q_pad rows (lengths 0, 1, tile_m +- 1, ...; also a batch of one starting anywhere)."""
+    import random
+
+    from kernels.sm90.backward import varlen_total_q_pad
+
+    rng = random.Random(tile_m)
+    for trial in range(200):
+        lens = [rng.choice([0, 1, 2, tile_m - 1, tile_m, tile_m + 1, rng.randrange(1, 4 * tile_m)])
+                for _ in range(rng.randrange(1, 12))]
+        start = 0 if trial % 2 else rng.randrange(0, 3 * tile_m)  # a sub-batch of a longer packed tensor
+        cu = [start]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        pad = varlen_total_q_pad(cu[-1], len(lens), tile_m)
+        end_prev = 0
+        for b, n in enumerate(lens):
+            first = (cu[b] + b * tile_m) // tile_m * tile_m
+            assert first % tile_m == 0 and first >= end_prev, (lens, b)
+            end_prev = first + -(-n // tile_m) * tile_m
+        assert end_prev <= pad and pad % tile_m == 0
+
+
+VARLEN_BWD_COMPILE = [(64, True, {}), (128, False, {}), (128, True, dict(deterministic=True))]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", VARLEN_BWD_COMPILE, ids=lambda c: f"d{c[0]}-c{int(c[1])}" + "".join(c[2]))
+def test_compile_varlen_backward(tmp_path, case):
+    """The three varlen backward kernels compile; SASS: no spills, the wgmma waits not serialised (<= 8
+    WARPGROUP.DEPBAR, as tests/test_bwd_sass.py), dQ by bulk reductions, dK / dV by row-predicated 16-byte stores
+    (no TMA store, which would clip only at the packed end), the postprocess's dQ likewise."""
+    import glob
+
+    from kernels.sm90.backward import compile_backward_varlen
+    from kernels.sm90.sass import count, disassemble, find_nvdisasm, opcode_counts
+
+    hd, causal, extra = case
+    compile_backward_varlen(AttnConfig(**extra), "bfloat16", hd, causal, dump_dir=str(tmp_path))
+    cubins = sorted(glob.glob(os.path.join(tmp_path, "*.cubin")))
+    assert len(cubins) == 3
+    if find_nvdisasm() is None:
+        pytest.skip("compiled; nvdisasm not installed for the SASS checks")
+    for cub in cubins:
+        c = opcode_counts(disassemble(cub))
+        assert count(c, "LDL") == 0 and count(c, "STL") == 0, cub
+        if "bwdFlashBwdSm90" in cub:  # the main kernel
+            assert count(c, "HGMMA") > 0 and count(c, "UTMALDG") > 0 and count(c, "UBLKRED") > 0
+            assert count(c, "WARPGROUP.DEPBAR") <= 8
+            assert count(c, "UTMASTG") == 0
+            # dK and dV: 128 rows x hd x 2 B each over 256 MMA threads, 16 B per store
+            assert count(c, "STG.E.128") == hd // 8
+        elif "bwd_post" in cub:
+            assert count(c, "STG.E.128") > 0 and count(c, "UTMASTG") == 0
 
 
 # ---- compile cache key and kernel construction ------------------------------------------------------------------------

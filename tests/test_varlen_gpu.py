@@ -11,7 +11,13 @@ LSE -inf.
   (the K/V rows just past the sequence are the next sequence's: they must be masked, not read);
 - lengths 0, 1, 17, odd ones, one longer than several tiles (1500 > 192), s_q != s_k per sequence both ways and
   s_k = 0 with s_q > 0; causal both; head dims 64 and 128; bf16 (and fp16 once); GQA 4:1 once; a window + softcap
-  case once; the autograd path raises NotImplementedError on backward.
+  case once.
+
+Backward (kernels/sm90/backward.py attention_backward_varlen and the autograd path): dq / dk / dv per sequence against
+fp64 autograd (kernels.reference.attention_exact) by the same rule, rows without keys / queries exactly 0; NaN-poisoned
+gradients all written; each sequence alone on the packed buffers leaves every other row NaN (MHA cases); hd 64 / 128,
+causal both, GQA 2:1, a window + softcap case; deterministic mode bitwise over 20 launches; equal lengths against the
+plain (batch, seqlen) backward.
 
     python -m pytest -q tests/test_varlen_gpu.py
 """
@@ -150,15 +156,156 @@ def test_varlen_forward(case):
                 f"alone != in the batch {tag}"
 
 
-def test_varlen_backward_raises_and_forward_runs_with_grad():
-    from kernels import attention_varlen
+# ---- backward -------------------------------------------------------------------------------------------------------
+# (id, lens, heads, heads_kv, hdim, causal, extra forward kwargs)
+BWD_CASES = [
+    ("bwd-self-hd128-causal", SELF_LENS, 2, 2, 128, True, {}),
+    ("bwd-self-hd64-full", SELF_LENS, 2, 2, 64, False, {}),
+    ("bwd-cross-hd128-full", CROSS_LENS, 2, 2, 128, False, {}),
+    ("bwd-cross-hd64-causal", CROSS_LENS, 2, 2, 64, True, {}),
+    ("bwd-gqa2-hd128-causal", CROSS_LENS, 4, 2, 128, True, {}),
+    ("bwd-window-softcap-hd128", CROSS_LENS, 2, 2, 128, True, dict(window_size=(100, 0), softcap=30.0)),
+]
 
-    q, k, v, cu_q, cu_k, max_q, max_k = _pack(_lens([17, 300, 1]), 2, 2, 128, torch.bfloat16, seed=3)
-    qq = q.clone().requires_grad_(True)
-    out, lse = attention_varlen(qq, k, v, cu_q, cu_k, max_q, max_k, causal=True, return_lse=True)
-    assert out.requires_grad and not lse.requires_grad and torch.isfinite(out).all()
-    with pytest.raises(NotImplementedError, match=r"varlen backward: issue 12.2, not yet"):
-        out.float().sum().backward()
+
+def _ref_grads(q, k, v, do, causal, scale, window, cap):
+    """One sequence: (dq, dk, dv) in fp64 (attention_exact) and at the input dtype (attention_naive) by autograd; K/V
+    repeated to q's heads for GQA (autograd sums the repeats)."""
+    from kernels.reference import attention_exact, attention_naive
+
+    rep = q.shape[1] // k.shape[1]
+    out = []
+    for fn, dt in ((attention_exact, torch.float64), (attention_naive, q.dtype)):
+        qq, kk, vv = (t.detach().to(dt).requires_grad_(True) for t in (q, k, v))
+        o = fn(qq[None], kk.repeat_interleave(rep, dim=1)[None], vv.repeat_interleave(rep, dim=1)[None], causal=causal,
+               softmax_scale=scale, window_size=window, softcap=cap)
+        o.backward(do[None].to(o.dtype))
+        out.append((qq.grad, kk.grad, vv.grad))
+    return out
+
+
+def _bwd_setup(name, lens, h, h_kv, d, causal, extra, config=None):
+    from kernels import AttnConfig
+    from kernels.interface import resolve_config
+    from kernels.validate import canonical_window
+    from kernels.varlen import varlen_forward
+
+    lens = _lens(lens)
+    q, k, v, cu_q, cu_k, max_q, max_k = _pack(lens, h, h_kv, d, torch.bfloat16, seed=len(name) * 13 + d)
+    scale = 1.0 / math.sqrt(d)
+    window, cap = extra.get("window_size", (-1, -1)), extra.get("softcap", 0.0)
+    c_causal, left, right = canonical_window(causal, window)
+    cfg = resolve_config(config or AttnConfig(), d, c_causal)
+    out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, c_causal, scale, cfg, window_left=left, window_right=right,
+                              softcap=cap)
+    do = torch.randn_like(out)
+    kw = dict(window_left=left, window_right=right, softcap=cap)
+    return lens, q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, window, cap, kw
+
+
+def _nan_like(*ts):
+    return [torch.full_like(t, float("nan")) for t in ts]
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=[c[0] for c in BWD_CASES])
+def test_varlen_backward(case):
+    """dq / dk / dv per sequence against fp64 autograd by the DESIGN.md rule; NaN-poisoned gradients fully written;
+    each sequence alone on the packed buffers writes only its own rows (MHA cases: GQA's host-side group sum writes
+    every dk / dv row), dk / dv bitwise as in the batch (one CTA per K/V tile) and dq to fp32-order noise; the autograd
+    path (attention_varlen(...).backward) gives the direct launch's dk / dv bitwise."""
+    from kernels import attention_varlen
+    from kernels.sm90.backward import attention_backward_varlen
+
+    name, lens, h, h_kv, d, causal, extra = case
+    (lens, q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, window, cap,
+     kw) = _bwd_setup(*case)
+    dq, dk, dv = _nan_like(q, k, v)
+    attention_backward_varlen(q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, dq=dq, dk=dk,
+                              dv=dv, **kw)
+    torch.cuda.synchronize()
+    for n, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert not torch.isnan(g).any(), f"{n}: NaN left (rows unwritten) {name}"
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b, (sq, sk) in enumerate(lens):
+        tag = f"{name} seq {b} (s_q {sq}, s_k {sk})"
+        qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        if sq == 0:
+            assert (dk[ks] == 0).all() and (dv[ks] == 0).all(), f"dk / dv must be 0 without queries {tag}"
+            continue
+        if sk == 0:
+            assert (dq[qs] == 0).all(), f"dq must be 0 without keys {tag}"
+            continue
+        (rq, rk, rv), (pq, pk, pv) = _ref_grads(q[qs], k[ks], v[ks], do[qs], causal, scale, window, cap)
+        for n, g, r, p in (("dq", dq[qs], rq, pq), ("dk", dk[ks], rk, pk), ("dv", dv[ks], rv, pv)):
+            err = (g.double() - r).abs().max().item()
+            err_pt = (p.double() - r).abs().max().item()
+            assert err <= 2 * err_pt + ATOL, f"{n}: max err {err:.3e} > 2*{err_pt:.3e}+{ATOL} {tag}"
+        if h != h_kv:
+            continue
+        sdq, sdk, sdv = _nan_like(q, k, v)
+        attention_backward_varlen(q, k, v, out, do, lse, cu_q[b:b + 2], cu_k[b:b + 2], sq, sk, c_causal, scale, cfg,
+                                  dq=sdq, dk=sdk, dv=sdv, **kw)
+        torch.cuda.synchronize()
+        for n, solo, full, rows, total in (("dq", sdq, dq, qs, q.shape[0]), ("dk", sdk, dk, ks, k.shape[0]),
+                                           ("dv", sdv, dv, ks, k.shape[0])):
+            inside = torch.zeros(total, dtype=torch.bool, device="cuda")
+            inside[rows] = True
+            assert torch.isnan(solo[~inside]).all(), f"{n}: rows outside the sequence were written {tag}"
+            if n == "dq":  # fp32 dQ accumulation order may differ between launches (not deterministic mode)
+                assert torch.allclose(solo[inside].float(), full[inside].float(), rtol=1e-2, atol=1e-3), tag
+            else:
+                assert torch.equal(solo[inside], full[inside]), f"{n}: alone != in the batch {tag}"
+
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    o = attention_varlen(qq, kk, vv, cu_q, cu_k, max_q, max_k, causal=causal, **extra)
+    o.backward(do)
+    assert torch.equal(o.detach(), out), name
+    assert torch.equal(kk.grad, dk) and torch.equal(vv.grad, dv), f"autograd dk / dv != the direct launch {name}"
+    assert torch.allclose(qq.grad.float(), dq.float(), rtol=1e-2, atol=1e-3), f"autograd dq {name}"
+
+
+def test_varlen_backward_deterministic():
+    """deterministic=True: 20 launches bitwise equal (dq's fp32 turns in padded-Q-tile semaphore order), and correct."""
+    from kernels import AttnConfig
+    from kernels.sm90.backward import attention_backward_varlen
+
+    case = ("bwd-det-hd128-causal", SELF_LENS, 2, 2, 128, True, {})
+    (lens, q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, window, cap,
+     kw) = _bwd_setup(*case, config=AttnConfig(deterministic=True))
+    first = attention_backward_varlen(q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, **kw)
+    for i in range(20):
+        again = attention_backward_varlen(q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, **kw)
+        for n, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{n}: run {i + 1} differs bitwise from run 0"
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    b = 5  # the 1500-token sequence
+    qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+    (rq, rk, rv), (pq, pk, pv) = _ref_grads(q[qs], k[ks], v[ks], do[qs], True, scale, window, cap)
+    for n, g, r, p in (("dq", first[0][qs], rq, pq), ("dk", first[1][ks], rk, pk), ("dv", first[2][ks], rv, pv)):
+        err, err_pt = (g.double() - r).abs().max().item(), (p.double() - r).abs().max().item()
+        assert err <= 2 * err_pt + ATOL, f"{n}: max err {err:.3e} > 2*{err_pt:.3e}+{ATOL}"
+
+
+def test_varlen_backward_matches_the_padded_backward():
+    """Equal lengths: the varlen backward's dk / dv equal the plain (batch, seqlen) backward's to one bf16 rounding."""
+    from kernels import AttnConfig
+    from kernels.interface import resolve_config
+    from kernels.sm90.backward import attention_backward, attention_backward_varlen
+    from kernels.varlen import varlen_forward
+
+    b, s, h, d = 3, 513, 2, 128
+    q, k, v, cu_q, cu_k, max_q, max_k = _pack(_lens([s] * b), h, h, d, torch.bfloat16, seed=17)
+    for causal in (False, True):
+        cfg = resolve_config(AttnConfig(), d, causal)
+        out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, causal, 1.0 / math.sqrt(d), cfg)
+        do = torch.randn_like(out)
+        g = attention_backward_varlen(q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, causal, 1.0 / math.sqrt(d), cfg)
+        r = attention_backward(*(t.view(b, s, h, d) for t in (q, k, v, out, do)),
+                               lse.view(h, b, s).transpose(0, 1).contiguous(), causal, 1.0 / math.sqrt(d), cfg)
+        for n, x, y in zip(("dq", "dk", "dv"), g, r):
+            diff = (x.view(b, s, h, d).float() - y.float()).abs()
+            tol = y.float().abs() * 2.0**-7 + 1e-3
+            assert (diff <= tol).all(), f"{n} causal={causal}: {(diff > tol).sum().item()} values differ"
 
 
 def test_varlen_matches_the_padded_kernel():

@@ -72,7 +72,7 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
 
 
 def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
-                 features: dict | None = None):
+                 features: dict | None = None, varlen: bool = False):
     """FlashBwdSm90 (hdim 64 / 128) or FlashBwdWideSm90 (hdim 256, (192, 128)) for a checked config; ``features``:
     window_left / window_right / softcap keyword arguments (only the non-default ones)."""
     from .bwd import FlashBwdSm90
@@ -83,6 +83,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     if qhead_per_kvhead != 1:
         kw["qhead_per_kvhead"] = qhead_per_kvhead
     kw.update(features or {})
+    if varlen:
+        kw["varlen"] = True
     return cls(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
                exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule, tile_m=cfg.bwd_tile_m, **kw)
 
@@ -161,6 +163,158 @@ def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, caus
                     **feature_extra(window_left, window_right, softcap))
     return get_or_compile(key, lambda: _build(cfg, dtype_name, hdim, causal, hdim_v=hdim_v,
                                               qhead_per_kvhead=qhead_per_kvhead, features=feats))
+
+
+def check_varlen_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
+    """ConfigError unless the varlen backward exists for a resolved config (on top of _check_supported): head dims
+    64 / 128 (FlashBwdSm90), 64- or 128-row Q tiles, no two_cta."""
+    from .bwd import BWD_TILES
+
+    if hdim not in BWD_TILES or hdim_v != hdim:
+        raise ConfigError(f"(head_dim, head_dim_v)=({hdim}, {hdim_v}) with varlen: the sm90 variable-length backward "
+                          f"supports head dims {sorted(BWD_TILES)} (hdim_v == hdim; the wide kernels of hd 256 / "
+                          "(192, 128) have no varlen mode)")
+    if cfg.two_cta:
+        raise ConfigError("two_cta=True with varlen: the sm90 variable-length backward has no 2-CTA mode; use "
+                          "two_cta=False")
+    if cfg.bwd_tile_m not in (64, 128):
+        raise ConfigError(f"bwd_tile_m={cfg.bwd_tile_m} with varlen: the sm90 variable-length backward supports 64 or "
+                          "128-row Q tiles")
+
+
+def varlen_total_q_pad(total_q: int, batch: int, tile_m: int) -> int:
+    """Rows of the varlen backward's padded LSE / dPsum / dQaccum buffers: (total_q + batch * tile_m) rounded up to
+    tile_m, so every sequence's Q tiles get whole slots of their own (kernels/sm90/bwd_pre.py varlen_pad_offset)."""
+    return (total_q + batch * tile_m + tile_m - 1) // tile_m * tile_m
+
+
+def _build_varlen(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: bool = False,
+                  qhead_per_kvhead: int = 1, features: dict | None = None, dump_dir: str | None = None):
+    """Compile the varlen (pre, main, post) kernels from symbolic-shape fake tensors (no GPU needed): packed q / k / v /
+    out / dout / dq / dk / dv (total, heads, head_dim), lse (h, total_q), padded lse2 / dpsum (h, total_q_pad), dqacc
+    (h, total_q_pad, d), semaphores (h, total_q_pad / tile_m), cu_seqlens int32 (b + 1,). ``dump_dir``: keep PTX and
+    cubins there."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    from .bwd_post import FlashBwdPostSm90
+    from .bwd_pre import FlashBwdPreSm90
+
+    dt = _cutlass_dtype(dtype_name)
+    main = _main_kernel(dt, cfg, hdim, hdim, causal, qhead_per_kvhead, features, varlen=True)
+    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim, varlen=True)
+    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=True, chunks=main.num_mma_wg * main.dq_pieces,
+                            transposed=main.dq_transposed, varlen=True)
+    TQ, TK, H, B1, NM = (cute.sym_int32(symbol=s) for s in ("TQ", "TK", "H", "B1", "NM"))
+    HKV = H if qhead_per_kvhead == 1 else cute.sym_int32(symbol="HKV")
+    TQP = cute.sym_int32(divisibility=64, symbol="TQP")  # a multiple of tile_m (64 or 128)
+    packed = lambda t, h=H: make_fake_compact_tensor(dt, (t, h, hdim), stride_order=(2, 1, 0), assumed_align=16)
+    q, o, do, dq, k, v, dk, dv = packed(TQ), packed(TQ), packed(TQ), packed(TQ), packed(TK, HKV), packed(TK, HKV), \
+        packed(TK), packed(TK)
+    lse = make_fake_compact_tensor(cutlass.Float32, (H, TQ), stride_order=(1, 0), assumed_align=4)
+    lse2, dpsum = (make_fake_compact_tensor(cutlass.Float32, (H, TQP), stride_order=(1, 0), assumed_align=16)
+                   for _ in range(2))
+    dqacc = make_fake_compact_tensor(cutlass.Float32, (H, TQP, hdim), stride_order=(2, 1, 0), assumed_align=16)
+    sem = make_fake_compact_tensor(cutlass.Int32, (H, NM), stride_order=(1, 0), assumed_align=4)
+    cu_q, cu_k = (make_fake_compact_tensor(cutlass.Int32, (B1,), stride_order=(0,), assumed_align=4) for _ in range(2))
+    stream = make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    opts = "--enable-tvm-ffi" if tvm_ffi else ""
+    if dump_dir is not None:
+        import os
+
+        os.makedirs(dump_dir, exist_ok=True)
+        opts += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
+    one, scale = cutlass.Int32(1), cutlass.Float32(1.0)
+    c_pre = cute.compile(pre.call_varlen, o, do, lse, dpsum, lse2, dqacc, cu_q, one, stream, options=opts)
+    c_main = cute.compile(main.call_varlen, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, cu_q, cu_k, one, scale,
+                          stream, options=opts)
+    c_post = cute.compile(post.call_varlen, dqacc, dq, cu_q, one, scale, stream, options=opts)
+    return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
+                tile_m=main.tile_m, tile_n=main.tile_n)
+
+
+def _varlen_key(kind: str, cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, group: int, window_left: int,
+                window_right: int, softcap: float, **extra) -> tuple:
+    return cache_key(kind, cfg, dtype_name, hdim, hdim, causal, ARCH, varlen=True, **gqa_extra(group),
+                     **feature_extra(window_left, window_right, softcap), **extra)
+
+
+def compile_backward_varlen(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool,
+                            qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
+                            softcap: float = 0.0, dump_dir: str | None = None):
+    """Compile the three varlen backward kernels for symbolic shapes (CUTE_DSL_ARCH=sm_90a on a CPU host); with
+    ``dump_dir`` uncached, keeping PTX / cubins there (for SASS checks)."""
+    causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
+    feats = _features(window_left, window_right, softcap)
+    cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
+    _check_supported(cfg, hdim, hdim, bool(feats), softcap != 0.0)
+    check_varlen_supported(cfg, hdim, hdim)
+    build = lambda: _build_varlen(cfg, dtype_name, hdim, causal, qhead_per_kvhead=qhead_per_kvhead, features=feats,
+                                  dump_dir=dump_dir)
+    if dump_dir is not None:
+        return build()
+    return get_or_compile(_varlen_key("bwd_fake", cfg, dtype_name, hdim, causal, qhead_per_kvhead, window_left,
+                                      window_right, softcap), build)
+
+
+def attention_backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                              max_seqlen_k: int, causal: bool, softmax_scale: float, cfg: AttnConfig, dq=None, dk=None,
+                              dv=None, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
+    """Gradients (dq, dk, dv) of kernels.attention_varlen for packed q (total_q, h, d), k / v (total_k, h_kv, d), out /
+    dout (total_q, h, d), lse (h, total_q) fp32 (natural log, the forward's), cu_seqlens int32 on q's device (checked
+    by the caller), ``cfg`` a resolved AttnConfig. dq / dk / dv packed like q / k / v (may be preallocated, e.g.
+    NaN-poisoned by a test). Scratch per call: padded LSE (log2) / dPsum (h, total_q_pad) and fp32 dQaccum (h,
+    total_q_pad, d) where sequence b's Q tiles have slots from padded row varlen_pad_offset(cu_seqlens_q[b], b,
+    tile_m); GQA: dK / dV per Q head (total_k, h, d) summed over each group as attention_backward does."""
+    import torch
+
+    total_q, h, d = q.shape
+    total_k, h_kv = k.shape[0], k.shape[1]
+    group = h // h_kv
+    causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
+    feats = _features(window_left, window_right, softcap)
+    _check_supported(cfg, d, v.shape[2], bool(feats), softcap != 0.0)
+    check_varlen_supported(cfg, d, v.shape[2])
+    q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
+    lse = lse.contiguous()
+    dq, dk, dv = (_grad_buffer(g, like, name) for g, like, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv")))
+    if total_q == 0:  # no query rows: no gradient reaches K / V (a zero-size TMA box cannot be described)
+        dk.zero_()
+        dv.zero_()
+        return dq, dk, dv
+    if total_k == 0:  # no keys: every row's output is 0 whatever q is
+        dq.zero_()
+        return dq, dk, dv
+    # max_seqlen_q == 0 (no Q rows in these sequences): no pre / post grid, the main kernel still writes dK = dV = 0;
+    # max_seqlen_k == 0: no main grid, pre / post still write dQ = 0 (only the given sequences' rows are touched)
+    run_q, run_k = max_seqlen_q > 0, max_seqlen_k > 0
+    batch = cu_seqlens_q.shape[0] - 1
+    tile_m = cfg.bwd_tile_m
+    tqp = varlen_total_q_pad(total_q, batch, tile_m)
+    dev = q.device
+    lse2 = torch.empty(h, tqp, device=dev, dtype=torch.float32)
+    dpsum = torch.empty(h, tqp, device=dev, dtype=torch.float32)
+    dqacc = torch.empty(h, tqp, d, device=dev, dtype=torch.float32)
+    sem = (torch.zeros if cfg.deterministic else torch.empty)(h, tqp // tile_m, device=dev, dtype=torch.int32)
+    dtype_name = str(q.dtype).replace("torch.", "")
+    key = _varlen_key("bwd", cfg, dtype_name, d, causal, group, window_left, window_right, softcap, tvm_ffi=True)
+    kern = get_or_compile(key, lambda: _build_varlen(cfg, dtype_name, d, causal, tvm_ffi=True,
+                                                     qhead_per_kvhead=group, features=feats))
+    dk_h = dk if group == 1 else torch.empty(total_k, h, d, device=dev, dtype=k.dtype)
+    dv_h = dv if group == 1 else torch.empty(total_k, h, d, device=dev, dtype=v.dtype)
+    with torch.cuda.device(dev):
+        if run_q:
+            kern["pre"](out, dout, lse, dpsum, lse2, dqacc, cu_seqlens_q, int(max_seqlen_q))
+        if run_k:
+            kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, cu_seqlens_q, cu_seqlens_k,
+                         int(max_seqlen_k), float(softmax_scale))
+        if run_q:
+            kern["post"](dqacc, dq, cu_seqlens_q, int(max_seqlen_q), float(softmax_scale))
+        if group > 1 and run_k:  # Q head i belongs to K/V head i // group
+            torch.sum(dk_h.view(total_k, h_kv, group, d), dim=2, out=dk)
+            torch.sum(dv_h.view(total_k, h_kv, group, d), dim=2, out=dv)
+    return dq, dk, dv
 
 
 def _canonical(causal, window_left: int, window_right: int, softcap: float):

@@ -79,6 +79,7 @@ from cutlass.experimental.primitives.nvvm_wrapper import cp_async_bulk_shared_cl
 
 from ..config import DEFAULTS
 from .barriers import Bar
+from .bwd_pre import varlen_pad_offset
 from .exp2 import compiled_fraction, emulated_fragments, exp2_poly
 from .gemm import wgmma
 from .mask import bwd_tile_needs_mask, m_block_range_window, m_block_visitors
@@ -134,12 +135,17 @@ class FlashBwdSm90:
     """Main backward kernel. Plain-Python knobs in, compile-time constants inside."""
 
     dq_transposed = False  # dQ^T = K^T dS^T per warpgroup (80-row Q tiles); FlashBwdWideSm90 keeps dQ = dS K
+    varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
-                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
+                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                 varlen: bool = False):
         self._set_gqa(qhead_per_kvhead)
+        if varlen and two_cta:
+            raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
+        self.varlen = bool(varlen)
         if hdim not in BWD_TILES or hdim_v not in (None, hdim):
             raise ValueError(f"hdim={hdim}, hdim_v={hdim_v}: FlashBwdSm90 supports head dims {sorted(BWD_TILES)} "
                              "with hdim_v == hdim (bwd_wide.py has the wider ones)")
@@ -316,7 +322,43 @@ class FlashBwdSm90:
                  softmax_scale: Float32, stream: cuda.CUstream):
         mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem = self._kernel_views(
             mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
+        mma_S, mma_dKV, mma_dQ, loads, atoms, (tdK, tdV, tma_dK, tma_dV) = self._host_setup(
+            mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV)
+        mc = self.cluster
+        num_n_blocks = cute.ceil_div(mK.shape[0], self.tile_n)
+        grid = (cute.ceil_div(num_n_blocks, mc) * mc, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
+                    self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
+                    self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), self.score_scale(softmax_scale)).launch(
+            grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1)
 
+    @cute.jit
+    def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                    mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
+                    mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor, mCuSeqlensQ: cute.Tensor,
+                    mCuSeqlensK: cute.Tensor, max_seqlen_k: Int32, softmax_scale: Float32, stream: cuda.CUstream):
+        """Variable-length launch (``varlen=True``): packed mQ (total_q, h, d), mK / mV (total_k, h_kv, d), mdO
+        (total_q, h, d), mdK / mdV (total_k, h, d) (per Q head); padded mLSE (log2) / mdPsum (h, total_q_pad),
+        mdQaccum (h, total_q_pad, d), mSem (h, total_q_pad / tile_m) int32 (one per padded Q tile); mCuSeqlensQ / K
+        int32 (b + 1,). Grid (ceil(max_seqlen_k / tile_n), h, b)."""
+        assert self.varlen, "call_varlen needs FlashBwdSm90(varlen=True)"
+        # (total, h, d) -> (total, d, h); (h, total_pad) -> (total_pad, h); dQaccum and semaphores stay (h, ...)
+        mQ, mK, mV, mdO, mdK, mdV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
+                                     for t in (mQ, mK, mV, mdO, mdK, mdV)]
+        mLSE, mdPsum = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0])) for t in (mLSE, mdPsum)]
+        mma_S, mma_dKV, mma_dQ, loads, atoms, (_, _, tma_dK, tma_dV) = self._host_setup(
+            mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV)
+        grid = ((max_seqlen_k + self.tile_n - 1) // self.tile_n, mQ.shape[2], mCuSeqlensQ.shape[0] - 1)
+        # dK / dV leave through row-predicated stores (dkdv_store_varlen): the kernel gets the tensors themselves
+        self.kernel(*loads, *atoms, mdQaccum, mdK, mdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
+                    self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
+                    self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), self.score_scale(softmax_scale),
+                    mCuSeqlensQ, mCuSeqlensK).launch(
+            grid=grid, block=[self.num_threads, 1, 1], cluster=[1, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def _host_setup(self, mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV):
+        """Shared-memory layouts, tiled MMAs, TMA atoms and the shared storage struct (host side of a launch).
+        Returns (mma_S, mma_dKV, mma_dQ, loads, atoms, (tdK, tdV, tma_dK, tma_dV))."""
         tm, tn, d = self.tile_m, self.tile_n, self.hdim
         self.sQ_layout = self._smem_layout(tm, d, self.stages, min(d, 64))
         self.sdO_layout = self._smem_layout(tm, d, self.stages, min(d, 64))
@@ -352,9 +394,8 @@ class FlashBwdSm90:
 
         # dK / dV leave through shared memory (the K / V tiles' space) with one TMA store each
         self.sdKV_layout = self._smem_layout(tn, d, 1, min(d, 64))
-        loads, atoms, (tdK, tdV, tma_dK, tma_dV) = self._tma_atoms(mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV,
-                                                                   self.sdKV_layout, self.sdKV_layout)
-        mc = self.cluster
+        loads, atoms, stores = self._tma_atoms(mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV, self.sdKV_layout,
+                                               self.sdKV_layout)
 
         self.bytes_q = tm * d * self.dtype.width // 8 + tm * 4
         self.bytes_do = self.bytes_q
@@ -366,13 +407,7 @@ class FlashBwdSm90:
 
         self.shared_storage = self._shared_storage(cute.cosize(self.sdS_layout), dq_cosize, kp_cosize=kp_cosize,
                                                    dsp_cosize=dsp_cosize)
-
-        num_n_blocks = cute.ceil_div(mK.shape[0], tn)
-        grid = (cute.ceil_div(num_n_blocks, mc) * mc, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
-        self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
-                    self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
-                    self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), self.score_scale(softmax_scale)).launch(
-            grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1)
+        return mma_S, mma_dKV, mma_dQ, loads, atoms, stores
 
     def score_scale(self, softmax_scale):
         """The kernel's scale_log2 argument: softmax_scale * log2(e), or with a softcap the pre-tanh factor
@@ -393,12 +428,23 @@ class FlashBwdSm90:
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sdS_layout: cute.ComposedLayout, sdSp_layout: cute.ComposedLayout, sdKV_layout: cute.ComposedLayout,
-               softmax_scale: Float32, scale_log2: Float32):
+               softmax_scale: Float32, scale_log2: Float32, mCuSeqlensQ: cute.Tensor = None,
+               mCuSeqlensK: cute.Tensor = None):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
+        offset_q = 0  # varlen: the sequence's first row in the packed Q / dO and K / V / dK / dV, and its first
+        offset_k = 0  # padded Q tile in LSE / dPsum / dQaccum / the semaphores
+        pad_tile = 0
+        if const_expr(self.varlen):
+            offset_q = mCuSeqlensQ[batch]
+            seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+            offset_k = mCuSeqlensK[batch]
+            seqlen_k = mCuSeqlensK[batch + 1] - offset_k
+            pad_tile = varlen_pad_offset(offset_q, batch, self.tile_m) // self.tile_m
+        else:
+            seqlen_q = mQ.shape[0]
+            seqlen_k = mK.shape[0]
         n_block, num_groups, rank, m_block_min, m_block_max = self.tile_schedule(bidx, seqlen_q, seqlen_k)
 
         if warp_idx == 0:
@@ -431,16 +477,41 @@ class FlashBwdSm90:
         sdKs = storage.sK.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
         sdVs = storage.sV.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
 
+        if const_expr(self.varlen):
+            if bidx * self.tile_n < seqlen_k:  # the whole CTA leaves when its K/V tile starts past its sequence
+                self.roles(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, mdQaccum,
+                           mdK, mdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sdO, sK, sV, sdS, sKp, sdSp,
+                           sdKs, sdVs, sLSE, sdPsum, storage, pipe_q, pipe_do, pipe_kv, warp_idx, tidx, n_block, head,
+                           batch, m_block_min, m_block_max, num_groups, seqlen_q, seqlen_k, softmax_scale,
+                           scale_log2, rank, offset_q, offset_k, pad_tile)
+        else:
+            self.roles(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, mdQaccum,
+                       mdK, mdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sdO, sK, sV, sdS, sKp, sdSp,
+                       sdKs, sdVs, sLSE, sdPsum, storage, pipe_q, pipe_do, pipe_kv, warp_idx, tidx, n_block, head,
+                       batch, m_block_min, m_block_max, num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2,
+                       rank)
+        if const_expr(self.two_cta):
+            # no CTA may leave while its peer can still multicast into it or arrive on its barriers
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    @cute.jit
+    def roles(self, mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, mdQaccum, mdK,
+              mdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sdO, sK, sV, sdS, sKp, sdSp, sdKs, sdVs, sLSE,
+              sdPsum, storage, pipe_q, pipe_do, pipe_kv, warp_idx, tidx, n_block, head, batch, m_block_min,
+              m_block_max, num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank, offset_q=0, offset_k=0,
+              pad_tile=0):
+        """Warp roles: warp 0 loads, warp 1 writes dQ (one-CTA), warpgroups 1.. compute (varlen: offsets given)."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
                           sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-                          n_block, head, batch, m_block_min, m_block_max, rank)
+                          n_block, head, batch, m_block_min, m_block_max, rank, offset_q, offset_k, pad_tile)
             if const_expr(self.dq_smem):
                 if warp_idx == 1:
                     self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), head, batch, m_block_min, m_block_max,
-                                   n_block, num_groups, seqlen_q, seqlen_k)
+                                   n_block, num_groups, seqlen_q, seqlen_k, pad_tile)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma(mdQaccum, mdK, mdV, tma_dK, tma_dV, sdKs, sdVs, mSem, mma_S, mma_dKV, mma_dQ,
@@ -448,11 +519,7 @@ class FlashBwdSm90:
                      sLSE, sdPsum, storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
                      storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr(),
                      pipe_q, pipe_do, pipe_kv, tidx - 128, n_block, head, batch, m_block_min, m_block_max,
-                     num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank)
-        if const_expr(self.two_cta):
-            # no CTA may leave while its peer can still multicast into it or arrive on its barriers
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
+                     num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank, offset_k)
 
     @cute.jit
     def tile_schedule(self, bidx, seqlen_q, seqlen_k):
@@ -518,7 +585,10 @@ class FlashBwdSm90:
     @cute.jit
     def load(self, mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
              sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-             n_block, head, batch, m_block_min, m_block_max, rank):
+             n_block, head, batch, m_block_min, m_block_max, rank, offset_q=0, offset_k=0, pad_tile=0):
+        """Producer warp: K / V once, then per Q tile Q + LSE and dO + dPsum. Varlen: Q / dO / K / V tiles start at the
+        sequence's first row (rows past its end are the next sequence's or TMA zero fill: masked by seqlen_k, or
+        LSE +inf / dPsum 0 for Q rows), LSE / dPsum tiles at the sequence's padded tile slot."""
         tm, tn, d, dv, mc = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.cluster
 
         def part(atom, s, g, crd=0, n=1):
@@ -528,12 +598,20 @@ class FlashBwdSm90:
         head_kv = head
         if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
             head_kv = head // self.qhead_per_kvhead
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (None, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, dv), (None, 0))
-        gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
-        gdO = cute.local_tile(mdO[None, None, head, batch], (tm, dv), (None, 0))
-        gLSE = cute.local_tile(mLSE[None, head, batch], (tm,), (None,))
-        gdPsum = cute.local_tile(mdPsum[None, head, batch], (tm,), (None,))
+        if const_expr(self.varlen):
+            gK = cute.local_tile(cute.domain_offset((offset_k, 0), mK[None, None, head_kv]), (tn, d), (None, 0))
+            gV = cute.local_tile(cute.domain_offset((offset_k, 0), mV[None, None, head_kv]), (tn, dv), (None, 0))
+            gQ = cute.local_tile(cute.domain_offset((offset_q, 0), mQ[None, None, head]), (tm, d), (None, 0))
+            gdO = cute.local_tile(cute.domain_offset((offset_q, 0), mdO[None, None, head]), (tm, dv), (None, 0))
+            gLSE = cute.local_tile(mLSE[None, head], (tm,), (None,))  # padded: tile pad_tile + m_block
+            gdPsum = cute.local_tile(mdPsum[None, head], (tm,), (None,))
+        else:
+            gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (None, 0))
+            gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, dv), (None, 0))
+            gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (tm, dv), (None, 0))
+            gLSE = cute.local_tile(mLSE[None, head, batch], (tm,), (None,))
+            gdPsum = cute.local_tile(mdPsum[None, head, batch], (tm,), (None,))
         tKsK, tKgK = part(tma_K, sK, gK)
         tVsV, tVgV = part(tma_V, sV, gV)
         tQsQ, tQgQ = part(tma_Q, sQ, gQ, rank, mc)
@@ -558,13 +636,16 @@ class FlashBwdSm90:
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
             pipe_q.producer_acquire(q_state)
             bar = pipe_q.producer_get_barrier(q_state)
+            lse_block = m_block
+            if const_expr(self.varlen):
+                lse_block = m_block + pad_tile
             cute.copy(tma_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar, **mask)
-            cute.copy(tma_LSE, tLgL[None, m_block], tLsL[None, q_state.index], tma_bar_ptr=bar, **mask)
+            cute.copy(tma_LSE, tLgL[None, lse_block], tLsL[None, q_state.index], tma_bar_ptr=bar, **mask)
             q_state.advance()
             pipe_do.producer_acquire(do_state)
             bar = pipe_do.producer_get_barrier(do_state)
             cute.copy(tma_dO, tdOgdO[None, m_block], tdOsdO[None, do_state.index], tma_bar_ptr=bar, **mask)
-            cute.copy(tma_dPsum, tPgP[None, m_block], tPsP[None, do_state.index], tma_bar_ptr=bar, **mask)
+            cute.copy(tma_dPsum, tPgP[None, lse_block], tPsP[None, do_state.index], tma_bar_ptr=bar, **mask)
             do_state.advance()
 
     # ---------------------------------------------------------------------------------------------
@@ -573,7 +654,7 @@ class FlashBwdSm90:
             sQ, sK, sV, sdO, sdS, sKp, sdSp,
             sLSE, sdPsum, sdS_raw, sdSp_raw, sdQ_raw, mbar_dsfull, mbar_dsempty,
             pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min, m_block_max,
-            num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank):
+            num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank, offset_k=0):
         tm, tn, d, mc = self.tile_m, self.tile_n, self.hdim, self.cluster
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tid = tidx % 128
@@ -676,7 +757,7 @@ class FlashBwdSm90:
                                        causal_off, num_groups, rank, head, batch, tidx)
 
         self.dkdv_epilogue(acc_dK, acc_dV, mma_dKV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid,
-                           tidx, n_block, head, batch, softmax_scale, seqlen_k)
+                           tidx, n_block, head, batch, softmax_scale, seqlen_k, offset_k)
 
     # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
     @cute.jit
@@ -880,7 +961,7 @@ class FlashBwdSm90:
 
     @cute.jit
     def dkdv_epilogue(self, acc_dK, acc_dV, mma_dK, mma_dV, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid,
-                      tidx, n_block, head, batch, softmax_scale, seqlen_k):
+                      tidx, n_block, head, batch, softmax_scale, seqlen_k, offset_k=0):
         """dK * softmax_scale and dV in the input dtype: stmatrix into the K / V tiles' shared memory once both
         warpgroups are past their last GEMM, then one TMA store each (rows past seqlen_k are clipped). With
         seqlen_k given, the store is skipped for a tile wholly past it (a two_cta pair's second tile may be)."""
@@ -898,12 +979,39 @@ class FlashBwdSm90:
         cute.copy(st_atom, thr_stV.retile(rdV), thr_stV.partition_D(self.dkdv_slice(sdVs, self.hdim_v, wg)))
         cute.arch.fence_view_async_shared()
         pds_bar.arrive_and_wait()
-        if tidx == 0:
+        if const_expr(self.varlen):
+            self.dkdv_store_varlen(sdKs, sdVs, mdK, mdV, n_block, head, offset_k, seqlen_k, tidx)
+        elif tidx == 0:
             if const_expr(seqlen_k is None):
                 self.dkdv_store(sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
             else:
                 if n_block * tn < seqlen_k:
                     self.dkdv_store(sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
+
+    @cute.jit
+    def dkdv_store_varlen(self, sdKs, sdVs, mdK, mdV, n_block, head, offset_k, seqlen_k, tidx):
+        """Varlen: every MMA thread copies 16-byte row pieces of the staged dK / dV tiles to the packed dK / dV, only
+        rows inside the sequence (a TMA store clips at the packed tensor's end only: it would overwrite the next
+        sequence's rows)."""
+        tn = self.tile_n
+        vec = 128 // self.dtype.width
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        row_limit = seqlen_k - n_block * tn
+        for s_t, m_t, cols in ((sdKs, mdK, self.hdim), (sdVs, mdV, self.hdim_v)):
+            per_row = cols // vec
+            tiled = cute.make_tiled_copy_tv(
+                atom, cute.make_ordered_layout((self.num_mma_threads // per_row, per_row), order=(1, 0)),
+                cute.make_layout((1, vec)))
+            thr = tiled.get_slice(tidx)
+            g_t = cute.local_tile(cute.domain_offset((offset_k, 0), m_t[None, None, head]), (tn, cols), (n_block, 0))
+            tsS = thr.partition_S(s_t[None, None, 0])
+            tgD = thr.partition_D(g_t)
+            tcS = thr.partition_S(cute.make_identity_tensor((tn, cols)))
+            trS = cute.make_rmem_tensor_like(tsS)
+            cute.copy(tiled, tsS, trS)
+            for m in cutlass.range_constexpr(cute.size(tgD, mode=[1])):
+                if tcS[0, m, 0][0] < row_limit:
+                    cute.copy(tiled, trS[None, m, None], tgD[None, m, None])
 
     def dkdv_store(self, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch):
         """One thread: TMA-store the staged dK / dV tiles of K/V tile n_block and wait until they are read."""
@@ -933,14 +1041,24 @@ class FlashBwdSm90:
     # ---------------------------------------------------------------------------------------------
     @cute.jit
     def dq_writer(self, mdQaccum, mSem, sdQ_raw, head, batch, m_block_min, m_block_max, n_block, num_groups,
-                  seqlen_q, seqlen_k):
-        """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic)."""
+                  seqlen_q, seqlen_k, pad_tile=0):
+        """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic).
+        Varlen: dQaccum (h, total_q_pad, d) and the semaphores (h, total_q_pad / tile_m) at the sequence's padded Q
+        tiles (pad_tile + m_block)."""
         tn = self.tile_n
         lane = cute.arch.lane_idx()
-        mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
+        if const_expr(self.varlen):
+            mdQ2 = mdQaccum[head, None, None]  # contiguous (total_q padded, d)
+        else:
+            mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
         for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
+            acc_block = m_block  # the Q tile's slot in dQaccum / the semaphores
+            if const_expr(self.varlen):
+                acc_block = m_block + pad_tile
+                sem_ptr = mSem.iterator + cute.crd2idx((head, acc_block), mSem.layout)
+            else:
+                sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
             for p in cutlass.range_constexpr(self.dq_pieces):
                 # hand-off slot of this piece: dq_pieces per Q tile, dq_stages buffers
                 buf = (((m_block - m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
@@ -959,7 +1077,7 @@ class FlashBwdSm90:
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                     if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
                         # chunk w * dq_pieces + p of the tile: columns [(w * dq_pieces + p) * dq_n, ...)
-                        gptr = mdQ2.iterator + ((m_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
+                        gptr = mdQ2.iterator + ((acc_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
                         bulk_reduce_add_f32(gptr, sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                         cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):

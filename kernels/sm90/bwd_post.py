@@ -19,14 +19,18 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode
+
+from .bwd_pre import varlen_pad_offset
 
 
 class FlashBwdPostSm90:
     def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2,
-                 transposed: bool = False):
+                 transposed: bool = False, varlen: bool = False):
         self.dtype = dtype
+        self.varlen = bool(varlen)  # packed dQ (total_q, h, d), padded per-sequence dQaccum slots: call_varlen
+        assert not self.varlen or blocked
         self.hdim = hdim
         self.tile_m = tile_m
         self.blocked = blocked
@@ -62,6 +66,20 @@ class FlashBwdPostSm90:
             grid = (cute.ceil_div(mdQ.shape[1], self.rows_per_cta), mdQ.shape[2], mdQ.shape[0])
             self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[self.num_threads, 1, 1],
                                                              stream=stream)
+
+    @cute.jit
+    def call_varlen(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mCuSeqlensQ: cute.Tensor, max_seqlen_q: Int32,
+                    softmax_scale: Float32, stream: cuda.CUstream):
+        """Varlen launch (blocked dQaccum only): mdQaccum (h, total_q_pad, d) with sequence b's Q tiles from padded
+        tile varlen_pad_offset(cu_seqlens_q[b], b, tile_m) / tile_m on, mdQ packed (total_q, h, d). Grid
+        (ceil(max_seqlen_q / tile_m), h, b); a CTA past its sequence's last tile leaves at once."""
+        assert self.varlen, "call_varlen needs FlashBwdPostSm90(varlen=True)"
+        mma_dQ = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
+            Float32, (1, 1, 1), self.dq_shape)
+        grid = ((max_seqlen_q + self.tile_m - 1) // self.tile_m, mdQ.shape[1], mCuSeqlensQ.shape[0] - 1)
+        self.kernel_blocked_varlen(mdQaccum, mdQ, softmax_scale, mma_dQ, mCuSeqlensQ).launch(
+            grid=grid, block=[self.num_threads, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
@@ -126,3 +144,63 @@ class FlashBwdPostSm90:
             if row < seqlen_q:
                 cute.autovec_copy(cute.local_tile(sdQ[r, None], (8,), (v8,)),
                                   cute.local_tile(mdQ[batch, row, head, None], (8,), (v8,)))
+
+    @cute.kernel
+    def kernel_blocked_varlen(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,
+                              mma_dQ: cute.TiledMma, mCuSeqlensQ: cute.Tensor):
+        """kernel_blocked for one sequence of a packed batch: the sequence's padded dQaccum tile slot in, its packed
+        rows out; the CTA does nothing past the sequence's last tile. (The plain kernel keeps its own copy of the tile
+        code so that its SASS stays byte-identical.)"""
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        offset_q = mCuSeqlensQ[batch]
+        seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+        if m_block * self.tile_m < seqlen_q:
+            pad_tile = varlen_pad_offset(offset_q, batch, self.tile_m) // self.tile_m
+            self.blocked_tile(mdQaccum[head, None, None], cute.domain_offset((offset_q, 0), mdQ[None, head, None]),
+                              softmax_scale, mma_dQ, tidx, m_block, pad_tile + m_block, seqlen_q)
+
+    @cute.jit
+    def blocked_tile(self, mdQ2: cute.Tensor, mdQs: cute.Tensor, softmax_scale: Float32, mma_dQ: cute.TiledMma,
+                     tidx: Int32, m_block: Int32, acc_tile: Int32, seqlen_q: Int32):
+        """One Q tile: dQaccum tile ``acc_tile`` of mdQ2 ((padded) rows, d) -> rows of tile m_block of mdQs
+        (seqlen rows, d), rows below seqlen_q only."""
+        tm, d, nv = self.tile_m, self.hdim, self.dq_vals
+        wg = tidx // 128
+        tid = tidx % 128
+        thr = mma_dQ.get_slice(tid)
+        tcoord = thr.partition_C(cute.make_identity_tensor(self.dq_shape))
+        base = mdQ2.iterator + ((acc_tile * self.chunks + wg) * 128 * nv + tid * 4)
+        gacc = cute.make_tensor(base.align(16), cute.make_layout((4, nv // 4), stride=(1, 512)))
+        racc = cute.make_rmem_tensor((4, nv // 4), Float32)
+        for j in cutlass.range_constexpr(nv // 4):
+            cute.autovec_copy(gacc[None, j], racc[None, j])
+        rdQ = cute.make_rmem_tensor((4, nv // 4), self.dtype)
+        rdQ.store((racc.load() * softmax_scale).to(self.dtype))
+
+        smem = cutlass.memory.SmemAllocator()
+        pitch = d + 8  # bf16 elements per smem row: +16 bytes shifts each row by 4 banks
+        sdQ = smem.allocate_tensor(self.dtype, cute.make_layout((tm, d), stride=(pitch, 1)), byte_alignment=16)
+        sdQ32 = cute.recast_tensor(sdQ, cutlass.Uint32)  # (tm, d / 2): one column pair per word
+        rdQ32 = cute.recast_tensor(rdQ, cutlass.Uint32)  # (2, nv // 4): value pairs (i, i + 1), i even
+        if cutlass.const_expr(self.transposed):
+            # values are (head-dim row, Q column) of dQ^T: adjacent fragment values are adjacent Q rows, 2-byte stores
+            for i in cutlass.range_constexpr(nv):
+                dl, ql = tcoord[i]
+                sdQ[ql, dl + wg * self.dq_shape[0]] = rdQ[i]
+        else:
+            for j in cutlass.range_constexpr(nv // 4):
+                for e in cutlass.range_constexpr(2):
+                    r, c = tcoord[2 * e + 4 * j]
+                    sdQ32[r + wg * self.row_step, (c + wg * self.col_step) // 2] = rdQ32[e, j]
+        cute.arch.sync_threads()
+
+        vecs_per_row = d // 8
+        for k in cutlass.range_constexpr(tm * vecs_per_row // self.num_threads):
+            idx = tidx + k * self.num_threads
+            r = idx // vecs_per_row
+            v8 = idx % vecs_per_row
+            row = m_block * tm + r
+            if row < seqlen_q:
+                cute.autovec_copy(cute.local_tile(sdQ[r, None], (8,), (v8,)),
+                                  cute.local_tile(mdQs[row, None], (8,), (v8,)))

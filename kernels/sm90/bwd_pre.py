@@ -18,9 +18,20 @@ from cutlass import Float32, Int32
 LOG2_E = math.log2(math.e)
 
 
+@cute.jit
+def varlen_pad_offset(offset_q: Int32, batch: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
+    """Varlen: the first padded row of sequence ``batch`` in the (h, total_q_pad) LSE / dPsum and dQaccum buffers,
+    (cu_seqlens_q[b] + b * tile_m) rounded down to a multiple of tile_m. Each sequence's ceil(seqlen / tile_m) tile
+    slots then end at or before the next sequence's first one (the rounding loses < tile_m, the added tile_m per
+    sequence covers it), and total_q_pad = (total_q + b * tile_m) rounded up to tile_m holds them all."""
+    return (offset_q + batch * tile_m) // tile_m * tile_m
+
+
 class FlashBwdPreSm90:
-    def __init__(self, dtype, hdim: int, tile_m: int, hdim_v: int | None = None):
+    def __init__(self, dtype, hdim: int, tile_m: int, hdim_v: int | None = None, varlen: bool = False):
         self.dtype = dtype
+        self.tile_m = tile_m
+        self.varlen = bool(varlen)  # packed sequences + padded per-sequence tile slots: call_varlen
         self.hdim = hdim  # dQaccum columns
         self.hdim_v = hdim_v or hdim  # O / dO columns
         self.tpr = self.hdim_v // 8  # threads per row
@@ -36,6 +47,66 @@ class FlashBwdPreSm90:
         grid = (cute.ceil_div(sqp, self.rows_per_cta), mO.shape[2], mO.shape[0])
         self.kernel(mO, mdO, mLSE, mdPsum, mLSE2, mdQaccum).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+
+    @cute.jit
+    def call_varlen(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
+                    mLSE2: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlensQ: cute.Tensor, max_seqlen_q: Int32,
+                    stream: cuda.CUstream):
+        """Varlen launch: packed mO / mdO (total_q, h, dv), mLSE (h, total_q); padded mdPsum / mLSE2 (h, total_q_pad),
+        mdQaccum (h, total_q_pad, d), where sequence b owns the tile slots from padded row
+        varlen_pad_offset(cu_seqlens_q[b], b, tile_m) on (ceil(seqlen / tile_m) tiles; kernels/sm90/backward.py).
+        Grid (rows of max_seqlen_q rounded up to tile_m / rows_per_cta, h, b)."""
+        assert self.varlen, "call_varlen needs FlashBwdPreSm90(varlen=True)"
+        m_pad = (max_seqlen_q + self.tile_m - 1) // self.tile_m * self.tile_m
+        grid = ((m_pad + self.rows_per_cta - 1) // self.rows_per_cta, mO.shape[1], mCuSeqlensQ.shape[0] - 1)
+        self.kernel_varlen(mO, mdO, mLSE, mdPsum, mLSE2, mdQaccum, mCuSeqlensQ).launch(
+            grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel_varlen(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
+                      mLSE2: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlensQ: cute.Tensor):
+        """As ``kernel`` for one sequence of a packed batch: rows of the sequence's padded tile slots (a whole CTA is
+        in one tile, so it is in or out as one); rows past the sequence's end get LSE +inf, dPsum 0, dQaccum 0."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, head, batch = cute.arch.block_idx()
+        offset_q = mCuSeqlensQ[batch]
+        seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+        pad_q = varlen_pad_offset(offset_q, batch, self.tile_m)
+        row = bidx * self.rows_per_cta + tidx // self.tpr
+        if bidx * self.rows_per_cta < (seqlen_q + self.tile_m - 1) // self.tile_m * self.tile_m:
+            col0 = (tidx % self.tpr) * 8
+            acc = Float32(0.0)
+            if row < seqlen_q:
+                gO = cute.local_tile(mO[offset_q + row, head, None], (8,), (tidx % self.tpr,))
+                gdO = cute.local_tile(mdO[offset_q + row, head, None], (8,), (tidx % self.tpr,))
+                rO = cute.make_rmem_tensor((8,), self.dtype)
+                rdO = cute.make_rmem_tensor((8,), self.dtype)
+                cute.autovec_copy(gO, rO)
+                cute.autovec_copy(gdO, rdO)
+                prod = rO.load().to(Float32) * rdO.load().to(Float32)
+                acc = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            off = self.tpr // 2
+            while cutlass.const_expr(off >= 1):
+                acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
+                off //= 2
+            prow = pad_q + row
+            for j in cutlass.range_constexpr(self.zero_passes):
+                if cutlass.const_expr(self.zero_passes == 1):
+                    gdQ = cute.local_tile(mdQaccum[head, prow, None], (8,), (tidx % self.tpr,))
+                    gdQ.fill(0.0)
+                else:
+                    if col0 + j * self.hdim_v < self.hdim:
+                        gdQ = cute.local_tile(mdQaccum[head, prow, None], (8,), (tidx % self.tpr + j * self.tpr,))
+                        gdQ.fill(0.0)
+            if col0 == 0:
+                lse2 = Float32(float("inf"))
+                if row < seqlen_q:
+                    lse = mLSE[head, offset_q + row]
+                    lse2 = lse * LOG2_E
+                    if lse == -Float32.inf:
+                        lse2 = Float32(0.0)
+                mLSE2[head, prow] = lse2
+                mdPsum[head, prow] = acc
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
