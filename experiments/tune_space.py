@@ -2,8 +2,9 @@
 and the order in which a time budget visits them.
 
 Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows), tile_n, num_stages, the register split
-(producer_regs, consumer_regs), pingpong and exp2_emu_fraction. Backward: bwd_tile_m. (AttnConfig has no cluster
-field, so the search has none; ``persistent`` is not searched either: its default is a per-call rule on seqlen_q,
+(producer_regs, consumer_regs), pingpong and exp2_emu_fraction. Backward: bwd_tile_m. (``cluster_m`` is not
+searched: an opt-in forward switch for non-causal calls only, A/B it with backend.config.cluster_m=2; ``persistent``
+is not searched either: its default is a per-call rule on seqlen_q,
 DEFAULTS' persistent_max_seqlen, which one tuned value per (hdim, causal) cannot express -- A/B it with
 backend.config.persistent=true/false at the sequence lengths in question.) A combination is *valid* when AttnConfig accepts it, the
 kernel class's constructor accepts it (its shared-memory and register-budget asserts; no compilation), and the live

@@ -57,6 +57,10 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 
 DET_SCHEDULES = ("spt", "naive")
 PER_CALL_FIELDS = ("persistent",)  # None stays None through resolve(): decided per call from the shapes
+# fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
+# this value, so every config, hash and key from before the field existed is unchanged
+OMITTED_AT: dict[str, object] = {"cluster_m": 1}
+CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
 # Q tile of bwd_tile_m rows has bwd_tile_m/8 (16 at 128 rows, 8 at 64). Any fraction in [0, 1] is accepted; it is
@@ -84,6 +88,11 @@ class AttnConfig:
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
     persistent: bool | None = None
+    # forward only: CTAs per thread-block cluster along the Q tiles (1 or 2). 2: the two CTAs of a cluster compute the
+    # adjacent Q tiles 2i, 2i+1 of one (head, batch) and share every K/V tile load by TMA multicast (FA3's 2x1 cluster;
+    # non-causal, not varlen, not persistent, no window: kernels/validate.py check_cluster). Opt-in (not in DEFAULTS);
+    # left out of to_dict() at 1.
+    cluster_m: int = 1
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None
@@ -117,6 +126,12 @@ class AttnConfig:
                                             or self.bwd_tile_m not in (64, 80, 128)):
             raise ConfigError(f"bwd_tile_m={self.bwd_tile_m!r}: must be None (per-arch default) or one of 64, 80, 128 "
                               "(80: sm90 hdim 128 only)")
+        c = self.cluster_m
+        if isinstance(c, bool) or not isinstance(c, int) or c not in CLUSTER_M_VALUES:
+            raise ConfigError(f"cluster_m={c!r}: must be 1 (no cluster) or 2 (2x1 cluster, K/V multicast; forward)")
+        if c > 1 and self.persistent is True:
+            raise ConfigError(f"cluster_m={c} with persistent=True: the persistent forward has no cluster; pass "
+                              "persistent=None or False, or cluster_m=1")
         for name, lo, hi, mult in (("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
                                    ("consumer_regs", 24, 256, 8), ("producer_regs", 24, 256, 8)):
             v = getattr(self, name)
@@ -147,10 +162,11 @@ class AttnConfig:
         return all(getattr(self, f.name) is not None for f in fields(self) if f.name not in PER_CALL_FIELDS)
 
     def to_dict(self) -> dict:
-        """Every field; a per-call field (persistent) only when set, so configs, hashes and compile cache keys from
-        before the field existed are unchanged."""
+        """Every field; a per-call field (persistent) only when set and cluster_m only when not 1, so configs, hashes
+        and compile cache keys from before those fields existed are unchanged."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if not (f.name in PER_CALL_FIELDS and getattr(self, f.name) is None)}
+                if not (f.name in PER_CALL_FIELDS and getattr(self, f.name) is None)
+                and not (f.name in OMITTED_AT and getattr(self, f.name) == OMITTED_AT[f.name])}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "AttnConfig":
@@ -325,10 +341,11 @@ def persistent_max_seqlen(arch: str, hdim: int, causal: bool) -> int:
 def persistent_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, causal: bool, seqlen_q: int,
                           varlen: bool = False) -> bool:
     """Whether the forward runs persistent: ``cfg.persistent`` when set, otherwise seqlen_q <= the table's bound for
-    (arch, hdim, causal); never by default for varlen (a forced True with varlen is kernels.validate's ConfigError)."""
+    (arch, hdim, causal); never by default for varlen or with cluster_m > 1 (a forced True with varlen is
+    kernels.validate's ConfigError, with cluster_m > 1 AttnConfig's)."""
     if cfg is not None and cfg.persistent is not None:
         return bool(cfg.persistent)
-    if varlen:
+    if varlen or (cfg is not None and cfg.cluster_m > 1):  # the persistent forward has no cluster
         return False
     return 0 < int(seqlen_q) <= persistent_max_seqlen(arch, hdim, causal)
 

@@ -9,6 +9,8 @@ torch.library op ``fa4lab::fwd`` (its backward, ``fa4lab::bwd``, calls ``kernels
 Persistent forward: ``cfg.persistent`` True / False forces it; None runs it when seqlen_q <= the per-(arch, hdim, causal)
 bound of kernels.config.DEFAULTS (``persistent_by_default``); a persistent launch has min(SM count of the tensors'
 device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA).
+``cfg.cluster_m`` = 2 (opt-in): the 2x1-cluster forward with K/V multicast, same launch arguments; non-causal without a
+window only (kernels.validate.check_cluster, a ConfigError before anything compiles), never persistent.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 
 from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
 from .config import AttnConfig, ConfigError, persistent_by_default, resolve_cached
-from .validate import InputError, check_gqa_heads
+from .validate import InputError, check_cluster, check_gqa_heads
 
 ARCH = "sm90"
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -114,6 +116,7 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     s_k, d_v = k.shape[1], v.shape[3]
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     group = check_gqa_heads(h, k.shape[2], v.shape[2])
+    check_cluster(cfg, causal, window_left, window_right)
     cfg = forward_config(cfg, d, causal, s_q)
     persistent = bool(cfg.persistent)
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,

@@ -39,7 +39,8 @@ from torch import Tensor
 
 from .config import AttnConfig, ConfigError, resolve_cached
 from .interface import ARCH, _check_arch, attention_forward
-from .validate import InputError, canonical_window, check_devices, check_qkv, check_scale, check_softcap
+from .validate import (InputError, canonical_window, check_cluster, check_devices, check_qkv, check_scale,
+                       check_softcap)
 
 NAMESPACE = "fa4lab"
 _FEATURES = "int window_left=-1, int window_right=-1, float softcap=0."
@@ -190,6 +191,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse
         if _uses_features(left, right, cap):
             features = (left, right, cap)
     cstr = config_string(config)
+    if config is not None and config.cluster_m != 1:  # non-causal, no window only (kernels.validate.check_cluster)
+        check_cluster(config, *canonical_window(causal, window_size))
     check_devices(q, k, v, need_cuda=True)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
     if type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling():  # eager, real GPU tensors:

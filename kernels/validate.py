@@ -129,3 +129,24 @@ def check_persistent_varlen(cfg) -> None:
     if cfg is not None and cfg.persistent is True:
         raise ConfigError("persistent=True: the variable-length forward (attention_varlen) has no persistent kernel; "
                           "pass persistent=None or False")
+
+
+def check_cluster(cfg, causal: bool, window_left: int = -1, window_right: int = -1, varlen: bool = False) -> None:
+    """``AttnConfig(cluster_m=2)`` (2x1 cluster, K/V multicast between the CTAs of adjacent Q tiles) needs both Q tiles
+    of a cluster to visit the same K/V blocks: a ConfigError with causal or a sliding window (their K/V ranges differ
+    per Q tile), with a variable-length batch (one tile per CTA, sequences of their own) and with persistent=True
+    (AttnConfig itself refuses that). Nothing to check at cluster_m=1 or config None."""
+    if cfg is None or getattr(cfg, "cluster_m", 1) == 1:
+        return
+    c = cfg.cluster_m
+    if causal:
+        raise ConfigError(f"cluster_m={c} with causal=True: the two Q tiles of a cluster would need different K/V "
+                          "ranges; the clustered forward is non-causal only (as FA3's) -- pass cluster_m=1")
+    if int(window_left) != -1 or int(window_right) != -1:
+        raise ConfigError(f"cluster_m={c} with window_size=({window_left}, {window_right}): a sliding window gives the "
+                          "two Q tiles of a cluster different K/V ranges; pass cluster_m=1")
+    if varlen:
+        raise ConfigError(f"cluster_m={c}: the variable-length forward (attention_varlen) has no cluster; pass "
+                          "cluster_m=1")
+    if cfg.persistent is True:
+        raise ConfigError(f"cluster_m={c} with persistent=True: the persistent forward has no cluster")

@@ -39,7 +39,7 @@ import torch
 from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
 from .config import AttnConfig, ConfigError
 from .validate import (SUPPORTED_DTYPES, SUPPORTED_HDIM_PAIRS, InputError, canonical_window, check_gqa_heads,
-                       check_persistent_varlen, check_scale, check_softcap)
+                       check_cluster, check_persistent_varlen, check_scale, check_softcap)
 
 MAX_GRID_YZ = 65535  # heads and batch are the grid's y and z
 
@@ -302,6 +302,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if config is not None and not isinstance(config, AttnConfig):
         raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
     check_persistent_varlen(config)
+    check_cluster(config, causal, window_left, window_right, varlen=True)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise InputError(f"{name}: last dim (head_dim) must be contiguous (stride 1), got stride {t.stride(-1)}")

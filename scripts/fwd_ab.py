@@ -10,7 +10,9 @@ Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / 
                    separate package, so both kernels run in this process; '' skips it)
   fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
   sdpa_cudnn       with --cudnn
-  NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,intra_wg_overlap:false)
+  NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,intra_wg_overlap:false;
+                   the 2x1-cluster forward with K/V multicast: --cfg cl2=cluster_m:2 --causal 0 -- a variant whose
+                   config the call refuses, e.g. cluster_m:2 at causal=1, is skipped with the reason printed)
 Each variant's output is first checked against ``ours`` (max |diff| relative to max |out|; a variant over 0.02, or
 with NaN in its output, is flagged BAD and its times are still printed). Then ``--repeats`` rounds, the order rotated each round, the L2 flushed before every call; per
 variant the median time, TFLOP/s, and the per-round speed ratios against ours and against fa4_official (median and
@@ -75,7 +77,9 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
     import torch
 
     from kernels import AttnConfig
+    from kernels.config import ConfigError
     from kernels.interface import attention_forward, resolve_config
+    from kernels.validate import check_cluster
 
     hdim, dv = q.shape[-1], v.shape[-1]
     b, s, h = q.shape[0], q.shape[1], q.shape[2]
@@ -88,6 +92,11 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
 
     fns = {"ours": ours()}
     for name, kw in extra.items():
+        try:
+            check_cluster(AttnConfig(**kw), causal)
+        except ConfigError as e:
+            print(f"{name}: skipped at causal={int(causal)}: {e}", flush=True)
+            continue
         fns[name] = ours(**kw)
     if base is not None:
         iface, cmod = base

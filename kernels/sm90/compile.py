@@ -7,7 +7,8 @@ Sequence lengths, batch and heads are symbolic, so one compiled kernel serves ev
 symbol, as before (the same kernel, the same SASS). Sliding window ``window_left`` / ``window_right`` and ``softcap`` are
 compile-time constants too; at their defaults (-1, -1, 0.0) the kernel is the plain one. A persistent config
 (``cfg.persistent`` True) compiles ``call_persistent``: ``compiled(q, k, v, out, lse, softmax_scale, hb_group, num_ctas)``
-with num_ctas = min(SM count, tiles), the grid (kernels/interface.py computes it).
+with num_ctas = min(SM count, tiles), the grid (kernels/interface.py computes it). ``cfg.cluster_m`` = 2 compiles the
+2x1-cluster kernel (K/V multicast; same arguments; the kernel rounds its grid up to whole clusters).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
         producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
-        window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent))
+        window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent), cluster_m=cfg.cluster_m)
 
 
 def tvm_ffi_available() -> bool:

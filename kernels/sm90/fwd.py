@@ -44,6 +44,19 @@ after the tile's last QK^T (the next Q loads under the last PV and the epilogue)
 before the next epilogue writes the buffer (it runs under the next tile's main loop) and at exit; otherwise O shares
 Q's buffer and the next Q waits for the O store to have read it. The tile-independent wgmma views are built once per
 CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS).
+Thread-block cluster ``cluster_m`` = 2 (compile-time; FA3's 2x1 cluster, non-causal only): the CTAs of a cluster compute
+the adjacent Q tiles 2i, 2i+1 of one (head, batch) -- grid x rounded up to even, launched with cluster (2, 1, 1) -- and
+visit the same K/V blocks, so every K/V tile is loaded once per cluster: each CTA's producer issues the TMA for its half
+of the tile's rows (rank r: rows r * tile_n/2 ..) with multicast mask 0b11, into the same stage of both CTAs' shared
+memory, completing on both CTAs' "full" barriers (each expects the whole tile's bytes, as without a cluster). The K and
+V "empty" barriers count 2 x (consumer warps) arrivals: every consumer warp releases a stage in both CTAs (lane r
+arrives on rank r's barrier: PipelineTmaAsync with a (1, 2, 1, 1) CTA layout), so neither producer refills a stage
+that the peer's consumers still read. Both CTAs keep one pipeline schedule (same blocks, same order), which is why causal
+and sliding windows (different K/V ranges per Q tile), varlen and persistent are refused. Barriers are initialised
+before a cluster barrier (the peer multicasts into them), and a cluster barrier at exit keeps a CTA alive while its
+peer can still arrive on its barriers. With an odd m-block count the last cluster's second CTA has a tile past seqlen_q:
+it loads (TMA zero-fills the Q rows), computes and releases like its peer but stores no O (the store is skipped) and no
+LSE (row-predicated). At 1 the code is the plain kernel's (byte-identical SASS).
 """
 from __future__ import annotations
 
@@ -83,7 +96,8 @@ class FlashFwdSm90:
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
-                 softcap: float = 0.0, varlen: bool = False, persistent: bool = False):
+                 softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
+                 cluster_m: int = 1):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -123,6 +137,15 @@ class FlashFwdSm90:
         if persistent and varlen:
             raise ValueError("persistent=True with varlen=True: the variable-length forward has one tile per CTA")
         self.persistent = bool(persistent)  # grid = num_ctas, tiles walked per CTA: launched through call_persistent
+        if isinstance(cluster_m, bool) or cluster_m not in (1, 2):
+            raise ValueError(f"cluster_m={cluster_m!r}: must be 1 or 2 (CTAs per cluster along the Q tiles)")
+        if cluster_m > 1:
+            for bad, why in ((causal, "causal"), (self.has_window, "a sliding window"), (self.varlen, "varlen"),
+                             (self.persistent, "persistent")):
+                if bad:
+                    raise ValueError(f"cluster_m={cluster_m} with {why}: the two Q tiles of a cluster must visit the "
+                                     "same K/V blocks, one tile per CTA (non-causal, no window, not varlen / persistent)")
+        self.cluster_m = int(cluster_m)  # 2: K/V tiles multicast between the CTAs of adjacent Q tiles
         self.qhead_per_kvhead = int(qhead_per_kvhead)  # GQA group: Q head h reads K/V head h // qhead_per_kvhead
         self.tile_m, self.tile_n = tile_m, tile_n
         self.num_stages = num_stages
@@ -173,10 +196,14 @@ class FlashFwdSm90:
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, sQ_layout, (self.tile_m, self.hdim))
+        if const_expr(self.cluster_m > 1):  # each CTA issues 1 / cluster_m of a K/V tile, multicast to the cluster
+            g2s_kv = cpasync.CopyBulkTensorTileG2SMulticastOp()
+        else:
+            g2s_kv = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim), 1)
+            g2s_kv, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim), self.cluster_m)
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v), 1)
+            g2s_kv, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v), self.cluster_m)
         tma_atom_O, tma_O = None, mO  # varlen: O leaves through a row-predicated store (store_o_varlen)
         if const_expr(tma_o):
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
@@ -229,17 +256,27 @@ class FlashFwdSm90:
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
         if const_expr(self.causal):
             grid = (m_blocks * heads * batch, 1, 1)
+        elif const_expr(self.cluster_m > 1):  # whole clusters: an odd m-block count gets one idle-storing CTA
+            grid = ((m_blocks + self.cluster_m - 1) // self.cluster_m * self.cluster_m, heads, batch)
         else:
             grid = (m_blocks, heads, batch)
         if const_expr(self.softcap > 0.0):  # the kernel's scale argument is then the pre-tanh factor scale / softcap
             scale_log2 = softmax_scale * Float32(1.0 / self.softcap)
         else:
             scale_log2 = softmax_scale * Float32(LOG2_E)
-        self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-            scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        if const_expr(self.cluster_m > 1):
+            self.kernel(
+                tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+                scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+                SharedStorage,
+            ).launch(grid=grid, block=[self.num_threads, 1, 1], cluster=[self.cluster_m, 1, 1], stream=stream,
+                     min_blocks_per_mp=1)
+        else:
+            self.kernel(
+                tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+                scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+                SharedStorage,
+            ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.jit
     def call_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -311,14 +348,31 @@ class FlashFwdSm90:
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1, producer_group=producer,
             consumer_group=consumers, tx_count=self.bytes_Q, defer_sync=True)
-        pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=producer,
-            consumer_group=consumers, tx_count=self.bytes_K, defer_sync=True)
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages, producer_group=producer,
-            consumer_group=consumers, tx_count=self.bytes_V, defer_sync=True)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if const_expr(self.cluster_m > 1):
+            # a K/V stage is free once the consumer warps of every CTA of the cluster released it (lane r of each
+            # warp arrives on CTA r's barrier); the full barrier expects the whole tile (both CTAs' halves)
+            kv_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_m * self.num_consumer_wg * 4)
+            kv_layout = cute.make_layout((1, self.cluster_m, 1, 1))
+            pipe_k = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=producer,
+                consumer_group=kv_consumers, tx_count=self.bytes_K, cta_layout_vmnk=kv_layout, mcast_mode_mn=(0, 1),
+                defer_sync=True)
+            pipe_v = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages, producer_group=producer,
+                consumer_group=kv_consumers, tx_count=self.bytes_V, cta_layout_vmnk=kv_layout, mcast_mode_mn=(0, 1),
+                defer_sync=True)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.cluster_arrive_relaxed()  # the peer multicasts into / arrives on these barriers
+            cute.arch.cluster_wait()
+        else:
+            pipe_k = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.num_stages, producer_group=producer,
+                consumer_group=consumers, tx_count=self.bytes_K, defer_sync=True)
+            pipe_v = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.num_stages, producer_group=producer,
+                consumer_group=consumers, tx_count=self.bytes_V, defer_sync=True)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -371,6 +425,10 @@ class FlashFwdSm90:
                            tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
                            n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
                            n_block_local_end)
+                if const_expr(self.cluster_m > 1):
+                    # no CTA leaves while its peer can still arrive on its empty barriers
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
 
     @cute.jit
     def roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -476,10 +534,15 @@ class FlashFwdSm90:
             gV = cute.local_tile(mV[None, None, head_kv, bidx], (self.tile_n, self.hdim_v), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
+        kv_rank = 0  # this CTA's share of every K/V tile (cluster_m > 1: its rank in the cluster)
+        kv_mcast = {}
+        if const_expr(self.cluster_m > 1):
+            kv_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            kv_mcast = dict(mcast_mask=cutlass.Int16((1 << self.cluster_m) - 1))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, kv_rank, cute.make_layout(self.cluster_m),
+                                           cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, kv_rank, cute.make_layout(self.cluster_m),
+                                           cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
         if const_expr(not self.persistent):
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -487,7 +550,7 @@ class FlashFwdSm90:
         n_block = n_block_max - 1
         pipe_k.producer_acquire(state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, state.index],
-                  tma_bar_ptr=pipe_k.producer_get_barrier(state))
+                  tma_bar_ptr=pipe_k.producer_get_barrier(state), **kv_mcast)
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         n_pairs = n_block_max - 1
@@ -499,16 +562,17 @@ class FlashFwdSm90:
             state.advance()
             pipe_k.producer_acquire(state)
             cute.copy(tma_atom_K, tKgK[None, n_block - 1], tKsK[None, state.index],
-                      tma_bar_ptr=pipe_k.producer_get_barrier(state))
+                      tma_bar_ptr=pipe_k.producer_get_barrier(state), **kv_mcast)
             pipe_v.producer_acquire(state_v)
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state_v.index],
-                      tma_bar_ptr=pipe_v.producer_get_barrier(state_v))
+                      tma_bar_ptr=pipe_v.producer_get_barrier(state_v), **kv_mcast)
         pipe_v.producer_acquire(state)
         if const_expr(self.has_left):
             cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, state.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(state))
         else:
-            cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
+            cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state),
+                      **kv_mcast)
         state.advance()
         if const_expr(self.persistent):
             q_state.advance()  # the next tile's Q waits for this tile's release
@@ -747,19 +811,29 @@ class FlashFwdSm90:
         if const_expr(self.varlen):
             self.store_o_varlen(mO, sO, head, m_block, offset_q, seqlen_q, tidx)
         else:
-            if tidx < 32:
-                gO = cute.local_tile(mO[None, None, head, bidx], (self.tile_m, self.hdim_v), (m_block, 0))
-                tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
-                                                   cute.group_modes(gO, 0, 2))
-                cute.copy(tma_atom_O, tOsO, tOgO)
-                cute.arch.cp_async_bulk_commit_group()
-                if const_expr(not self.separate_o):  # separate sO: waited for before the next epilogue / at exit
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if const_expr(self.cluster_m > 1):
+                if m_base < seqlen_q:  # a cluster's padding CTA (odd m-block count) stores nothing
+                    if tidx < 32:
+                        self.store_o_tma(mO, sO, tma_atom_O, head, bidx, m_block)
+            else:
+                if tidx < 32:
+                    self.store_o_tma(mO, sO, tma_atom_O, head, bidx, m_block)
         if const_expr(not self.separate_o):
             pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
         if const_expr(self.persistent):
             q_state.advance()
             return state, q_state
+
+    @cute.jit
+    def store_o_tma(self, mO, sO, tma_atom_O, head: Int32, bidx: Int32, m_block: Int32):
+        """The O tile, shared memory -> global, one TMA store by warp 0 of the consumers (clips rows past seqlen_q)."""
+        gO = cute.local_tile(mO[None, None, head, bidx], (self.tile_m, self.hdim_v), (m_block, 0))
+        tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                           cute.group_modes(gO, 0, 2))
+        cute.copy(tma_atom_O, tOsO, tOgO)
+        cute.arch.cp_async_bulk_commit_group()
+        if const_expr(not self.separate_o):  # separate sO: waited for before the next epilogue / at exit
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def store_o_varlen(self, mO, sO, head: Int32, m_block: Int32, offset_q: Int32, seqlen_q: Int32, tidx: Int32):
