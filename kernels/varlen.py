@@ -48,19 +48,10 @@ MAX_GRID_YZ = 65535  # heads and batch are the grid's y and z
 def make_varlen_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
                            window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
     """The varlen forward kernel object (FlashFwdSm90(varlen=True)) for a resolved config; nothing compiled yet."""
-    from .sm90.compile import DTYPES
-    from .sm90.fwd import FlashFwdSm90
+    from .sm90.compile import make_fwd_kernel
 
-    if not cfg.is_resolved:
-        raise ValueError("make_varlen_fwd_kernel: pass a resolved AttnConfig (cfg.resolve('sm90', hdim, causal))")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: supported are {sorted(DTYPES)}")
-    return FlashFwdSm90(
-        DTYPES[dtype], hdim, hdim_v, causal, tile_m=cfg.tile_m, tile_n=cfg.tile_n, num_stages=cfg.num_stages,
-        rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
-        pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
-        producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
-        window_right=window_right, softcap=softcap, varlen=True)
+    return make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead, window_left, window_right, softcap,
+                           varlen=True)
 
 
 def compile_varlen_fwd(kernel, tvm_ffi: bool | None = None, dump_dir: str | None = None):

@@ -23,8 +23,9 @@ DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool,
                     qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
-                    softcap: float = 0.0) -> FlashFwdSm90:
-    """The kernel object for a resolved config (plain Python; nothing compiled yet)."""
+                    softcap: float = 0.0, varlen: bool = False) -> FlashFwdSm90:
+    """The kernel object for a resolved config (plain Python; nothing compiled yet); ``varlen``: the packed
+    variable-length kernel (kernels/varlen.py; its callers reject persistent and cluster_m=2 first)."""
     if not cfg.is_resolved:
         raise ValueError("make_fwd_kernel: pass a resolved AttnConfig (cfg.resolve('sm90', hdim, causal))")
     if dtype not in DTYPES:
@@ -34,7 +35,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         rescale_threshold=float(cfg.rescale_threshold), exp2_emu_fraction=float(cfg.exp2_emu_fraction),
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
         producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
-        window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent), cluster_m=cfg.cluster_m)
+        window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent), cluster_m=cfg.cluster_m,
+        varlen=varlen)
 
 
 def tvm_ffi_available() -> bool:

@@ -260,10 +260,7 @@ class FlashFwdSm90:
             grid = ((m_blocks + self.cluster_m - 1) // self.cluster_m * self.cluster_m, heads, batch)
         else:
             grid = (m_blocks, heads, batch)
-        if const_expr(self.softcap > 0.0):  # the kernel's scale argument is then the pre-tanh factor scale / softcap
-            scale_log2 = softmax_scale * Float32(1.0 / self.softcap)
-        else:
-            scale_log2 = softmax_scale * Float32(LOG2_E)
+        scale_log2 = self.score_scale(softmax_scale)
         if const_expr(self.cluster_m > 1):
             self.kernel(
                 tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -278,6 +275,13 @@ class FlashFwdSm90:
                 SharedStorage,
             ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
+    def score_scale(self, softmax_scale):
+        """The kernel's scale argument: softmax_scale * log2(e), or with a softcap the pre-tanh factor
+        softmax_scale / softcap."""
+        if const_expr(self.softcap > 0.0):
+            return softmax_scale * Float32(1.0 / self.softcap)
+        return softmax_scale * Float32(LOG2_E)
+
     @cute.jit
     def call_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                         softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
@@ -289,10 +293,7 @@ class FlashFwdSm90:
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
         (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
          sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
-        if const_expr(self.softcap > 0.0):
-            scale_log2 = softmax_scale * Float32(1.0 / self.softcap)
-        else:
-            scale_log2 = softmax_scale * Float32(LOG2_E)
+        scale_log2 = self.score_scale(softmax_scale)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
@@ -313,10 +314,7 @@ class FlashFwdSm90:
         (tma_Q, tma_K, tma_V, mO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
          sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO, tma_o=False)
         grid = ((max_seqlen_q + self.tile_m - 1) // self.tile_m, mQ.shape[2], mCuSeqlensQ.shape[0] - 1)
-        if const_expr(self.softcap > 0.0):
-            scale_log2 = softmax_scale * Float32(1.0 / self.softcap)
-        else:
-            scale_log2 = softmax_scale * Float32(LOG2_E)
+        scale_log2 = self.score_scale(softmax_scale)
         self.kernel(
             tma_Q, tma_K, tma_V, mO, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, Int32(1), sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
@@ -404,15 +402,8 @@ class FlashFwdSm90:
                 seqlen_k = mK.shape[0]
                 m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
                 m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
-            n_block_min = 0  # first K/V block visited (> 0 only with a left window bound)
-            n_block_local_end = 0  # blocks below it cross the left window bound
-            if const_expr(self.has_window):
-                n_block_min, n_block_max, n_block_min_masked, n_block_local_end = n_block_range_window(
-                    m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal, self.window_left,
-                    self.window_right)
-            else:
-                n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
-                                                                self.causal)
+            n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(m_block, seqlen_q,
+                                                                                              seqlen_k)
 
             if const_expr(self.varlen):
                 if m_block * self.tile_m < seqlen_q:  # the whole CTA leaves when its tile starts past its sequence
@@ -449,8 +440,9 @@ class FlashFwdSm90:
 
     @cute.jit
     def tile_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """(n_block_min, n_block_max, n_block_min_masked, n_block_local_end) of a tile (persistent path; the one-tile
-        kernel computes the same inline)."""
+        """(n_block_min, n_block_max, n_block_min_masked, n_block_local_end) of a tile: the K/V blocks it visits
+        (n_block_min > 0 only with a left window bound), the first that needs the right bound / seqlen_k mask, and
+        the end of those that cross the left bound."""
         n_block_min = 0
         n_block_local_end = 0
         if const_expr(self.has_window):
