@@ -100,57 +100,17 @@ class FlashBwdPostSm90:
                        mma_dQ: cute.TiledMma):
         """One Q tile per CTA: each warpgroup reads its chunk (16-byte loads), scales and converts it, and puts it
         into a shared-memory tile (32-bit stores, rows padded by 16 bytes: no bank conflicts); then every thread
-        stores 16-byte row pieces of the tile to dQ, predicated on the sequence end."""
-        tm, d, nv = self.tile_m, self.hdim, self.dq_vals
+        stores 16-byte row pieces of the tile to dQ, predicated on the sequence end (blocked_tile)."""
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        wg = tidx // 128
-        tid = tidx % 128
-        thr = mma_dQ.get_slice(tid)
-        tcoord = thr.partition_C(cute.make_identity_tensor(self.dq_shape))
-        mdQ2 = mdQaccum[batch, head, None, None]
-        base = mdQ2.iterator + ((m_block * self.chunks + wg) * 128 * nv + tid * 4)
-        gacc = cute.make_tensor(base.align(16), cute.make_layout((4, nv // 4), stride=(1, 512)))
-        racc = cute.make_rmem_tensor((4, nv // 4), Float32)
-        for j in cutlass.range_constexpr(nv // 4):
-            cute.autovec_copy(gacc[None, j], racc[None, j])
-        rdQ = cute.make_rmem_tensor((4, nv // 4), self.dtype)
-        rdQ.store((racc.load() * softmax_scale).to(self.dtype))
-
-        smem = cutlass.memory.SmemAllocator()
-        pitch = d + 8  # bf16 elements per smem row: +16 bytes shifts each row by 4 banks
-        sdQ = smem.allocate_tensor(self.dtype, cute.make_layout((tm, d), stride=(pitch, 1)), byte_alignment=16)
-        sdQ32 = cute.recast_tensor(sdQ, cutlass.Uint32)  # (tm, d / 2): one column pair per word
-        rdQ32 = cute.recast_tensor(rdQ, cutlass.Uint32)  # (2, nv // 4): value pairs (i, i + 1), i even
-        if cutlass.const_expr(self.transposed):
-            # values are (head-dim row, Q column) of dQ^T: adjacent fragment values are adjacent Q rows, 2-byte stores
-            for i in cutlass.range_constexpr(nv):
-                dl, ql = tcoord[i]
-                sdQ[ql, dl + wg * self.dq_shape[0]] = rdQ[i]
-        else:
-            for j in cutlass.range_constexpr(nv // 4):
-                for e in cutlass.range_constexpr(2):
-                    r, c = tcoord[2 * e + 4 * j]
-                    sdQ32[r + wg * self.row_step, (c + wg * self.col_step) // 2] = rdQ32[e, j]
-        cute.arch.sync_threads()
-
-        seqlen_q = mdQ.shape[1]
-        vecs_per_row = d // 8
-        for k in cutlass.range_constexpr(tm * vecs_per_row // self.num_threads):
-            idx = tidx + k * self.num_threads
-            r = idx // vecs_per_row
-            v8 = idx % vecs_per_row
-            row = m_block * tm + r
-            if row < seqlen_q:
-                cute.autovec_copy(cute.local_tile(sdQ[r, None], (8,), (v8,)),
-                                  cute.local_tile(mdQ[batch, row, head, None], (8,), (v8,)))
+        self.blocked_tile(mdQaccum[batch, head, None, None], mdQ[batch, None, head, None], softmax_scale, mma_dQ,
+                          tidx, m_block, m_block, mdQ.shape[1])
 
     @cute.kernel
     def kernel_blocked_varlen(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,
                               mma_dQ: cute.TiledMma, mCuSeqlensQ: cute.Tensor):
         """kernel_blocked for one sequence of a packed batch: the sequence's padded dQaccum tile slot in, its packed
-        rows out; the CTA does nothing past the sequence's last tile. (The plain kernel keeps its own copy of the tile
-        code so that its SASS stays byte-identical.)"""
+        rows out; the CTA does nothing past the sequence's last tile."""
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         offset_q = mCuSeqlensQ[batch]
