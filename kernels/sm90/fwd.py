@@ -645,8 +645,8 @@ class FlashFwdSm90:
 
     @cute.jit
     def consumer_fragments(self, sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx: Int32):
-        """A consumer thread's tile-independent views (persistent: built once per CTA, outside the tile loop): its
-        warpgroup, MMA slices and the wgmma shared-memory operand fragments."""
+        """A consumer thread's tile-independent views (persistent: built once per CTA, outside the tile loop; else at
+        the start of consume): its warpgroup, MMA slices and the wgmma shared-memory operand fragments."""
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
@@ -664,10 +664,9 @@ class FlashFwdSm90:
                 n_block_local_end=0, offset_q=0, state=None, q_state=None, frags=None):
         """One tile of the consumer warpgroups. Persistent: ``frags`` (consumer_fragments), the consumer states in
         and out; the pingpong token is handed out once per CTA by the caller."""
-        if const_expr(self.persistent):
-            wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt = frags
-        else:
-            wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        if const_expr(not self.persistent):
+            frags = self.consumer_fragments(sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx)
+        wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt = frags
         softcap_mul = None
         if const_expr(self.softcap > 0.0):  # the scale argument is scale / softcap; the softmax scale is softcap*log2e
             softcap_mul = scale_log2
@@ -675,14 +674,6 @@ class FlashFwdSm90:
         n_iter = n_block_max  # K/V blocks this tile visits
         if const_expr(self.has_left):
             n_iter = n_block_max - n_block_min
-        if const_expr(not self.persistent):
-            thr_mma_qk = tiled_mma_qk.get_slice(tidx)
-            thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-            wg_mma_qk = tiled_mma_qk.get_slice(wg * self.threads_per_wg)
-            wg_mma_pv = tiled_mma_pv.get_slice(wg * self.threads_per_wg)
-            tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
-            tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
-            tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
         acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
         tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
