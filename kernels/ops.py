@@ -5,16 +5,28 @@ int window_right=-1, float softcap=0.) -> (Tensor out, Tensor lse)``
 ``fa4lab::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale,
 str config, int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor dq, Tensor dk, Tensor dv)``
 
+``fa4lab::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q,
+SymInt max_seqlen_k, bool causal, float softmax_scale, str config, int window_left=-1, int window_right=-1,
+float softcap=0.) -> (Tensor out, Tensor lse)``
+``fa4lab::varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q,
+Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float softmax_scale, str config,
+int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor dq, Tensor dk, Tensor dv)``
+
+The varlen pair (packed sequences, ``kernels.attention_varlen``) is registered by kernels/varlen.py through
+``register_pair`` (its schemas are here): out (total_q, h, d_v), lse (h, total_q) fp32, dq / dk / dv like q / k / v;
+cu_seqlens are not differentiable; max_seqlen are SymInt, so a max_seqlen that changes between calls becomes a dynamic
+size under torch.compile (one graph) instead of a recompile per value.
+
 The window and softcap arguments are canonical (kernels.validate.canonical_window: with causal, window_right is -1)
 and are passed only when used, so a plain call traces to the same graph as before. The backward supports them too
 (issue 12.3; GPU tests passed on the H200): the autograd backward of a forward that used them
 calls fa4lab::bwd with the same window / softcap (kernels/sm90/backward.py); two_cta=True with either is a ConfigError.
 
-Both run on CUDA only (the CuTe DSL kernels of kernels.interface / kernels.sm90.backward), have fake (meta)
-implementations with the shapes, dtypes and strides of the real outputs (out (b, s_q, h, d_v) at q's dtype and
-lse (b, h, s_q) fp32, dq/dk/dv like q/k/v -- with GQA / MQA dk/dv have K/V's h_kv heads; all contiguous), and fwd's
-autograd is registered (setup_context saves q, k, v, out, lse; backward calls fa4lab::bwd; lse is not differentiable;
-no double backward).
+All four run on CUDA only (the CuTe DSL kernels of kernels.interface / kernels.varlen / kernels.sm90.backward), have
+fake (meta) implementations with the shapes, dtypes and strides of the real outputs (out (b, s_q, h, d_v) at q's dtype
+and lse (b, h, s_q) fp32, dq/dk/dv like q/k/v -- with GQA / MQA dk/dv have K/V's h_kv heads; all contiguous), and the
+forwards' autograd is registered (``_Autograd``: setup_context saves q, k, v, out, lse [, cu_seqlens]; backward calls
+the bwd op; lse is not differentiable; no double backward).
 
 An AttnConfig crosses the op boundary as ``config_string(cfg)``: the JSON of the fields that differ from
 ``AttnConfig()`` ("{}" for the defaults or None), computed once when the config is built (``AttnConfig.op_string``), so equal
@@ -23,9 +35,10 @@ for (sm90, head dim, causal) by ``resolve_cached``. Under torch.compile Dynamo r
 constant and guards on it, so another config traces again, never reusing a stale string. Build configs outside the compiled region (Dynamo cannot
 trace AttnConfig's constructor: a config built inside a fullgraph region is an error).
 
-``attention(q, k, v, ...)`` is the public entry (``kernels.attention``): input checks in the documented order,
-then the op when traced by torch.compile, or in eager mode the same implementations under a plain
-autograd.Function (the custom-op dispatch costs ~20 us of host time per call).
+``attention(q, k, v, ...)`` is the public entry (``kernels.attention``; ``kernels.attention_varlen`` likewise for
+varlen): input checks in the documented order, then the op when traced by torch.compile, or in eager mode the same
+implementations under a plain autograd.Function (``_eager_function``; the custom-op dispatch costs ~20 us of host time
+per call).
 """
 from __future__ import annotations
 
@@ -48,6 +61,13 @@ FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale,
               "(Tensor out, Tensor lse)")
 BWD_SCHEMA = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float softmax_scale, "
               f"str config, {_FEATURES}) -> (Tensor dq, Tensor dk, Tensor dv)")
+# variable length (kernels/varlen.py registers these two): cu_seqlens are not differentiable; max_seqlen are SymInt so
+# that torch.compile treats a changing max_seqlen as a dynamic size (one graph) instead of recompiling for each value
+_VARLEN = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k"
+VARLEN_FWD_SCHEMA = (f"(Tensor q, Tensor k, Tensor v, {_VARLEN}, bool causal, float softmax_scale, str config, "
+                     f"{_FEATURES}) -> (Tensor out, Tensor lse)")
+VARLEN_BWD_SCHEMA = (f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_VARLEN}, bool causal, "
+                     f"float softmax_scale, str config, {_FEATURES}) -> (Tensor dq, Tensor dk, Tensor dv)")
 
 
 def _uses_features(window_left: int, window_right: int, softcap: float) -> bool:
@@ -106,25 +126,45 @@ def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     return attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal))
 
 
-def _bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, config, window_left=-1, window_right=-1, softcap=0.0):
+def _grads_fake(dout, q, k, v, *rest):
+    """Fake backward of both directions' ops: dq / dk / dv contiguous like q / k / v (GQA: dk / dv with K/V's heads)."""
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, softmax_scale, config, *features = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale, ctx.config = causal, softmax_scale, config
-    ctx.features = tuple(features)  # (window_left, window_right, softcap) when passed
-    ctx.mark_non_differentiable(lse)
+class _Autograd:
+    """setup_context / backward shared by the forward ops and the eager autograd.Functions. The forward's first
+    ``n_tensors`` inputs are tensors (q, k, v [, cu_seqlens_q, cu_seqlens_k]), the rest plain arguments (for varlen
+    max_seqlen_q / max_seqlen_k first, then causal, softmax_scale, config and the window / softcap when passed); the
+    backward ``bwd`` takes (dout, q, k, v, out, lse, *the other tensors, *the plain arguments). Only q / k / v get a
+    gradient; lse is not differentiable; no double backward."""
+
+    def __init__(self, n_tensors: int, bwd):
+        self.n_tensors, self.bwd = n_tensors, bwd
+
+    def setup_context(self, ctx, inputs, output):
+        n = self.n_tensors
+        out, lse = output
+        ctx.save_for_backward(*inputs[:3], out, lse, *inputs[3:n])
+        ctx.args = tuple(inputs[n:])  # the window / softcap only when the forward got them (a plain call keeps the
+        ctx.mark_non_differentiable(lse)  # bwd op's short form)
+
+    def backward(self, ctx, dout, dlse):
+        dq, dk, dv = self.bwd(dout, *ctx.saved_tensors, *ctx.args)
+        return (dq, dk, dv) + (None,) * (self.n_tensors - 3 + len(ctx.args))
 
 
-def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    # the window / softcap only when the forward got them (a plain call keeps the bwd op's 9-argument form)
-    dq, dk, dv = torch.ops.fa4lab.bwd.default(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config,
-                                              *ctx.features)
-    return (dq, dk, dv) + (None,) * (3 + len(ctx.features))
+def _eager_function(name: str, fwd_impl, bwd_impl, n_tensors: int) -> type:
+    """Eager calls: the ops' own implementations under a plain autograd.Function, without the dispatcher's custom-op
+    layer (about 20 us less host time per forward and per backward; the GPU-tested path of earlier sessions)."""
+    grad = _Autograd(n_tensors, bwd_impl)
+
+    def forward(ctx, *inputs):
+        output = fwd_impl(*inputs)
+        grad.setup_context(ctx, inputs, output)
+        return output
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward":
+                                                   staticmethod(grad.backward), "__doc__": _eager_function.__doc__})
 
 
 def _defined(name: str) -> bool:
@@ -135,38 +175,29 @@ def _defined(name: str) -> bool:
         return False
 
 
-def _register() -> None:
-    """Define the two ops once per process (``kernels.ops`` and ``fa4lab.kernels.ops`` may both be imported: the
-    second finds them defined and uses them; the config crosses as a string, so the class identity does not matter)."""
-    if not _defined("bwd"):
-        bwd = torch.library.custom_op(f"{NAMESPACE}::bwd", _bwd_impl, mutates_args=(), device_types="cuda", schema=BWD_SCHEMA)
-        bwd.register_fake(_bwd_fake)
-    if not _defined("fwd"):
-        fwd = torch.library.custom_op(f"{NAMESPACE}::fwd", _fwd_impl, mutates_args=(), device_types="cuda", schema=FWD_SCHEMA)
-        fwd.register_fake(_fwd_fake)
-        fwd.register_autograd(_fwd_backward, setup_context=_setup_context)
+def register_pair(fwd_name: str, fwd_impl, fwd_fake, fwd_schema: str, bwd_name: str, bwd_impl, bwd_schema: str,
+                  n_tensors: int):
+    """Define ``fa4lab::<fwd_name>`` / ``fa4lab::<bwd_name>`` once per process (CUDA kernels, fake kernels, the
+    forward's autograd through the backward op) and return their default overloads. ``kernels.ops`` and
+    ``fa4lab.kernels.ops`` may both be imported: the second finds them defined and uses them (the config crosses as a
+    string, so the class identity does not matter)."""
+    ns = getattr(torch.ops, NAMESPACE)
+    if not _defined(bwd_name):
+        bwd = torch.library.custom_op(f"{NAMESPACE}::{bwd_name}", bwd_impl, mutates_args=(), device_types="cuda",
+                                      schema=bwd_schema)
+        bwd.register_fake(_grads_fake)
+    bwd_op_ = getattr(ns, bwd_name).default
+    if not _defined(fwd_name):
+        fwd = torch.library.custom_op(f"{NAMESPACE}::{fwd_name}", fwd_impl, mutates_args=(), device_types="cuda",
+                                      schema=fwd_schema)
+        fwd.register_fake(fwd_fake)
+        grad = _Autograd(n_tensors, bwd_op_)
+        fwd.register_autograd(grad.backward, setup_context=grad.setup_context)
+    return getattr(ns, fwd_name).default, bwd_op_
 
 
-_register()
-fwd_op = torch.ops.fa4lab.fwd.default
-bwd_op = torch.ops.fa4lab.bwd.default
-
-
-class _EagerAttention(torch.autograd.Function):
-    """Eager calls: the ops' own implementations under a plain autograd.Function, without the dispatcher's custom-op
-    layer (about 20 us less host time per forward and per backward; the GPU-tested path of earlier sessions)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, config, *features):
-        out, lse = _fwd_impl(q, k, v, causal, softmax_scale, config, *features)
-        _setup_context(ctx, (q, k, v, causal, softmax_scale, config, *features), (out, lse))
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, ctx.config, *ctx.features)
-        return (dq, dk, dv) + (None,) * (3 + len(ctx.features))
+fwd_op, bwd_op = register_pair("fwd", _fwd_impl, _fwd_fake, FWD_SCHEMA, "bwd", _bwd_impl, BWD_SCHEMA, 3)
+_EagerAttention = _eager_function("_EagerAttention", _fwd_impl, _bwd_impl, 3)
 
 
 # ---- the public entry ----------------------------------------------------------------------------------------------

@@ -18,6 +18,12 @@ are CPU tensors (they are then copied to the GPU), one device-to-host sync when 
 ``check_seqlens=False`` to skip that sync (e.g. in a CUDA graph); the values are then trusted, and wrong ones give
 wrong results or out-of-bounds accesses.
 
+torch.compile: ``attention_varlen`` runs through the torch.library ops ``fa4lab::varlen_fwd`` / ``fa4lab::varlen_bwd``
+(registered below, schemas and shared helpers in kernels/ops.py) when traced, so ``torch.compile(fullgraph=True)``
+traces it (fake kernels, registered autograd); eager calls on CUDA tensors take the same implementations under a plain
+autograd.Function (``_VarlenFwd``), as ``kernels.attention`` does. Under tracing the cu_seqlens VALUE checks are skipped
+(they read the values on the host); max_seqlen may be a SymInt there.
+
 Backward (autograd): kernels/sm90/backward.py attention_backward_varlen -- the sm90 backward's preprocess, main and
 postprocess kernels compiled with ``varlen=True`` (their own cache entries). The main kernel's grid is
 (ceil(max_seqlen_k / tile_n), heads, batch); a CTA whose K/V tile starts past its sequence's keys leaves at once. Q / dO
@@ -38,8 +44,10 @@ import torch
 
 from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
 from .config import AttnConfig, ConfigError
-from .validate import (SUPPORTED_DTYPES, SUPPORTED_HDIM_PAIRS, InputError, canonical_window, check_gqa_heads,
-                       check_cluster, check_persistent_varlen, check_scale, check_softcap)
+from .ops import (VARLEN_BWD_SCHEMA, VARLEN_FWD_SCHEMA, _eager_function, _resolved, _uses_features, config_string,
+                  register_pair)
+from .validate import (SUPPORTED_DTYPES, SUPPORTED_HDIM_PAIRS, InputError, canonical_window, check_cluster,
+                       check_devices, check_gqa_heads, check_persistent_varlen, check_scale, check_softcap)
 
 MAX_GRID_YZ = 65535  # heads and batch are the grid's y and z
 
@@ -179,7 +187,10 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k) -> int:
     return batch
 
 
-def check_max_seqlen(name: str, value) -> int:
+def check_max_seqlen(name: str, value):
+    """A Python int in [0, 2^31); under torch.compile a SymInt passes too and is returned as is (no specialisation)."""
+    if isinstance(value, torch.SymInt):
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected a Python int, got {type(value).__name__}")
     if value < 0 or value >= 2 ** 31:
@@ -243,44 +254,56 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, causa
     return out, lse
 
 
-class _VarlenFwd(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, cfg, window_left,
-                window_right, softcap):
-        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, scale, cfg,
-                                  window_left=window_left, window_right=window_right, softcap=softcap)
-        ctx.mark_non_differentiable(lse)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale, cfg, window_left, window_right, softcap)
-        return out, lse
+# ---- the ops (schemas in kernels/ops.py): fa4lab::varlen_fwd / fa4lab::varlen_bwd ---------------------------------
+def _varlen_fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                     softmax_scale: float, config: str, window_left: int = -1, window_right: int = -1,
+                     softcap: float = 0.0):
+    from .interface import _check_arch
 
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        from .sm90.backward import attention_backward_varlen
+    _check_arch(q.device)
+    return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_scale,
+                          _resolved(config, q.shape[2], causal), window_left=window_left, window_right=window_right,
+                          softcap=softcap)
 
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        max_seqlen_q, max_seqlen_k, causal, scale, cfg, window_left, window_right, softcap = ctx.args
-        dq, dk, dv = attention_backward_varlen(q, k, v, out, dout.contiguous(), lse, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k, causal, scale, cfg,
-                                               window_left=window_left, window_right=window_right, softcap=softcap)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, config,
+                     window_left=-1, window_right=-1, softcap=0.0):
+    """out (total_q, h, d_v) at q's dtype, lse (h, total_q) fp32, both contiguous (varlen_forward's buffers)."""
+    total_q, h, _ = q.shape
+    return q.new_empty((total_q, h, v.shape[2])), q.new_empty((h, total_q), dtype=torch.float32)
+
+
+def _varlen_bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                     causal: bool, softmax_scale: float, config: str, window_left: int = -1, window_right: int = -1,
+                     softcap: float = 0.0):
+    from .sm90.backward import attention_backward_varlen
+
+    return attention_backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     causal, softmax_scale, _resolved(config, q.shape[2], causal),
+                                     window_left=window_left, window_right=window_right, softcap=softcap)
+
+
+varlen_fwd_op, varlen_bwd_op = register_pair("varlen_fwd", _varlen_fwd_impl, _varlen_fwd_fake, VARLEN_FWD_SCHEMA,
+                                             "varlen_bwd", _varlen_bwd_impl, VARLEN_BWD_SCHEMA, n_tensors=5)
+_VarlenFwd = _eager_function("_VarlenFwd", _varlen_fwd_impl, _varlen_bwd_impl, n_tensors=5)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                      softmax_scale=None, config=None, return_lse=False, window_size=(-1, -1), softcap=0.0,
                      check_seqlens=True):
-    """Attention over a packed batch of variable-length sequences (flash_attn_varlen_func's layout), forward only.
+    """Attention over a packed batch of variable-length sequences (flash_attn_varlen_func's layout).
 
     q (total_q, heads, head_dim), k / v (total_k, heads_kv, head_dim / head_dim_v) (heads_kv divides heads: GQA);
     cu_seqlens_q / cu_seqlens_k int32 (batch + 1,); max_seqlen_q / max_seqlen_k Python ints >= the longest sequence
     (max_seqlen_q sizes the grid). ``causal`` is bottom-right aligned per sequence; ``window_size`` / ``softcap`` as in
     ``kernels.attention``. Returns out (total_q, heads, head_dim_v) [, lse (heads, total_q) fp32]. ``check_seqlens``:
     check the cu_seqlens values and max_seqlen on a host copy (one device-to-host sync for CUDA cu_seqlens; CPU ones
-    are checked for free and copied to q's device); False trusts them (no sync). Differentiable (dq / dk / dv packed
-    like q / k / v): head dims 64 / 128 without two_cta or bwd_tile_m=80; other configs raise a ConfigError in the
-    backward (kernels.varlen.check_varlen_backward tells beforehand)."""
-    from .interface import _check_arch, resolve_config
-
+    are checked for free and copied to q's device); False trusts them (no sync). Under torch.compile the value checks
+    are skipped whatever ``check_seqlens`` says (they cannot be traced): the values are trusted, as with False; the
+    other checks run at trace time. Differentiable (dq / dk / dv packed like q / k / v): head dims 64 / 128 without
+    two_cta or bwd_tile_m=80; other configs raise a ConfigError in the backward (kernels.varlen.check_varlen_backward
+    tells beforehand). The arch (sm_90a) and the config's resolution are checked when the kernel runs. Then
+    ``fa4lab::varlen_fwd`` when traced (its backward is fa4lab::varlen_bwd), or the same implementations eagerly."""
     group = check_varlen_qkv(q, k, v)  # noqa: F841 (GQA heads checked; the kernel reads the group from the shapes)
     check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
@@ -290,21 +313,16 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     check_scale(softmax_scale)
     softcap = check_softcap(softcap)
     causal, window_left, window_right = canonical_window(causal, window_size)
-    if config is not None and not isinstance(config, AttnConfig):
-        raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
+    cstr = config_string(config)  # TypeError for anything but an AttnConfig or None
     check_persistent_varlen(config)
     check_cluster(config, causal, window_left, window_right, varlen=True)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise InputError(f"{name}: last dim (head_dim) must be contiguous (stride 1), got stride {t.stride(-1)}")
-    if check_seqlens:
+    if check_seqlens and not torch.compiler.is_compiling():  # reads values: not traceable (see the docstring)
         check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q.cpu(), q.shape[0], max_seqlen_q, "max_seqlen_q")
         check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k.cpu(), k.shape[0], max_seqlen_k, "max_seqlen_k")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
-            raise InputError(f"{name}: device {t.device} is not supported; the kernels need a CUDA tensor")
-    if not (q.device == k.device == v.device):
-        raise InputError(f"q, k, v: must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_devices(q, k, v, need_cuda=True)
     cus = []
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.device.type == "cpu":
@@ -312,9 +330,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         elif t.device != q.device:
             raise InputError(f"{name}: on {t.device}, q on {q.device}; pass it on q's device or on the CPU")
         cus.append(t)
-    _check_arch(q.device)
-    cfg = resolve_config(config, q.shape[2], causal)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
-    out, lse = _VarlenFwd.apply(q, k, v, cus[0], cus[1], max_seqlen_q, max_seqlen_k, causal, float(scale), cfg,
-                                window_left, window_right, softcap)
+    features = (window_left, window_right, softcap) if _uses_features(window_left, window_right, softcap) else ()
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
+    args = (q, k, v, cus[0], cus[1], max_seqlen_q, max_seqlen_k, causal, scale, cstr, *features)
+    if type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling():  # eager, real GPU tensors:
+        out, lse = _VarlenFwd.apply(*args)  # no custom-op dispatch layer (as kernels.ops.attention)
+    else:  # traced (fake kernels, registered autograd), or another device's registered kernel
+        out, lse = varlen_fwd_op(*args)
     return (out, lse) if return_lse else out

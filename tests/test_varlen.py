@@ -118,7 +118,8 @@ def test_valid_edge_values_pass_the_checks():
 
 # ---- backward (CPU: wiring, config errors, the padded layout, compiles + SASS) ------------------------------------------
 def test_backward_calls_the_varlen_backward(monkeypatch):
-    """_VarlenFwd.backward hands the saved tensors and arguments to attention_backward_varlen and returns dq / dk / dv
+    """_VarlenFwd.backward (the eager path; the op's registered autograd shares it) hands the saved tensors and
+    arguments to attention_backward_varlen -- the config string resolved for the head dim -- and returns dq / dk / dv
     for q / k / v (None for the rest)."""
     import types
 
@@ -127,7 +128,7 @@ def test_backward_calls_the_varlen_backward(monkeypatch):
     seen = {}
 
     def fake(q, k, v, out, dout, lse, cu_q, cu_k, max_q, max_k, causal, scale, cfg, **kw):
-        seen.update(max_q=max_q, max_k=max_k, causal=causal, scale=scale, cfg=cfg, **kw)
+        seen.update(max_q=max_q, max_k=max_k, causal=causal, scale=scale, cfg=cfg, cu=(cu_q, cu_k), **kw)
         return q + 1, k + 2, v + 3
 
     monkeypatch.setattr(bw, "attention_backward_varlen", fake)
@@ -135,12 +136,17 @@ def test_backward_calls_the_varlen_backward(monkeypatch):
     out, lse = torch.zeros(10, 2, 64), torch.zeros(2, 10)
     ctx = types.SimpleNamespace(saved_tensors=(a["q"], a["k"], a["v"], out, lse, a["cu_seqlens_q"],
                                                a["cu_seqlens_k"]),
-                                args=(7, 6, True, 0.125, "cfg", 5, -1, 30.0))
+                                args=(7, 6, True, 0.125, '{"deterministic":true}', 5, -1, 30.0))
     grads = _VarlenFwd.backward(ctx, torch.ones(10, 2, 64), None)
     assert len(grads) == 13 and all(g is None for g in grads[3:])
     assert torch.equal(grads[0], a["q"] + 1) and torch.equal(grads[2], a["v"] + 3)
-    assert seen == dict(max_q=7, max_k=6, causal=True, scale=0.125, cfg="cfg", window_left=5, window_right=-1,
+    assert seen.pop("cu") == (a["cu_seqlens_q"], a["cu_seqlens_k"])
+    assert seen == dict(max_q=7, max_k=6, causal=True, scale=0.125,
+                        cfg=AttnConfig(deterministic=True).resolve("sm90", 64, True), window_left=5, window_right=-1,
                         softcap=30.0)
+    ctx.args = ctx.args[:5]  # a plain call: no window / softcap arguments, 10 inputs
+    assert len(_VarlenFwd.backward(ctx, torch.ones(10, 2, 64), None)) == 10
+    assert (seen["window_left"], seen["window_right"], seen["softcap"]) == (-1, -1, 0.0)
 
 
 @pytest.mark.parametrize("cfg, hd, hv, msg", [
