@@ -31,7 +31,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # (hd64: 515 -> 473 TFLOP/s at 1/4; hd128: 625 -> 591 at 1/8): each emulated exp2 costs ~9 FMA/ALU-pipe
     # instructions and pingpong already hides MUFU under the GEMMs. The switch stays for ablations.
     # bwd_tile_m: the backward's Q rows per step (its K/V tile is 128 rows, two MMA warpgroups); at hd128, 128 rows
-    # do not fit the registers; hd 192/256 have no sm90 backward yet, their entry is FA3's 64 so a config resolves
+    # do not fit the registers; hd 192/256 run the wide backward (kernels/sm90/bwd_wide.py) with 64-row tiles
     # persistent_max_seqlen: two H200 measurements (same process, interleaved, 10-12 rounds; 16k total tokens, hidden
     # 2048), persistent / one-tile speed. The old persistent kernel (aa63b90..a4ca8fc, on the split loop 12fc57e
     # reverted): 1.06-1.15x at 1k (hd 64/128, causal both), 1.02-1.05x at 2k except hd128 causal (0.99x), 0.74-0.92x
@@ -42,8 +42,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
                        bwd_tile_m=128, persistent_max_seqlen=(1024, 1024)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+    # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
+    # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
+    # kernel: AttnConfig.resolve gives two_cta 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
+                        bwd_tile_m=80, persistent_max_seqlen=(0, 0)),
     ("sm90", 192): dict(tile_m=128, tile_n=112, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
@@ -154,6 +157,8 @@ class AttnConfig:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
         updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
+        if updates.get("bwd_tile_m") == 80 and self.two_cta:  # a default of 80 rows: no 2-CTA kernel has them
+            updates["bwd_tile_m"] = 64
         return dataclasses.replace(self, **updates) if updates else self
 
     @property

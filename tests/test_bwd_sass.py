@@ -60,11 +60,13 @@ def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=Fal
     return subprocess.run([_nvdisasm(), "-c", cubins[0]], check=True, capture_output=True, text=True).stdout
 
 
-def test_deterministic_ordering_in_sass(tmp_path):
-    det = _main_sass(tmp_path, True, 0.0)
-    plain = _main_sass(tmp_path, False, 0.0)
+@pytest.mark.parametrize("tile_m,dq_gemm", [(None, "64x80x16"), (64, "64x64x16")])
+def test_deterministic_ordering_in_sass(tmp_path, tile_m, dq_gemm):
+    """hd128 causal at its default 80-row Q tiles (dQ^T = K^T dS^T: N = 80) and at 64 rows (dQ = dS K)."""
+    det = _main_sass(tmp_path, True, 0.0, tile_m=tile_m)
+    plain = _main_sass(tmp_path, False, 0.0, tile_m=tile_m)
     for sass in (det, plain):
-        assert "HGMMA.64x64x16.F32.BF16" in sass and "HGMMA.64x128x16.F32.BF16" in sass
+        assert f"HGMMA.{dq_gemm}.F32.BF16" in sass and "HGMMA.64x128x16.F32.BF16" in sass
         assert "UBLKRED.G.S.ADD.F32" in sass  # dQ chunks bulk-reduced into global fp32 by the writer warp
         assert "REDG.E.ADD.F32" not in sass
     # acquire spin: a strong GPU-scope load of the semaphore; release add; fence before it
@@ -76,9 +78,10 @@ def test_deterministic_ordering_in_sass(tmp_path):
 
 
 @pytest.mark.parametrize("hdim,causal,tile_m", [(64, True, None), (128, False, None), (128, True, None),
-                                                (64, False, 64)])
+                                                (64, False, 64), (128, True, 64)])
 def test_default_configs_have_no_spills(tmp_path, hdim, causal, tile_m):
-    """Every default backward config (and the deterministic one, and hd64's 64-row tiles) keeps its working
+    """Every default backward config (and the deterministic one, and 64-row tiles: hd64's option, hd128's softcap /
+    varlen tile) keeps its working
     set in registers, and the MMA warps store dS with stmatrix, issue no global reduction (the writer warp
     bulk-reduces dQ) and write dK / dV with TMA stores."""
     for det in (False, True):

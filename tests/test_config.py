@@ -1,4 +1,5 @@
 """AttnConfig: validation with clear errors, resolution from the per-arch table, stable hashing."""
+import dataclasses
 import subprocess
 import sys
 
@@ -95,14 +96,26 @@ def test_backward_fields_resolve_and_reject_what_does_not_fit():
 
 
 def test_bwd_tile_m_80_only_at_hd128_one_cta():
-    """bwd_tile_m=80 (opt-in, dQ^T per warpgroup): accepted by AttnConfig; the sm90 backward takes it at hdim 128
-    without two_cta and raises ConfigError at hdim 64 / 256 and with two_cta. The defaults do not use it."""
+    """bwd_tile_m=80 (dQ^T per warpgroup): hd128's default; the sm90 backward takes it at hdim 128 without two_cta
+    and raises ConfigError at hdim 64 / 256 and with an explicit two_cta; a default two_cta config resolves to 64
+    rows, and softcap / varlen calls run 64 rows (backward_config)."""
     from kernels.config import table_defaults
 
     assert AttnConfig(bwd_tile_m=80).resolve("sm90", 128, False).bwd_tile_m == 80
-    assert all(table_defaults("sm90", d, c)["bwd_tile_m"] != 80 for d in (64, 128, 256) for c in (False, True))
+    assert all(table_defaults("sm90", 128, c)["bwd_tile_m"] == 80 for c in (False, True))
+    assert all(table_defaults("sm90", d, c)["bwd_tile_m"] != 80 for d in (64, 256) for c in (False, True))
+    for causal in (False, True):
+        assert AttnConfig().resolve("sm90", 128, causal).bwd_tile_m == 80
+        assert AttnConfig(deterministic=True).resolve("sm90", 128, causal).bwd_tile_m == 80
+        assert AttnConfig(two_cta=True).resolve("sm90", 128, causal).bwd_tile_m == 64
     pytest.importorskip("cutlass")
-    from kernels.sm90.backward import _check_supported
+    from kernels.sm90.backward import _check_supported, backward_config
+
+    cfg = AttnConfig().resolve("sm90", 128, False)
+    assert backward_config(cfg) is cfg
+    assert backward_config(cfg, softcap=True).bwd_tile_m == 64 and backward_config(cfg, varlen=True).bwd_tile_m == 64
+    assert backward_config(cfg, softcap=True, varlen=True) == dataclasses.replace(cfg, bwd_tile_m=64)
+    _check_supported(AttnConfig(two_cta=True).resolve("sm90", 128, False), 128, 128)
     from kernels.sm90.bwd import FlashBwdSm90
 
     _check_supported(AttnConfig(bwd_tile_m=80).resolve("sm90", 128, False), 128, 128)

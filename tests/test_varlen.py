@@ -153,13 +153,24 @@ def test_backward_calls_the_varlen_backward(monkeypatch):
     (AttnConfig(two_cta=True), 128, 128, r"^two_cta=True with varlen"),
     (AttnConfig(), 256, 256, r"^\(head_dim, head_dim_v\)=\(256, 256\) with varlen"),
     (AttnConfig(), 192, 128, r"^\(head_dim, head_dim_v\)=\(192, 128\) with varlen"),
-    (AttnConfig(bwd_tile_m=80), 128, 128, r"^bwd_tile_m=80 with varlen"),
 ])
 def test_backward_config_errors(cfg, hd, hv, msg):
     from kernels.varlen import check_varlen_backward
 
     with pytest.raises(ConfigError, match=msg):
         check_varlen_backward(cfg.resolve("sm90", hd, True), hd, hv)
+
+
+def test_backward_80_row_tiles_run_as_64_with_varlen():
+    """hd128's default (and an explicit) bwd_tile_m=80 has no varlen kernel: the varlen backward takes 64 rows."""
+    pytest.importorskip("cutlass")
+    from kernels.sm90.backward import backward_config
+    from kernels.varlen import check_varlen_backward
+
+    for cfg in (AttnConfig(), AttnConfig(bwd_tile_m=80)):
+        r = cfg.resolve("sm90", 128, True)
+        assert r.bwd_tile_m == 80 and backward_config(r, varlen=True).bwd_tile_m == 64
+        check_varlen_backward(r, 128, 128)
 
 
 def test_backward_kernel_guards():

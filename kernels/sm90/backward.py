@@ -22,6 +22,7 @@ cross a bound, and applies the softcap's chain rule (bwd.py). two_cta does not s
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -69,6 +70,14 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
     if hdim == 128 and cfg.bwd_tile_m == 128:
         raise ConfigError("bwd_tile_m=128 at hdim 128: S, dP, dK and dV accumulators would need 256 registers per "
                           "thread (124 spills in the SASS); use 64")
+
+
+def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False) -> AttnConfig:
+    """The config the backward runs for a resolved ``cfg``: 80-row Q tiles (hd128's default) have no softcap or
+    variable-length kernel, so those calls take 64-row tiles (an explicit ``bwd_tile_m=80`` too); else ``cfg``."""
+    if cfg.bwd_tile_m == 80 and (softcap or varlen):
+        return dataclasses.replace(cfg, bwd_tile_m=64)
+    return cfg
 
 
 def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
@@ -157,7 +166,7 @@ def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, caus
     hdim_v = hdim if hdim_v is None else hdim_v
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
-    cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
+    cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0)
     _check_supported(cfg, hdim, hdim_v, bool(feats), softcap != 0.0)
     key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead),
                     **feature_extra(window_left, window_right, softcap))
@@ -167,8 +176,10 @@ def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, caus
 
 def check_varlen_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
     """ConfigError unless the varlen backward exists for a resolved config (on top of _check_supported): head dims
-    64 / 128 (FlashBwdSm90), 64- or 128-row Q tiles, no two_cta."""
+    64 / 128 (FlashBwdSm90), 64- or 128-row Q tiles (80 runs as 64: backward_config), no two_cta."""
     from .bwd import BWD_TILES
+
+    cfg = backward_config(cfg, varlen=True)
 
     if hdim not in BWD_TILES or hdim_v != hdim:
         raise ConfigError(f"(head_dim, head_dim_v)=({hdim}, {hdim_v}) with varlen: the sm90 variable-length backward "
@@ -247,7 +258,7 @@ def compile_backward_varlen(config: AttnConfig | None, dtype_name: str, hdim: in
     ``dump_dir`` uncached, keeping PTX / cubins there (for SASS checks)."""
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
-    cfg = (config or AttnConfig()).resolve(ARCH, hdim, causal)
+    cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0, varlen=True)
     _check_supported(cfg, hdim, hdim, bool(feats), softcap != 0.0)
     check_varlen_supported(cfg, hdim, hdim)
     build = lambda: _build_varlen(cfg, dtype_name, hdim, causal, qhead_per_kvhead=qhead_per_kvhead, features=feats,
@@ -274,6 +285,7 @@ def attention_backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
     group = h // h_kv
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
+    cfg = backward_config(cfg, softcap != 0.0, varlen=True)
     _check_supported(cfg, d, v.shape[2], bool(feats), softcap != 0.0)
     check_varlen_supported(cfg, d, v.shape[2])
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
@@ -374,7 +386,7 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
         softmax_scale = 1.0 / math.sqrt(d)
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
-    cfg = resolve_cached(config, ARCH, d, bool(causal))
+    cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0)
     _check_supported(cfg, d, dv_dim, bool(feats), softcap != 0.0)
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))

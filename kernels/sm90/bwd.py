@@ -111,7 +111,9 @@ LOG2_E = math.log2(math.e)
 # Backward tiles per head dim: (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m in
 # kernels/config.py; tile_n = K/V rows per CTA). Two MMA warpgroups each own 64 K/V rows. hdim 256 and (192, 128)
 # do not fit this layout (at hd256 dK+dV accumulators alone need 256 registers per thread): bwd_wide.py has them.
-BWD_TILES = {d: (DEFAULTS[("sm90", d)]["bwd_tile_m"], 128) for d in (64, 128)}
+# (tile_m when the constructor is given none, K/V rows per CTA); the harness passes AttnConfig.bwd_tile_m (hd128's
+# default there is 80, which two_cta / softcap / varlen do not have, so the constructor's fallback stays 64)
+BWD_TILES = {64: (DEFAULTS[("sm90", 64)]["bwd_tile_m"], 128), 128: (64, 128)}
 NUM_STAGES = 2  # Q/dO (and dS) pipeline depth
 SMEM_BYTES = 227 * 1024  # dynamic shared memory per CTA on sm_90
 
