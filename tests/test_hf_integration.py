@@ -56,9 +56,8 @@ def stand_in(q, k, v, causal=False, softmax_scale=None, config=None, return_lse=
 def stand_in_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                     softmax_scale=None, config=None, return_lse=False, window_size=(-1, -1), softcap=0.0,
                     check_seqlens=True):
-    """kernels.attention_varlen's contract on a CPU (packed (total, heads, dim), cu_seqlens int32, forward only): the
-    reference per sequence, each bottom-right aligned on its own."""
-    assert not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)), "varlen has no backward"
+    """kernels.attention_varlen's contract on a CPU (packed (total, heads, dim), cu_seqlens int32; differentiable):
+    the reference per sequence, each bottom-right aligned on its own."""
     assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32 and q.dim() == 3 and k.dim() == 3
     lq, lk = cu_seqlens_q.diff(), cu_seqlens_k.diff()
     assert max_seqlen_q == int(lq.max()) and max_seqlen_k == int(lk.max())
@@ -129,7 +128,7 @@ def test_llama_logits_and_grads_match_sdpa_and_eager(hf, kv_heads):
     assert c["causal"] is True and c["scale"] == pytest.approx(16 ** -0.5) and c["config"] is None
 
 
-def test_all_ones_mask_is_accepted_and_padding_with_grad_is_a_clear_error(hf):
+def test_all_ones_mask_is_accepted(hf):
     ref = tiny_llama("sdpa")
     model = same_weights(tiny_llama("fa4lab"), ref)
     ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(2))
@@ -138,11 +137,6 @@ def test_all_ones_mask_is_accepted_and_padding_with_grad_is_a_clear_error(hf):
         got = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert {c["kind"] for c in CALLS} == {"dense"}
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # left padding, with gradients: the varlen backward is not built
-    with pytest.raises(ValueError, match=r"fa4lab attention: attention_mask masks out padding and gradients are "
-                                         r"required.*issue 12.2"):
-        model(input_ids=ids, attention_mask=mask)
 
 
 def test_greedy_generation_with_kv_cache_matches_sdpa(hf):
@@ -293,6 +287,26 @@ def test_padded_batch_inference_runs_varlen_and_matches_reference(hf, family):
     assert all(c["lq"] == c["lk"] == [20, 13, 9] and c["q"] == (42, 4, 16) and c["k"] == (42, 2, 16) for c in varlen)
     assert varlen[0]["window"] == ((5, 0) if family == "mistral" else (4, 0))
     assert varlen[0]["softcap"] == (0.0 if family == "mistral" else 0.5)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_padded_batch_training_grads_match_reference(hf, family):
+    """A padded batch with gradients goes through attention_varlen (forward and backward): a loss over the kept tokens
+    gives the reference implementation's parameter gradients on the same padded batch."""
+    make, ref_attn = (tiny_mistral, "sdpa") if family == "mistral" else (tiny_gemma2, "eager")
+    ref = make(ref_attn)
+    model = same_weights(make("fa4lab"), ref)
+    ids, mask = padded_batch()
+    keep = mask.bool()
+    grads = []
+    for m in (ref, model):
+        m.zero_grad(set_to_none=True)
+        m(input_ids=ids, attention_mask=mask).logits[keep].float().square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    assert [c["kind"] for c in CALLS] == ["varlen"] * 2
 
 
 def test_left_padded_generation_matches_sdpa(hf):

@@ -27,18 +27,15 @@ What it honours:
 * masks: None, a 2D (batch, kv_len) padding mask, or a 4D mask (bool, or additive float with 0 where allowed). A mask
   that equals the causal / sliding-window / full pattern (all-ones 2D) goes to ``kernels.attention`` (differentiable).
   A mask that is that pattern plus padding (``padding_from_mask``: left or right padding, a KV cache with left
-  padding) is run, when no gradient is needed (``torch.no_grad()`` / inference mode, or no input requiring grad), by
-  unpadding: the kept tokens are gathered into packed tensors, ``kernels.attention_varlen`` runs on them with
+  padding) is run by unpadding (forward and backward: attention_varlen's backward passed its H200 tests): the kept tokens are gathered into packed tensors, ``kernels.attention_varlen`` runs on them with
   cu_seqlens from the mask, and the output is scattered back with zeros on padding query rows (as transformers'
   ``_upad_input`` / ``_pad_input``); the 4D mask is checked to equal what the packed call computes on every kept
-  row. With a gradient needed it raises ``ValueError`` naming issue 12.2 (``attention_varlen`` has no backward yet).
-  Any other mask (packed sequences, custom patterns, a per-head mask) raises ``ValueError``;
+  row; padding query rows get zero output and no gradient. Any other mask (packed sequences, custom patterns, a per-head mask) raises ``ValueError``;
 * fp32 q/k/v under autocast are cast to the autocast dtype and the output back; other fp32 inputs reach the kernels'
   own dtype check (bf16 / fp16).
 
 Errors (ValueError, one line starting ``fa4lab attention:``): dropout > 0, attention sinks (``s_aux``), variable-length
-keyword arguments (``cu_seq_lens_q``: padding-free packed batches), a mask that is not pattern + padding, padding
-with gradients. ``output_attentions`` returns no weights (None), as the flash integrations do.
+keyword arguments (``cu_seq_lens_q``: padding-free packed batches), a mask that is not pattern + padding. ``output_attentions`` returns no weights (None), as the flash integrations do.
 
 Reading a mask (the trivial / padding checks, the cu_seqlens maxima) costs device syncs per layer and a graph break
 under torch.compile; it only runs when transformers materialised a mask.
@@ -198,10 +195,6 @@ def _check_kwargs(dropout, s_aux, kwargs: dict) -> None:
                      f"yet (issue 12.2); pass a padded batch with its attention_mask, or equal-length sequences")
 
 
-def _needs_grad(*ts: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
-
-
 def _varlen_padded(fn, q, k, v, q_valid, k_valid, **kw) -> torch.Tensor:
     """Attention over the kept tokens of a padded batch: q (b, sq, h, d), k / v (b, sk, hk, d) gathered into packed
     (total, heads, dim) tensors, ``fn`` (``attention_varlen``) run on them, its rows scattered back into a (b, sq, h,
@@ -228,7 +221,7 @@ def make_attention_forward(config=None, attention: Callable | None = None,
     """The transformers attention function for ``config`` (an ``AttnConfig`` or None = the per-arch defaults).
     ``attention``: the kernel entry ``(q, k, v, causal=, softmax_scale=, config=, window_size=, softcap=)`` on (batch,
     seqlen, heads, dim) tensors (default: ``kernels.attention``, looked up at each call); ``attention_varlen``: the
-    packed entry for padded batches without gradients (default: ``kernels.attention_varlen``)."""
+    packed entry for padded batches (default: ``kernels.attention_varlen``)."""
 
     def fa4lab_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                  value: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float = 0.0,
@@ -247,11 +240,6 @@ def make_attention_forward(config=None, attention: Callable | None = None,
                 raise _error("attention_mask is not the causal / sliding-window / full pattern plus padding (packed "
                              "sequences, a static KV cache's unfilled slots or a custom mask): not supported; use "
                              "attn_implementation='sdpa' or 'eager'")
-            if _needs_grad(query, key, value):
-                raise _error("attention_mask masks out padding and gradients are required: padded batches run "
-                             "through attention_varlen, whose backward is not built yet (issue 12.2); train on "
-                             "unpadded equal-length sequences, run inference under torch.no_grad(), or use "
-                             "attn_implementation='sdpa'")
         in_dtype = query.dtype
         if in_dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
             dt = torch.get_autocast_dtype(query.device.type)
