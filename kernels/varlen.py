@@ -31,8 +31,8 @@ postprocess kernels compiled with ``varlen=True`` (their own cache entries). The
 semaphores) live in padded per-call buffers where sequence b's Q tiles own whole tile slots from padded row
 (cu_seqlens_q[b] + b * tile_m) rounded down to tile_m, so no TMA load or bulk reduction crosses into another
 sequence's rows; dK / dV (and dQ in the postprocess) leave through row-predicated 16-byte stores. Head dims 64 / 128,
-bwd_tile_m 64 / 128, GQA, sliding window, softcap and deterministic mode; two_cta, bwd_tile_m=80 and the wide head dims
-(256, (192, 128)) are ConfigErrors raised by the backward (check_varlen_backward tells beforehand). Compiled and
+bwd_tile_m 64 / 128 (hd128's default 80 runs as 64 here), GQA, sliding window, softcap and deterministic mode; two_cta
+and the wide head dims (256, (192, 128)) are ConfigErrors raised by the backward (check_varlen_backward tells beforehand). Compiled and
 SASS-checked on the CPU. On the H200 (2026-11-30, the sm90 backward files of 7cf331e) tests/test_varlen_gpu.py: 17 of
 18 passed; test_varlen_matches_the_padded_kernel failed (39 values more than one bf16 ulp from the padded forward), and
 it failed the same way with this file and kernels/ops.py as they were before the varlen ops.
@@ -303,7 +303,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     are checked for free and copied to q's device); False trusts them (no sync). Under torch.compile the value checks
     are skipped whatever ``check_seqlens`` says (they cannot be traced): the values are trusted, as with False; the
     other checks run at trace time. Differentiable (dq / dk / dv packed like q / k / v): head dims 64 / 128 without
-    two_cta or bwd_tile_m=80; other configs raise a ConfigError in the backward (kernels.varlen.check_varlen_backward
+    two_cta (80-row Q tiles run as 64); other configs raise a ConfigError in the backward (kernels.varlen.check_varlen_backward
     tells beforehand). The arch (sm_90a) and the config's resolution are checked when the kernel runs. Then
     ``fa4lab::varlen_fwd`` when traced (its backward is fa4lab::varlen_bwd), or the same implementations eagerly."""
     group = check_varlen_qkv(q, k, v)  # noqa: F841 (GQA heads checked; the kernel reads the group from the shapes)
