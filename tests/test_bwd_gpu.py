@@ -149,6 +149,16 @@ def test_two_cta_odd_tile_count(hdim):
     _run_case(2, 77, 260, 1, hdim, False, torch.float16, _cfg(two_cta=True, deterministic=True), seed=5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_cta_tile_m_64(causal):
+    """hd64 two_cta with 64-row Q tiles (dQ^T 64 x 16 per warpgroup: four 16-row chunks per Q tile in dQaccum, two
+    staging buffers), plain and deterministic (bitwise over 50 repeats)."""
+    _run_case(2, 333, 397, 2, 64, causal, torch.bfloat16, _cfg(two_cta=True, bwd_tile_m=64), seed=15)
+    _run_case(1, 17, 129, 3, 64, causal, torch.float16, _cfg(two_cta=True, bwd_tile_m=64, deterministic=True), seed=16)
+    n_diff = _repeat_dq(_cfg(two_cta=True, bwd_tile_m=64, deterministic=True), causal, 50, d=64)
+    assert n_diff == 0, f"deterministic two_cta bwd_tile_m=64 differed in {n_diff}/50 repeats"
+
+
 def _repeat_dq(cfg, causal, repeats, d=128):
     from kernels.sm90.backward import attention_backward
 

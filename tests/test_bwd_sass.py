@@ -2,8 +2,8 @@
 
 deterministic=True must contain the ordering (a strong acquire load in a spin loop, a release add on the
 semaphore, a GPU-scope fence) and plain mode must not; two_cta=True must contain the cluster machinery
-(multicast TMA, the shared::cta -> shared::cluster bulk copy of dS, cluster barriers) and half the dQ
-reductions; every variant issues HGMMA; the exp2 fraction decides how many MUFU.EX2 the P recomputation keeps.
+(multicast TMA, the shared::cta -> shared::cluster bulk copy of dS, cluster barriers) and, as the one-CTA kernel,
+bulk-reduce dQ from the writer warp, without spills or serialised wgmma; every variant issues HGMMA; the exp2 fraction decides how many MUFU.EX2 the P recomputation keeps.
 """
 from __future__ import annotations
 
@@ -140,9 +140,45 @@ def test_two_cta_cluster_in_sass(tmp_path):
     assert re.search(r"UBLKCP\.S\.S", two) and "UBLKCP" not in one  # dS half -> peer's shared memory
     assert "UCGABAR_ARV" in two and "UCGABAR_WAIT" in two  # cluster barriers
     assert "HGMMA.64x32x16.F32.BF16" in two  # dQ^T = K^T dS^T, 32 Q rows per CTA
-    # dQ: 16 fp32 register reductions per thread per Q tile (half the rows of the one-CTA kernel, which
-    # bulk-reduces whole tiles from shared memory instead)
-    assert len(re.findall(r"REDG\.E\.ADD\.F32\.", two)) == 16 and "UBLKRED" in one
+    # dQ: both kernels hand each warpgroup's fp32 chunk to the writer warp, which bulk-reduces it (one
+    # cp.reduce.async.bulk per warpgroup); no fp32 global reductions from registers
+    for sass in (two, one):
+        assert sass.count("UBLKRED.G.S.ADD.F32") == 2 and not re.search(r"\bREDG?\.E\.ADD\.F32", sass)
+
+
+@pytest.mark.parametrize("hdim,causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_two_cta_sass_no_spills_async_wgmma_bulk_dq(tmp_path, hdim, causal):
+    """two_cta (default and deterministic): no spills, the wgmma chains stay asynchronous (ptxas serialised every
+    wgmma at hd64 while the dS send sat among in-flight wgmma: 40 WARPGROUP.DEPBAR), and dQ leaves through the
+    writer warp's bulk reductions (the MMA warps issue no fp32 global reduction; with deterministic only the writer
+    spins on the semaphore)."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    for det in (False, True):
+        sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=hdim, two_cta=True)
+        ops = opcode_counts(sass)
+        tag = f"two_cta hd{hdim} causal={causal} det={det}"
+        assert count(ops, "LDL") == 0 and count(ops, "STL") == 0, f"spills: {tag}"
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8, f"serialised wgmma: {tag}"
+        assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass), f"fp32 global reductions from registers: {tag}"
+        assert count(ops, "UBLKRED") == 2 and "UBLKRED.G.S.ADD.F32" in sass, tag
+        assert re.search(r"UBLKCP\.S\.S", sass) and "UTMALDG.4D.MULTICAST" in sass, tag
+        # dQ^T 64 x 32 per warpgroup, K = 128 over the own and the peer's K/V tile
+        assert ops["HGMMA.64x32x16.F32.BF16"] == 16, tag
+        assert bool(re.search(r"LDG\.E\.STRONG\.GPU", sass)) == det, tag  # the writer warp's acquire spin
+        assert bool(re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", sass)) == det, tag  # its release
+
+
+def test_two_cta_tile_m_64_sass(tmp_path):
+    """hd64 two_cta with 64-row Q tiles: dQ^T is 64 x 16 per warpgroup (2 staging buffers fit there); no spills."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    sass = _main_sass(tmp_path, True, 0.0, causal=True, hdim=64, two_cta=True, tile_m=64)
+    ops = opcode_counts(sass)
+    assert count(ops, "LDL") == 0 and count(ops, "STL") == 0
+    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8
+    assert ops["HGMMA.64x16x16.F32.BF16"] == 16 and count(ops, "UBLKRED") == 2
+    assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass)
 
 
 def test_det_schedule_changes_the_kernel(tmp_path):

@@ -98,6 +98,14 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
                exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule, tile_m=cfg.bwd_tile_m, **kw)
 
 
+def _post_layout(main) -> dict:
+    """The postprocess's view of the main kernel's tile-blocked dQaccum: chunks per Q tile and their dQ (or dQ^T)
+    fragment shape. two_cta: 4 chunks of dQ^T (64 head-dim rows x dq_n Q rows), 2 per CTA of the pair."""
+    if main.two_cta:
+        return dict(chunks=main.cluster * main.num_mma_wg, transposed=True, dq_shape=(64, main.dq_n))
+    return dict(chunks=main.num_mma_wg * main.dq_pieces, transposed=main.dq_transposed)
+
+
 def _features(window_left: int, window_right: int, softcap: float) -> dict:
     """The main kernel's window / softcap keyword arguments, only the non-default ones."""
     out = {}
@@ -130,8 +138,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v)
-    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, chunks=main.num_mma_wg * main.dq_pieces,
-                            transposed=main.dq_transposed)
+    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, **_post_layout(main))
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
     HKV = H if qhead_per_kvhead == 1 else cute.sym_int32(symbol="HKV")  # GQA: K/V heads apart from Q's
     # padded seqlen_q: a multiple of tile_m (attention_backward pads to it); 80-row tiles promise 16

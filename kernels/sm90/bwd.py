@@ -40,8 +40,13 @@ the pipelines' empty barriers collect the consumer warps of both CTAs. CTA r com
 [32r, 32r+32) of each Q tile with the full reduction over both K/V tiles, as dQ^T = K^T dS^T (wgmma N = 32 or
 16): it reads its own dS half from shared memory and receives the peer's half through distributed shared
 memory (one cp.async.bulk shared::cta -> shared::cluster of 8 KB per Q tile, completing on an mbarrier of
-the receiver; a second mbarrier hands the buffer back), and it keeps the peer's K tile resident. Each dQ
-element is reduced into global memory once per cluster instead of once per CTA.
+the receiver, sent before the dV wgmma is issued; a second mbarrier hands the buffer back), and it keeps the peer's
+K tile resident. Each dQ element is reduced into global memory once per cluster instead of once per CTA, through the
+same writer warp as the one-CTA kernel: warpgroup w's 64 x dq_n fp32 dQ^T fragment is chunk 2r + w of the Q tile in
+the tile-blocked dQaccum (the postprocess maps it back, ``transposed`` with ``dq_shape``), and with ``deterministic``
+each CTA's rows have their own semaphore, turns counted over the pairs. Shared memory: 208 KB of tiles at hd 64
+(128-row Q tiles) and hd 128 leave room for one 16 KB dQ staging buffer (two with hd64's 64-row tiles). CPU SASS: no
+spills, 4 WARPGROUP.DEPBAR, no fp32 REDG from the MMA warps (hd 64 / 128, causal and deterministic both ways).
 
 Sliding window and softcap (compile-time ``window_left`` / ``window_right`` / ``softcap``; at the defaults the code is
 the plain kernel's, byte-identical SASS): a K/V tile walks only the Q tiles whose rows' windows reach its keys
@@ -180,9 +185,13 @@ class FlashBwdSm90:
         self.dq_split_rows = 0 if self.dq_transposed else int(self.dq_shape[0] < self.tile_m)
         # two_cta: dQ^T per warpgroup is (64 head-dim rows) x (dq_n Q rows); the CTA owns tile_m/2 Q rows
         self.dq_n = self.tile_m // 2 if hdim == 128 else self.tile_m // 4
-        # one-CTA mode: dQ fragments staged in shared memory and bulk-reduced by the writer warp
-        self.dq_smem = not self.two_cta
-        self.dq_vals = self.tile_m * (hdim // 2) // 128  # fp32 dQ values per MMA thread
+        self.num_mma_wg = 2
+        # dQ fragments staged in shared memory and bulk-reduced by the writer warp (both modes)
+        self.dq_smem = True
+        if self.two_cta:  # a warpgroup's dQ^T fragment: 64 x dq_n; chunk c = 2 * rank + w of a Q tile's 4
+            self.dq_vals = 64 * self.dq_n // 128
+        else:
+            self.dq_vals = self.tile_m * (hdim // 2) // 128  # fp32 dQ values per MMA thread
         self.dq_chunk = 128 * self.dq_vals  # floats per warpgroup chunk
         # dQ staging buffers: two when shared memory allows, so an MMA warpgroup never waits for the writer's
         # bulk read of the previous Q tile's chunk (hd128: 192 KB of operand tiles + 2 x 32 KB fits 227 KB)
@@ -190,7 +199,15 @@ class FlashBwdSm90:
                     * self.tile_n) * dtype.width // 8 + 2 * NUM_STAGES * self.tile_m * 4
         dq_bytes = self.tile_m * hdim * 4
         self.dq_stages = 2 if operands + 2 * dq_bytes + 2048 <= SMEM_BYTES else 1
-        self.num_mma_wg = 2
+        if self.two_cta:
+            # two_cta also keeps the peer's K tile and the received dS halves: with 208 KB of tiles (hd64 / 128-row
+            # and hd128 / 64-row Q tiles) one 16 KB staging buffer fits (hd64: exactly 227 KB in all, hd128: 226 KB),
+            # two would not; hd64 with 64-row tiles (128 KB of tiles) takes two. _host_setup asserts the total.
+            tm, tn, st = self.tile_m, self.tile_n, NUM_STAGES
+            tiles = (2 * st * tm * hdim + 3 * tn * hdim + st * tm * tn + st * (tm // 2) * tn) * dtype.width // 8
+            header = -(-(128 + 2 * st * (-(-tm // 32) * 32) * 4) // 1024) * 1024  # mbarriers, LSE / dPsum stages
+            stage_bytes = self.num_mma_wg * self.dq_chunk * 4
+            self.dq_stages = 2 if header + tiles + 2 * stage_bytes <= SMEM_BYTES else 1
         assert self.tile_n == 64 * self.num_mma_wg
         self.num_threads = 128 * (self.num_mma_wg + 1)
         self.num_mma_threads = 128 * self.num_mma_wg
@@ -302,8 +319,10 @@ class FlashBwdSm90:
         R, A = cute.struct.MemRange, cute.struct.Align
         tile = lambda n: A[R[self.dtype, n], 1024]
         tm, qst, dost = self.tile_m, self.q_stages, self.do_stages
-        fields = dict(
-            mbar_q=R[cutlass.Int64, qst * 2], mbar_do=R[cutlass.Int64, dost * 2], mbar_kv=R[cutlass.Int64, 2],
+        fields = dict(mbar_q=R[cutlass.Int64, qst * 2], mbar_do=R[cutlass.Int64, dost * 2], mbar_kv=R[cutlass.Int64, 2])
+        if self.two_cta:  # the dS exchange mbarriers next to the others: at hd64 the struct then fits 227 KB exactly
+            fields["mbar_dsfull"] = fields["mbar_dsempty"] = R[cutlass.Int64, self.stages]
+        fields.update(
             sLSE=A[R[Float32, self.lse_stride * qst], 128], sdPsum=A[R[Float32, self.lse_stride * dost], 128],
             sQ=tile(cute.cosize(self.sQ_layout)), sdO=tile(cute.cosize(self.sdO_layout)),
             sK=tile(cute.cosize(self.sK_layout)), sV=tile(cute.cosize(self.sV_layout)))
@@ -313,7 +332,7 @@ class FlashBwdSm90:
         if p_cosize is None:
             fields["sKp"], fields["sdSp"] = tile(kp_cosize), tile(dsp_cosize)
         fields["sdQ"] = A[R[Float32, dq_cosize], 128]
-        if p_cosize is None:
+        if p_cosize is None and not self.two_cta:
             fields["mbar_dsfull"] = fields["mbar_dsempty"] = R[cutlass.Int64, self.stages]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
@@ -409,6 +428,7 @@ class FlashBwdSm90:
 
         self.shared_storage = self._shared_storage(cute.cosize(self.sdS_layout), dq_cosize, kp_cosize=kp_cosize,
                                                    dsp_cosize=dsp_cosize)
+        assert self.shared_storage.size_in_bytes() <= SMEM_BYTES, self.shared_storage.size_in_bytes()
         return mma_S, mma_dKV, mma_dQ, loads, atoms, stores
 
     def score_scale(self, softmax_scale):
@@ -503,7 +523,7 @@ class FlashBwdSm90:
               sdPsum, storage, pipe_q, pipe_do, pipe_kv, warp_idx, tidx, n_block, head, batch, m_block_min,
               m_block_max, num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank, offset_q=0, offset_k=0,
               pad_tile=0):
-        """Warp roles: warp 0 loads, warp 1 writes dQ (one-CTA), warpgroups 1.. compute (varlen: offsets given)."""
+        """Warp roles: warp 0 loads, warp 1 writes dQ, warpgroups 1.. compute (varlen: offsets given)."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
@@ -513,7 +533,7 @@ class FlashBwdSm90:
             if const_expr(self.dq_smem):
                 if warp_idx == 1:
                     self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), head, batch, m_block_min, m_block_max,
-                                   n_block, num_groups, seqlen_q, seqlen_k, pad_tile)
+                                   n_block, num_groups, seqlen_q, seqlen_k, pad_tile, rank)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma(mdQaccum, mdK, mdV, tma_dK, tma_dV, sdKs, sdVs, mSem, mma_S, mma_dKV, mma_dQ,
@@ -714,7 +734,6 @@ class FlashBwdSm90:
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32)
         else:
             # dQ^T[d-slice, own Q rows] = K^T dS^T (own tile) + Kp^T dSp^T (peer tile)
-            mdQ2 = mdQaccum[None, None, head, batch]  # (seqlen_q padded, d) fp32, row-major for the register adds
             d0 = wg * 64 if const_expr(d == 128) else 0
             q0 = rank * (tm // 2) + (0 if const_expr(d == 128) else wg * self.dq_n)
             sKt = cute.local_tile(transpose_view(sK)[None, None, 0], (64, tn), (d0 // 64, 0))
@@ -722,13 +741,10 @@ class FlashBwdSm90:
             tdQrK = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKt))
             tdQrKp = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKpt))
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((64, self.dq_n)), Float32)
-            tdQcdQ = thr_dQ.partition_C(cute.make_identity_tensor((64, self.dq_n)))
 
         pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
-        sem_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_SEM), num_threads=self.num_mma_threads)
         n_row0 = n_block * tn + wg * 64
         causal_off = seqlen_k - seqlen_q
-        group = n_block // mc
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
@@ -742,21 +758,22 @@ class FlashBwdSm90:
             self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, sidx], tSrdO[None, None, None, sidx],
                           tScS, tSsLSE[None, None, None, sidx], tSsdPsum[None, None, None, sidx], rP_acc, rdS_acc,
                           pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2)
-            wgmma(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
+            if const_expr(not self.two_cta):
+                wgmma(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
             self.ds_to_smem(st_atom, thr_st, rdS_acc, tSsdS_all[None, None, None, sidx], pds_bar,
                             mbar_dsempty + sidx, it)
+            if const_expr(self.two_cta):
+                self.ds_send(sdS_raw, sdSp_raw, mbar_dsfull, sidx, tidx, rank)
+                wgmma(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
             if const_expr(not self.two_cta):
                 self.dq_dk_one_cta(mma_dQ, mma_dKV, acc_dQ, acc_dK, tdQrdS[None, None, None, sidx], tdQrK, rdS,
                                    tdKrQ[None, None, None, sidx], sdQ_raw, pipe_q, q_state, pipe_do, do_state, wg, tid, it)
             else:
                 self.dq_dk_two_cta(mma_dQ, mma_dKV, thr_dQ, acc_dQ, acc_dK, tdQrK, tdQrKp, rdS,
-                                   tdKrQ[None, None, None, sidx], sdS, sdSp, sdS_raw, sdSp_raw, mbar_dsfull, mbar_dsempty,
-                                   pipe_q, q_state, pipe_do, do_state, sidx, it, tidx, q0, rank)
+                                   tdKrQ[None, None, None, sidx], sdS, sdSp, sdQ_raw, mbar_dsfull, mbar_dsempty,
+                                   pipe_q, q_state, pipe_do, do_state, sidx, it, wg, tid, q0, rank)
             q_state.advance()
             do_state.advance()
-            if const_expr(self.two_cta):
-                self.dq_reduce_two_cta(acc_dQ, tdQcdQ, mdQ2, mSem, sem_bar, m_block, m_row0, q0, d0, group,
-                                       causal_off, num_groups, rank, head, batch, tidx)
 
         self.dkdv_epilogue(acc_dK, acc_dV, mma_dKV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid,
                            tidx, n_block, head, batch, softmax_scale, seqlen_k, offset_k)
@@ -890,6 +907,22 @@ class FlashBwdSm90:
         pds_bar.arrive_and_wait()
 
     @cute.jit
+    def ds_send(self, sdS_raw, sdSp_raw, mbar_dsfull, sidx, tidx, rank):
+        """two_cta: one thread sends the peer's Q-row half of this dS stage (tm/2 x tn elements, one contiguous block)
+        into the peer's sdSp[sidx] (cp.async.bulk shared::cta -> shared::cluster, completing on the peer's
+        mbar_dsfull). Issued before the dV wgmma, while none is in flight: issued after it (with dV in flight), ptxas
+        serialised every wgmma of the kernel at hd64 (C7512 "insufficient register resources", 40 WARPGROUP.DEPBAR
+        and spills in the SASS)."""
+        tm, tn = self.tile_m, self.tile_n
+        peer = rank ^ 1
+        if tidx == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar_dsfull + sidx, self.bytes_ds_half)
+            src = sdS_raw + (sidx * tm * tn + peer * (tm // 2 * tn))
+            dst = cute.arch.map_dsmem_ptr(sdSp_raw + sidx * (tm // 2 * tn), peer)
+            cp_async_bulk_shared_cluster_shared_cta(
+                dst, src, cute.arch.map_dsmem_ptr(mbar_dsfull + sidx, peer), self.bytes_ds_half)
+
+    @cute.jit
     def dq_dk_one_cta(self, mma_dQ, mma_dKV, acc_dQ, acc_dK, tdQrdS, tdQrK, rdS, tdKrQ, sdQ_raw,
                       pipe_q, q_state, pipe_do, do_state, wg, tid, it):
         """dQ_w = dS K (this warpgroup's half) first, then dK += dS^T Q: dQ goes to the writer warp while dK runs.
@@ -907,22 +940,12 @@ class FlashBwdSm90:
         pipe_q.consumer_release(q_state)
 
     @cute.jit
-    def dq_dk_two_cta(self, mma_dQ, mma_dKV, thr_dQ, acc_dQ, acc_dK, tdQrK, tdQrKp, rdS, tdKrQ, sdS, sdSp,
-                      sdS_raw, sdSp_raw, mbar_dsfull, mbar_dsempty, pipe_q, q_state, pipe_do, do_state, sidx, it,
-                      tidx, q0, rank):
-        """dK += dS^T Q; the dS exchange (the peer's Q-row half of our dS goes to its shared memory over DSMEM);
-        dQ^T for this CTA's Q rows = K^T dS^T (own tile) + Kp^T dSp^T (the peer's tile, once it has arrived)."""
+    def dq_dk_two_cta(self, mma_dQ, mma_dKV, thr_dQ, acc_dQ, acc_dK, tdQrK, tdQrKp, rdS, tdKrQ, sdS, sdSp, sdQ_raw,
+                      mbar_dsfull, mbar_dsempty, pipe_q, q_state, pipe_do, do_state, sidx, it, wg, tid, q0, rank):
+        """dQ^T for this CTA's Q rows = K^T dS^T (own tile) + Kp^T dSp^T (the peer's tile, once its half has arrived),
+        then dK += dS^T Q; dQ goes to the writer warp (chunk 2 * rank + wg of the Q tile in dQaccum) while dK runs, as
+        in the one-CTA kernel."""
         tm, tn = self.tile_m, self.tile_n
-        peer = rank ^ 1
-        n_mc = tm // 2 * tn  # elements of one Q-row half of a dS stage
-        wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
-        if tidx == 0:
-            # one contiguous block per half: tm/2 x tn elements into the peer's sdSp[sidx]
-            cute.arch.mbarrier_arrive_and_expect_tx(mbar_dsfull + sidx, self.bytes_ds_half)
-            src = sdS_raw + (sidx * tm * tn + peer * n_mc)
-            dst = cute.arch.map_dsmem_ptr(sdSp_raw + sidx * n_mc, peer)
-            cp_async_bulk_shared_cluster_shared_cta(
-                dst, src, cute.arch.map_dsmem_ptr(mbar_dsfull + sidx, peer), self.bytes_ds_half)
         sdS_own = cute.local_tile(sdS[None, None, sidx], (self.dq_n, tn), (q0 // self.dq_n, 0))
         tdQrdSo = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_own))
         wgmma(mma_dQ, acc_dQ, tdQrK, tdQrdSo, zero_init=True, fence=False, commit=False)
@@ -930,32 +953,13 @@ class FlashBwdSm90:
         sdS_peer = cute.local_tile(sdSp[None, None, sidx], (self.dq_n, tn), ((q0 - rank * (tm // 2)) // self.dq_n, 0))
         tdQrdSp = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_peer))
         wgmma(mma_dQ, acc_dQ, tdQrKp, tdQrdSp, zero_init=False, fence=False)
+        wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
+        warpgroup.wait_group(1)  # dV and dQ done
+        pipe_do.consumer_release(do_state)
+        cute.arch.mbarrier_arrive(mbar_dsempty + sidx, rank ^ 1, scope=_CLUSTER)  # hand sdSp[sidx] back to the peer
+        self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(q_state)
-        pipe_do.consumer_release(do_state)
-        cute.arch.mbarrier_arrive(mbar_dsempty + sidx, peer, scope=_CLUSTER)  # hand sdSp[sidx] back to the peer
-
-    @cute.jit
-    def dq_reduce_two_cta(self, acc_dQ, tdQcdQ, mdQ2, mSem, sem_bar, m_block, m_row0, q0, d0, group, causal_off,
-                          num_groups, rank, head, batch, tidx):
-        """two_cta: add this CTA's dQ rows (full reduction over the pair) into dQaccum from registers, in turn
-        when deterministic (thread 0 spins, both warpgroups meet, then release the next turn)."""
-        mc = self.cluster
-        sem_ptr = mSem.iterator + cute.crd2idx((m_block * mc + rank, head, batch), mSem.layout)
-        if const_expr(self.deterministic):
-            turn = self.dq_turn(group, m_block, mc * self.tile_n, causal_off, num_groups)
-            if tidx == 0:
-                wait_for_turn(sem_ptr, turn)
-            sem_bar.arrive_and_wait()
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            dl, ql = tdQcdQ[i]
-            ptr = mdQ2.iterator + cute.crd2idx((m_row0 + q0 + ql, d0 + dl), mdQ2.layout)
-            cute.arch.red(ptr, acc_dQ[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
-        if const_expr(self.deterministic):
-            sem_bar.arrive_and_wait()
-            if tidx == 0:
-                cute.arch.fence_acq_rel_gpu()
-                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
 
     def dkdv_slice(self, s, cols, wg):
         """Warpgroup wg's part of a dK / dV staging tile: its 64 K/V rows (FlashBwdWideSm90: its head-dim half)."""
@@ -1043,11 +1047,13 @@ class FlashBwdSm90:
     # ---------------------------------------------------------------------------------------------
     @cute.jit
     def dq_writer(self, mdQaccum, mSem, sdQ_raw, head, batch, m_block_min, m_block_max, n_block, num_groups,
-                  seqlen_q, seqlen_k, pad_tile=0):
+                  seqlen_q, seqlen_k, pad_tile=0, rank=0):
         """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic).
         Varlen: dQaccum (h, total_q_pad, d) and the semaphores (h, total_q_pad / tile_m) at the sequence's padded Q
-        tiles (pad_tile + m_block)."""
+        tiles (pad_tile + m_block). two_cta: CTA ``rank`` of the pair owns half of each Q tile's rows, its own slot
+        (m_block * 2 + rank: chunks 2 * rank + w of the tile) and semaphore; its turns are counted over the pairs."""
         tn = self.tile_n
+        mc = self.cluster
         lane = cute.arch.lane_idx()
         if const_expr(self.varlen):
             mdQ2 = mdQaccum[head, None, None]  # contiguous (total_q padded, d)
@@ -1059,6 +1065,9 @@ class FlashBwdSm90:
             if const_expr(self.varlen):
                 acc_block = m_block + pad_tile
                 sem_ptr = mSem.iterator + cute.crd2idx((head, acc_block), mSem.layout)
+            elif const_expr(self.two_cta):
+                acc_block = m_block * mc + rank
+                sem_ptr = mSem.iterator + cute.crd2idx((acc_block, head, batch), mSem.layout)
             else:
                 sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
             for p in cutlass.range_constexpr(self.dq_pieces):
@@ -1071,7 +1080,10 @@ class FlashBwdSm90:
                     cute.arch.sync_warp()
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
-                    turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
+                    if const_expr(self.two_cta):  # the pair n_block // 2 contributes (turns over the pairs)
+                        turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
+                    else:
+                        turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
                     if lane == 0:
                         wait_for_turn(sem_ptr, turn)
                     cute.arch.sync_warp()

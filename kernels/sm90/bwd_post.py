@@ -1,12 +1,14 @@
 """Backward postprocess (sm_90a, CuTe DSL): dQ = fp32 dQaccum * softmax_scale, converted to the input dtype.
 
 dQaccum is a (batch, heads, seqlen_q padded, head_dim) fp32 buffer in one of two orders:
-- ``blocked=False`` (two_cta kernel, red.global.add): row-major; each thread converts 8 elements of a row.
-- ``blocked=True`` (one-CTA kernels, bulk reductions): per Q tile, ``chunks`` chunks (one per dQ GEMM of an MMA
+- ``blocked=False`` (row-major; used by no kernel now): each thread converts 8 elements of a row.
+- ``blocked=True`` (the main kernels' bulk reductions): per Q tile, ``chunks`` chunks (one per dQ GEMM of an MMA
   warpgroup) each holding one thread's dQ accumulator fragment (values grouped by 4, thread-minor); chunk c covers
   columns [c*hdim/chunks, ...) of a 64-row tile, or rows [64c, 64c+64) of a 128-row tile (FlashBwdSm90: 2 chunks,
   one per warpgroup; FlashBwdWideSm90 at hd256: 4, each warpgroup's half of the head dim in two GEMMs); with
-  ``transposed`` (80-row tiles) chunk c is dQ^T, (head-dim rows [c*hdim/chunks, ...)) x (the tile's Q rows). The
+  ``transposed`` chunk c is dQ^T of shape ``dq_shape`` = (head-dim rows, Q rows): 80-row tiles (2 chunks of 64 x 80,
+  head-dim rows [64c, ...)); two_cta (4 chunks of 64 x 32, chunk 2 * rank + w of CTA rank's warpgroup w: the head-dim
+  halves of Q rows [32 rank, ...) at hd128, Q rows [32c, ...) with the whole head dim at hd64). The
   postprocess rebuilds the same wgmma tiled MMA to recover each value's (row, column), one warpgroup per chunk,
   puts the converted tile into shared memory and stores it to dQ (batch, seqlen_q, heads, hdim) in 16-byte row
   pieces. (Scattering 2-byte values straight to global memory, as before, took 154-194 us per call at 16k tokens,
@@ -27,7 +29,7 @@ from .bwd_pre import varlen_pad_offset
 
 class FlashBwdPostSm90:
     def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2,
-                 transposed: bool = False, varlen: bool = False):
+                 transposed: bool = False, varlen: bool = False, dq_shape: tuple | None = None):
         self.dtype = dtype
         self.varlen = bool(varlen)  # packed dQ (total_q, h, d), padded per-sequence dQaccum slots: call_varlen
         assert not self.varlen or blocked
@@ -41,11 +43,17 @@ class FlashBwdPostSm90:
         self.rows_per_cta = self.num_threads // self.tpr
         # as the main kernel's dQ GEMM: 64-row tiles split the head dim into chunks, 128-row tiles the rows in two;
         # transposed (80-row tiles): chunk c is dQ^T of head-dim rows [c*hdim/chunks, ...) x all tile_m Q rows
-        if self.transposed:
+        # dq_shape given (two_cta, transposed): chunks of (head-dim rows, Q rows) tiling the head dim first, then the
+        # tile's Q rows (chunk c at head-dim row (c % d_chunks) * dq_shape[0], Q row (c // d_chunks) * dq_shape[1])
+        if dq_shape is not None:
+            assert self.transposed and chunks * dq_shape[0] * dq_shape[1] == tile_m * hdim, (dq_shape, chunks)
+            self.dq_shape = tuple(dq_shape)
+        elif self.transposed:
             self.dq_shape = (hdim // chunks, tile_m)
         else:
             self.dq_shape = (tile_m, hdim // chunks) if tile_m == 64 else (64, hdim)
-        assert tile_m == 64 or chunks == 2
+        assert tile_m == 64 or chunks == 2 or dq_shape is not None
+        self.d_chunks = hdim // self.dq_shape[0] if self.transposed else chunks  # chunks across the head dim
         assert tile_m != 80 or self.transposed or not blocked
         assert not blocked or (tile_m * hdim // 8) % self.num_threads == 0
         self.dq_vals = self.dq_shape[0] * self.dq_shape[1] // 128
@@ -145,9 +153,16 @@ class FlashBwdPostSm90:
         rdQ32 = cute.recast_tensor(rdQ, cutlass.Uint32)  # (2, nv // 4): value pairs (i, i + 1), i even
         if cutlass.const_expr(self.transposed):
             # values are (head-dim row, Q column) of dQ^T: adjacent fragment values are adjacent Q rows, 2-byte stores
-            for i in cutlass.range_constexpr(nv):
-                dl, ql = tcoord[i]
-                sdQ[ql, dl + wg * self.dq_shape[0]] = rdQ[i]
+            if cutlass.const_expr(self.d_chunks == self.chunks):  # the chunks split the head dim only
+                for i in cutlass.range_constexpr(nv):
+                    dl, ql = tcoord[i]
+                    sdQ[ql, dl + wg * self.dq_shape[0]] = rdQ[i]
+            else:  # two_cta: chunk wg at (Q row, head-dim row) ((wg // d_chunks) * dq_shape[1], (wg % d_chunks) * ...)
+                q_off = (wg // self.d_chunks) * self.dq_shape[1]
+                d_off = (wg % self.d_chunks) * self.dq_shape[0]
+                for i in cutlass.range_constexpr(nv):
+                    dl, ql = tcoord[i]
+                    sdQ[ql + q_off, dl + d_off] = rdQ[i]
         else:
             for j in cutlass.range_constexpr(nv // 4):
                 for e in cutlass.range_constexpr(2):
