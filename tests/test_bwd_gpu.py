@@ -84,10 +84,15 @@ def test_bwd_default(dtype, hdim, causal, shape):
 
 # every switch value at both head dims, causal both ways; the dtype alternates with the head dim so each switch
 # meets both dtypes (the default config covers the full dtype x hdim x causal grid above)
+def _sid(switch):
+    """Test id of a switch dict (``-k two_cta`` selects every two_cta case)."""
+    return "-".join(f"{k}={v}" for k, v in switch.items()) or "default"
+
+
 @pytest.mark.parametrize("switch", [dict(deterministic=True), dict(exp2_emu_fraction=0.0),
                                     dict(exp2_emu_fraction=1.0), dict(two_cta=True),
                                     dict(two_cta=True, deterministic=True, exp2_emu_fraction=0.5),
-                                    dict(deterministic=True, exp2_emu_fraction=0.5)])
+                                    dict(deterministic=True, exp2_emu_fraction=0.5)], ids=_sid)
 @pytest.mark.parametrize("hdim,dtype", [(64, "float16"), (128, "bfloat16"), (256, "bfloat16"), ((192, 128), "float16")],
                          ids=["64-float16", "128-bfloat16", "256-bfloat16", "192x128-float16"])
 @pytest.mark.parametrize("causal", [False, True])
@@ -103,7 +108,7 @@ def test_bwd_switches(switch, hdim, dtype, causal):
 
 
 @pytest.mark.parametrize("switch", [dict(), dict(deterministic=True), dict(two_cta=True),
-                                    dict(deterministic=True, det_schedule="naive", exp2_emu_fraction=0.5)])
+                                    dict(deterministic=True, det_schedule="naive", exp2_emu_fraction=0.5)], ids=_sid)
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_tile_m_128(switch, causal):
     """hd64 with 128-row Q tiles (the warpgroups split dQ by rows): odd lengths, both dtypes."""
