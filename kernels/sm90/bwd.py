@@ -910,9 +910,10 @@ class FlashBwdSm90:
     def ds_send(self, sdS_raw, sdSp_raw, mbar_dsfull, sidx, tidx, rank):
         """two_cta: one thread sends the peer's Q-row half of this dS stage (tm/2 x tn elements, one contiguous block)
         into the peer's sdSp[sidx] (cp.async.bulk shared::cta -> shared::cluster, completing on the peer's
-        mbar_dsfull). Issued before the dV wgmma, while none is in flight: issued after it (with dV in flight), ptxas
-        serialised every wgmma of the kernel at hd64 (C7512 "insufficient register resources", 40 WARPGROUP.DEPBAR
-        and spills in the SASS)."""
+        mbar_dsfull). two_cta issues the dV wgmma only after ds_to_smem and this send: with dV in flight across them
+        (the one-CTA order) ptxas serialised every wgmma of the kernel at hd64 (C7512 "insufficient register
+        resources", 40 WARPGROUP.DEPBAR, 1-4 LDL/STL in the SASS), also with the send issued by a separate warp
+        after a named barrier and the dsempty wait moved before dV (CPU SASS, tried and reverted)."""
         tm, tn = self.tile_m, self.tile_n
         peer = rank ^ 1
         if tidx == 0:
