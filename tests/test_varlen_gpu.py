@@ -308,23 +308,40 @@ def test_varlen_backward_matches_the_padded_backward():
             assert (diff <= tol).all(), f"{n} causal={causal}: {(diff > tol).sum().item()} values differ"
 
 
+def _sdpa64(q, k, v, causal):
+    """fp64 attention of (b, s, h, d) tensors (top-left causal: equal lengths here)."""
+    qf, kf, vf = (t.double().transpose(1, 2) for t in (q, k, v))
+    return torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal).transpose(1, 2)
+
+
 def test_varlen_matches_the_padded_kernel():
-    """Equal lengths: the varlen kernel equals the plain (batch, seqlen) kernel on the same data to one bf16 rounding
-    of O (the two compiled kernels order some fp32 operations differently: the H200 showed 1-ulp differences, e.g.
-    2^-10 at |O| in [1/8, 1/4)) and 1e-5 in the fp32 LSE, and the LSE layouts correspond (varlen (h, total) vs
-    (b, h, s))."""
+    """Equal lengths: the varlen kernel equals the plain (batch, seqlen) kernel on the same data, and the LSE layouts
+    correspond (varlen (h, total) vs (b, h, s)). With tau = 0 (always rescale) to one bf16 rounding of O and 1e-5 in
+    the fp32 LSE. At the default tau the rescale decision is a vote over a warp's rows, and a partial last Q tile holds
+    different rows beyond the sequence in the two kernels (the next sequence's queries vs the padded kernel's
+    zero-filled rows): the H200 showed 39 values of row 512 (of 3 x 513) differing by 2-309 ulps between the kernels
+    with equal max error vs fp64 (scripts/varlen_vs_padded.py), so there both are held to the fp64 reference."""
     import kernels
+    from kernels import AttnConfig
 
     b, s, h, d = 3, 513, 2, 128
     q, k, v, cu_q, cu_k, max_q, max_k = _pack(_lens([s] * b), h, h, d, torch.bfloat16, seed=11)
+    q4, k4, v4 = (t.view(b, s, h, d) for t in (q, k, v))
     for causal in (False, True):
-        out, lse = kernels.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True)
-        ref, ref_lse = kernels.attention(q.view(b, s, h, d), k.view(b, s, h, d), v.view(b, s, h, d), causal=causal,
-                                         return_lse=True)
-        diff = (out.view(b, s, h, d).float() - ref.float()).abs()
-        one_ulp = ref.float().abs() * 2.0**-7 + 2.0**-133  # bf16: 8 significant bits, ulp <= |x| * 2^-7
-        assert (diff <= one_ulp).all(), f"causal={causal}: {(diff > one_ulp).sum().item()} values over one bf16 ulp"
-        assert (lse.view(h, b, s).transpose(0, 1) - ref_lse).abs().max().item() <= 1e-5
+        for cfg in (AttnConfig(rescale_threshold=0.0), None):
+            out, lse = kernels.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, config=cfg,
+                                                return_lse=True)
+            ref, ref_lse = kernels.attention(q4, k4, v4, causal=causal, config=cfg, return_lse=True)
+            assert (lse.view(h, b, s).transpose(0, 1) - ref_lse).abs().max().item() <= 1e-5
+            o = out.view(b, s, h, d).float()
+            if cfg is not None:
+                diff = (o - ref.float()).abs()
+                one_ulp = ref.float().abs() * 2.0**-7 + 2.0**-133  # bf16: 8 significant bits, ulp <= |x| * 2^-7
+                assert (diff <= one_ulp).all(), f"causal={causal}: {(diff > one_ulp).sum().item()} values over one ulp"
+            else:
+                exact = _sdpa64(q4, k4, v4, causal)
+                err_v, err_p = ((t.double() - exact).abs().max().item() for t in (o, ref.float()))
+                assert err_v <= 1.02 * err_p + 1e-6, f"causal={causal}: varlen err {err_v:.3e} vs padded {err_p:.3e}"
 
 
 def test_varlen_cpu_cu_seqlens_and_max_seqlen_check():
