@@ -12,7 +12,6 @@ class Bar(IntEnum):
     FWD_EPILOGUE = 1  # consumer warpgroups: O in shared memory before the TMA store
     FWD_SCHED_WG1 = 2  # 2, 3, 4: ping-pong token of consumer warpgroup 0, 1, 2
     BWD_PDS = 5  # both MMA warpgroups: dS of this Q tile is in shared memory
-    BWD_SEM = 6  # both MMA warpgroups (two_cta): the deterministic turn has come / the adds are issued
     BWD_DQ_FULL = 7  # 7, 8: MMA warpgroup w -> dQ writer warp: chunk w written
     BWD_DQ_EMPTY = 9  # 9, 10: dQ writer warp -> MMA warpgroup w: chunk w's buffer free again
 
