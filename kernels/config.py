@@ -62,7 +62,7 @@ DET_SCHEDULES = ("spt", "naive")
 PER_CALL_FIELDS = ("persistent",)  # None stays None through resolve(): decided per call from the shapes
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
-OMITTED_AT: dict[str, object] = {"cluster_m": 1}
+OMITTED_AT: dict[str, object] = {"cluster_m": 1, "pack_gqa": False}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -96,6 +96,10 @@ class AttnConfig:
     # non-causal, not varlen, not persistent, no window: kernels/validate.py check_cluster). Opt-in (not in DEFAULTS);
     # left out of to_dict() at 1.
     cluster_m: int = 1
+    # forward only, GQA / MQA: one CTA per K/V head computes a Q tile of (query position, head of the group) rows, so
+    # each K/V tile is loaded once per group instead of once per Q head (kernels/sm90/fwd.py; not persistent, cluster
+    # or varlen). No effect without grouped K/V. Opt-in; left out of to_dict() at False.
+    pack_gqa: bool = False
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None
@@ -135,6 +139,12 @@ class AttnConfig:
         if c > 1 and self.persistent is True:
             raise ConfigError(f"cluster_m={c} with persistent=True: the persistent forward has no cluster; pass "
                               "persistent=None or False, or cluster_m=1")
+        if not isinstance(self.pack_gqa, bool):
+            raise ConfigError(f"pack_gqa={self.pack_gqa!r}: must be a bool")
+        if self.pack_gqa and (self.persistent is True or c > 1):
+            what = "persistent=True" if self.persistent is True else f"cluster_m={c}"
+            raise ConfigError(f"pack_gqa=True with {what}: the packed-GQA forward is one tile per CTA without a "
+                              "cluster; pass pack_gqa=False")
         for name, lo, hi, mult in (("tile_m", 64, 256, 64), ("tile_n", 16, 256, 16), ("num_stages", 1, 4, 1),
                                    ("consumer_regs", 24, 256, 8), ("producer_regs", 24, 256, 8)):
             v = getattr(self, name)

@@ -11,6 +11,9 @@ bound of kernels.config.DEFAULTS (``persistent_by_default``); a persistent launc
 device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA).
 ``cfg.cluster_m`` = 2 (opt-in): the 2x1-cluster forward with K/V multicast, same launch arguments; non-causal without a
 window only (kernels.validate.check_cluster, a ConfigError before anything compiles), never persistent.
+``cfg.pack_gqa`` (opt-in): with grouped K/V (h_kv < h) the packed-GQA forward (one CTA per K/V head and tile of
+(position, group head) rows, so each K/V tile is loaded once per group), same launch arguments, never persistent; with
+h_kv == h the plain kernel (``forward_config`` drops the field, so the key is the plain one).
 """
 from __future__ import annotations
 
@@ -50,10 +53,15 @@ def persistent_grid(sms: int, s_q: int, tile_m: int, heads: int, batch: int) -> 
     return max(1, min(int(sms), -(-int(s_q) // int(tile_m)) * int(heads) * int(batch)))
 
 
-def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int) -> AttnConfig:
+def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, group: int = 1) -> AttnConfig:
     """The config the forward compiles for this call: ``persistent`` forced by cfg, or by seqlen_q when None
     (kernels.config.persistent_by_default), normalised to True / None so that a non-persistent call's compile cache key
-    (and kernel) is the one from before the field existed."""
+    (and kernel) is the one from before the field existed. ``pack_gqa``: with a GQA group > 1 the packed kernel (never
+    persistent: AttnConfig refuses persistent=True with it); with group 1 dropped (the plain kernel, its key)."""
+    if cfg.pack_gqa:
+        if group > 1:
+            return cfg if cfg.persistent is None else dataclasses.replace(cfg, persistent=None)
+        cfg = dataclasses.replace(cfg, pack_gqa=False)
     want = True if persistent_by_default(cfg, ARCH, hdim, causal, seqlen_q) else None
     return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 
@@ -117,7 +125,7 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     group = check_gqa_heads(h, k.shape[2], v.shape[2])
     check_cluster(cfg, causal, window_left, window_right)
-    cfg = forward_config(cfg, d, causal, s_q)
+    cfg = forward_config(cfg, d, causal, s_q, group)
     persistent = bool(cfg.persistent)
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
@@ -129,7 +137,8 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
         raise InputError(f"out: expected a contiguous {(b, s_q, h, d_v)} {q.dtype} tensor, got {tuple(out.shape)} {out.dtype}")
     if lse.shape != (b, h, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
-    hb_group = lpt_group_size(h, b, s_k, d, d_v, q.element_size()) if causal else 1
+    tile_heads = h // group if cfg.pack_gqa else h  # packed GQA: a tile per K/V head
+    hb_group = lpt_group_size(tile_heads, b, s_k, d, d_v, q.element_size()) if causal else 1
     with torch.cuda.device(q.device):
         if persistent:
             sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())

@@ -54,7 +54,8 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     tm, tn = bwd_tile(arch, hdim, causal)
     tm = r.bwd_tile_m if normalize_arch(arch) == "sm90" else tm
     for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
-              "rescale_threshold", "persistent", "cluster_m", "bwd_tile_m"):  # forward-only; bwd_tile_m -> tile_m
+              "rescale_threshold", "persistent", "cluster_m", "pack_gqa",
+              "bwd_tile_m"):  # forward-only; bwd_tile_m -> tile_m
         d.pop(k, None)
     d.update(tile_m=tm, tile_n=tn, exp2_emu_fraction=quantized_exp2_fraction(r.exp2_emu_fraction, tm // 8))
     return d

@@ -2,9 +2,14 @@
 official FA4 (and cuDNN with --cudnn).
 
 ``python scripts/fwd_ab.py [--base-rev REV] [--hdims 64 128 256] [--seqlens 4096 8192 16384] [--causal 0 1]
-[--repeats 20] [--cfg NAME=field:value,field:value ...] [--out rows.jsonl]``
+[--repeats 20] [--cfg NAME=field:value,field:value ...] [--out rows.jsonl] [--batch B] [--heads H] [--kv-heads H_KV]
+[--seqlen-k S_K]``
 
-Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16:
+Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16;
+``--batch`` / ``--heads`` fix those instead, ``--kv-heads`` gives K/V fewer heads (GQA / MQA: Q head i reads K/V head
+i // (heads / kv_heads)), ``--seqlen-k`` a K/V length of its own (default: seqlen, the query length). FLOPs count the
+visible (query, key) pairs (kernels/flops.py). Packed GQA against the per-Q-head GQA kernel, e.g. ``--hdims 128
+--batch 16 --heads 32 --kv-heads 4 --seqlens 128 512 2048 --cfg pack=pack_gqa:true``.
   ours             AttnConfig() of this working tree
   ours_base        AttnConfig() of the kernels/ package at ``--base-rev`` (git archive into a temp dir, imported as a
                    separate package, so both kernels run in this process; '' skips it)
@@ -12,7 +17,8 @@ Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / 
   sdpa_cudnn       with --cudnn
   NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,intra_wg_overlap:false;
                    the 2x1-cluster forward with K/V multicast: --cfg cl2=cluster_m:2 --causal 0 -- a variant whose
-                   config the call refuses, e.g. cluster_m:2 at causal=1, is skipped with the reason printed)
+                   config the call refuses, e.g. cluster_m:2 at causal=1, or pack_gqa:true with a group that does not
+                   divide tile_m, is skipped with the reason printed)
 Each variant's output is first checked against ``ours`` (max |diff| relative to max |out|; a variant over 0.02, or
 with NaN in its output, is flagged BAD and its times are still printed). Then ``--repeats`` rounds, the order rotated each round, the L2 flushed before every call; per
 variant the median time, TFLOP/s, and the per-round speed ratios against ours and against fa4_official (median and
@@ -36,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bwd_ab import round_robin  # noqa: E402  (one round-robin timer for the session scripts)
+from kernels.flops import attention_flops  # noqa: E402
 
 DEFAULT_BASE_REV = "HEAD"  # the last commit: an A/B of the working tree's uncommitted kernel edits
 
@@ -94,10 +101,11 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
     for name, kw in extra.items():
         try:
             check_cluster(AttnConfig(**kw), causal)
+            fns[name] = ours(**kw)
+            fns[name]()  # compiles; a config the kernel refuses (e.g. pack_gqa's tile_m % group) is a ConfigError
         except ConfigError as e:
+            fns.pop(name, None)
             print(f"{name}: skipped at causal={int(causal)}: {e}", flush=True)
-            continue
-        fns[name] = ours(**kw)
     if base is not None:
         iface, cmod = base
         bcfg = iface.resolve_config(cmod.AttnConfig(), hdim, causal)
@@ -115,11 +123,12 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        gqa = {"enable_gqa": True} if k.shape[2] != h else {}
 
         def cudnn_fwd():
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                                         scale=scale).transpose(1, 2)
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                                         **gqa).transpose(1, 2)
         fns["sdpa_cudnn"] = cudnn_fwd
     return fns, out
 
@@ -160,6 +169,10 @@ def main():
     ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--hold-us", type=float, default=0.0, help="GPU spin before each timed call (device time only)")
+    ap.add_argument("--batch", type=int, default=None, help="batch (default 16384 // seqlen)")
+    ap.add_argument("--heads", type=int, default=None, help="Q heads (default 2048 // hdim)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="K/V heads, dividing --heads (GQA / MQA; default: heads)")
+    ap.add_argument("--seqlen-k", type=int, default=None, help="K/V length (default: the query length)")
     a = ap.parse_args()
     base = load_base(a.base_rev) if a.base_rev else None
     extra = dict(_parse_cfg(s) for s in a.cfg)
@@ -168,30 +181,38 @@ def main():
         for hdim in a.hdims:
             for causal in map(bool, a.causal):
                 dv = 128 if hdim == 192 else hdim
-                heads, batch = 2048 // hdim, max(1, 16384 // s)
+                heads = a.heads or 2048 // hdim
+                batch = a.batch or max(1, 16384 // s)
+                kv_heads = a.kv_heads or heads
+                s_k = a.seqlen_k or s
+                if heads % kv_heads:
+                    raise SystemExit(f"--kv-heads {kv_heads} must divide the Q heads {heads}")
                 g = torch.Generator(device="cuda").manual_seed(0)
-                q, k = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
-                        for _ in range(2))
-                v = torch.randn(batch, s, heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+                q = torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+                k = torch.randn(batch, s_k, kv_heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+                v = torch.randn(batch, s_k, kv_heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
                 scale = 1.0 / math.sqrt(hdim)
                 fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
                 times = round_robin(fns, a.repeats, hold_us=a.hold_us)
-                flops = 2 * batch * heads * s * s * (hdim + dv) * (0.5 if causal else 1.0)
+                flops = attention_flops(batch, heads, s, s_k, hdim, dv, causal)
                 off = times.get("fa4_official")
                 for name, t in times.items():
                     med = statistics.median(t)
                     so = _ratio_stats(times["ours"], t)
                     sf = _ratio_stats(off, t) if off else (float("nan"),) * 3
-                    row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, batch=batch, heads=heads, causal=causal,
+                    row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, seqlen_k=s_k, batch=batch, heads=heads,
+                               kv_heads=kv_heads, causal=causal,
                                ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=so[0], p20=so[1], p80=so[2],
                                speed_vs_official=sf[0], off_p20=sf[1], off_p80=sf[2], n=len(t),
                                rel_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name())
                     rows.append(row)
                     bad = "  BAD" if not diffs[name] <= 0.02 else ""
-                    print(f"hd{hdim} s{s} causal={int(causal)} {name:16s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
+                    shape = f"s{s}" + (f" sk{s_k}" if s_k != s else "") + (f" b{batch} h{heads}/{kv_heads}"
+                                                                         if kv_heads != heads else "")
+                    print(f"hd{hdim} {shape} causal={int(causal)} {name:16s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
                           f"  speed/ours {so[0]:.3f} [{so[1]:.3f}, {so[2]:.3f}]"
                           f"  speed/official {sf[0]:.3f} [{sf[1]:.3f}, {sf[2]:.3f}]  diff {diffs[name]:.2e}{bad}",
                           flush=True)

@@ -8,7 +8,9 @@ symbol, as before (the same kernel, the same SASS). Sliding window ``window_left
 compile-time constants too; at their defaults (-1, -1, 0.0) the kernel is the plain one. A persistent config
 (``cfg.persistent`` True) compiles ``call_persistent``: ``compiled(q, k, v, out, lse, softmax_scale, hb_group, num_ctas)``
 with num_ctas = min(SM count, tiles), the grid (kernels/interface.py computes it). ``cfg.cluster_m`` = 2 compiles the
-2x1-cluster kernel (K/V multicast; same arguments; the kernel rounds its grid up to whole clusters).
+2x1-cluster kernel (K/V multicast; same arguments; the kernel rounds its grid up to whole clusters). ``cfg.pack_gqa``
+with ``qhead_per_kvhead`` > 1 compiles the packed-GQA kernel (one CTA per K/V head and tile of (position, head) rows; same
+arguments); with a group of 1 the plain kernel.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
                     qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
                     softcap: float = 0.0, varlen: bool = False) -> FlashFwdSm90:
     """The kernel object for a resolved config (plain Python; nothing compiled yet); ``varlen``: the packed
-    variable-length kernel (kernels/varlen.py; its callers reject persistent and cluster_m=2 first)."""
+    variable-length kernel (kernels/varlen.py; its callers reject persistent and cluster_m=2 first; pack_gqa with a
+    group > 1 is the kernel class's ValueError)."""
     if not cfg.is_resolved:
         raise ValueError("make_fwd_kernel: pass a resolved AttnConfig (cfg.resolve('sm90', hdim, causal))")
     if dtype not in DTYPES:
@@ -36,7 +39,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
         producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
         window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent), cluster_m=cfg.cluster_m,
-        varlen=varlen)
+        varlen=varlen, pack_gqa=bool(getattr(cfg, "pack_gqa", False)) and int(qhead_per_kvhead) > 1)
 
 
 def tvm_ffi_available() -> bool:

@@ -17,8 +17,17 @@ O goes registers -> shared memory (stmatrix) -> global with one TMA store, which
 LSE (natural log, fp32, (batch, heads, seqlen_q)) is stored by the threads owning column 0.
 GQA / MQA: ``qhead_per_kvhead`` (a compile-time constant, part of the compile cache key when > 1) Q heads share one K/V
 head; the producer loads K/V head ``head // qhead_per_kvhead`` for Q head ``head`` (the TMA coordinates), so K/V are
-never repeated in memory; at 1 the code is the MHA kernel's (byte-identical SASS). Each Q head's tile still loads its
-K/V blocks itself (no packing of a group's Q heads onto one K/V load, FA3's PackGQA: K/V re-reads hit L2).
+never repeated in memory; at 1 the code is the MHA kernel's (byte-identical SASS). Each Q head's tile loads its K/V
+blocks itself (the group's re-reads hit L2) unless ``pack_gqa``.
+Packed GQA ``pack_gqa`` (compile-time, group > 1; one tile per CTA: not varlen, persistent or cluster): a CTA works for
+one K/V head, and row r of its Q tile is query position m_block * tile_m / g + r // g of Q head kv_head * g + r % g
+(g = qhead_per_kvhead, tile_m % g == 0), so every K/V tile is loaded once per group instead of once per Q head, and a
+short query (decode-like seqlen_q) still fills the tile. Q, O and LSE are viewed as ((g, s_q), ..., h_kv, b) (the
+group's heads are adjacent in memory): Q comes in and O goes out as one 5-D TMA box (head dim, g, tile_m / g positions,
+1, 1) each, TMA zero-filling / clipping positions past seqlen_q; LSE rows are predicated on r < g * seqlen_q. The K/V
+block range is the plain one for tiles of tile_m / g query positions (``tile_q``), and the causal / window masks take
+each row's bounds from its position r // g (``apply_mask_packed``). Off, the code is the plain kernel's (byte-identical
+SASS).
 Sliding window ``window_left`` / ``window_right`` (compile-time; -1 = unbounded; with ``causal`` the right bound is the
 diagonal): query i sees keys i + s_k - s_q - left .. i + s_k - s_q + right. The tile visits only the K/V blocks that
 intersect its rows' windows (n_block_min .. n_block_max-1, both loops shortened) and masks only the blocks crossing
@@ -97,7 +106,7 @@ class FlashFwdSm90:
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
-                 cluster_m: int = 1):
+                 cluster_m: int = 1, pack_gqa: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -146,6 +155,18 @@ class FlashFwdSm90:
                     raise ValueError(f"cluster_m={cluster_m} with {why}: the two Q tiles of a cluster must visit the "
                                      "same K/V blocks, one tile per CTA (non-causal, no window, not varlen / persistent)")
         self.cluster_m = int(cluster_m)  # 2: K/V tiles multicast between the CTAs of adjacent Q tiles
+        if pack_gqa:
+            for bad, why in ((qhead_per_kvhead == 1, "qhead_per_kvhead=1 (no group to pack)"),
+                             (self.varlen, "varlen"), (self.persistent, "persistent"),
+                             (cluster_m > 1, f"cluster_m={cluster_m}"),
+                             (tile_m % int(qhead_per_kvhead), f"tile_m={tile_m} not a multiple of the group "
+                                                            f"{int(qhead_per_kvhead)}")):
+                if bad:
+                    raise ValueError(f"pack_gqa=True with {why}: the packed-GQA forward needs grouped K/V, one tile per "
+                                     "CTA (not varlen / persistent / cluster) and tile_m a multiple of the group")
+        self.pack_gqa = bool(pack_gqa)  # one CTA per K/V head: Q tile rows r = position * group + head in group
+        # query positions per Q tile (packed: tile_m / group positions, each with the group's heads): the K/V block range
+        self.tile_q = tile_m // int(qhead_per_kvhead) if self.pack_gqa else tile_m
         self.qhead_per_kvhead = int(qhead_per_kvhead)  # GQA group: Q head h reads K/V head h // qhead_per_kvhead
         self.tile_m, self.tile_n = tile_m, tile_n
         self.num_stages = num_stages
@@ -248,9 +269,13 @@ class FlashFwdSm90:
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        if const_expr(self.pack_gqa):  # ((group, s), d, h_kv, b) / ((group, s), h_kv, b): a row per (position, head)
+            mQ, mO, mLSE = [self.packed_view(t, mK.shape[2]) for t in (mQ, mO, mLSE)]
         (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
          sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
         seqlen_q = mQ.shape[0]
+        if const_expr(self.pack_gqa):
+            seqlen_q = mQ.shape[0][1] * self.qhead_per_kvhead  # packed rows
         heads = mQ.shape[2]
         batch = mQ.shape[3]
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
@@ -274,6 +299,17 @@ class FlashFwdSm90:
                 scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
                 SharedStorage,
             ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def packed_view(self, t: cute.Tensor, heads_kv):
+        """Packed GQA: the (s, ..., h, b) view of Q / O (mode 1 the head dim) or LSE (s, h, b) as
+        ((group, s), ..., h_kv, b): row r of a K/V head's Q tile is position r // group of Q head
+        kv_head * group + r % group (the group's heads are adjacent in memory: TMA moves (d, group, positions) boxes)."""
+        g = self.qhead_per_kvhead
+        st = t.layout.stride
+        hmode = cute.rank(t.layout) - 2  # the head mode (2 for Q / O, 1 for LSE)
+        shape = ((g, t.shape[0]),) + tuple(t.shape[1:hmode]) + (heads_kv, t.shape[hmode + 1])
+        stride = ((st[hmode], st[0]),) + tuple(st[1:hmode]) + (st[hmode] * g, st[hmode + 1])
+        return cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride))
 
     def score_scale(self, softmax_scale):
         """The kernel's scale argument: softmax_scale * log2(e), or with a softcap the pre-tanh factor
@@ -397,6 +433,11 @@ class FlashFwdSm90:
                 seqlen_q = mCuSeqlensQ[bidx + 1] - offset_q
                 offset_k = mCuSeqlensK[bidx]
                 seqlen_k = mCuSeqlensK[bidx + 1] - offset_k
+            elif const_expr(self.pack_gqa):  # head: the K/V head; seqlen_q: positions (rows / group)
+                seqlen_q = mQ.shape[0][1]
+                seqlen_k = mK.shape[0]
+                m_blocks = (seqlen_q * self.qhead_per_kvhead + self.tile_m - 1) // self.tile_m
+                m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
             else:
                 seqlen_q = mQ.shape[0]
                 seqlen_k = mK.shape[0]
@@ -447,10 +488,10 @@ class FlashFwdSm90:
         n_block_local_end = 0
         if const_expr(self.has_window):
             n_block_min, n_block_max, n_block_min_masked, n_block_local_end = n_block_range_window(
-                m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal, self.window_left,
+                m_block, self.tile_q, self.tile_n, seqlen_q, seqlen_k, self.causal, self.window_left,
                 self.window_right)
         else:
-            n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+            n_block_max, n_block_min_masked = n_block_range(m_block, self.tile_q, self.tile_n, seqlen_q, seqlen_k,
                                                             self.causal)
         return n_block_min, n_block_max, n_block_min_masked, n_block_local_end
 
@@ -511,7 +552,8 @@ class FlashFwdSm90:
         fill past the packed tensor's end): the seqlen_k edge mask hides the keys, the Q rows are never stored.
         Persistent: takes and returns the producer states (K/V, Q) and leaves the pipeline tail to the caller."""
         head_kv = head
-        if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
+        # GQA / MQA: the group's K/V head (compiles out at group 1; packed GQA: ``head`` is the K/V head)
+        if const_expr(self.qhead_per_kvhead > 1 and not self.pack_gqa):
             head_kv = head // self.qhead_per_kvhead
         if const_expr(self.varlen):
             gQ = cute.local_tile(cute.domain_offset((offset_q, 0), mQ[None, None, head]), (self.tile_m, self.hdim),
@@ -595,13 +637,40 @@ class FlashFwdSm90:
         if const_expr(self.softcap > 0.0):
             apply_softcap(acc_S, softcap_mul)  # before the mask: tanh(-inf) would be -1
         if const_expr(masked):
-            if const_expr(self.has_window):
+            if const_expr(self.pack_gqa and (self.causal or self.has_window)):  # bounds from the row's position
+                self.apply_mask_packed(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k)
+            elif const_expr(self.has_window):
                 apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal,
                            self.window_left, self.window_right)
             else:
                 apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
         return online_softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, self.tau, self.emu_frags,
                                    self.poly, is_first)
+
+    @cute.jit
+    def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """Packed GQA: ``apply_mask`` (kernels/sm90/mask.py) with each row's bounds taken from its query position
+        (m_base + row) // group instead of the row index: causal / right bound col <= pos + s_k - s_q + right, left
+        bound col >= pos + s_k - s_q - left, and the seqlen_k edge."""
+        s = acc_rows_cols(acc_S)
+        c = acc_rows_cols(tScS)
+        g = self.qhead_per_kvhead
+        col_limit_seq = seqlen_k - n_base
+        right = 0 if self.causal else self.window_right
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            pos = (m_base + c[r, 0][0]) // g
+            diag = pos + seqlen_k - seqlen_q - n_base  # the diagonal's column in this block
+            col_limit = col_limit_seq
+            if const_expr(right >= 0):
+                col_limit = cutlass.min(col_limit_seq, diag + 1 + right)
+            if const_expr(self.window_left < 0):
+                for j in cutlass.range(cute.size(s, mode=[1]), unroll_full=True):
+                    s[r, j] = -Float32.inf if c[0, j][1] >= col_limit else s[r, j]
+            else:
+                col_start = cutlass.max(diag - self.window_left, 0)
+                width = cutlass.max(col_limit - col_start, 0).bitcast(cutlass.Uint32)
+                for j in cutlass.range(cute.size(s, mode=[1]), unroll_full=True):
+                    s[r, j] = -Float32.inf if (c[0, j][1] - col_start).bitcast(cutlass.Uint32) >= width else s[r, j]
 
     @cute.jit
     def softmax_later_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
@@ -775,7 +844,10 @@ class FlashFwdSm90:
         if tOcO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(n_rows):
                 row = m_base + tOcO[r, 0][0]
-                if row < seqlen_q:
+                rows_q = seqlen_q
+                if const_expr(self.pack_gqa):  # row (position, head in group) of the packed ((group, s), h_kv, b)
+                    rows_q = seqlen_q * self.qhead_per_kvhead
+                if row < rows_q:
                     if const_expr(self.varlen):  # packed (total_q, h)
                         mLSE[offset_q + row, head] = lse[r]
                     else:
