@@ -124,7 +124,7 @@ def test_packed_bitwise_vs_gqa_kernel_tau0(case):
     scale = 1.0 / math.sqrt(hd)
     o_p, l_p = _run(q, k, v, causal, scale, window, pack_gqa=True, rescale_threshold=0.0)
     o_p, l_p = o_p.clone(), l_p.clone()
-    o_g, l_g = _run(q, k, v, causal, scale, window, rescale_threshold=0.0)
+    o_g, l_g = _run(q, k, v, causal, scale, window, rescale_threshold=0.0, persistent=False)  # one tile per CTA too
     assert torch.equal(o_p, o_g), f"out differs: max {(o_p.float() - o_g.float()).abs().max().item():.3e} {_id(case)}"
     assert torch.equal(l_p, l_g), f"lse differs: max {(l_p - l_g).abs().max().item():.3e} {_id(case)}"
 
