@@ -823,11 +823,10 @@ class FlashBwdSm90:
         ``pLSE_lane`` / ``pdPsum_lane``: this lane's first LSE / dPsum entry of the stage (lse_shuffle)."""
         pipe_q.consumer_wait(q_state)
         wgmma(mma_S, acc_S, tSrK, tSrQ, zero_init=True)
-        # lse_shuffle: a thread's S^T columns need tile_m / 4 distinct LSE values, a warp's lanes all tile_m; each
-        # lane loads tile_m / 32 of them (one conflict-free LDS.32 per block of 32 per warp) while the GEMMs run and
-        # the rest arrive by SHFL (shfl_bcast), written after the wait, hoisted by ptxas above it: 4 LDS instead of
-        # 16 LDS.64 at 128-row tiles, whose preload into registers spilled. dPsum the same way only with
-        # dpsum_shuffle (off: its SHFLs stay after the dP^T wait, so they would only replace LDS by more SHFL)
+        # lse_shuffle: a thread's S^T columns need tile_m / 4 distinct LSE (and dPsum) values, a warp's lanes all
+        # tile_m; each lane loads tile_m / 32 of them (one conflict-free LDS.32 per block of 32 per warp) while the
+        # GEMMs run and the rest arrive by SHFL after the wait (shfl_bcast): 4 + 4 LDS instead of 16 + 16 LDS.64 at
+        # 128-row tiles, whose preload into registers spilled
         shuffle = const_expr(self.lse_shuffle and pLSE_lane is not None)
         rL = None
         rD = None
