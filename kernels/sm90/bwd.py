@@ -149,7 +149,6 @@ class FlashBwdSm90:
     bytes_v_first_do = 0
     varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
     lse_shuffle = False  # LSE / dPsum by lane loads + SHFL (set by __init__; p_and_ds)
-    dpsum_shuffle = False
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -227,10 +226,6 @@ class FlashBwdSm90:
         # LDL / STL at hd64 causal and in two_cta (CPU SASS); nor with a window / softcap (p_ds_features' registers)
         self.lse_shuffle = (hdim == 64 and self.tile_m % 32 == 0 and not self.deterministic
                             and not (self.has_window or self.softcap > 0.0))
-        # dPsum the same way (with lse_shuffle). Off: its 16 LDS.64 stay after the dP^T wait, where ptxas puts the
-        # 32 SHFLs as well (no registers to hoist them: P^T fp32 + bf16, dP^T, dK, dV are live there), so shuffling it
-        # only trades 16 LDS wavefronts for 4 LDS + 32 SHFL per warp and Q tile
-        self.dpsum_shuffle = False
 
     @property
     def lse_stride(self) -> int:
@@ -854,7 +849,7 @@ class FlashBwdSm90:
             rdPsum = cute.make_rmem_tensor(acc_dP.layout, Float32)
             for i in cutlass.range_constexpr(cute.size(acc_dP)):
                 rdPsum[i] = tdPsum[i]
-        if const_expr(shuffle and self.dpsum_shuffle):
+        if const_expr(shuffle):
             rD = cute.make_rmem_tensor(cute.make_layout(nk), Float32)
             sD = cute.make_tensor(pdPsum_lane, cute.make_layout(nk, stride=32))
             for k in cutlass.range_constexpr(nk):
