@@ -133,24 +133,6 @@ def test_exp2_fraction_in_sass(tmp_path):
     assert mufu_none == 64 and mufu_half == 32 and mufu_all == 0, (mufu_none, mufu_half, mufu_all)
 
 
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_hd64_lse_dpsum_by_shuffle(tmp_path, causal):
-    """hd64 (128-row Q tiles): each lane loads 4 LSE and 4 dPsum values (one LDS.32 per block of 32 per warp) and the
-    other values of its 32 S^T columns arrive by shfl.idx with segment mask 3 (c = 0x31f), one SHFL per column, instead
-    of 16 + 16 LDS.64 per thread and Q tile; no spills, wgmma asynchronous. Deterministic keeps the LDS path (the
-    shuffled LSE spilled there)."""
-    from kernels.sm90.sass import count, opcode_counts
-
-    sass = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=64)
-    ops = opcode_counts(sass)
-    assert count(ops, "LDS") == 8, count(ops, "LDS")
-    assert len(re.findall(r"SHFL\.IDX PT, R\d+, R\d+, (?:RZ|0x[0-9a-f]+), 0x31f", sass)) == 64
-    assert count(ops, "LDL") == 0 and count(ops, "STL") == 0
-    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8
-    det = opcode_counts(_main_sass(tmp_path, True, 0.0, causal=causal, hdim=64))
-    assert count(det, "LDS") >= 32 and count(det, "LDL") == 0 and count(det, "STL") == 0
-
 def test_two_cta_cluster_in_sass(tmp_path):
     two = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=True)
     one = _main_sass(tmp_path, False, 0.0, causal=False, hdim=128, two_cta=False)

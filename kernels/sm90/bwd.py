@@ -148,7 +148,6 @@ class FlashBwdSm90:
     # 0 = V on the K barrier, as FlashBwdWideSm90, whose own host setup leaves it at 0)
     bytes_v_first_do = 0
     varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
-    lse_shuffle = False  # LSE / dPsum by lane loads + SHFL (set by __init__; p_and_ds)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -221,11 +220,6 @@ class FlashBwdSm90:
         self.q_stages = self.do_stages = NUM_STAGES  # producer-side depths (FlashBwdWideSm90 sets them apart)
         self.dq_pieces = 1  # dQ GEMMs (and writer hand-offs) per warpgroup and Q tile
         self._set_exp2_regs(self.tile_m, exp2_emu_fraction, consumer_regs, producer_regs)
-        # LSE / dPsum: a few LDS per lane before the waits + SHFL (p_and_ds) where the register preload spills. Not
-        # with deterministic: ptxas hoists the 32 LSE SHFLs above the S^T wait (the point of it) and then spills 1-2
-        # LDL / STL at hd64 causal and in two_cta (CPU SASS); nor with a window / softcap (p_ds_features' registers)
-        self.lse_shuffle = (hdim == 64 and self.tile_m % 32 == 0 and not self.deterministic
-                            and not (self.has_window or self.softcap > 0.0))
 
     @property
     def lse_stride(self) -> int:
@@ -768,9 +762,6 @@ class FlashBwdSm90:
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((64, self.dq_n)), Float32)
 
         pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
-        # shuffled LSE / dPsum (lse_shuffle): the entry of each block of 32 this lane loads (see shfl_bcast)
-        lane = cute.arch.lane_idx()
-        lse_lane = 8 * (lane >> 3) + 2 * (lane & 3) + ((lane >> 2) & 1)
         n_row0 = n_block * tn + wg * 64
         causal_off = seqlen_k - seqlen_q
 
@@ -785,9 +776,7 @@ class FlashBwdSm90:
             m_row0 = m_block * tm
             self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, sidx], tSrdO[None, None, None, sidx],
                           tScS, tSsLSE[None, None, None, sidx], tSsdPsum[None, None, None, sidx], rP_acc, rdS_acc,
-                          pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2,
-                          sLSE.iterator + (sidx * self.lse_stride + lse_lane),
-                          sdPsum.iterator + (sidx * self.lse_stride + lse_lane))
+                          pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2)
             if const_expr(not self.two_cta):
                 wgmma(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
             self.ds_to_smem(st_atom, thr_st, rdS_acc, tSsdS_all[None, None, None, sidx], pds_bar,
@@ -811,26 +800,11 @@ class FlashBwdSm90:
     # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
     @cute.jit
     def p_and_ds(self, mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, tScS, tLSE, tdPsum, rP_acc, rdS_acc,
-                 pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2,
-                 pLSE_lane=None, pdPsum_lane=None):
+                 pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2):
         """S^T = K_w Q^T and dP^T = V_w dO^T; P^T = exp2(S^T * scale_log2 - LSE_log2) (masked only on tiles that
-        cross seqlen_k or the diagonal) and dS^T = P^T (dP^T - dPsum), both converted into their A fragments.
-        ``pLSE_lane`` / ``pdPsum_lane``: this lane's first LSE / dPsum entry of the stage (lse_shuffle)."""
+        cross seqlen_k or the diagonal) and dS^T = P^T (dP^T - dPsum), both converted into their A fragments."""
         pipe_q.consumer_wait(q_state)
         wgmma(mma_S, acc_S, tSrK, tSrQ, zero_init=True)
-        # lse_shuffle: a thread's S^T columns need tile_m / 4 distinct LSE (and dPsum) values, a warp's lanes all
-        # tile_m; each lane loads tile_m / 32 of them (one conflict-free LDS.32 per block of 32 per warp) while the
-        # GEMMs run and the rest arrive by SHFL after the wait (shfl_bcast): 4 + 4 LDS instead of 16 + 16 LDS.64 at
-        # 128-row tiles, whose preload into registers spilled
-        shuffle = const_expr(self.lse_shuffle and pLSE_lane is not None)
-        rL = None
-        rD = None
-        if const_expr(shuffle):
-            nk = self.lse_stride // 32
-            rL = cute.make_rmem_tensor(cute.make_layout(nk), Float32)
-            sL = cute.make_tensor(pLSE_lane, cute.make_layout(nk, stride=32))
-            for k in cutlass.range_constexpr(nk):
-                rL[k] = sL[k]
         # LSE / dPsum into registers while the GEMMs run (loaded after a wait_group they sat on the S -> P -> dS
         # path); only where the registers allow (64-row Q tiles without window / softcap: 16 + 16 values; hd64's
         # 128-row tiles and hd128 causal + window + softcap spill) and where it was run on the GPU (hd128 one-CTA:
@@ -849,41 +823,17 @@ class FlashBwdSm90:
             rdPsum = cute.make_rmem_tensor(acc_dP.layout, Float32)
             for i in cutlass.range_constexpr(cute.size(acc_dP)):
                 rdPsum[i] = tdPsum[i]
-        if const_expr(shuffle):
-            rD = cute.make_rmem_tensor(cute.make_layout(nk), Float32)
-            sD = cute.make_tensor(pdPsum_lane, cute.make_layout(nk, stride=32))
-            for k in cutlass.range_constexpr(nk):
-                rD[k] = sD[k]
         warpgroup.wait_group(1)
-        if const_expr(shuffle):
-            rLSE = self.shfl_bcast(rL, tLSE, acc_S.layout)
         if const_expr(self.has_window or self.softcap > 0.0):
             self.p_ds_features(acc_S, acc_dP, tScS, rLSE, rdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
-                               causal_off, scale_log2, rD)
+                               causal_off, scale_log2)
         else:
             self.p_ds_plain(acc_S, acc_dP, tScS, rLSE, rdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
-                            causal_off, scale_log2, rD)
-
-    def shfl_bcast(self, regs, tS, layout):
-        """lse_shuffle: the per-element LSE (or dPsum) register fragment of an S^T accumulator (``layout``) from the
-        tile_m / 32 values each lane loaded. Element i's Q column is the thread's 2 * (lane % 4) plus the static
-        8 j + e (j: 8-column group, e: 0 / 1; ``tS``, the broadcast smem partition, gives it); lane 4 q + c loaded
-        entry 32 k + 8 (q // 2) + 2 c + q % 2 into regs[k], so the column lives in regs[j // 4] of lane
-        4 (2 (j % 4) + e) + c: shfl.idx with segment mask 3 (the source keeps this lane's c), one SHFL per (j, e)."""
-        r = cute.make_rmem_tensor(layout, Float32)
-        got = {}
-        for i in range(cute.size(r)):
-            off = cute.crd2idx(i, tS.layout)
-            j, e = off // 8, off % 8
-            assert e in (0, 1), off
-            if (j, e) not in got:
-                got[(j, e)] = cute.arch.shuffle_sync(regs[j // 4], 4 * (2 * (j % 4) + e), mask_and_clamp=0x31F)
-            r[i] = got[(j, e)]
-        return r
+                            causal_off, scale_log2)
 
     @cute.jit
     def p_ds_plain(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
-                   causal_off, scale_log2, rD=None):
+                   causal_off, scale_log2):
         """P^T and dS^T without window or softcap (the mask: seqlen_k and the causal diagonal)."""
         need_mask = (n_block + 1) * self.tile_n > seqlen_k
         if const_expr(self.causal):
@@ -901,11 +851,11 @@ class FlashBwdSm90:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
         rP_acc.store(acc_S.load().to(self.dtype))
-        self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc, rD)
+        self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc)
 
     @cute.jit
     def p_ds_features(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
-                      causal_off, scale_log2, rD=None):
+                      causal_off, scale_log2):
         """P^T and dS^T with a sliding window and / or a softcap, while the dP GEMM runs (as the plain path). Window: a
         tile crossing a bound (or seqlen_k) is masked element by element (key n visible to query m iff
         m + off - left <= n <= m + off + right). Softcap: t = tanh(S * scale / softcap) (scale_log2 carries
@@ -924,16 +874,12 @@ class FlashBwdSm90:
             self.p_features_loop(acc_S, rP_acc, tScS, tLSE, n_row0, m_row0, seqlen_k, causal_off, scale_log2, False)
         if const_expr(self.softcap == 0.0):
             rP_acc.store(acc_S.load().to(self.dtype))
-        self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc, rD)
+        self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc)
 
     @cute.jit
-    def ds_from_p(self, acc_S, acc_dP, tdPsum, rdS_acc, rD=None):
-        """Once dP^T is done: dS^T = acc_S (P, or P (1 - t^2) with a softcap) * (dP^T - dPsum), into its A fragment.
-        ``rD``: the lane's loaded dPsum values (lse_shuffle), shuffled to the elements after the wait (ptxas keeps
-        the SHFLs there also when they are written before it; the LSE ones it hoists above the wait for S^T)."""
+    def ds_from_p(self, acc_S, acc_dP, tdPsum, rdS_acc):
+        """Once dP^T is done: dS^T = acc_S (P, or P (1 - t^2) with a softcap) * (dP^T - dPsum), into its A fragment."""
         warpgroup.wait_group(0)
-        if const_expr(rD is not None):
-            tdPsum = self.shfl_bcast(rD, tdPsum, acc_dP.layout)
         for i in cutlass.range_constexpr(cute.size(acc_dP)):
             acc_dP[i] = acc_S[i] * (acc_dP[i] - tdPsum[i])
         rdS_acc.store(acc_dP.load().to(self.dtype))
