@@ -2,8 +2,7 @@
 
 One CTA per (K/V tile of ``tile_n`` rows, head, batch); it keeps K and V in shared memory and walks the Q
 tiles (``tile_m`` rows) that can see its keys. Warp roles: warp 0 of warpgroup 0 is the TMA producer (Q + LSE
-and dO + dPsum through two 2-stage ``PipelineTmaAsync`` mbarrier pipelines, K once on its own barrier,
-V once on the first dO stage's barrier, so the first S^T GEMM waits for K + Q only), warpgroups 1 and 2
+and dO + dPsum through two 2-stage ``PipelineTmaAsync`` mbarrier pipelines, K + V once), warpgroups 1 and 2
 are the MMA warpgroups (``setmaxnreg`` 24 / 240). MMA warpgroup w owns K/V rows [64w, 64w+64) of the tile and
 computes, per Q tile, with wgmma:
 
@@ -143,10 +142,6 @@ class FlashBwdSm90:
     """Main backward kernel. Plain-Python knobs in, compile-time constants inside."""
 
     dq_transposed = False  # dQ^T = K^T dS^T per warpgroup (80-row Q tiles); FlashBwdWideSm90 keeps dQ = dS K
-    # bytes the producer adds to the first dO stage's barrier: V (and two_cta's peer K tile), so that the first S^T
-    # GEMM waits for K + Q only and V is waited for with dO, just before the first dP^T GEMM (set by _host_setup;
-    # 0 = V on the K barrier, as FlashBwdWideSm90, whose own host setup leaves it at 0)
-    bytes_v_first_do = 0
     varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
@@ -425,8 +420,7 @@ class FlashBwdSm90:
 
         self.bytes_q = tm * d * self.dtype.width // 8 + tm * 4
         self.bytes_do = self.bytes_q
-        self.bytes_kv = tn * d * self.dtype.width // 8  # K alone: V (and two_cta's Kp) come with the first dO stage
-        self.bytes_v_first_do = (2 if self.two_cta else 1) * tn * d * self.dtype.width // 8
+        self.bytes_kv = (3 if self.two_cta else 2) * tn * d * self.dtype.width // 8
         self.bytes_ds_half = (tm // 2) * tn * self.dtype.width // 8
         kp_cosize = cute.cosize(self.sK_layout) if const_expr(self.two_cta) else 0
         dsp_cosize = cute.cosize(self.sdSp_layout) if const_expr(self.two_cta) else 0
@@ -580,8 +574,7 @@ class FlashBwdSm90:
         return n_block, num_groups, rank, m_block_min, m_block_max
 
     def make_pipelines(self, storage):
-        """The producer's TMA pipelines (pipe_q: Q + LSE, pipe_do: dO + dPsum, pipe_kv: K once, or K + V in
-        FlashBwdWideSm90), barriers
+        """The producer's TMA pipelines (pipe_q: Q + LSE, pipe_do: dO + dPsum, pipe_kv: K + V once), barriers
         initialised by the caller's sync. Q-side stages are freed by the consumer warps of every CTA that receives
         the multicast (the cluster)."""
         mc = self.cluster
@@ -615,7 +608,7 @@ class FlashBwdSm90:
     def load(self, mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
              sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
              n_block, head, batch, m_block_min, m_block_max, rank, offset_q=0, offset_k=0, pad_tile=0):
-        """Producer warp: K once, then per Q tile Q + LSE and dO + dPsum, V (+ Kp) with the first dO. Varlen: Q / dO / K / V tiles start at the
+        """Producer warp: K / V once, then per Q tile Q + LSE and dO + dPsum. Varlen: Q / dO / K / V tiles start at the
         sequence's first row (rows past its end are the next sequence's or TMA zero fill: masked by seqlen_k, or
         LSE +inf / dPsum 0 for Q rows), LSE / dPsum tiles at the sequence's padded tile slot."""
         tm, tn, d, dv, mc = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.cluster
@@ -655,13 +648,10 @@ class FlashBwdSm90:
         pipe_kv.producer_acquire(kv_state)
         bar = pipe_kv.producer_get_barrier(kv_state)
         cute.copy(tma_K, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
-        tKpsKp = tKsK
+        cute.copy(tma_V, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
         if const_expr(self.two_cta):
             tKpsKp, _ = part(tma_K, sKp, gK)
-        if const_expr(self.bytes_v_first_do == 0):
-            cute.copy(tma_V, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
-            if const_expr(self.two_cta):
-                cute.copy(tma_K, tKgK[None, n_block ^ 1], tKpsKp[None, 0], tma_bar_ptr=bar)
+            cute.copy(tma_K, tKgK[None, n_block ^ 1], tKpsKp[None, 0], tma_bar_ptr=bar)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
@@ -676,15 +666,6 @@ class FlashBwdSm90:
             q_state.advance()
             pipe_do.producer_acquire(do_state)
             bar = pipe_do.producer_get_barrier(do_state)
-            if const_expr(self.bytes_v_first_do > 0):
-                if m_block == m_block_min:
-                    # V (+ Kp) on the first dO stage: expected before this CTA issues any of the stage's copies, so
-                    # the phase cannot complete without them (the peer's multicast half alone cannot complete it)
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_expect_tx(bar, self.bytes_v_first_do)
-                    cute.copy(tma_V, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
-                    if const_expr(self.two_cta):
-                        cute.copy(tma_K, tKgK[None, n_block ^ 1], tKpsKp[None, 0], tma_bar_ptr=bar)
             cute.copy(tma_dO, tdOgdO[None, m_block], tdOsdO[None, do_state.index], tma_bar_ptr=bar, **mask)
             cute.copy(tma_dPsum, tPgP[None, lse_block], tPsP[None, do_state.index], tma_bar_ptr=bar, **mask)
             do_state.advance()
@@ -766,7 +747,7 @@ class FlashBwdSm90:
         causal_off = seqlen_k - seqlen_q
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        pipe_kv.consumer_wait(kv_state)  # K (V and two_cta's Kp: with the first dO stage, waited for before dP^T)
+        pipe_kv.consumer_wait(kv_state)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
 
