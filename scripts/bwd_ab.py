@@ -90,6 +90,30 @@ def round_robin(fns: dict, repeats: int, warmup: int = 3, hold_us: float = 0.0) 
     return times
 
 
+GPU_FIELDS = ("gpu_samples", "sm_clock_mhz_min", "sm_clock_mhz_median", "power_w_median", "temp_c_max", "throttled_share",
+              "throttle_reasons")
+
+
+def sampled_round_robin(fns: dict, repeats: int, hold_us: float = 0.0) -> tuple[dict, dict]:
+    """``round_robin`` under experiments.timing.sampler.GpuSampler (NVML read on a thread, clocks never changed):
+    the per-variant times and the GPU fields every row of this shape carries (throttled_share = the share of samples
+    with a clock-event reason other than idle; None fields without NVML)."""
+    from experiments.timing.sampler import GpuSampler
+
+    with GpuSampler() as sampler:
+        times = round_robin(fns, repeats, hold_us=hold_us)
+    summary = sampler.summary()
+    return times, {k: summary.get(k) for k in GPU_FIELDS}
+
+
+def gpu_note(gpu: dict) -> str:
+    """' throttled 12% (sw_power_cap) sm 1755-1980 MHz' for a printed line ('' without samples)."""
+    if gpu.get("throttled_share") is None:
+        return ""
+    return (f"  throttled {gpu['throttled_share']:.0%}" + (f" ({gpu['throttle_reasons']})" if gpu["throttle_reasons"] else "")
+            + f" sm {gpu['sm_clock_mhz_min']:.0f}/{gpu['sm_clock_mhz_median']:.0f} MHz")
+
+
 def host_overhead(n: int = 200, profile: bool = False) -> dict:
     """Wall time per forward+backward call (and forward alone) on 1x128x16x128 causal bf16."""
     import torch
@@ -190,7 +214,8 @@ def main():
                 fns = _variants(q, k, v, out, do, lse, scale, causal, base)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
-                times = round_robin(fns, a.repeats, hold_us=a.hold_us)
+                times, gpu = sampled_round_robin(fns, a.repeats, hold_us=a.hold_us)
+                print(f"hd{hdim} s{s} causal={int(causal)} GPU during the rounds:{gpu_note(gpu) or ' not sampled'}")
                 flops = attention_flops(batch, heads, s, s, hdim, hdim_v, causal, "bwd")
                 t_ours = times["ours"]
                 for name, t in times.items():
@@ -199,7 +224,7 @@ def main():
                     row = dict(backend=name, hdim=hdim, hdim_v=hdim_v, seqlen=s, batch=batch, heads=heads, causal=causal,
                                ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=statistics.median(ratios),
                                p20=ratios[len(ratios) // 5], p80=ratios[(4 * len(ratios)) // 5], n=len(t),
-                               gpu=torch.cuda.get_device_name())
+                               gpu=torch.cuda.get_device_name(), hold_us=a.hold_us, **gpu)
                     rows.append(row)
                     print(f"hd{hdim} s{s} causal={int(causal)} {name:17s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
                           f"  speed/ours {row['speed_vs_ours']:.3f} [{row['p20']:.3f}, {row['p80']:.3f}]", flush=True)

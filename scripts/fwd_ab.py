@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bwd_ab import round_robin  # noqa: E402  (one round-robin timer for the session scripts)
+from bwd_ab import gpu_note, sampled_round_robin  # noqa: E402  (one round-robin timer for the session scripts)
 from kernels.flops import attention_flops  # noqa: E402
 
 DEFAULT_BASE_REV = "HEAD"  # the last commit: an A/B of the working tree's uncommitted kernel edits
@@ -196,7 +196,8 @@ def main():
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
-                times = round_robin(fns, a.repeats, hold_us=a.hold_us)
+                times, gpu = sampled_round_robin(fns, a.repeats, hold_us=a.hold_us)
+                print(f"hd{hdim} s{s} causal={int(causal)} GPU during the rounds:{gpu_note(gpu) or ' not sampled'}")
                 flops = attention_flops(batch, heads, s, s_k, hdim, dv, causal)
                 off = times.get("fa4_official")
                 for name, t in times.items():
@@ -207,7 +208,8 @@ def main():
                                kv_heads=kv_heads, causal=causal,
                                ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=so[0], p20=so[1], p80=so[2],
                                speed_vs_official=sf[0], off_p20=sf[1], off_p80=sf[2], n=len(t),
-                               rel_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name())
+                               rel_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name(), hold_us=a.hold_us,
+                               **gpu)
                     rows.append(row)
                     bad = "  BAD" if not diffs[name] <= 0.02 else ""
                     shape = f"s{s}" + (f" sk{s_k}" if s_k != s else "") + (f" b{batch} h{heads}/{kv_heads}"

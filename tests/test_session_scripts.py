@@ -1,0 +1,37 @@
+"""The session A/B scripts (scripts/bwd_ab.py, fwd_ab.py) sample the GPU while they time: every row carries the
+throttled share and clocks of its rounds (CPU: the timer and NVML are stood in for)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bwd_ab  # noqa: E402
+from experiments.timing import sampler as sampler_mod  # noqa: E402
+
+
+def test_sampled_round_robin_gives_the_rounds_gpu_state(monkeypatch):
+    state = iter([0x4] + [0x0] * 1000)  # sw_power_cap, then none
+    read = lambda: dict(sm_clock_mhz=1800.0, mem_clock_mhz=3200.0, power_w=600.0, temp_c=60.0,
+                        clocks_event_reasons=next(state))
+    real = sampler_mod.GpuSampler
+    monkeypatch.setattr(sampler_mod, "GpuSampler", lambda: real(interval_s=10.0, read=read))
+
+    def timer(fns, repeats, hold_us=0.0):
+        return {k: [1.0] * repeats for k in fns}
+
+    monkeypatch.setattr(bwd_ab, "round_robin", timer)
+    times, gpu = bwd_ab.sampled_round_robin({"ours": None, "peer": None}, 3)
+    assert times == {"ours": [1.0] * 3, "peer": [1.0] * 3}
+    assert set(gpu) == set(bwd_ab.GPU_FIELDS)
+    # one sample when the thread starts (power cap), one after the last call (none): half of them throttled
+    assert gpu["gpu_samples"] == 2 and gpu["sm_clock_mhz_median"] == 1800.0
+    assert gpu["throttled_share"] == 0.5 and gpu["throttle_reasons"] == "sw_power_cap"
+    assert bwd_ab.gpu_note(gpu) == "  throttled 50% (sw_power_cap) sm 1800/1800 MHz"
+
+
+def test_without_nvml_the_rows_say_not_sampled():
+    gpu = dict.fromkeys(bwd_ab.GPU_FIELDS)
+    assert bwd_ab.gpu_note(gpu) == ""
