@@ -70,6 +70,7 @@ LSE (row-predicated). At 1 the code is the plain kernel's (byte-identical SASS).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -94,6 +95,57 @@ LOG2_E = math.log2(math.e)
 # named barrier ids (0 is __syncthreads)
 BAR_EPILOGUE = int(Bar.FWD_EPILOGUE)
 BAR_SCHED_WG1 = int(Bar.FWD_SCHED_WG1)  # + consumer warpgroup index (0, 1, 2)
+
+
+class ConsumerFrags(NamedTuple):
+    """A consumer thread's tile-independent views (consumer_fragments): its warpgroup, its MMA slices and the wgmma
+    shared-memory operand fragments of Q, K and V^T."""
+    wg: Int32
+    thr_mma_qk: object
+    thr_mma_pv: object
+    tSrQ: object
+    tSrK: object
+    tOrVt: object
+
+
+class Tile(NamedTuple):
+    """One tile's work: its coordinates, sequence lengths, K/V block range and masking bounds (tile_blocks) and, for
+    varlen, the sequence's first row in the packed Q / O / LSE (offset_q) and K / V (offset_k)."""
+    m_block: Int32
+    head: Int32
+    bidx: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+    n_block_min: object  # 0 unless a left window bound skips blocks
+    n_block_max: Int32
+    n_block_min_masked: Int32
+    n_block_local_end: object
+    offset_q: object = 0
+    offset_k: object = 0
+
+
+class TileRegs(NamedTuple):
+    """A consumer tile's registers: the S accumulator's shape, the O accumulator, P as the PV GEMM's A operand, the
+    S coordinates (for the masks) and the online softmax's row statistics."""
+    acc_shape_S: object
+    acc_O: object
+    tOrP: object
+    tScS: object
+    row_max: object
+    row_sum: object
+    row_scale: object
+
+
+class BlockArgs(NamedTuple):
+    """What the softmax of every K/V block of a tile reads besides S: the exp2 scale, the pre-tanh softcap factor
+    (None without a softcap), the tile's first row, the sequence lengths and the mask bounds."""
+    scale_log2: Float32
+    softcap_mul: object
+    m_base: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+    n_block_min_masked: Int32
+    n_block_local_end: object
 
 
 class FlashFwdSm90:
@@ -377,6 +429,33 @@ class FlashFwdSm90:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
+        pipe_q, pipe_k, pipe_v = self.make_pipelines(storage)
+        sQ, sK, sV, sVt, sO = self.smem_tensors(storage, sQ_layout, sK_layout, sV_layout, sO_layout)
+
+        if const_expr(self.persistent):
+            self.roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
+                                  tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, hb_group,
+                                  warp_idx, tidx)
+        else:
+            tile = self.cta_tile(mQ, mK, hb_group, mCuSeqlensQ, mCuSeqlensK)
+            if const_expr(self.varlen):
+                # the whole CTA leaves when its tile starts past its sequence
+                if tile.m_block * self.tile_m < tile.seqlen_q:
+                    self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+                               tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, tile, warp_idx, tidx)
+            else:
+                self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, tile, warp_idx, tidx)
+                if const_expr(self.cluster_m > 1):
+                    # no CTA leaves while its peer can still arrive on its empty barriers
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
+
+    @cute.jit
+    def make_pipelines(self, storage):
+        """The Q, K and V TMA pipelines on their mbarriers (cluster_m > 1: K/V stages released by the consumer warps of
+        both CTAs, their full barriers expecting the whole multicast tile), initialised and made visible to the CTA
+        (cluster: to the peer, which multicasts into them)."""
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_wg * 4)  # one arrive per warp
         pipe_q = pipeline.PipelineTmaAsync.create(
@@ -407,7 +486,12 @@ class FlashFwdSm90:
                 consumer_group=consumers, tx_count=self.bytes_V, defer_sync=True)
             cute.arch.mbarrier_init_fence()
             cute.arch.sync_threads()
+        return pipe_q, pipe_k, pipe_v
 
+    @cute.jit
+    def smem_tensors(self, storage, sQ_layout, sK_layout, sV_layout, sO_layout):
+        """sQ, sK, sV, the V^T view sVt (hdim_v, tile_n, stages) for the PV GEMM's B operand, and sO (its own buffer
+        with separate_o, else Q's)."""
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
@@ -417,67 +501,54 @@ class FlashFwdSm90:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
         # V^T view (hdim_v, tile_n, stages) for the PV GEMM's B operand
         sVt = cute.composition(sV, cute.make_ordered_layout((self.hdim_v, self.tile_n, self.num_stages), order=(1, 0, 2)))
+        return sQ, sK, sV, sVt, sO
 
-        if const_expr(self.persistent):
-            self.roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
-                                  tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, hb_group,
-                                  warp_idx, tidx)
+    @cute.jit
+    def cta_tile(self, mQ, mK, hb_group: Int32, mCuSeqlensQ, mCuSeqlensK) -> Tile:
+        """The one tile of a non-persistent CTA: varlen from the block index and cu_seqlens (causal: m_block reversed),
+        else tile_coords of the (packed) Q rows; then its K/V block range (tile_blocks)."""
+        offset_q = 0  # varlen: the sequence's first row in the packed Q / O / LSE and K / V
+        offset_k = 0
+        if const_expr(self.varlen):
+            m_block, head, bidx = cute.arch.block_idx()
+            if const_expr(self.causal):  # the tiles with the most K blocks first (the grid covers max_seqlen_q)
+                m_block = cute.arch.grid_dim()[0] - 1 - m_block
+            offset_q = mCuSeqlensQ[bidx]
+            seqlen_q = mCuSeqlensQ[bidx + 1] - offset_q
+            offset_k = mCuSeqlensK[bidx]
+            seqlen_k = mCuSeqlensK[bidx + 1] - offset_k
+        elif const_expr(self.pack_gqa):  # head: the K/V head; seqlen_q: positions (rows / group)
+            seqlen_q = mQ.shape[0][1]
+            seqlen_k = mK.shape[0]
+            m_blocks = (seqlen_q * self.qhead_per_kvhead + self.tile_m - 1) // self.tile_m
+            m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
         else:
-            offset_q = 0  # varlen: the sequence's first row in the packed Q / O / LSE and K / V
-            offset_k = 0
-            if const_expr(self.varlen):
-                m_block, head, bidx = cute.arch.block_idx()
-                if const_expr(self.causal):  # the tiles with the most K blocks first (the grid covers max_seqlen_q)
-                    m_block = cute.arch.grid_dim()[0] - 1 - m_block
-                offset_q = mCuSeqlensQ[bidx]
-                seqlen_q = mCuSeqlensQ[bidx + 1] - offset_q
-                offset_k = mCuSeqlensK[bidx]
-                seqlen_k = mCuSeqlensK[bidx + 1] - offset_k
-            elif const_expr(self.pack_gqa):  # head: the K/V head; seqlen_q: positions (rows / group)
-                seqlen_q = mQ.shape[0][1]
-                seqlen_k = mK.shape[0]
-                m_blocks = (seqlen_q * self.qhead_per_kvhead + self.tile_m - 1) // self.tile_m
-                m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
-            else:
-                seqlen_q = mQ.shape[0]
-                seqlen_k = mK.shape[0]
-                m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-                m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
-            n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(m_block, seqlen_q,
-                                                                                              seqlen_k)
-
-            if const_expr(self.varlen):
-                if m_block * self.tile_m < seqlen_q:  # the whole CTA leaves when its tile starts past its sequence
-                    self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-                               tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
-                               n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
-                               n_block_local_end, offset_q, offset_k)
-            else:
-                self.roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, m_block, head, bidx,
-                           n_block_max, n_block_min_masked, seqlen_q, seqlen_k, warp_idx, tidx, n_block_min,
-                           n_block_local_end)
-                if const_expr(self.cluster_m > 1):
-                    # no CTA leaves while its peer can still arrive on its empty barriers
-                    cute.arch.cluster_arrive()
-                    cute.arch.cluster_wait()
+            seqlen_q = mQ.shape[0]
+            seqlen_k = mK.shape[0]
+            m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+            m_block, head, bidx = tile_coords(m_blocks, mQ.shape[2], mQ.shape[3], hb_group, self.causal)
+        n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(m_block, seqlen_q,
+                                                                                          seqlen_k)
+        return Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
+                    n_block_local_end, offset_q, offset_k)
 
     @cute.jit
     def roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-              tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32, m_block: Int32, head: Int32,
-              bidx: Int32, n_block_max: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32,
-              warp_idx: Int32, tidx: Int32, n_block_min, n_block_local_end, offset_q=0, offset_k=0):
+              tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32, tile: Tile, warp_idx: Int32,
+              tidx: Int32):
         """Warp roles: warp 0 loads (warps 1-3 idle with few registers), the consumer warpgroups compute."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
-                          m_block, head, bidx, n_block_max, n_block_min, offset_q, offset_k)
+                          tile.m_block, tile.head, tile.bidx, tile.n_block_max, tile.n_block_min, tile.offset_q,
+                          tile.offset_k)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consume(mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                         pipe_v, scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q,
-                         seqlen_k, tidx - self.threads_per_wg, n_block_min, n_block_local_end, offset_q)
+            ctidx = tidx - self.threads_per_wg
+            frags = self.consumer_fragments(sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, ctidx)
+            self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2,
+                         tile, ctidx, frags)
 
     @cute.jit
     def tile_blocks(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -526,18 +597,18 @@ class FlashFwdSm90:
             ctidx = tidx - self.threads_per_wg
             frags = self.consumer_fragments(sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, ctidx)
             if const_expr(self.pingpong):
-                if frags[0] == 0:  # the first warpgroup starts with the GEMM token (once per CTA)
+                if frags.wg == 0:  # the first warpgroup starts with the GEMM token (once per CTA)
                     cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            for tile in cutlass.range(bx, num_tiles, gx, unroll=1):
-                m_block, head, bidx = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
+            for t in cutlass.range(bx, num_tiles, gx, unroll=1):
+                m_block, head, bidx = tile_at(t, m_blocks, heads, batch, hb_group, self.causal)
                 n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(
                     m_block, seqlen_q, seqlen_k)
-                state, q_state = self.consume(
-                    mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                    scale_log2, m_block, head, bidx, n_block_max, n_block_min_masked, seqlen_q, seqlen_k, ctidx,
-                    n_block_min, n_block_local_end, state=state, q_state=q_state, frags=frags)
+                tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
+                            n_block_local_end)
+                state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                                              pipe_v, scale_log2, tile, ctidx, frags, state, q_state)
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -631,21 +702,23 @@ class FlashFwdSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1 + nxt, number_of_threads=2 * self.threads_per_wg)
 
     @cute.jit
-    def softmax_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
-                      n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, masked: cutlass.Constexpr[bool],
-                      is_first: cutlass.Constexpr[bool], softcap_mul: Float32 = None) -> Boolean:
+    def softmax_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, masked: cutlass.Constexpr[bool],
+                      is_first: cutlass.Constexpr[bool]) -> Boolean:
+        """Softcap, mask (``masked``) and online softmax step of one S block (``is_first``: no stale maximum, no
+        rescale); returns whether O and the row sums must be rescaled."""
         if const_expr(self.softcap > 0.0):
-            apply_softcap(acc_S, softcap_mul)  # before the mask: tanh(-inf) would be -1
+            apply_softcap(acc_S, args.softcap_mul)  # before the mask: tanh(-inf) would be -1
         if const_expr(masked):
+            n_base = n_block * self.tile_n
             if const_expr(self.pack_gqa and (self.causal or self.has_window)):  # bounds from the row's position
-                self.apply_mask_packed(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k)
+                self.apply_mask_packed(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k)
             elif const_expr(self.has_window):
-                apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal,
+                apply_mask(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k, self.causal,
                            self.window_left, self.window_right)
             else:
-                apply_mask(acc_S, tScS, m_base, n_block * self.tile_n, seqlen_q, seqlen_k, self.causal)
-        return online_softmax_step(acc_S, row_max, row_sum, row_scale, scale_log2, self.tau, self.emu_frags,
-                                   self.poly, is_first)
+                apply_mask(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k, self.causal)
+        return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
+                                   self.emu_frags, self.poly, is_first)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -673,31 +746,27 @@ class FlashFwdSm90:
                     s[r, j] = -Float32.inf if (c[0, j][1] - col_start).bitcast(cutlass.Uint32) >= width else s[r, j]
 
     @cute.jit
-    def softmax_later_block(self, acc_S, tScS, row_max, row_sum, row_scale, scale_log2: Float32, m_base: Int32,
-                            n_block: Int32, n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32,
-                            n_block_local_end=0, softcap_mul: Float32 = None) -> Boolean:
-        """Softmax of a block after the first: masked only where causal and on or past the diagonal blocks (with a
-        window: past the right bound's first block or before the left bound's last)."""
+    def softmax_later_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32) -> Boolean:
+        """Softmax of a block after the first: the masked part of the loop (causal: on or past the diagonal blocks;
+        with a window: past the right bound's first block or before the left bound's last) or the unmasked one."""
         do_rescale = Boolean(True)
         if const_expr(self.has_window):
             need_mask = Boolean(False)
             if const_expr(self.causal or self.window_right >= 0):
-                need_mask = need_mask | (n_block >= n_block_min_masked)
+                need_mask = need_mask | (n_block >= args.n_block_min_masked)
             if const_expr(self.has_left):
-                need_mask = need_mask | (n_block < n_block_local_end)
+                need_mask = need_mask | (n_block < args.n_block_local_end)
             if need_mask:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
-                                                seqlen_q, seqlen_k, True, False, softcap_mul)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False)
             else:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block,
-                                                seqlen_q, seqlen_k, False, False, softcap_mul)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False)
         elif const_expr(self.causal):
-            if n_block >= n_block_min_masked:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, False, softcap_mul)
+            if n_block >= args.n_block_min_masked:
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False)
             else:
-                do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False, softcap_mul)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False)
         else:
-            do_rescale = self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, False, False, softcap_mul)
+            do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False)
         return do_rescale
 
     @cute.jit
@@ -713,9 +782,9 @@ class FlashFwdSm90:
                 rescale_o(acc_O, row_scale)
 
     @cute.jit
-    def consumer_fragments(self, sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx: Int32):
-        """A consumer thread's tile-independent views (persistent: built once per CTA, outside the tile loop; else at
-        the start of consume): its warpgroup, MMA slices and the wgmma shared-memory operand fragments."""
+    def consumer_fragments(self, sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx: Int32) -> ConsumerFrags:
+        """A consumer thread's tile-independent views (persistent: built once per CTA, outside the tile loop; else
+        before consume): its warpgroup, MMA slices and the wgmma shared-memory operand fragments."""
         wg = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
@@ -724,25 +793,53 @@ class FlashFwdSm90:
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-        return wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt
+        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt)
 
     @cute.jit
-    def consume(self, mO, mLSE, sQ, sK, sVt, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                scale_log2: Float32, m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32,
-                n_block_min_masked: Int32, seqlen_q: Int32, seqlen_k: Int32, tidx: Int32, n_block_min=0,
-                n_block_local_end=0, offset_q=0, state=None, q_state=None, frags=None):
-        """One tile of the consumer warpgroups. Persistent: ``frags`` (consumer_fragments), the consumer states in
-        and out; the pingpong token is handed out once per CTA by the caller."""
+    def consume(self, mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                scale_log2: Float32, tile: Tile, tidx: Int32, frags: ConsumerFrags, state=None, q_state=None):
+        """One tile of the consumer warpgroups: the main loop over the tile's K/V blocks (mainloop_overlap or
+        mainloop_serial), then the epilogue (normalise, LSE, O). Persistent: the consumer states in and out; the
+        pingpong token is handed out once per CTA by the caller."""
+        regs, args, n_iter = self.tile_regs(tiled_mma_pv, scale_log2, tile, frags)
         if const_expr(not self.persistent):
-            frags = self.consumer_fragments(sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx)
-        wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt = frags
+            if const_expr(self.pingpong):
+                if frags.wg == 0:  # the first warpgroup starts with the GEMM token
+                    cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
+
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_q.consumer_wait(q_state)
+
+        if const_expr(self.intra_wg_overlap):
+            state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
+                                          tile.n_block_max, n_iter, state, q_state)
+        else:
+            state = self.mainloop_serial(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
+                                         tile.n_block_max, n_iter, state, q_state)
+
+        rO, lse = self.normalize(regs, args.scale_log2)
+        self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
+        self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx)
+        if const_expr(not self.separate_o):
+            pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
+        if const_expr(self.persistent):
+            q_state.advance()
+            return state, q_state
+
+    @cute.jit
+    def tile_regs(self, tiled_mma_pv, scale_log2: Float32, tile: Tile, frags: ConsumerFrags):
+        """A tile's registers (TileRegs: S shape, O, P, S coordinates, row statistics), its softmax arguments
+        (BlockArgs; with a softcap the scale argument is scale / softcap and the softmax scale softcap * log2(e)) and
+        the number of K/V blocks it visits."""
         softcap_mul = None
         if const_expr(self.softcap > 0.0):  # the scale argument is scale / softcap; the softmax scale is softcap*log2e
             softcap_mul = scale_log2
             scale_log2 = Float32(self.softcap * LOG2_E)
-        n_iter = n_block_max  # K/V blocks this tile visits
+        n_iter = tile.n_block_max  # K/V blocks this tile visits
         if const_expr(self.has_left):
-            n_iter = n_block_max - n_block_min
+            n_iter = tile.n_block_max - tile.n_block_min
+        thr_mma_qk, thr_mma_pv = frags.thr_mma_qk, frags.thr_mma_pv
         acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
         tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
@@ -752,107 +849,148 @@ class FlashFwdSm90:
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_scale = cute.make_rmem_tensor(n_rows, Float32)
-        m_base = m_block * self.tile_m
+        m_base = tile.m_block * self.tile_m
+        regs = TileRegs(acc_shape_S, acc_O, tOrP, tScS, row_max, row_sum, row_scale)
+        args = BlockArgs(scale_log2, softcap_mul, m_base, tile.seqlen_q, tile.seqlen_k, tile.n_block_min_masked,
+                         tile.n_block_local_end)
+        return regs, args, n_iter
 
-        if const_expr(not self.persistent):
-            if const_expr(self.pingpong):
-                if wg == 0:  # the first warpgroup starts with the GEMM token
-                    cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
-
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        pipe_q.consumer_wait(q_state)
-
-        n_block = n_block_max - 1
-        if const_expr(self.intra_wg_overlap):
-            # first half: S(last) = Q K^T, softmax, P
-            pipe_k.consumer_wait(state)
-            self.sched_sync(wg)
-            acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-            self.sched_arrive(wg)
-            warpgroup.wait_group(0)
-            pipe_k.consumer_release(state)
-            self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True, softcap_mul)
-            self.to_p(acc_S, tOrP)
-            acc_O.fill(0.0)
-            # steady state: issue S(j+1) and O += P(j) V(j) together; softmax(j+1) while PV(j) runs
-            for i in cutlass.range(n_iter - 1, unroll=1):
-                n_block = n_block_max - 2 - i
-                state_v = state.clone()
-                state.advance()
-                pipe_k.consumer_wait(state)
-                self.sched_sync(wg)
-                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-                pipe_v.consumer_wait(state_v)
-                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state_v.index], False)
-                self.sched_arrive(wg)
-                warpgroup.wait_group(1)
-                pipe_k.consumer_release(state)
-                do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k, n_block_local_end, softcap_mul)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(state_v)
-                self.to_p(acc_S, tOrP)
-                self.maybe_rescale(acc_O, row_scale, do_rescale)
-            if const_expr(self.separate_o):
-                pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
-            # last half: O += P(0) V(0)
-            pipe_v.consumer_wait(state)
-            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(state)
+    @cute.jit
+    def mainloop_overlap(self, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags: ConsumerFrags,
+                         regs: TileRegs, args: BlockArgs, n_block_max: Int32, n_iter: Int32, state, q_state):
+        """Main loop with intra-warpgroup overlap over the n_iter K/V blocks below n_block_max (last to first): the
+        first block alone (first_block), then per block the steady state (overlap_block: S(j+1) and O += P(j) V(j)
+        issued together), then the last block's PV (last_pv). Returns the consumer K/V state."""
+        self.first_block(tiled_mma_qk, pipe_k, frags, regs, args, n_block_max - 1, state)
+        regs.acc_O.fill(0.0)
+        for i in cutlass.range(n_iter - 1, unroll=1):
+            n_block = n_block_max - 2 - i
+            state_v = state.clone()
             state.advance()
-        else:
-            acc_O.fill(0.0)
-            self.sched_sync(wg)
-            for i in cutlass.range(n_iter, unroll=1):
-                n_block = n_block_max - 1 - i
-                pipe_k.consumer_wait(state)
-                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], True)
-                self.sched_arrive(wg)
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(state)
-                do_rescale = Boolean(True)
-                if i == 0:
-                    self.softmax_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, seqlen_q, seqlen_k, True, True, softcap_mul)
-                else:
-                    do_rescale = self.softmax_later_block(acc_S, tScS, row_max, row_sum, row_scale, scale_log2, m_base, n_block, n_block_min_masked, seqlen_q, seqlen_k, n_block_local_end, softcap_mul)
-                    self.maybe_rescale(acc_O, row_scale, do_rescale)
-                self.to_p(acc_S, tOrP)
-                pipe_v.consumer_wait(state)
-                self.sched_sync(wg)
-                wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], False)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(state)
-                state.advance()
-            self.sched_arrive(wg)
-            if const_expr(self.separate_o):
-                pipe_q.consumer_release(q_state)
+            self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state, state_v)
+        if const_expr(self.separate_o):
+            pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
+        self.last_pv(tiled_mma_pv, pipe_v, frags, regs, state)
+        state.advance()
+        return state
 
-        # ---- epilogue: normalise, LSE, O via shared memory and one TMA store ----
+    @cute.jit
+    def first_block(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, regs: TileRegs, args: BlockArgs,
+                    n_block: Int32, state):
+        """Overlap, first half: S = Q K^T of the tile's first (last-indexed) block, its masked softmax (no rescale,
+        no stale maximum) and P."""
+        pipe_k.consumer_wait(state)
+        self.sched_sync(frags.wg)
+        acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
+        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+        self.sched_arrive(frags.wg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(state)
+        self.softmax_block(acc_S, regs, args, n_block, True, True)
+        self.to_p(acc_S, regs.tOrP)
+
+    @cute.jit
+    def overlap_block(self, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags: ConsumerFrags, regs: TileRegs,
+                      args: BlockArgs, n_block: Int32, state, state_v):
+        """Overlap, steady state: issue S(j+1) = Q K^T (K stage ``state``) and O += P(j) V(j) (V stage ``state_v``)
+        together, run softmax(j+1) while PV(j) is in flight, then P(j+1) and the conditional rescale of O."""
+        pipe_k.consumer_wait(state)
+        self.sched_sync(frags.wg)
+        acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
+        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+        pipe_v.consumer_wait(state_v)
+        wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state_v.index], False)
+        self.sched_arrive(frags.wg)
+        warpgroup.wait_group(1)
+        pipe_k.consumer_release(state)
+        do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state_v)
+        self.to_p(acc_S, regs.tOrP)
+        self.maybe_rescale(regs.acc_O, regs.row_scale, do_rescale)
+
+    @cute.jit
+    def last_pv(self, tiled_mma_pv, pipe_v, frags: ConsumerFrags, regs: TileRegs, state):
+        """Overlap, last half: O += P V of the tile's last block (the epilogue hand-off)."""
+        pipe_v.consumer_wait(state)
+        wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state.index], False)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state)
+
+    @cute.jit
+    def mainloop_serial(self, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags: ConsumerFrags,
+                        regs: TileRegs, args: BlockArgs, n_block_max: Int32, n_iter: Int32, state, q_state):
+        """Main loop without intra-warpgroup overlap over the n_iter K/V blocks below n_block_max (last to first,
+        serial_block each; pingpong: a warpgroup's GEMM turn covers PV(j) and QK^T(j+1), its softmax runs outside
+        it). Returns the consumer K/V state."""
+        regs.acc_O.fill(0.0)
+        self.sched_sync(frags.wg)
+        for i in cutlass.range(n_iter, unroll=1):
+            n_block = n_block_max - 1 - i
+            self.serial_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, i, n_block, state)
+            state.advance()
+        self.sched_arrive(frags.wg)
+        if const_expr(self.separate_o):
+            pipe_q.consumer_release(q_state)
+        return state
+
+    @cute.jit
+    def serial_block(self, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags: ConsumerFrags, regs: TileRegs,
+                     args: BlockArgs, i: Int32, n_block: Int32, state):
+        """No overlap, one block: S = Q K^T, softmax (i == 0: masked, no rescale; else softmax_later_block and the
+        conditional rescale of O), P, then O += P V, all on K/V stage ``state``."""
+        pipe_k.consumer_wait(state)
+        acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
+        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+        self.sched_arrive(frags.wg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(state)
+        do_rescale = Boolean(True)
+        if i == 0:
+            self.softmax_block(acc_S, regs, args, n_block, True, True)
+        else:
+            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
+            self.maybe_rescale(regs.acc_O, regs.row_scale, do_rescale)
+        self.to_p(acc_S, regs.tOrP)
+        pipe_v.consumer_wait(state)
+        self.sched_sync(frags.wg)
+        wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state.index], False)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state)
+
+    # ---- epilogue: normalise, LSE, O via shared memory and one TMA store ----
+    @cute.jit
+    def normalize(self, regs: TileRegs, scale_log2: Float32):
+        """O / row sum in the output dtype (rO) and the rows' LSE (natural log), from the final row statistics."""
+        n_rows = cute.size(regs.row_max)
         inv_sum = cute.make_rmem_tensor(n_rows, Float32)
         lse = cute.make_rmem_tensor(n_rows, Float32)
-        finalize(row_max, row_sum, scale_log2, inv_sum, lse)
-        rescale_o(acc_O, inv_sum)
-        rO = cute.make_rmem_tensor(acc_O.shape, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+        finalize(regs.row_max, regs.row_sum, scale_log2, inv_sum, lse)
+        rescale_o(regs.acc_O, inv_sum)
+        rO = cute.make_rmem_tensor(regs.acc_O.shape, self.dtype)
+        rO.store(regs.acc_O.load().to(self.dtype))
+        return rO, lse
 
-        # LSE: the lane owning column 0 of each row writes it
+    @cute.jit
+    def store_lse(self, mLSE, thr_mma_pv, lse, tile: Tile, m_base: Int32):
+        """LSE: the lane owning column 0 of each row writes it, for rows inside the sequence."""
         tOcO = acc_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))
         if tOcO[0, 0][1] == 0:
-            for r in cutlass.range_constexpr(n_rows):
+            for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_base + tOcO[r, 0][0]
-                rows_q = seqlen_q
+                rows_q = tile.seqlen_q
                 if const_expr(self.pack_gqa):  # row (position, head in group) of the packed ((group, s), h_kv, b)
-                    rows_q = seqlen_q * self.qhead_per_kvhead
+                    rows_q = tile.seqlen_q * self.qhead_per_kvhead
                 if row < rows_q:
                     if const_expr(self.varlen):  # packed (total_q, h)
-                        mLSE[offset_q + row, head] = lse[r]
+                        mLSE[tile.offset_q + row, tile.head] = lse[r]
                     else:
-                        mLSE[row, head, bidx] = lse[r]
+                        mLSE[row, tile.head, tile.bidx] = lse[r]
 
+    @cute.jit
+    def store_o(self, mO, sO, tma_atom_O, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
+        """O registers -> shared memory (stmatrix, once every consumer is done reading sQ / the previous O store has
+        read sO) -> global (store_o_tma, or store_o_varlen)."""
         if const_expr(self.separate_o):
             if tidx < 32:  # the previous tile's O store must have read sO before it is written again
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -864,20 +1002,15 @@ class FlashFwdSm90:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_wg * self.threads_per_wg)
         if const_expr(self.varlen):
-            self.store_o_varlen(mO, sO, head, m_block, offset_q, seqlen_q, tidx)
+            self.store_o_varlen(mO, sO, tile.head, tile.m_block, tile.offset_q, tile.seqlen_q, tidx)
         else:
             if const_expr(self.cluster_m > 1):
-                if m_base < seqlen_q:  # a cluster's padding CTA (odd m-block count) stores nothing
+                if m_base < tile.seqlen_q:  # a cluster's padding CTA (odd m-block count) stores nothing
                     if tidx < 32:
-                        self.store_o_tma(mO, sO, tma_atom_O, head, bidx, m_block)
+                        self.store_o_tma(mO, sO, tma_atom_O, tile.head, tile.bidx, tile.m_block)
             else:
                 if tidx < 32:
-                    self.store_o_tma(mO, sO, tma_atom_O, head, bidx, m_block)
-        if const_expr(not self.separate_o):
-            pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
-        if const_expr(self.persistent):
-            q_state.advance()
-            return state, q_state
+                    self.store_o_tma(mO, sO, tma_atom_O, tile.head, tile.bidx, tile.m_block)
 
     @cute.jit
     def store_o_tma(self, mO, sO, tma_atom_O, head: Int32, bidx: Int32, m_block: Int32):
