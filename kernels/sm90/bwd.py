@@ -65,6 +65,7 @@ kernels/sm90/backward.py sums each group's g heads into (b, s_k, h_kv, d).
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 
@@ -94,6 +95,168 @@ _CLUSTER = _nvvm.MemScopeKind.CLUSTER
 
 _BAR_DQ_FULL = int(Bar.BWD_DQ_FULL)  # + w: MMA warpgroup w -> writer warp (chunk w written)
 _BAR_DQ_EMPTY = int(Bar.BWD_DQ_EMPTY)  # + w: writer warp -> MMA warpgroup w (chunk w free again)
+
+
+class BwdGmem(NamedTuple):
+    """The kernel's global tensors, in its mode orders (``_kernel_views``; varlen: ``call_varlen``'s)."""
+    mQ: Any
+    mK: Any
+    mV: Any
+    mdO: Any
+    mLSE: Any
+    mdPsum: Any
+    mdQaccum: Any = None
+    mdK: Any = None
+    mdV: Any = None
+    mSem: Any = None
+
+
+class BwdTma(NamedTuple):
+    """TMA atoms: the producer's loads and the dK / dV stores."""
+    tma_Q: Any
+    tma_K: Any
+    tma_V: Any
+    tma_dO: Any
+    tma_LSE: Any
+    tma_dPsum: Any
+    tma_dK: Any = None
+    tma_dV: Any = None
+
+
+class BwdMmas(NamedTuple):
+    """Tiled MMAs: S^T / dP^T (SS), dK / dV (RS), dQ (or dQ^T)."""
+    mma_S: Any
+    mma_dKV: Any
+    mma_dQ: Any
+
+
+class BwdSmem(NamedTuple):
+    """Shared-memory tensors: the loaded tiles and LSE / dPsum stages, dS^T, two_cta's peer K tile and received dS
+    halves (sK / sdS otherwise), and the dK / dV staging views of the K / V tiles' space."""
+    sQ: Any
+    sdO: Any
+    sK: Any
+    sV: Any
+    sLSE: Any
+    sdPsum: Any
+    sdS: Any = None
+    sKp: Any = None
+    sdSp: Any = None
+    sdKs: Any = None
+    sdVs: Any = None
+
+
+class BwdPipes(NamedTuple):
+    """The producer's TMA pipelines: Q + LSE, dO + dPsum, K + V (once)."""
+    pipe_q: Any
+    pipe_do: Any
+    pipe_kv: Any
+
+
+class BwdWork(NamedTuple):
+    """One CTA's work: its K/V tile, head and batch, its Q-tile range, the number of K/V groups (two_cta: pairs) and its
+    rank in the group, the sequence lengths, and (varlen) the sequence's first Q / K row and first padded Q tile."""
+    n_block: Any
+    head: Any
+    batch: Any
+    m_block_min: Any
+    m_block_max: Any
+    num_groups: Any
+    rank: Any
+    seqlen_q: Any
+    seqlen_k: Any
+    offset_q: Any = 0
+    offset_k: Any = 0
+    pad_tile: Any = 0
+
+
+class DsPtrs(NamedTuple):
+    """Raw shared-memory pointers of the MMA warpgroups: dS^T stages, received dS halves (two_cta), dQ staging, and
+    the dS exchange mbarriers (two_cta)."""
+    sdS: Any
+    sdSp: Any
+    sdQ: Any
+    mbar_dsfull: Any
+    mbar_dsempty: Any
+
+
+class MmaFrags(NamedTuple):
+    """An MMA warpgroup's operand fragments, accumulators and per-CTA constants (built once by ``mma_fragments``)."""
+    wg: Any  # MMA warpgroup index, thread in it, thread among the MMA threads
+    tid: Any
+    tidx: Any
+    tSrK: Any  # S^T / dP^T = K_w Q^T / V_w dO^T: operands, accumulators, coordinates, LSE / dPsum broadcasts
+    tSrV: Any
+    tSrQ: Any
+    tSrdO: Any
+    acc_S: Any
+    acc_dP: Any
+    tScS: Any
+    tSsLSE: Any
+    tSsdPsum: Any
+    st_atom: Any  # dS^T -> shared memory (stmatrix)
+    thr_st: Any
+    tSsdS_all: Any
+    tdVrdO: Any  # dV += P^T dO, dK += dS^T Q (A from registers)
+    tdKrQ: Any
+    rP: Any
+    rdS: Any
+    rP_acc: Any
+    rdS_acc: Any
+    acc_dV: Any
+    acc_dK: Any
+    thr_dQ: Any  # dQ = dS K, dQ^T = K^T dS^T (80-row tiles), or two_cta's dQ^T over both K/V tiles
+    tdQrK: Any
+    tdQrdS: Any
+    tdQrKp: Any
+    acc_dQ: Any
+    q0: Any  # two_cta: this warpgroup's first Q row of the tile
+    pds_bar: Any  # named barrier of the MMA warpgroups
+    n_row0: Any  # this warpgroup's first K/V row
+    causal_off: Any  # seqlen_k - seqlen_q
+
+
+class SOperands(NamedTuple):
+    """``p_and_ds``'s operands for one Q tile: the S^T MMA, accumulators, A / B fragments (the stage's Q / dO), element
+    coordinates, the stage's LSE / dPsum, and the A-operand views that receive P^T and dS^T."""
+    mma_S: Any
+    acc_S: Any
+    acc_dP: Any
+    tSrK: Any
+    tSrV: Any
+    tSrQ: Any
+    tSrdO: Any
+    tScS: Any
+    tLSE: Any
+    tdPsum: Any
+    rP_acc: Any
+    rdS_acc: Any
+
+
+class TileRows(NamedTuple):
+    """Where one S^T tile sits: the K/V tile, the warpgroup's first K/V and Q rows, seqlen_k, seqlen_k - seqlen_q, and
+    the score scale (log2 units, or softmax_scale / softcap)."""
+    n_block: Any
+    n_row0: Any
+    m_row0: Any
+    seqlen_k: Any
+    causal_off: Any
+    scale_log2: Any
+
+
+class DkdvDest(NamedTuple):
+    """Where a CTA's dK / dV go: the staging tiles, the TMA store atoms, the global tensors and the tile's coordinates
+    (varlen: the sequence's first K row)."""
+    sdKs: Any
+    sdVs: Any
+    tma_dK: Any
+    tma_dV: Any
+    mdK: Any
+    mdV: Any
+    n_block: Any
+    head: Any
+    batch: Any
+    offset_k: Any = 0
 
 
 @dsl_user_op
@@ -139,7 +302,12 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 
 
 class FlashBwdSm90:
-    """Main backward kernel. Plain-Python knobs in, compile-time constants inside."""
+    """Main backward kernel. Plain-Python knobs in, compile-time constants inside.
+
+    kernel -> cta_work, shared_setup, smem_tensors -> roles: load (load_tiles, load_kv), dq_writer, and mma:
+    mma_fragments once, then per Q tile m_block_step = p_and_ds (S^T, dP^T -> P^T, dS^T), ds_exchange (dV, dS^T to
+    shared memory / the peer), dq_dk_one_cta or dq_dk_two_cta (dQ -> dq_to_writer, the dQ hand-off; dK), and at the
+    end dkdv_epilogue. Arguments travel grouped in the NamedTuples above (BwdGmem, BwdTma, BwdSmem, BwdWork, ...)."""
 
     dq_transposed = False  # dQ^T = K^T dS^T per warpgroup (80-row Q tiles); FlashBwdWideSm90 keeps dQ = dS K
     varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
@@ -452,9 +620,37 @@ class FlashBwdSm90:
                sdS_layout: cute.ComposedLayout, sdSp_layout: cute.ComposedLayout, sdKV_layout: cute.ComposedLayout,
                softmax_scale: Float32, scale_log2: Float32, mCuSeqlensQ: cute.Tensor = None,
                mCuSeqlensK: cute.Tensor = None):
+        """The launch (its parameters are the kernel's ABI): this CTA's work, shared memory and pipelines, then the
+        warp roles; a varlen CTA whose K/V tile starts past its sequence leaves at once."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
+        work = self.cta_work(mQ, mK, bidx, head, batch, mCuSeqlensQ, mCuSeqlensK)
+
+        if warp_idx == 0:
+            for atom in (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum):
+                cpasync.prefetch_descriptor(atom)
+
+        storage, pipes = self.shared_setup(tidx)
+        smem = self.smem_tensors(storage, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdSp_layout,
+                                 sdKV_layout)
+        gm = BwdGmem(mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
+        tma = BwdTma(tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dK, tma_dV)
+        mmas = BwdMmas(mma_S, mma_dKV, mma_dQ)
+        if const_expr(self.varlen):
+            if bidx * self.tile_n < work.seqlen_k:  # the whole CTA leaves when its K/V tile starts past its sequence
+                self.roles(gm, tma, mmas, smem, storage, pipes, work, warp_idx, tidx, softmax_scale, scale_log2)
+        else:
+            self.roles(gm, tma, mmas, smem, storage, pipes, work, warp_idx, tidx, softmax_scale, scale_log2)
+        if const_expr(self.two_cta):
+            # no CTA may leave while its peer can still multicast into it or arrive on its barriers
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    @cute.jit
+    def cta_work(self, mQ, mK, bidx, head, batch, mCuSeqlensQ, mCuSeqlensK) -> BwdWork:
+        """This CTA's BwdWork: sequence lengths (varlen: from the cumulative lengths, with the sequence's offsets and
+        first padded Q tile) and the tile schedule."""
         offset_q = 0  # varlen: the sequence's first row in the packed Q / dO and K / V / dK / dV, and its first
         offset_k = 0  # padded Q tile in LSE / dPsum / dQaccum / the semaphores
         pad_tile = 0
@@ -468,11 +664,13 @@ class FlashBwdSm90:
             seqlen_q = mQ.shape[0]
             seqlen_k = mK.shape[0]
         n_block, num_groups, rank, m_block_min, m_block_max = self.tile_schedule(bidx, seqlen_q, seqlen_k)
+        return BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q, seqlen_k,
+                       offset_q, offset_k, pad_tile)
 
-        if warp_idx == 0:
-            for atom in (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum):
-                cpasync.prefetch_descriptor(atom)
-
+    @cute.jit
+    def shared_setup(self, tidx):
+        """Allocate the shared storage and the pipelines, init two_cta's dS exchange mbarriers, then sync the CTA
+        (two_cta: the cluster) so that every barrier is initialised before use. Returns (storage, BwdPipes)."""
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         pipe_q, pipe_do, pipe_kv = self.make_pipelines(storage)
@@ -487,7 +685,12 @@ class FlashBwdSm90:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
+        return storage, BwdPipes(pipe_q, pipe_do, pipe_kv)
 
+    def smem_tensors(self, storage, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdSp_layout,
+                     sdKV_layout) -> BwdSmem:
+        """The shared-memory tensors of the storage struct (BwdSmem). Without two_cta sKp / sdSp are sK / sdS; the dK /
+        dV staging views alias sK / sV (read by no GEMM any more by the epilogue)."""
         sQ, sdO, sK, sV, sLSE, sdPsum = self.load_tensors(storage, sQ_layout, sdO_layout, sK_layout, sV_layout)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sKp = sK
@@ -495,54 +698,26 @@ class FlashBwdSm90:
         if const_expr(self.two_cta):
             sKp = storage.sKp.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sdSp = storage.sdSp.get_tensor(sdSp_layout.outer, swizzle=sdSp_layout.inner)
-        # dK / dV staging for the epilogue, aliasing sK / sV (read by no GEMM any more by then)
         sdKs = storage.sK.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
         sdVs = storage.sV.get_tensor(sdKV_layout.outer, swizzle=sdKV_layout.inner)
-
-        if const_expr(self.varlen):
-            if bidx * self.tile_n < seqlen_k:  # the whole CTA leaves when its K/V tile starts past its sequence
-                self.roles(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, mdQaccum,
-                           mdK, mdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sdO, sK, sV, sdS, sKp, sdSp,
-                           sdKs, sdVs, sLSE, sdPsum, storage, pipe_q, pipe_do, pipe_kv, warp_idx, tidx, n_block, head,
-                           batch, m_block_min, m_block_max, num_groups, seqlen_q, seqlen_k, softmax_scale,
-                           scale_log2, rank, offset_q, offset_k, pad_tile)
-        else:
-            self.roles(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, mdQaccum,
-                       mdK, mdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sdO, sK, sV, sdS, sKp, sdSp,
-                       sdKs, sdVs, sLSE, sdPsum, storage, pipe_q, pipe_do, pipe_kv, warp_idx, tidx, n_block, head,
-                       batch, m_block_min, m_block_max, num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2,
-                       rank)
-        if const_expr(self.two_cta):
-            # no CTA may leave while its peer can still multicast into it or arrive on its barriers
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
+        return BwdSmem(sQ, sdO, sK, sV, sLSE, sdPsum, sdS, sKp, sdSp, sdKs, sdVs)
 
     @cute.jit
-    def roles(self, mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, mdQaccum, mdK,
-              mdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ, sQ, sdO, sK, sV, sdS, sKp, sdSp, sdKs, sdVs, sLSE,
-              sdPsum, storage, pipe_q, pipe_do, pipe_kv, warp_idx, tidx, n_block, head, batch, m_block_min,
-              m_block_max, num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank, offset_q=0, offset_k=0,
-              pad_tile=0):
-        """Warp roles: warp 0 loads, warp 1 writes dQ, warpgroups 1.. compute (varlen: offsets given)."""
+    def roles(self, gm: BwdGmem, tma: BwdTma, mmas: BwdMmas, smem: BwdSmem, storage, pipes: BwdPipes, work: BwdWork,
+              warp_idx, tidx, softmax_scale, scale_log2):
+        """Warp roles: warp 0 loads, warp 1 writes dQ, warpgroups 1.. compute."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-                          sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-                          n_block, head, batch, m_block_min, m_block_max, rank, offset_q, offset_k, pad_tile)
+                self.load(gm, tma, smem, pipes, work)
             if const_expr(self.dq_smem):
                 if warp_idx == 1:
-                    self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), head, batch, m_block_min, m_block_max,
-                                   n_block, num_groups, seqlen_q, seqlen_k, pad_tile, rank)
+                    self.dq_writer(gm.mdQaccum, gm.mSem, storage.sdQ.data_ptr(), work)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.mma(mdQaccum, mdK, mdV, tma_dK, tma_dV, sdKs, sdVs, mSem, mma_S, mma_dKV, mma_dQ,
-                     sQ, sK, sV, sdO, sdS, sKp, sdSp,
-                     sLSE, sdPsum, storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
-                     storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr(),
-                     pipe_q, pipe_do, pipe_kv, tidx - 128, n_block, head, batch, m_block_min, m_block_max,
-                     num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank, offset_k)
-
+            ptrs = DsPtrs(storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
+                          storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr())
+            self.mma(gm, tma, mmas, smem, ptrs, pipes, work, tidx - 128, softmax_scale, scale_log2)
     @cute.jit
     def tile_schedule(self, bidx, seqlen_q, seqlen_k):
         """This CTA's K/V tile and Q-tile range: (n_block, num_groups, rank, m_block_min, m_block_max). A group is a
@@ -605,107 +780,157 @@ class FlashBwdSm90:
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
-    def load(self, mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-             sQ, sK, sV, sdO, sKp, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-             n_block, head, batch, m_block_min, m_block_max, rank, offset_q=0, offset_k=0, pad_tile=0):
-        """Producer warp: K / V once, then per Q tile Q + LSE and dO + dPsum. Varlen: Q / dO / K / V tiles start at the
-        sequence's first row (rows past its end are the next sequence's or TMA zero fill: masked by seqlen_k, or
-        LSE +inf / dPsum 0 for Q rows), LSE / dPsum tiles at the sequence's padded tile slot."""
-        tm, tn, d, dv, mc = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.cluster
-
-        def part(atom, s, g, crd=0, n=1):
-            return cpasync.tma_partition(atom, crd, cute.make_layout(n), cute.group_modes(s, 0, cute.rank(s) - 1),
-                                         cute.group_modes(g, 0, cute.rank(g) - 1))
-
-        head_kv = head
-        if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
-            head_kv = head // self.qhead_per_kvhead
-        if const_expr(self.varlen):
-            gK = cute.local_tile(cute.domain_offset((offset_k, 0), mK[None, None, head_kv]), (tn, d), (None, 0))
-            gV = cute.local_tile(cute.domain_offset((offset_k, 0), mV[None, None, head_kv]), (tn, dv), (None, 0))
-            gQ = cute.local_tile(cute.domain_offset((offset_q, 0), mQ[None, None, head]), (tm, d), (None, 0))
-            gdO = cute.local_tile(cute.domain_offset((offset_q, 0), mdO[None, None, head]), (tm, dv), (None, 0))
-            gLSE = cute.local_tile(mLSE[None, head], (tm,), (None,))  # padded: tile pad_tile + m_block
-            gdPsum = cute.local_tile(mdPsum[None, head], (tm,), (None,))
-        else:
-            gK = cute.local_tile(mK[None, None, head_kv, batch], (tn, d), (None, 0))
-            gV = cute.local_tile(mV[None, None, head_kv, batch], (tn, dv), (None, 0))
-            gQ = cute.local_tile(mQ[None, None, head, batch], (tm, d), (None, 0))
-            gdO = cute.local_tile(mdO[None, None, head, batch], (tm, dv), (None, 0))
-            gLSE = cute.local_tile(mLSE[None, head, batch], (tm,), (None,))
-            gdPsum = cute.local_tile(mdPsum[None, head, batch], (tm,), (None,))
-        tKsK, tKgK = part(tma_K, sK, gK)
-        tVsV, tVgV = part(tma_V, sV, gV)
-        tQsQ, tQgQ = part(tma_Q, sQ, gQ, rank, mc)
-        tdOsdO, tdOgdO = part(tma_dO, sdO, gdO, rank, mc)
-        tLsL, tLgL = part(tma_LSE, sLSE, gLSE, rank, mc)
-        tPsP, tPgP = part(tma_dPsum, sdPsum, gdPsum, rank, mc)
+    def load(self, gm: BwdGmem, tma: BwdTma, smem: BwdSmem, pipes: BwdPipes, work: BwdWork):
+        """Producer warp: K / V once (load_kv), then per Q tile Q + LSE and dO + dPsum. Varlen: Q / dO / K / V tiles
+        start at the sequence's first row (rows past its end are the next sequence's or TMA zero fill: masked by
+        seqlen_k, or LSE +inf / dPsum 0 for Q rows), LSE / dPsum tiles at the sequence's padded tile slot."""
+        mc = self.cluster
+        gK, gV, gQ, gdO, gLSE, gdPsum = self.load_tiles(gm, work)
+        rank = work.rank
+        tKsK, tKgK = self._tma_part(tma.tma_K, smem.sK, gK)
+        tVsV, tVgV = self._tma_part(tma.tma_V, smem.sV, gV)
+        tQsQ, tQgQ = self._tma_part(tma.tma_Q, smem.sQ, gQ, rank, mc)
+        tdOsdO, tdOgdO = self._tma_part(tma.tma_dO, smem.sdO, gdO, rank, mc)
+        tLsL, tLgL = self._tma_part(tma.tma_LSE, smem.sLSE, gLSE, rank, mc)
+        tPsP, tPgP = self._tma_part(tma.tma_dPsum, smem.sdPsum, gdPsum, rank, mc)
         mask = {}
         if const_expr(self.two_cta):
             mask = dict(mcast_mask=cutlass.Int16((1 << mc) - 1))
 
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        pipe_kv.producer_acquire(kv_state)
-        bar = pipe_kv.producer_get_barrier(kv_state)
-        cute.copy(tma_K, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
-        cute.copy(tma_V, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
-        if const_expr(self.two_cta):
-            tKpsKp, _ = part(tma_K, sKp, gK)
-            cute.copy(tma_K, tKgK[None, n_block ^ 1], tKpsKp[None, 0], tma_bar_ptr=bar)
+        self.load_kv(tma, pipes.pipe_kv, tKsK, tKgK, tVsV, tVgV, smem.sKp, gK, work.n_block)
 
+        pipe_q, pipe_do = pipes.pipe_q, pipes.pipe_do
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
-        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+        for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
             pipe_q.producer_acquire(q_state)
             bar = pipe_q.producer_get_barrier(q_state)
             lse_block = m_block
             if const_expr(self.varlen):
-                lse_block = m_block + pad_tile
-            cute.copy(tma_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar, **mask)
-            cute.copy(tma_LSE, tLgL[None, lse_block], tLsL[None, q_state.index], tma_bar_ptr=bar, **mask)
+                lse_block = m_block + work.pad_tile
+            cute.copy(tma.tma_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar, **mask)
+            cute.copy(tma.tma_LSE, tLgL[None, lse_block], tLsL[None, q_state.index], tma_bar_ptr=bar, **mask)
             q_state.advance()
             pipe_do.producer_acquire(do_state)
             bar = pipe_do.producer_get_barrier(do_state)
-            cute.copy(tma_dO, tdOgdO[None, m_block], tdOsdO[None, do_state.index], tma_bar_ptr=bar, **mask)
-            cute.copy(tma_dPsum, tPgP[None, lse_block], tPsP[None, do_state.index], tma_bar_ptr=bar, **mask)
+            cute.copy(tma.tma_dO, tdOgdO[None, m_block], tdOsdO[None, do_state.index], tma_bar_ptr=bar, **mask)
+            cute.copy(tma.tma_dPsum, tPgP[None, lse_block], tPsP[None, do_state.index], tma_bar_ptr=bar, **mask)
             do_state.advance()
+
+    @staticmethod
+    def _tma_part(atom, s, g, crd=0, n=1):
+        """TMA partition of a shared-memory tile s and its global tiles g (all modes but the last grouped)."""
+        return cpasync.tma_partition(atom, crd, cute.make_layout(n), cute.group_modes(s, 0, cute.rank(s) - 1),
+                                     cute.group_modes(g, 0, cute.rank(g) - 1))
+
+    @cute.jit
+    def load_tiles(self, gm: BwdGmem, work: BwdWork):
+        """The producer's global tiles (gK, gV, gQ, gdO, gLSE, gdPsum), indexed by tile in the last mode: K / V of the
+        head's K/V head (GQA), varlen ones from the sequence's first row (LSE / dPsum: padded, tile pad_tile + m)."""
+        tm, tn, d, dv = self.tile_m, self.tile_n, self.hdim, self.hdim_v
+        head, batch = work.head, work.batch
+        head_kv = head
+        if const_expr(self.qhead_per_kvhead > 1):  # GQA / MQA: the group's K/V head (compiles out at group 1)
+            head_kv = head // self.qhead_per_kvhead
+        if const_expr(self.varlen):
+            offset_q, offset_k = work.offset_q, work.offset_k
+            gK = cute.local_tile(cute.domain_offset((offset_k, 0), gm.mK[None, None, head_kv]), (tn, d), (None, 0))
+            gV = cute.local_tile(cute.domain_offset((offset_k, 0), gm.mV[None, None, head_kv]), (tn, dv), (None, 0))
+            gQ = cute.local_tile(cute.domain_offset((offset_q, 0), gm.mQ[None, None, head]), (tm, d), (None, 0))
+            gdO = cute.local_tile(cute.domain_offset((offset_q, 0), gm.mdO[None, None, head]), (tm, dv), (None, 0))
+            gLSE = cute.local_tile(gm.mLSE[None, head], (tm,), (None,))  # padded: tile pad_tile + m_block
+            gdPsum = cute.local_tile(gm.mdPsum[None, head], (tm,), (None,))
+        else:
+            gK = cute.local_tile(gm.mK[None, None, head_kv, batch], (tn, d), (None, 0))
+            gV = cute.local_tile(gm.mV[None, None, head_kv, batch], (tn, dv), (None, 0))
+            gQ = cute.local_tile(gm.mQ[None, None, head, batch], (tm, d), (None, 0))
+            gdO = cute.local_tile(gm.mdO[None, None, head, batch], (tm, dv), (None, 0))
+            gLSE = cute.local_tile(gm.mLSE[None, head, batch], (tm,), (None,))
+            gdPsum = cute.local_tile(gm.mdPsum[None, head, batch], (tm,), (None,))
+        return gK, gV, gQ, gdO, gLSE, gdPsum
+
+    @cute.jit
+    def load_kv(self, tma: BwdTma, pipe_kv, tKsK, tKgK, tVsV, tVgV, sKp, gK, n_block):
+        """K and V of this CTA's tile once, on one barrier (two_cta: and the peer's K tile into sKp)."""
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_kv.producer_acquire(kv_state)
+        bar = pipe_kv.producer_get_barrier(kv_state)
+        cute.copy(tma.tma_K, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
+        cute.copy(tma.tma_V, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
+        if const_expr(self.two_cta):
+            tKpsKp, _ = self._tma_part(tma.tma_K, sKp, gK)
+            cute.copy(tma.tma_K, tKgK[None, n_block ^ 1], tKpsKp[None, 0], tma_bar_ptr=bar)
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
-    def mma(self, mdQaccum, mdK, mdV, tma_dK, tma_dV, sdKs, sdVs, mSem, mma_S, mma_dKV, mma_dQ,
-            sQ, sK, sV, sdO, sdS, sKp, sdSp,
-            sLSE, sdPsum, sdS_raw, sdSp_raw, sdQ_raw, mbar_dsfull, mbar_dsempty,
-            pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min, m_block_max,
-            num_groups, seqlen_q, seqlen_k, softmax_scale, scale_log2, rank, offset_k=0):
-        tm, tn, d, mc = self.tile_m, self.tile_n, self.hdim, self.cluster
+    def mma(self, gm: BwdGmem, tma: BwdTma, mmas: BwdMmas, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes,
+            work: BwdWork, tidx, softmax_scale, scale_log2):
+        """MMA warpgroups: the operand fragments once (mma_fragments), wait for K / V, then one m_block_step per Q tile,
+        then the dK / dV epilogue. ``tidx``: the thread among the MMA threads."""
+        f = self.mma_fragments(mmas, smem, work, tidx)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipes.pipe_kv.consumer_wait(kv_state)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
+            self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2)
+            q_state.advance()
+            do_state.advance()
+        dest = DkdvDest(smem.sdKs, smem.sdVs, tma.tma_dK, tma.tma_dV, gm.mdK, gm.mdV, work.n_block, work.head,
+                        work.batch, work.offset_k)
+        self.dkdv_epilogue(f.acc_dK, f.acc_dV, mmas.mma_dKV, mmas.mma_dKV, dest, f.pds_bar, f.wg, f.tid, f.tidx,
+                           softmax_scale, work.seqlen_k)
+
+    # ---- operand fragments of an MMA warpgroup (built once per CTA) -----------------------------------
+    @cute.jit
+    def mma_fragments(self, mmas: BwdMmas, smem: BwdSmem, work: BwdWork, tidx) -> MmaFrags:
+        """This warpgroup's MmaFrags: S^T / dP^T, dK / dV and dQ operands and accumulators (dK / dV zeroed), the named
+        barrier of the MMA warpgroups, its first K/V row and seqlen_k - seqlen_q."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tid = tidx % 128
+        s_frags = self.s_fragments(mmas.mma_S, smem, wg, tid)
+        kv_frags = self.dkv_fragments(mmas.mma_dKV, smem, s_frags["acc_S"], tid)
+        dq_frags = self.dq_fragments(mmas.mma_dQ, smem, wg, tid, work.rank)
+        pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
+        n_row0 = work.n_block * self.tile_n + wg * 64
+        causal_off = work.seqlen_k - work.seqlen_q
+        return MmaFrags(wg=wg, tid=tid, tidx=tidx, pds_bar=pds_bar, n_row0=n_row0, causal_off=causal_off, **s_frags,
+                        **kv_frags, **dq_frags)
 
-        # ---- S^T / dP^T = K_w Q^T / V_w dO^T ------------------------------------------------------
+    def s_fragments(self, mma_S, smem: BwdSmem, wg, tid) -> dict:
+        """S^T / dP^T = K_w Q^T / V_w dO^T: A fragments of this warpgroup's K / V rows, B fragments of every Q / dO
+        stage, the accumulators, their (K/V row, Q row) coordinates, the LSE / dPsum stages broadcast to them, and the
+        stmatrix partition of the dS^T stages."""
+        tm, d = self.tile_m, self.hdim
         thr_S = mma_S.get_slice(tid)
-        sK_w = cute.local_tile(sK[None, None, 0], (64, d), (wg, 0))
-        sV_w = cute.local_tile(sV[None, None, 0], (64, d), (wg, 0))
+        sK_w = cute.local_tile(smem.sK[None, None, 0], (64, d), (wg, 0))
+        sV_w = cute.local_tile(smem.sV[None, None, 0], (64, d), (wg, 0))
         tSrK = thr_S.make_fragment_A(thr_S.partition_A(sK_w))
         tSrV = thr_S.make_fragment_A(thr_S.partition_A(sV_w))
-        tSrQ = thr_S.make_fragment_B(thr_S.partition_B(sQ))
-        tSrdO = thr_S.make_fragment_B(thr_S.partition_B(sdO))
+        tSrQ = thr_S.make_fragment_B(thr_S.partition_B(smem.sQ))
+        tSrdO = thr_S.make_fragment_B(thr_S.partition_B(smem.sdO))
         acc_S = cute.make_rmem_tensor(thr_S.partition_shape_C((64, tm)), Float32)
         acc_dP = cute.make_rmem_tensor(thr_S.partition_shape_C((64, tm)), Float32)
         # coordinates (local K/V row, local Q row) of each accumulator element, LSE / dPsum broadcast
         tScS = thr_S.partition_C(cute.make_identity_tensor((64, tm)))
         bcast = cute.make_layout((64, tm, self.stages), stride=(0, 1, self.lse_stride))
-        tSsLSE = thr_S.partition_C(cute.make_tensor(sLSE.iterator, bcast))
-        tSsdPsum = thr_S.partition_C(cute.make_tensor(sdPsum.iterator, bcast))
-        sdSt = transpose_view(sdS)  # (tn, tm, stages): Q rows contiguous, as the accumulator's columns
+        tSsLSE = thr_S.partition_C(cute.make_tensor(smem.sLSE.iterator, bcast))
+        tSsdPsum = thr_S.partition_C(cute.make_tensor(smem.sdPsum.iterator, bcast))
+        sdSt = transpose_view(smem.sdS)  # (tn, tm, stages): Q rows contiguous, as the accumulator's columns
         # dS^T fragment -> shared memory with stmatrix (8x8 bf16 matrices, 4 per instruction)
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_st = cute.make_tiled_copy_C(st_atom, mma_S).get_slice(tid)
         tSsdS_all = thr_st.partition_D(cute.local_tile(sdSt, (64, tm, self.stages), (wg, 0, 0)))
+        return dict(tSrK=tSrK, tSrV=tSrV, tSrQ=tSrQ, tSrdO=tSrdO, acc_S=acc_S, acc_dP=acc_dP, tScS=tScS,
+                    tSsLSE=tSsLSE, tSsdPsum=tSsdPsum, st_atom=st_atom, thr_st=thr_st, tSsdS_all=tSsdS_all)
 
-        # ---- dV += P^T dO, dK += dS^T Q (A from registers) ----------------------------------------
+    def dkv_fragments(self, mma_dKV, smem: BwdSmem, acc_S, tid) -> dict:
+        """dV += P^T dO, dK += dS^T Q (RS): B fragments of every dO / Q stage, the P^T / dS^T A fragments (and their
+        views in the S^T accumulator's layout), and the dV / dK accumulators, zeroed."""
+        tm, d = self.tile_m, self.hdim
         thr_KV = mma_dKV.get_slice(tid)
-        tdVrdO = thr_KV.make_fragment_B(thr_KV.partition_B(transpose_view(sdO)))
-        tdKrQ = thr_KV.make_fragment_B(thr_KV.partition_B(transpose_view(sQ)))
+        tdVrdO = thr_KV.make_fragment_B(thr_KV.partition_B(transpose_view(smem.sdO)))
+        tdKrQ = thr_KV.make_fragment_B(thr_KV.partition_B(transpose_view(smem.sQ)))
         rP = thr_KV.make_fragment_A(thr_KV.partition_shape_A((64, tm)))
         rdS = thr_KV.make_fragment_A(thr_KV.partition_shape_A((64, tm)))
         rP_acc = cute.make_tensor(rP.iterator, acc_S.layout)
@@ -714,8 +939,16 @@ class FlashBwdSm90:
         acc_dK = cute.make_rmem_tensor(thr_KV.partition_shape_C((64, d)), Float32)
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
+        return dict(tdVrdO=tdVrdO, tdKrQ=tdKrQ, rP=rP, rdS=rdS, rP_acc=rP_acc, rdS_acc=rdS_acc, acc_dV=acc_dV,
+                    acc_dK=acc_dK)
 
-        # ---- dQ -----------------------------------------------------------------------------------------
+    def dq_fragments(self, mma_dQ, smem: BwdSmem, wg, tid, rank) -> dict:
+        """dQ operands and accumulator: dQ[:, half w] = dS K[:, half w] (64-row tiles) or dQ[rows w] = dS[rows w] K
+        (128-row tiles); dQ^T[d-half w] = K^T[d-half w] dS^T (80-row tiles); two_cta: dQ^T[d-slice, own Q rows] =
+        K^T dS^T (own tile) + Kp^T dSp^T (peer tile), q0 the warpgroup's first Q row (dS B fragments: per tile)."""
+        tm, tn, d = self.tile_m, self.tile_n, self.hdim
+        sK, sdS = smem.sK, smem.sdS
+        tdQrdS = tdQrKp = q0 = None
         thr_dQ = mma_dQ.get_slice(tid)
         if const_expr(self.dq_transposed):
             # dQ^T[d-half w] = K^T[d-half w] dS^T (80-row tiles): A = K^T (head dim contiguous), B = dS^T as the
@@ -737,55 +970,51 @@ class FlashBwdSm90:
             d0 = wg * 64 if const_expr(d == 128) else 0
             q0 = rank * (tm // 2) + (0 if const_expr(d == 128) else wg * self.dq_n)
             sKt = cute.local_tile(transpose_view(sK)[None, None, 0], (64, tn), (d0 // 64, 0))
-            sKpt = cute.local_tile(transpose_view(sKp)[None, None, 0], (64, tn), (d0 // 64, 0))
+            sKpt = cute.local_tile(transpose_view(smem.sKp)[None, None, 0], (64, tn), (d0 // 64, 0))
             tdQrK = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKt))
             tdQrKp = thr_dQ.make_fragment_A(thr_dQ.partition_A(sKpt))
             acc_dQ = cute.make_rmem_tensor(thr_dQ.partition_shape_C((64, self.dq_n)), Float32)
-
-        pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
-        n_row0 = n_block * tn + wg * 64
-        causal_off = seqlen_k - seqlen_q
-
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        pipe_kv.consumer_wait(kv_state)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-
-        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-            sidx = q_state.index
-            it = m_block - m_block_min
-            m_row0 = m_block * tm
-            self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, sidx], tSrdO[None, None, None, sidx],
-                          tScS, tSsLSE[None, None, None, sidx], tSsdPsum[None, None, None, sidx], rP_acc, rdS_acc,
-                          pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2)
-            if const_expr(not self.two_cta):
-                wgmma(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
-            self.ds_to_smem(st_atom, thr_st, rdS_acc, tSsdS_all[None, None, None, sidx], pds_bar,
-                            mbar_dsempty + sidx, it)
-            if const_expr(self.two_cta):
-                self.ds_send(sdS_raw, sdSp_raw, mbar_dsfull, sidx, tidx, rank)
-                wgmma(mma_dKV, acc_dV, rP, tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
-            if const_expr(not self.two_cta):
-                self.dq_dk_one_cta(mma_dQ, mma_dKV, acc_dQ, acc_dK, tdQrdS[None, None, None, sidx], tdQrK, rdS,
-                                   tdKrQ[None, None, None, sidx], sdQ_raw, pipe_q, q_state, pipe_do, do_state, wg, tid, it)
-            else:
-                self.dq_dk_two_cta(mma_dQ, mma_dKV, thr_dQ, acc_dQ, acc_dK, tdQrK, tdQrKp, rdS,
-                                   tdKrQ[None, None, None, sidx], sdS, sdSp, sdQ_raw, mbar_dsfull, mbar_dsempty,
-                                   pipe_q, q_state, pipe_do, do_state, sidx, it, wg, tid, q0, rank)
-            q_state.advance()
-            do_state.advance()
-
-        self.dkdv_epilogue(acc_dK, acc_dV, mma_dKV, mma_dKV, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid,
-                           tidx, n_block, head, batch, softmax_scale, seqlen_k, offset_k)
+        return dict(thr_dQ=thr_dQ, tdQrK=tdQrK, tdQrdS=tdQrdS, tdQrKp=tdQrKp, acc_dQ=acc_dQ, q0=q0)
 
     # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
     @cute.jit
-    def p_and_ds(self, mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, tScS, tLSE, tdPsum, rP_acc, rdS_acc,
-                 pipe_q, q_state, pipe_do, do_state, n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2):
+    def m_block_step(self, mmas: BwdMmas, f: MmaFrags, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes, q_state,
+                     do_state, m_block, work: BwdWork, scale_log2):
+        """One Q tile: P^T and dS^T (p_and_ds), dV and the dS^T exchange (ds_exchange), then dQ (handed to the writer
+        warp) and dK (dq_dk_one_cta / dq_dk_two_cta), which release the Q and dO stages."""
+        sidx = q_state.index
+        it = m_block - work.m_block_min
+        m_row0 = m_block * self.tile_m
+        s_ops = SOperands(mmas.mma_S, f.acc_S, f.acc_dP, f.tSrK, f.tSrV, f.tSrQ[None, None, None, sidx],
+                          f.tSrdO[None, None, None, sidx], f.tScS, f.tSsLSE[None, None, None, sidx],
+                          f.tSsdPsum[None, None, None, sidx], f.rP_acc, f.rdS_acc)
+        rows = TileRows(work.n_block, f.n_row0, m_row0, work.seqlen_k, f.causal_off, scale_log2)
+        self.p_and_ds(s_ops, pipes, q_state, do_state, rows)
+        self.ds_exchange(mmas.mma_dKV, f, ptrs, sidx, it, work.rank)
+        if const_expr(not self.two_cta):
+            self.dq_dk_one_cta(mmas, f, ptrs.sdQ, pipes, q_state, do_state, sidx, it)
+        else:
+            self.dq_dk_two_cta(mmas, f, smem, ptrs, pipes, q_state, do_state, sidx, it, work.rank)
+
+    @cute.jit
+    def ds_exchange(self, mma_dKV, f: MmaFrags, ptrs: DsPtrs, sidx, it, rank):
+        """dS exchange: dV += P^T dO and dS^T into shared memory stage sidx, where both warpgroups (two_cta: and the
+        peer CTA, which is sent its Q-row half) read it. One CTA issues dV first, two_cta after the send (ds_send)."""
+        if const_expr(not self.two_cta):
+            wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
+        self.ds_to_smem(f.st_atom, f.thr_st, f.rdS_acc, f.tSsdS_all[None, None, None, sidx], f.pds_bar,
+                        ptrs.mbar_dsempty + sidx, it)
+        if const_expr(self.two_cta):
+            self.ds_send(ptrs.sdS, ptrs.sdSp, ptrs.mbar_dsfull, sidx, f.tidx, rank)
+            wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
+
+    @cute.jit
+    def p_and_ds(self, s: SOperands, pipes: BwdPipes, q_state, do_state, rows: TileRows):
         """S^T = K_w Q^T and dP^T = V_w dO^T; P^T = exp2(S^T * scale_log2 - LSE_log2) (masked only on tiles that
         cross seqlen_k or the diagonal) and dS^T = P^T (dP^T - dPsum), both converted into their A fragments."""
-        pipe_q.consumer_wait(q_state)
-        wgmma(mma_S, acc_S, tSrK, tSrQ, zero_init=True)
+        mma_S, acc_S, acc_dP, tLSE, tdPsum = s.mma_S, s.acc_S, s.acc_dP, s.tLSE, s.tdPsum
+        pipes.pipe_q.consumer_wait(q_state)
+        wgmma(mma_S, acc_S, s.tSrK, s.tSrQ, zero_init=True)
         # LSE / dPsum into registers while the GEMMs run (loaded after a wait_group they sat on the S -> P -> dS
         # path); only where the registers allow (64-row Q tiles without window / softcap: 16 + 16 values; hd64's
         # 128-row tiles and hd128 causal + window + softcap spill) and where it was run on the GPU (hd128 one-CTA:
@@ -798,19 +1027,19 @@ class FlashBwdSm90:
             rLSE = cute.make_rmem_tensor(acc_S.layout, Float32)
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 rLSE[i] = tLSE[i]
-        pipe_do.consumer_wait(do_state)
-        wgmma(mma_S, acc_dP, tSrV, tSrdO, zero_init=True, fence=False)
+        pipes.pipe_do.consumer_wait(do_state)
+        wgmma(mma_S, acc_dP, s.tSrV, s.tSrdO, zero_init=True, fence=False)
         if const_expr(preload):
             rdPsum = cute.make_rmem_tensor(acc_dP.layout, Float32)
             for i in cutlass.range_constexpr(cute.size(acc_dP)):
                 rdPsum[i] = tdPsum[i]
         warpgroup.wait_group(1)
         if const_expr(self.has_window or self.softcap > 0.0):
-            self.p_ds_features(acc_S, acc_dP, tScS, rLSE, rdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
-                               causal_off, scale_log2)
+            self.p_ds_features(acc_S, acc_dP, s.tScS, rLSE, rdPsum, s.rP_acc, s.rdS_acc, rows.n_row0, rows.m_row0,
+                               rows.seqlen_k, rows.causal_off, rows.scale_log2)
         else:
-            self.p_ds_plain(acc_S, acc_dP, tScS, rLSE, rdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
-                            causal_off, scale_log2)
+            self.p_ds_plain(acc_S, acc_dP, s.tScS, rLSE, rdPsum, s.rP_acc, s.rdS_acc, rows.n_block, rows.n_row0,
+                            rows.m_row0, rows.seqlen_k, rows.causal_off, rows.scale_log2)
 
     @cute.jit
     def p_ds_plain(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_block, n_row0, m_row0, seqlen_k,
@@ -924,51 +1153,56 @@ class FlashBwdSm90:
                 dst, src, cute.arch.map_dsmem_ptr(mbar_dsfull + sidx, peer), self.bytes_ds_half)
 
     @cute.jit
-    def dq_dk_one_cta(self, mma_dQ, mma_dKV, acc_dQ, acc_dK, tdQrdS, tdQrK, rdS, tdKrQ, sdQ_raw,
-                      pipe_q, q_state, pipe_do, do_state, wg, tid, it):
+    def dq_dk_one_cta(self, mmas: BwdMmas, f: MmaFrags, sdQ_raw, pipes: BwdPipes, q_state, do_state, sidx, it):
         """dQ_w = dS K (this warpgroup's half) first, then dK += dS^T Q: dQ goes to the writer warp while dK runs.
         (Releasing dO between the two, after a wait for dV, made ptxas serialise every wgmma of the kernel: 32
         WARPGROUP.DEPBAR instead of 4, hd64 s1k 0.83 -> 0.99 ms on the H200.)"""
+        tdQrdS = f.tdQrdS[None, None, None, sidx]
+        tdKrQ = f.tdKrQ[None, None, None, sidx]
         if const_expr(self.dq_transposed):
-            wgmma(mma_dQ, acc_dQ, tdQrK, tdQrdS, zero_init=True, fence=False)  # dQ^T = K^T dS^T
+            wgmma(mmas.mma_dQ, f.acc_dQ, f.tdQrK, tdQrdS, zero_init=True, fence=False)  # dQ^T = K^T dS^T
         else:
-            wgmma(mma_dQ, acc_dQ, tdQrdS, tdQrK, zero_init=True, fence=False)
-        wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
+            wgmma(mmas.mma_dQ, f.acc_dQ, tdQrdS, f.tdQrK, zero_init=True, fence=False)
+        wgmma(mmas.mma_dKV, f.acc_dK, f.rdS, tdKrQ, zero_init=False, fence=False)
         warpgroup.wait_group(1)
-        pipe_do.consumer_release(do_state)
-        self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
+        pipes.pipe_do.consumer_release(do_state)
+        self.dq_to_writer(f.acc_dQ, sdQ_raw, f.wg, f.tid, it)
         warpgroup.wait_group(0)
-        pipe_q.consumer_release(q_state)
+        pipes.pipe_q.consumer_release(q_state)
 
     @cute.jit
-    def dq_dk_two_cta(self, mma_dQ, mma_dKV, thr_dQ, acc_dQ, acc_dK, tdQrK, tdQrKp, rdS, tdKrQ, sdS, sdSp, sdQ_raw,
-                      mbar_dsfull, mbar_dsempty, pipe_q, q_state, pipe_do, do_state, sidx, it, wg, tid, q0, rank):
+    def dq_dk_two_cta(self, mmas: BwdMmas, f: MmaFrags, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes, q_state,
+                      do_state, sidx, it, rank):
         """dQ^T for this CTA's Q rows = K^T dS^T (own tile) + Kp^T dSp^T (the peer's tile, once its half has arrived),
         then dK += dS^T Q; dQ goes to the writer warp (chunk 2 * rank + wg of the Q tile in dQaccum) while dK runs, as
         in the one-CTA kernel."""
         tm, tn = self.tile_m, self.tile_n
-        sdS_own = cute.local_tile(sdS[None, None, sidx], (self.dq_n, tn), (q0 // self.dq_n, 0))
+        mma_dQ, thr_dQ, acc_dQ, q0 = mmas.mma_dQ, f.thr_dQ, f.acc_dQ, f.q0
+        tdKrQ = f.tdKrQ[None, None, None, sidx]
+        sdS_own = cute.local_tile(smem.sdS[None, None, sidx], (self.dq_n, tn), (q0 // self.dq_n, 0))
         tdQrdSo = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_own))
-        wgmma(mma_dQ, acc_dQ, tdQrK, tdQrdSo, zero_init=True, fence=False, commit=False)
-        cute.arch.mbarrier_wait(mbar_dsfull + sidx, (it // 2) % 2)
-        sdS_peer = cute.local_tile(sdSp[None, None, sidx], (self.dq_n, tn), ((q0 - rank * (tm // 2)) // self.dq_n, 0))
+        wgmma(mma_dQ, acc_dQ, f.tdQrK, tdQrdSo, zero_init=True, fence=False, commit=False)
+        cute.arch.mbarrier_wait(ptrs.mbar_dsfull + sidx, (it // 2) % 2)
+        sdS_peer = cute.local_tile(smem.sdSp[None, None, sidx], (self.dq_n, tn),
+                                   ((q0 - rank * (tm // 2)) // self.dq_n, 0))
         tdQrdSp = thr_dQ.make_fragment_B(thr_dQ.partition_B(sdS_peer))
-        wgmma(mma_dQ, acc_dQ, tdQrKp, tdQrdSp, zero_init=False, fence=False)
-        wgmma(mma_dKV, acc_dK, rdS, tdKrQ, zero_init=False, fence=False)
+        wgmma(mma_dQ, acc_dQ, f.tdQrKp, tdQrdSp, zero_init=False, fence=False)
+        wgmma(mmas.mma_dKV, f.acc_dK, f.rdS, tdKrQ, zero_init=False, fence=False)
         warpgroup.wait_group(1)  # dV and dQ done
-        pipe_do.consumer_release(do_state)
-        cute.arch.mbarrier_arrive(mbar_dsempty + sidx, rank ^ 1, scope=_CLUSTER)  # hand sdSp[sidx] back to the peer
-        self.dq_to_writer(acc_dQ, sdQ_raw, wg, tid, it)
+        pipes.pipe_do.consumer_release(do_state)
+        # hand sdSp[sidx] back to the peer
+        cute.arch.mbarrier_arrive(ptrs.mbar_dsempty + sidx, rank ^ 1, scope=_CLUSTER)
+        self.dq_to_writer(acc_dQ, ptrs.sdQ, f.wg, f.tid, it)
         warpgroup.wait_group(0)
-        pipe_q.consumer_release(q_state)
+        pipes.pipe_q.consumer_release(q_state)
 
     def dkdv_slice(self, s, cols, wg):
         """Warpgroup wg's part of a dK / dV staging tile: its 64 K/V rows (FlashBwdWideSm90: its head-dim half)."""
         return cute.local_tile(s[None, None, 0], (64, cols), (wg, 0))
 
     @cute.jit
-    def dkdv_epilogue(self, acc_dK, acc_dV, mma_dK, mma_dV, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid,
-                      tidx, n_block, head, batch, softmax_scale, seqlen_k, offset_k=0):
+    def dkdv_epilogue(self, acc_dK, acc_dV, mma_dK, mma_dV, dest: DkdvDest, pds_bar, wg, tid, tidx, softmax_scale,
+                      seqlen_k):
         """dK * softmax_scale and dV in the input dtype: stmatrix into the K / V tiles' shared memory once both
         warpgroups are past their last GEMM, then one TMA store each (rows past seqlen_k are clipped). With
         seqlen_k given, the store is skipped for a tile wholly past it (a two_cta pair's second tile may be)."""
@@ -982,29 +1216,30 @@ class FlashBwdSm90:
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         thr_stK = cute.make_tiled_copy_C(st_atom, mma_dK).get_slice(tid)
         thr_stV = cute.make_tiled_copy_C(st_atom, mma_dV).get_slice(tid)
-        cute.copy(st_atom, thr_stK.retile(rdK), thr_stK.partition_D(self.dkdv_slice(sdKs, self.hdim, wg)))
-        cute.copy(st_atom, thr_stV.retile(rdV), thr_stV.partition_D(self.dkdv_slice(sdVs, self.hdim_v, wg)))
+        cute.copy(st_atom, thr_stK.retile(rdK), thr_stK.partition_D(self.dkdv_slice(dest.sdKs, self.hdim, wg)))
+        cute.copy(st_atom, thr_stV.retile(rdV), thr_stV.partition_D(self.dkdv_slice(dest.sdVs, self.hdim_v, wg)))
         cute.arch.fence_view_async_shared()
         pds_bar.arrive_and_wait()
         if const_expr(self.varlen):
-            self.dkdv_store_varlen(sdKs, sdVs, mdK, mdV, n_block, head, offset_k, seqlen_k, tidx)
+            self.dkdv_store_varlen(dest, seqlen_k, tidx)
         elif tidx == 0:
             if const_expr(seqlen_k is None):
-                self.dkdv_store(sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
+                self.dkdv_store(dest)
             else:
-                if n_block * tn < seqlen_k:
-                    self.dkdv_store(sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
+                if dest.n_block * tn < seqlen_k:
+                    self.dkdv_store(dest)
 
     @cute.jit
-    def dkdv_store_varlen(self, sdKs, sdVs, mdK, mdV, n_block, head, offset_k, seqlen_k, tidx):
+    def dkdv_store_varlen(self, dest: DkdvDest, seqlen_k, tidx):
         """Varlen: every MMA thread copies 16-byte row pieces of the staged dK / dV tiles to the packed dK / dV, only
         rows inside the sequence (a TMA store clips at the packed tensor's end only: it would overwrite the next
         sequence's rows)."""
         tn = self.tile_n
+        n_block, head, offset_k = dest.n_block, dest.head, dest.offset_k
         vec = 128 // self.dtype.width
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         row_limit = seqlen_k - n_block * tn
-        for s_t, m_t, cols in ((sdKs, mdK, self.hdim), (sdVs, mdV, self.hdim_v)):
+        for s_t, m_t, cols in ((dest.sdKs, dest.mdK, self.hdim), (dest.sdVs, dest.mdV, self.hdim_v)):
             per_row = cols // vec
             tiled = cute.make_tiled_copy_tv(
                 atom, cute.make_ordered_layout((self.num_mma_threads // per_row, per_row), order=(1, 0)),
@@ -1020,18 +1255,18 @@ class FlashBwdSm90:
                 if tcS[0, m, 0][0] < row_limit:
                     cute.copy(tiled, trS[None, m, None], tgD[None, m, None])
 
-    def dkdv_store(self, sdKs, sdVs, tma_dK, tma_dV, mdK, mdV, n_block, head, batch):
-        """One thread: TMA-store the staged dK / dV tiles of K/V tile n_block and wait until they are read."""
+    def dkdv_store(self, dest: DkdvDest):
+        """One thread: TMA-store the staged dK / dV tiles of K/V tile dest.n_block and wait until they are read."""
         tn = self.tile_n
-        gdK = cute.local_tile(mdK[None, None, head, batch], (tn, self.hdim), (n_block, 0))
-        gdV = cute.local_tile(mdV[None, None, head, batch], (tn, self.hdim_v), (n_block, 0))
-        for atom, s_t, g_t in ((tma_dK, sdKs, gdK), (tma_dV, sdVs, gdV)):
+        n_block, head, batch = dest.n_block, dest.head, dest.batch
+        gdK = cute.local_tile(dest.mdK[None, None, head, batch], (tn, self.hdim), (n_block, 0))
+        gdV = cute.local_tile(dest.mdV[None, None, head, batch], (tn, self.hdim_v), (n_block, 0))
+        for atom, s_t, g_t in ((dest.tma_dK, dest.sdKs, gdK), (dest.tma_dV, dest.sdVs, gdV)):
             ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_t[None, None, 0], 0, 2),
                                            cute.group_modes(g_t, 0, 2))
             cute.copy(atom, ts, tg)
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
-
     @cute.jit
     def dq_to_writer(self, acc_dQ, sdQ_raw, wg, tid, it):
         """Hand warpgroup wg's fp32 dQ fragment to the writer warp through its staging buffer (fragment order).
@@ -1047,12 +1282,14 @@ class FlashBwdSm90:
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
-    def dq_writer(self, mdQaccum, mSem, sdQ_raw, head, batch, m_block_min, m_block_max, n_block, num_groups,
-                  seqlen_q, seqlen_k, pad_tile=0, rank=0):
+    def dq_writer(self, mdQaccum, mSem, sdQ_raw, work: BwdWork):
         """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic).
         Varlen: dQaccum (h, total_q_pad, d) and the semaphores (h, total_q_pad / tile_m) at the sequence's padded Q
         tiles (pad_tile + m_block). two_cta: CTA ``rank`` of the pair owns half of each Q tile's rows, its own slot
         (m_block * 2 + rank: chunks 2 * rank + w of the tile) and semaphore; its turns are counted over the pairs."""
+        head, batch, n_block, num_groups, pad_tile, rank = work.head, work.batch, work.n_block, work.num_groups, \
+            work.pad_tile, work.rank
+        m_block_min, m_block_max, seqlen_q, seqlen_k = work.m_block_min, work.m_block_max, work.seqlen_q, work.seqlen_k
         tn = self.tile_n
         mc = self.cluster
         lane = cute.arch.lane_idx()

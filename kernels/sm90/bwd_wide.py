@@ -45,7 +45,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..config import DEFAULTS
 from .barriers import Bar
-from .bwd import SMEM_BYTES, FlashBwdSm90, transpose_view
+from .bwd import (SMEM_BYTES, BwdGmem, BwdPipes, BwdSmem, BwdTma, BwdWork, DkdvDest, FlashBwdSm90, SOperands, TileRows,
+                  transpose_view)
 from .gemm import wgmma
 
 # (hdim, hdim_v) -> (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m; tile_n = K/V rows per CTA)
@@ -187,15 +188,15 @@ class FlashBwdWideSm90(FlashBwdSm90):
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
 
+        work = BwdWork(n_block, head, batch, m_block_min, m_block_max, num_n_blocks, rank, seqlen_q, seqlen_k)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(mQ, mK, mV, mdO, mLSE, mdPsum, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum,
-                          sQ, sK, sV, sdO, sK, sLSE, sdPsum, pipe_q, pipe_do, pipe_kv,
-                          n_block, head, batch, m_block_min, m_block_max, rank)
+                self.load(BwdGmem(mQ, mK, mV, mdO, mLSE, mdPsum),
+                          BwdTma(tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum),
+                          BwdSmem(sQ, sdO, sK, sV, sLSE, sdPsum, sKp=sK), BwdPipes(pipe_q, pipe_do, pipe_kv), work)
             if warp_idx == 1:
-                self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), head, batch, m_block_min, m_block_max,
-                               n_block, num_n_blocks, seqlen_q, seqlen_k)
+                self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), work)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma_wide(mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, sQ, sK, sV, sdO, sP, sdS,
@@ -269,10 +270,11 @@ class FlashBwdWideSm90(FlashBwdSm90):
             di = do_state.index
             it = m_block - m_block_min
             m_row0 = m_block * tm + wg * hm  # this warpgroup's first Q row
-            self.p_and_ds(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, qi],
-                          tSrdO[None, None, None, di], tScS, tSsLSE[None, None, None, qi],
-                          tSsdPsum[None, None, None, di], rP, rdS, pipe_q, q_state, pipe_do, do_state, n_block,
-                          n_row0, m_row0, seqlen_k, causal_off, scale_log2)
+            s_ops = SOperands(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, qi],
+                              tSrdO[None, None, None, di], tScS, tSsLSE[None, None, None, qi],
+                              tSsdPsum[None, None, None, di], rP, rdS)
+            self.p_and_ds(s_ops, BwdPipes(pipe_q, pipe_do, pipe_kv), q_state, do_state,
+                          TileRows(n_block, n_row0, m_row0, seqlen_k, causal_off, scale_log2))
             # one P^T / dS^T buffer: both warpgroups' GEMMs of the previous Q tile have finished reading it
             pds_bar.arrive_and_wait()
             cute.copy(st_atom, thr_st.retile(rP), tSsP)
@@ -295,8 +297,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
             q_state.advance()
             do_state.advance()
 
-        self.dkdv_epilogue(acc_dK, acc_dV, mma_dK, mma_dV, sK, sV, tma_dK, tma_dV, mdK, mdV, pds_bar, wg, tid, tidx,
-                           n_block, head, batch, softmax_scale, None)
+        dest = DkdvDest(sK, sV, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
+        self.dkdv_epilogue(acc_dK, acc_dV, mma_dK, mma_dV, dest, pds_bar, wg, tid, tidx, softmax_scale, None)
 
     def dkdv_slice(self, s, cols, wg):
         """Warpgroup wg's part of a dK / dV staging tile (dkdv_epilogue in bwd.py): all K/V rows, its head-dim half."""
