@@ -6,7 +6,6 @@ tests/test_fwd_cluster_gpu.py.
 """
 from __future__ import annotations
 
-import glob
 import os
 
 import pytest
@@ -128,15 +127,10 @@ def test_pairwise_cover_is_complete():
 
 
 def _sass(cfg, hdim, hdim_v, group, workdir):
-    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
-    from kernels.sm90.sass import disassemble, find_nvdisasm
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import kernel_sass
 
-    kern = make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, False, qhead_per_kvhead=group)
-    assert compile_fwd(kern, tvm_ffi=False, dump_dir=workdir) is not None
-    if find_nvdisasm() is None:
-        return None
-    (cubin,) = glob.glob(os.path.join(workdir, "*.cubin"))
-    return disassemble(cubin)
+    return kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, False, qhead_per_kvhead=group), workdir)
 
 
 @pytest.mark.compile

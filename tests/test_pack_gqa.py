@@ -8,7 +8,6 @@ K/V head, batch). GPU numerics: tests/test_pack_gqa_gpu.py.
 """
 from __future__ import annotations
 
-import glob
 import os
 
 import pytest
@@ -150,18 +149,14 @@ def test_packed_tile_visits_every_visible_block(causal, left, right):
 
 # ---- compiles and SASS ----------------------------------------------------------------------------------------------
 def _sass(hd, causal, group, pack, workdir, window=(-1, -1), **switches):
-    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
-    from kernels.sm90.sass import disassemble
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import kernel_sass
 
     cfg = AttnConfig(pack_gqa=pack, **switches).resolve("sm90", hd, causal)
     kern = make_fwd_kernel(cfg, "bfloat16", hd, hd, causal, qhead_per_kvhead=group, window_left=window[0],
                            window_right=window[1])
     assert kern.pack_gqa is pack
-    os.makedirs(workdir, exist_ok=True)
-    compile_fwd(kern, tvm_ffi=False, dump_dir=workdir)
-    cubins = sorted(glob.glob(os.path.join(workdir, "*.cubin")))
-    assert len(cubins) == 1, cubins
-    return disassemble(cubins[0])
+    return kernel_sass(kern, workdir)
 
 
 def _need_nvdisasm():

@@ -110,16 +110,9 @@ def test_pairwise_cover_is_complete():
 
 
 def _sass_or_none(kern, workdir):
-    from kernels.sm90.compile import compile_fwd
-    from kernels.sm90.sass import disassemble, find_nvdisasm
+    from kernels.sm90.sass import kernel_sass
 
-    assert compile_fwd(kern, tvm_ffi=False, dump_dir=workdir) is not None
-    if find_nvdisasm() is None:
-        return None
-    import glob
-
-    (cubin,) = glob.glob(os.path.join(workdir, "*.cubin"))
-    return disassemble(cubin)
+    return kernel_sass(kern, workdir)
 
 
 @pytest.mark.compile

@@ -49,12 +49,27 @@ def count(counts: Counter, prefix: str) -> int:
     return sum(n for op, n in counts.items() if op == prefix or op.startswith(prefix + "."))
 
 
-def fwd_sass(cfg, dtype: str, hdim: int, hdim_v: int, causal: bool, workdir: str) -> str:
-    """Compile the forward kernel for a resolved config into ``workdir`` and return its SASS text."""
-    from .compile import compile_fwd, make_fwd_kernel
+def kernel_sass(kern, workdir: str) -> str | None:
+    """Compile a forward kernel object (kernels.sm90.compile.make_fwd_kernel) into ``workdir`` and return the SASS
+    of its one cubin; None when nvdisasm is missing (the compile still ran, so compile-only checks hold)."""
+    from .compile import compile_fwd
 
-    compile_fwd(make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal), tvm_ffi=False, dump_dir=workdir)
+    os.makedirs(workdir, exist_ok=True)
+    if compile_fwd(kern, tvm_ffi=False, dump_dir=workdir) is None:
+        raise RuntimeError("compile_fwd returned nothing")
+    if find_nvdisasm() is None:
+        return None
     cubins = sorted(glob.glob(os.path.join(workdir, "*.cubin")))
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin in {workdir}, found {len(cubins)}")
     return disassemble(cubins[0])
+
+
+def fwd_sass(cfg, dtype: str, hdim: int, hdim_v: int, causal: bool, workdir: str) -> str:
+    """Compile the forward kernel for a resolved config into ``workdir`` and return its SASS text."""
+    from .compile import make_fwd_kernel
+
+    sass = kernel_sass(make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal), workdir)
+    if sass is None:
+        raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    return sass
