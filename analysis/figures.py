@@ -42,11 +42,12 @@ def main(args=None) -> int:
         os.environ["FA4LAB_FIGURES"] = str(Path(ns.out).resolve())
     run_notebooks()
     if not (ns.results or ns.out or ns.scratch):  # the committed sets into the committed README
-        from analysis.readme import results_block, update_readme
-        from analysis.select import ATTN_EXPERIMENTS, load_experiments
+        from analysis.readme import current_block, update_readme
 
-        if update_readme(results_block(load_experiments(*ATTN_EXPERIMENTS))):
+        if update_readme(current_block()):
             print("figures: README results block regenerated from the committed rows")
+        else:
+            print("figures: README has no results markers; block not written")
     return 0
 
 

@@ -1,6 +1,11 @@
-"""The README's generated results block: which cells have rows (coverage) and ours / official FA4 per cell, made
-from the committed rows by ``python run.py figures`` and written between the README's markers, so no number in it
-is typed by hand (tests/test_readme_results.py checks that the README matches the rows)."""
+"""The README's generated results block: ours against the official FA4 and the other peers per cell, our backward
+variants, compile time (paper Table 4), and which cells of the paper grid have rows (coverage), made from the committed
+rows by ``python run.py figures`` and written between the README's markers, so no number in it is typed by hand
+(tests/test_readme_results.py checks that the README matches the rows).
+
+Each cell's number comes from the best rows it has: the round-robin ratio rows of its latest compare job (median over
+rounds of the per-round ratio), else the ratio of separately timed medians, marked '†'; '°' marks fewer than 10 rounds,
+'‡' a row without its throttled share or git SHA (analysis/select.py ``cell_flags``)."""
 from __future__ import annotations
 
 import re
@@ -8,34 +13,26 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.select import REPO, attn_times
-from analysis.tables import coverage, markdown_table
+from analysis.select import (ATTN_EXPERIMENTS, REPO, attn_times, cell_flags, flag_legend, load_experiments,
+                             ratio_rows, round_robin_rows)
+from analysis.tables import coverage, coverage_summary, markdown_table, table4
 
 BEGIN, END = "<!-- results:begin (python run.py figures writes this block) -->", "<!-- results:end -->"
+README_EXPERIMENTS = (*ATTN_EXPERIMENTS, "compile_time")
 
 
 def _seq(s) -> str:
     return f"{int(s) // 1024}k" if s >= 1024 else str(int(s))
 
 
-def ours_vs_official(df: pd.DataFrame, mode: str) -> pd.DataFrame:
-    """Per (head dim, causal) x seqlen: speed of ours / speed of the official FA4. Round-robin cells: the median over
-    rounds of t_official / t_ours (time_ratio rows, baseline fa4); other cells: the ratio of separately timed medians,
-    marked '†'."""
-    out: dict[tuple, dict] = {}
-    if df is not None and not df.empty and {"metric", "baseline"} <= set(df.columns):
-        rr = df[(df["metric"] == "time_ratio") & (df["status"] == "ok") & (df["backend"] == "fa4_official")
-                & (df["baseline"] == "fa4") & (df["mode"] == mode)]
-        for (hd, c, s), g in rr.groupby(["hdim", "causal", "seqlen_q"]):
-            out.setdefault((int(hd), bool(c)), {})[_seq(s)] = f"{g['value'].median():.2f} (n={int(g['n'].min())})"
-    t = attn_times(df)
-    if not t.empty:
-        t = t[(t["mode"] == mode) & (t["kind"] != "compare") & t["variant"].isin(["default", "peer"])]
-        med = t.groupby(["hdim", "causal", "seqlen_q", "backend"])["value"].median().unstack("backend")
-        if {"fa4", "fa4_official"} <= set(med.columns):
-            for (hd, c, s), r in med.dropna(subset=["fa4", "fa4_official"]).iterrows():
-                out.setdefault((int(hd), bool(c)), {}).setdefault(_seq(s), f"{r['fa4_official'] / r['fa4']:.2f}†")
-    rows = [{"hdim": hd, "causal": "yes" if c else "no", **cells} for (hd, c), cells in sorted(out.items())]
+def _hd(h, hv) -> str:
+    return f"{int(h)}" if int(h) == int(hv) else f"{int(h)}/{int(hv)}"
+
+
+def _pivot(cells: dict) -> pd.DataFrame:
+    """{(hdim, hdim_v, causal): {seqlen: text}} -> one row per (head dim, causal), one column per seqlen."""
+    rows = [{"hdim": _hd(h, hv), "causal": "yes" if c else "no", **{_seq(s): v for s, v in sorted(got.items())}}
+            for (h, hv, c), got in sorted(cells.items())]
     tab = pd.DataFrame(rows)
     if tab.empty:
         return tab
@@ -43,51 +40,138 @@ def ours_vs_official(df: pd.DataFrame, mode: str) -> pd.DataFrame:
     return tab[["hdim", "causal", *seqs]].fillna("")
 
 
+def _key(h, hv, c):
+    return int(h), int(hv), bool(c)
+
+
+def ours_vs_official(df: pd.DataFrame, mode: str, peer: str = "fa4_official") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per (head dim, causal) x seqlen: speed of ours / speed of ``peer``, and the rows behind the numbers.
+    Round-robin cells: the median over rounds of t_peer / t_ours (time_ratio rows against our default, latest job);
+    other cells: the ratio of separately timed medians, marked '†'; marks of ``cell_flags``."""
+    cells: dict[tuple, dict] = {}
+    used = []
+    rr = ratio_rows(df)
+    if not rr.empty:
+        rr = rr[(rr["backend"] == peer) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)]
+        for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
+            cells.setdefault(_key(h, hv, c), {})[int(s)] = f"{g['value'].median():.2f}{cell_flags(g)}"
+            used.append(g)
+    t = attn_times(df)
+    if not t.empty:
+        t = t[(t["mode"] == mode) & ~round_robin_rows(t) & t["variant"].isin(["default", "peer"])
+              & t["backend"].isin(["fa4", peer])]
+        for (h, hv, c, s), g in t.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
+            med = g.groupby("backend")["value"].median()
+            if {"fa4", peer} <= set(med.index) and int(s) not in cells.get(_key(h, hv, c), {}):
+                cells.setdefault(_key(h, hv, c), {})[int(s)] = f"{med[peer] / med['fa4']:.2f}{cell_flags(g)}"
+                used.append(g)
+    return _pivot(cells), (pd.concat(used) if used else pd.DataFrame())
+
+
 def round_robin_table(df: pd.DataFrame, mode: str, backend: str, variant: str | None = None,
                       invert: bool = False) -> pd.DataFrame:
-    """Per (head dim, causal) x seqlen, from round-robin time_ratio rows (baseline: our default): the median over
-    rounds of t_entry / t_ours (a peer: speed of ours / speed of the peer), or its inverse (``invert``: speed of one of
-    our variants / speed of our default)."""
-    if df is None or df.empty or not {"metric", "baseline"} <= set(df.columns):
-        return pd.DataFrame()
-    rr = df[(df["metric"] == "time_ratio") & (df["status"] == "ok") & (df["backend"] == backend)
-            & (df["baseline"] == "fa4") & (df["mode"] == mode)]
+    """Per (head dim, causal) x seqlen, from round-robin time_ratio rows (baseline: our default; latest job): the
+    median over rounds of t_entry / t_ours (a peer: speed of ours / speed of the peer), or its inverse (``invert``:
+    speed of one of our variants / speed of our default); marks of ``cell_flags``."""
+    return _round_robin(df, mode, backend, variant, invert)[0]
+
+
+def _round_robin(df, mode, backend, variant=None, invert=False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rr = ratio_rows(df)
+    if rr.empty:
+        return pd.DataFrame(), rr
+    rr = rr[(rr["backend"] == backend) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)]
     if variant is not None:
         rr = rr[rr["variant"] == variant]
-    out: dict[tuple, dict] = {}
-    for (hd, c, s), g in rr.groupby(["hdim", "causal", "seqlen_q"]):
+    cells: dict[tuple, dict] = {}
+    for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
         v = g["value"].median()
-        out.setdefault((int(hd), bool(c)), {})[_seq(s)] = f"{(1 / v if invert else v):.2f}"
-    tab = pd.DataFrame([{"hdim": hd, "causal": "yes" if c else "no", **cells} for (hd, c), cells in sorted(out.items())])
+        cells.setdefault(_key(h, hv, c), {})[int(s)] = f"{(1 / v if invert else v):.2f}{cell_flags(g)}"
+    return _pivot(cells), rr
+
+
+def provenance_line(rows: pd.DataFrame) -> str:
+    """'rounds per cell 10; throttled: median 28% of GPU samples (0-100%); git 1a2b3c4 (2026-11-30)' for the rows
+    behind a table; what is missing is said so."""
+    if rows is None or rows.empty:
+        return ""
+    parts = []
+    n = pd.to_numeric(rows["n"], errors="coerce").dropna() if "n" in rows else pd.Series(dtype=float)
+    if len(n):
+        parts.append(f"rounds per cell {int(n.min())}" + (f"-{int(n.max())}" if n.max() != n.min() else ""))
+    sh = pd.to_numeric(rows["throttled_share"], errors="coerce") if "throttled_share" in rows else None
+    if sh is not None and sh.notna().any():
+        parts.append(f"throttled: median {sh.median():.0%} of GPU samples ({sh.min():.0%}-{sh.max():.0%})"
+                     + (f", {int(sh.isna().sum())} rows without it" if sh.isna().any() else ""))
+    else:
+        parts.append("throttling not recorded")
+    sha = rows["git_sha"].dropna().astype(str) if "git_sha" in rows else pd.Series(dtype=str)
+    shas = sorted({x[:7] for x in sha})
+    if shas:
+        parts.append("git " + ", ".join(shas[:3]) + (f" (+{len(shas) - 3})" if len(shas) > 3 else "")
+                     + (f", {len(rows) - len(sha)} rows without one" if len(sha) < len(rows) else ""))
+    else:
+        parts.append("no git SHA")
+    if "time" in rows and rows["time"].notna().any():
+        days = sorted({str(t)[:10] for t in rows["time"].dropna()})
+        parts.append(days[0] if len(days) == 1 else f"{days[0]}..{days[-1]}")
+    return "; ".join(parts)
+
+
+PEERS = (("fa4_official", "official FA4"), ("sdpa_cudnn", "cuDNN"), ("flex", "FlexAttention"))
+BWD_VARIANTS = (("deterministic", "Backward, our deterministic / our default (round-robin, speed ratio):"),
+                ("two_cta", "Backward, our two_cta / our default (round-robin, speed ratio):"))
+
+
+def _section(parts: list, caption: str, tab: pd.DataFrame, rows: pd.DataFrame, marks: list) -> None:
     if tab.empty:
-        return tab
-    seqs = sorted([c for c in tab.columns if c not in ("hdim", "causal")], key=lambda x: int(x.rstrip("k")))
-    return tab[["hdim", "causal", *seqs]].fillna("")
-
-
-BWD_EXTRA = (("sdpa_cudnn", None, False, "Backward, ours / cuDNN (round-robin, speed ratio; > 1: ours faster):"),
-             ("fa4", "deterministic", True, "Backward, our deterministic / our default (round-robin, speed ratio):"),
-             ("fa4", "two_cta", True, "Backward, our two_cta / our default (round-robin, speed ratio):"))
+        return
+    text = markdown_table(tab)
+    marks.append(text)
+    parts += [caption, "", text, ""]
+    line = provenance_line(rows)
+    if line:
+        parts += [f"({line})", ""]
 
 
 def results_block(df: pd.DataFrame) -> str:
-    """The Markdown between the README's markers, from the rows of the peer experiments (committed sets)."""
-    parts = [BEGIN, ""]
+    """The Markdown between the README's markers, from the rows of the peer experiments and compile_time."""
+    parts, marks = [BEGIN, ""], []
     for mode, name in (("fwd", "Forward"), ("bwd", "Backward")):
-        t = ours_vs_official(df, mode)
-        parts += [f"{name}, ours / official FA4 (speed ratio; > 1: ours faster):", "",
-                  markdown_table(t) if not t.empty else "(no rows yet)", ""]
-    for backend, variant, invert, caption in BWD_EXTRA:
-        t = round_robin_table(df, "bwd", backend, variant, invert)
-        if not t.empty:
-            parts += [caption, "", markdown_table(t), ""]
-    parts += ["† separately timed jobs (before round-robin timing): read within ±6% as parity. "
-              "(n=...) = rounds of a round-robin job.", "",
-              "Coverage (timed cells; 'fa4 +k rr' = ours and k peers timed round-robin in one job, 'sep' = separate "
-              "jobs):", ""]
+        t, rows = ours_vs_official(df, mode)
+        if t.empty:
+            parts += [f"{name}, ours / official FA4: (no rows yet)", ""]
+        _section(parts, f"{name}, ours / official FA4 (speed ratio; > 1: ours faster):", t, rows, marks)
+        for peer, pname in PEERS[1:]:
+            t, rows = _round_robin(df, mode, peer)
+            _section(parts, f"{name}, ours / {pname} (round-robin, speed ratio; > 1: ours faster):", t, rows, marks)
+    for variant, caption in BWD_VARIANTS:
+        t, rows = _round_robin(df, "bwd", "fa4", variant, invert=True)
+        _section(parts, caption, t, rows, marks)
+    t4, _ = table4(df, None) if df is not None and not df.empty else (None, "")
+    if t4 is not None and not t4.empty:
+        text = markdown_table(t4, floatfmt="{:.3g}")
+        parts += ["Compile time (paper Table 4; median over fresh processes, caches off; experiment compile_time):",
+                  "", text, ""]
+        c = df[df["kind"] == "compile_time"]
+        gpu = ", ".join(sorted(set(map(str, c["gpu_name"].dropna())))) if "gpu_name" in c else ""
+        line = provenance_line(c.drop(columns=["n", "throttled_share"], errors="ignore"))
+        parts += [f"({gpu}; {line.replace('throttling not recorded; ', '')})" if gpu else f"({line})", ""]
+    else:
+        parts += ["Compile time (paper Table 4): no rows yet (experiment compile_time).", ""]
+    legend = flag_legend("\n".join(marks))
+    if legend:
+        parts += [f"Marks: {legend}.", ""]
     cov = coverage(df)
-    parts += [markdown_table(cov) if not cov.empty else "(no timed rows yet)", "", END]
+    parts += ["Coverage of the paper grid (timed cells; 'fa4 +k rr' = ours and k peers timed round-robin in one job, "
+              "'sep' = separate jobs, '-' = no rows; marks as above): " + coverage_summary(cov) + ".", "",
+              markdown_table(cov), "", END]
     return "\n".join(parts)
+
+
+def current_block(root: Path | None = None) -> str:
+    """The block for the committed sets under ``root`` (default: $FA4LAB_RESULTS or results/), committed sets only."""
+    return results_block(load_experiments(*README_EXPERIMENTS, root=root, scratch=False))
 
 
 def update_readme(block: str, path: Path | None = None) -> bool:

@@ -84,19 +84,62 @@ def attn_times(df: pd.DataFrame) -> pd.DataFrame:
     d["hdim_v"] = d["hdim_v"].fillna(d["hdim"]) if "hdim_v" in d else d["hdim"]
     if "variant" not in d:
         d["variant"] = None
-    d = prefer_round_robin(d)
+    d = prefer_round_robin(latest_round_robin_job(d))
     if "series" not in d:  # rows already labelled (e.g. deterministic_series) keep their labels
         d["series"] = [series_label(b, v) for b, v in zip(d["backend"], d["variant"])]
     return d
 
 
 CELL = ["mode", "hdim", "hdim_v", "causal", "seqlen_q", "seqlen_k", "batch", "heads", "backend", "variant"]
+SHAPE = ["mode", "hdim", "hdim_v", "causal", "seqlen_q", "seqlen_k", "batch", "heads"]
+
+
+def ratio_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The per-round ratio rows of round-robin jobs measured on a GPU (metric time_ratio, status ok), ``hdim_v``
+    filled, each (experiment, shape) from its latest compare job only (``latest_round_robin_job``)."""
+    need = {"metric", "status", "backend", "baseline", "value"}
+    if df is None or df.empty or not need <= set(df.columns):
+        return pd.DataFrame()
+    d = df[(df["metric"] == "time_ratio") & (df["status"] == "ok")
+           & pd.to_numeric(df["value"], errors="coerce").notna()].copy()
+    if "gpu_name" in d:
+        d = d[d["gpu_name"].notna()]
+    if d.empty:
+        return d
+    d["hdim_v"] = d["hdim_v"].fillna(d["hdim"]) if "hdim_v" in d else d["hdim"]
+    if "variant" not in d:
+        d["variant"] = None
+    return latest_round_robin_job(d)
+
+
+def latest_round_robin_job(d: pd.DataFrame) -> pd.DataFrame:
+    """Per (experiment, shape), keep the round-robin rows of its latest compare job only (a job: one ``job_key`` and
+    ``run_id``; latest: the newest row ``time``), so a re-run replaces an older round-robin run of the same cells
+    instead of being pooled with it (the kernel may have changed in between). Other rows are kept as they are."""
+    if d is None or d.empty or "time" not in d:
+        return d
+    is_rr = round_robin_rows(d).to_numpy()
+    if not is_rr.any():
+        return d
+    none = pd.Series([""] * len(d), index=d.index)
+    job = d.get("job_key", none).astype(str) + "/" + d.get("run_id", none).astype(str)
+    shape = d.get("experiment", none).astype(str)
+    for c in SHAPE:
+        shape = shape + "|" + (d[c].astype(str) if c in d else none)
+    t = pd.to_datetime(d["time"], errors="coerce", utc=True)
+    rr = pd.DataFrame({"shape": shape, "job": job, "t": t})[is_rr]
+    newest = rr.groupby(["shape", "job"])["t"].max().reset_index().sort_values("t", na_position="first")
+    keep_job = newest.groupby("shape")["job"].last()  # the shape's latest job
+    keep = ~is_rr | (job.to_numpy() == shape.map(keep_job).to_numpy())
+    return d[keep]
 
 
 def round_robin_rows(d: pd.DataFrame) -> pd.Series:
     """Rows timed round-robin in one job: a compare job's rows name who was timed with them (``rr_entries``;
-    their kind is the attention job's, 'attn'); 'compare' as the kind is accepted too."""
+    their kind is the attention job's, 'attn'); 'compare' as the kind and any time_ratio row count too."""
     mask = d["kind"] == "compare" if "kind" in d else pd.Series(False, index=d.index)
+    if "metric" in d:  # a per-round ratio exists only for entries timed in the same rounds
+        mask = mask | (d["metric"] == "time_ratio")
     if "rr_entries" in d:
         mask = mask | d["rr_entries"].notna()
     return mask
@@ -112,6 +155,33 @@ def prefer_round_robin(d: pd.DataFrame) -> pd.DataFrame:
     key = pd.MultiIndex.from_frame(d[CELL].astype(str))
     rr = set(key[is_rr.to_numpy()])
     return d[[(k not in rr) or r for k, r in zip(key, is_rr.to_numpy())]]
+
+
+MIN_ROUNDS = 10  # issue 10: a committed ratio is a within-job round-robin ratio over at least this many rounds
+FLAG_NOTES = {"†": "separately timed jobs, no per-round ratio (read within ±6% as parity)",
+              "°": f"fewer than {MIN_ROUNDS} rounds",
+              "‡": "a row without its throttled share or git SHA"}
+
+
+def cell_flags(rows: pd.DataFrame) -> str:
+    """The marks a table cell made from ``rows`` carries (FLAG_NOTES): '†' not timed round-robin, '°' fewer than
+    MIN_ROUNDS rounds, '‡' some row lacks ``throttled_share`` or ``git_sha``; '' for a cell a reviewer can take as is."""
+    if rows is None or rows.empty:
+        return ""
+    out = ""
+    if not round_robin_rows(rows).all():
+        out += "†"
+    elif "n" not in rows or pd.to_numeric(rows["n"], errors="coerce").fillna(0).min() < MIN_ROUNDS:
+        out += "°"
+    for c in ("throttled_share", "git_sha"):
+        if c not in rows or rows[c].isna().any():
+            return out + "‡"
+    return out
+
+
+def flag_legend(text: str) -> str:
+    """'† ...; ‡ ...': the notes of the marks that occur in ``text`` (empty when none does)."""
+    return "; ".join(f"{m} {n}" for m, n in FLAG_NOTES.items() if m in text)
 
 
 def series_label(backend: str, variant) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.select import attn_times, round_robin_rows
+from analysis.select import attn_times, cell_flags, round_robin_rows
 
 
 def markdown_table(t: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
@@ -51,7 +51,7 @@ TABLE4_NAMES = {"fa4": "ours", "fa4_official": "FA4 official"}
 def table4(df: pd.DataFrame, outdir) -> tuple[pd.DataFrame | None, str]:
     """Compile time (FA4 paper Table 4) per mode / head dim / causal, ours vs the official FA4, from the
     ``compile_time`` experiment (each sample a fresh process, caches off): the median over samples of the first
-    call (compile + run) and of the cached second call, and the number of samples."""
+    call (compile + run) and of the cached second call, and the number of samples. ``outdir`` None: no files."""
     need = {"kind", "metric", "backend", "value"}
     if df is None or df.empty or not need <= set(df.columns):
         return None, "no rows for Table 4 yet (run experiment=compile_time)"
@@ -71,30 +71,86 @@ def table4(df: pd.DataFrame, outdir) -> tuple[pd.DataFrame | None, str]:
     t = t.join(n.rename(columns={b: f"{TABLE4_NAMES[b]} samples" for b in n.columns})).reset_index()
     if {"ours first call (s)", "FA4 official first call (s)"} <= set(t.columns):
         t["ratio (official / ours)"] = t["FA4 official first call (s)"] / t["ours first call (s)"]
+    first = [f"{n} {c}" for c in ("first call (s)",) for n in TABLE4_NAMES.values()] + ["ratio (official / ours)"]
+    first += [f"{n} {c}" for c in ("cached call (s)", "samples") for n in TABLE4_NAMES.values()]
+    t = t[index + [c for c in first if c in t.columns] + [c for c in t.columns if c not in first + index]]
+    t["causal"] = t["causal"].map(lambda c: "yes" if bool(c) else "no")
+    if outdir is None:  # the table only (the README block)
+        return t, "Table 4 (not written)"
     path = write_table(t, Path(outdir) / "table4_compile_time", "Table 4: compile time (median over fresh processes)",
                        "Each sample: a fresh process, CuTe DSL / flash_attn.cute / Triton caches off; first call = "
                        "compile + run, cached call = the second call (experiments/compile_time.py).")
     return t, f"wrote {path}"
 
 
-def coverage(df: pd.DataFrame) -> pd.DataFrame:
-    """Which cells of the grid have timed GPU rows: per (mode, head dim, causal) x sequence length, the backends
-    timed there ('fa4 +3' = ours and three peers; '-' = none) and how ('rr': round-robin in one job; 'sep': separate)."""
+PAPER_GRID = dict(hdims=[64, 128, 256, [192, 128]], seqlens=[1024, 2048, 4096, 8192, 16384, 32768],
+                  causal=[False, True])  # conf/shape/paper.yaml's grid when that file cannot be read
+
+
+def paper_grid(path: Path | None = None) -> dict:
+    """The paper grid (head dims, sequence lengths, causal) of conf/shape/paper.yaml, the cells every mode should
+    have; the built-in PAPER_GRID when the file or PyYAML is missing."""
+    path = Path(path) if path else Path(__file__).resolve().parents[1] / "conf" / "shape" / "paper.yaml"
+    try:
+        import yaml
+
+        g = (yaml.safe_load(path.read_text()) or {}).get("grid") or {}
+    except (OSError, ImportError, AttributeError):
+        g = {}
+    return {k: g.get(k, v) for k, v in PAPER_GRID.items()}
+
+
+def _seq(s) -> str:
+    return f"{int(s) // 1024}k" if s >= 1024 else str(int(s))
+
+
+def _hd(h, hv) -> str:
+    return f"{int(h)}" if int(h) == int(hv) else f"{int(h)}/{int(hv)}"
+
+
+def coverage(df: pd.DataFrame, modes=("fwd", "bwd"), grid: dict | None = None) -> pd.DataFrame:
+    """Which cells of the paper grid (``paper_grid()``, for each of ``modes``) have timed GPU rows: per (mode, head
+    dim, causal) x sequence length, the backends timed there ('fa4 +3' = ours and three peers, '-' = no rows) and
+    how ('rr': round-robin in one job, whose rows replace separately timed ones; 'sep': separate jobs), with the
+    marks of ``select.cell_flags`` ('°' fewer than 10 rounds, '‡' a row without throttled share or git SHA). Cells
+    outside the grid that have rows are added."""
+    grid = grid or paper_grid()
+    pairs = [(h, h) if isinstance(h, int) else tuple(h) for h in grid["hdims"]]
+    seqs = sorted(int(s) for s in grid["seqlens"])
     d = attn_times(df)
-    if d.empty:
-        return pd.DataFrame()
-    d = d[d["variant"].isin(["default", "peer"]) | d["variant"].isna()]
-    out = []
-    for (mode, h, hv, c), g in d.groupby(["mode", "hdim", "hdim_v", "causal"], sort=True):
-        row = {"mode": mode, "head dim": f"{int(h)}" if h == hv else f"{int(h)}/{int(hv)}", "causal": "yes" if c else "no"}
-        for s, cell in g.groupby("seqlen_q"):
-            # round-robin rows (a compare job's, which list who was timed with them) win over separate jobs' rows
-            rr = cell[round_robin_rows(cell)]
-            how = "rr" if len(rr) else "sep"
-            backs = set((rr if len(rr) else cell)["backend"])
-            ours = "fa4" if "fa4" in backs else "-"
-            row[f"{int(s) // 1024}k" if s >= 1024 else str(int(s))] = f"{ours} +{len(backs - {'fa4'})} {how}"
-        out.append(row)
-    t = pd.DataFrame(out)
-    seqs = sorted([c for c in t.columns if c not in ("mode", "head dim", "causal")], key=lambda x: int(x.rstrip("k")))
-    return t[["mode", "head dim", "causal", *seqs]].fillna("-")
+    if not d.empty:
+        d = d[d["variant"].isin(["default", "peer"]) | d["variant"].isna()]
+    cells: dict[tuple, dict] = {(m, int(h), int(hv), bool(c)): {} for m in modes for h, hv in pairs
+                                for c in grid["causal"]}
+    for (mode, h, hv, c, s), cell in (d.groupby(["mode", "hdim", "hdim_v", "causal", "seqlen_q"]) if not d.empty
+                                      else []):
+        # round-robin rows (a compare job's, which list who was timed with them) win over separate jobs' rows
+        rr = cell[round_robin_rows(cell)]
+        used = rr if len(rr) else cell
+        backs = set(used["backend"])
+        ours = "fa4" if "fa4" in backs else "-"
+        flags = cell_flags(used).replace("†", "")  # 'sep' says it already
+        cells.setdefault((mode, int(h), int(hv), bool(c)), {})[int(s)] = \
+            f"{ours} +{len(backs - {'fa4'})} {'rr' if len(rr) else 'sep'}{flags}"
+        if int(s) not in seqs:
+            seqs.append(int(s))
+    order = {m: i for i, m in enumerate(modes)}
+    rows = []
+    for (mode, h, hv, c), got in sorted(cells.items(), key=lambda kv: (order.get(kv[0][0], 99), *kv[0][1:])):
+        rows.append({"mode": mode, "head dim": _hd(h, hv), "causal": "yes" if c else "no",
+                     **{_seq(s): got.get(s, "-") for s in sorted(seqs)}})
+    return pd.DataFrame(rows)
+
+
+def coverage_summary(cov: pd.DataFrame) -> str:
+    """'fwd: 24 of 48 cells timed (0 round-robin); bwd: ...' for a ``coverage`` table."""
+    if cov is None or cov.empty:
+        return ""
+    seqs = [c for c in cov.columns if c not in ("mode", "head dim", "causal")]
+    parts = []
+    for mode, g in cov.groupby("mode", sort=False):
+        vals = [v for c in seqs for v in g[c]]
+        timed = [v for v in vals if v != "-"]
+        parts.append(f"{mode}: {len(timed)} of {len(vals)} cells timed "
+                     f"({sum(' rr' in v for v in timed)} round-robin)")
+    return "; ".join(parts)

@@ -266,5 +266,10 @@ def test_round_robin_rows_win_and_coverage_says_so():
     cell = d[d["seqlen_q"] == 8192]
     # per backend: ours and official FA4 keep only their round-robin rows; cuDNN, timed only separately, stays
     assert sorted(cell["tflops"]) == [550.0, 590.0, 680.0]
-    cov = T.coverage(df).set_index("causal")
-    assert cov.loc["no", "8k"] == "fa4 +1 rr" and cov.loc["no", "4k"] == "fa4 +0 sep"
+    cov = T.coverage(df).set_index(["mode", "head dim", "causal"])
+    # '‡': these rows carry no throttled share / git SHA; '°': no round count
+    assert cov.loc[("bwd", "128", "no"), "8k"] == "fa4 +1 rr°‡" and cov.loc[("bwd", "128", "no"), "4k"] == "fa4 +0 sep‡"
+    # every cell of the paper grid is listed, '-' where there are no rows
+    assert len(cov) == 16 and cov.loc[("fwd", "192/128", "yes"), "32k"] == "-"
+    assert T.coverage_summary(T.coverage(df)) == ("fwd: 0 of 48 cells timed (0 round-robin); "
+                                                  "bwd: 2 of 48 cells timed (1 round-robin)")

@@ -1,8 +1,7 @@
 """The README's results block is what `python run.py figures` makes from the committed rows (no hand-typed numbers)."""
 from pathlib import Path
 
-from analysis.readme import BEGIN, END, results_block
-from analysis.select import ATTN_EXPERIMENTS, load_experiments
+from analysis.readme import BEGIN, END, current_block
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -12,7 +11,7 @@ def test_readme_results_block_matches_the_committed_rows(monkeypatch):
     monkeypatch.setenv("FA4LAB_RESULTS", str(ROOT / "results"))
     text = (ROOT / "README.md").read_text()
     block = text[text.index(BEGIN):text.index(END) + len(END)]
-    assert block == results_block(load_experiments(*ATTN_EXPERIMENTS)), "rerun: python run.py figures"
+    assert block == current_block(ROOT / "results"), "rerun: python run.py figures"
 
 
 def test_round_robin_table_inverts_for_our_variants():
@@ -21,8 +20,39 @@ def test_round_robin_table_inverts_for_our_variants():
     from analysis.readme import round_robin_table
 
     rows = pd.DataFrame([dict(metric="time_ratio", status="ok", backend=b, variant=v, baseline="fa4", mode="bwd",
-                              hdim=128, causal=False, seqlen_q=8192, value=x, n=10)
+                              hdim=128, causal=False, seqlen_q=8192, value=x, n=10,
+                              throttled_share=0.1, git_sha="abc")
                          for b, v, x in (("sdpa_cudnn", "peer", 1.25), ("fa4", "deterministic", 1.25))])
     assert round_robin_table(rows, "bwd", "sdpa_cudnn").loc[0, "8k"] == "1.25"  # ours 1.25x faster than cuDNN
     assert round_robin_table(rows, "bwd", "fa4", "deterministic", invert=True).loc[0, "8k"] == "0.80"
     assert round_robin_table(rows, "fwd", "sdpa_cudnn").empty
+
+
+def test_the_block_has_table4_when_compile_time_rows_exist():
+    import pandas as pd
+
+    from analysis.readme import results_block
+
+    rows = [dict(kind="compile_time", experiment="compile_time", status="ok", backend=b, metric=m, value=v, mode="fwd",
+                 hdim=128, hdim_v=128, causal=False, gpu_name="NVIDIA H200", sample=i)
+            for i in range(3) for b, m, v in (("fa4", "first_call_s", 2.0), ("fa4_official", "first_call_s", 5.0),
+                                              ("fa4", "second_call_s", 0.001), ("fa4_official", "second_call_s", 0.002))]
+    block = results_block(pd.DataFrame(rows))
+    assert "Compile time (paper Table 4; median over fresh processes" in block
+    assert ("| mode | head_dim | causal | ours first call (s) | FA4 official first call (s) | ratio (official / ours) | "
+            "ours cached call (s) | FA4 official cached call (s) | ours samples | FA4 official samples |") in block
+    assert "| fwd | 128 | no | 2 | 5 | 2.5 | 0.001 | 0.002 | 3 | 3 |" in block
+    assert "no rows yet (experiment compile_time)" in results_block(pd.DataFrame())
+
+
+def test_flags_mark_what_a_reviewer_cannot_take_as_is():
+    import pandas as pd
+
+    from analysis.select import cell_flags
+
+    ok = dict(kind="attn", rr_entries=["fa4", "fa4_official"], n=10, throttled_share=0.2, git_sha="abc")
+    assert cell_flags(pd.DataFrame([ok])) == ""
+    assert cell_flags(pd.DataFrame([dict(ok, n=9)])) == "°"
+    assert cell_flags(pd.DataFrame([ok, dict(ok, throttled_share=None)])) == "‡"
+    assert cell_flags(pd.DataFrame([dict(ok, git_sha=None)])) == "‡"
+    assert cell_flags(pd.DataFrame([dict(ok, rr_entries=None, throttled_share=None, git_sha=None)])) == "†‡"
