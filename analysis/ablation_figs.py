@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.select import attn_times, provenance_note
+from analysis.select import attn_times, provenance_note, ratio_rows
 from analysis.style import grid, legend_below, save_png, setup
 
 # ablation variant (switch off) -> the switch it removes; speedup of a switch = t(off) / t(full)
@@ -22,6 +22,8 @@ SWITCH_OFF = {"no_pingpong": "pingpong", "tau0": "tau (rescale_threshold)", "no_
               "deterministic": "deterministic (on)"}
 WATERFALL = ("fa3_like", "fa3_like+pingpong", "fa3_like+pingpong+tau8", "full")
 BASIS_ORDER = ("round_robin", "ab_ratio", "medians")
+BASIS_LABEL = {"round_robin": "round-robin", "ab_ratio": "A/B pairs", "medians": "separate jobs"}
+MIN_HALF_SPAN = 0.1  # a speedup axis spans at least 0.9x..1.1x, so run-to-run noise never fills a panel
 
 
 def kernel_ids(d: pd.DataFrame) -> list:
@@ -103,16 +105,12 @@ def _rr_ratios(df: pd.DataFrame, noise: bool = False) -> pd.DataFrame:
     """Per (shape, mode, variant): r = t(full) / t(variant) from time_ratio rows (t_variant / t_full per round, fa4
     against baseline fa4[full], GPU rows), interval from the per-round p20/p80. ``noise``: instead, the rows of
     variants that compile the full config's kernel (their spread is the measurement's noise)."""
-    need = {"kind", "metric", "status", "baseline", "backend", "variant"}
-    if df is None or df.empty or not need <= set(df.columns):
-        return pd.DataFrame()
-    d = df[(df["metric"] == "time_ratio") & (df["status"] == "ok") & (df["backend"] == "fa4")
-           & (df["baseline"] == "fa4[full]") & pd.to_numeric(df["value"], errors="coerce").notna()].copy()
-    if "gpu_name" in d:
-        d = d[d["gpu_name"].notna()]
+    d = ratio_rows(df)  # GPU time_ratio rows, each shape from its latest compare job
     if d.empty:
         return pd.DataFrame()
-    d["hdim_v"] = d["hdim_v"].fillna(d["hdim"]) if "hdim_v" in d else d["hdim"]
+    d = d[(d["backend"] == "fa4") & (d["baseline"] == "fa4[full]")]
+    if d.empty:
+        return pd.DataFrame()
     same = pd.Series(kernel_ids(d), index=d.index) == d.get("baseline_compiled_hash")
     d = d[same] if noise else d[~same]
     if d.empty:
@@ -171,9 +169,11 @@ def ablation_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
     if s.empty:
         return None, "no rows for the ablation speedups yet (need fa4 rows of variant 'full' and a switch-off variant)"
     band = noise_band(df)
-    plt, _ = setup()
+    plt, sns = setup()
     cases = sorted(set(zip(s["mode"], s["causal"], s["hdim"])), key=lambda k: (k[0] != "fwd", k[1], k[2]))
     fig, axes = grid(plt, len(cases))
+    switches = [x for x in SWITCH_OFF.values() if x in set(s["switch"])]
+    colors = dict(zip(switches, sns.color_palette(n_colors=len(switches))))  # one colour per switch in every panel
     handles = {}
     for ax, (m, c, h) in zip(axes, cases):
         p = s[(s["mode"] == m) & (s["causal"] == c) & (s["hdim"] == h)]
@@ -186,16 +186,24 @@ def ablation_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
             q = q.sort_values("seqlen_q")
             x = [str(int(v)) for v in q["seqlen_q"]]
             line = ax.errorbar(x, q["speedup"], yerr=[q["speedup"] - q["lo"], q["hi"] - q["speedup"]], marker="o",
-                               capsize=3, label=sw)
+                               capsize=3, label=sw, color=colors[sw])
             handles.setdefault(sw, line)
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set(title=f"{m}, hdim {int(h)}, {'causal' if c else 'non-causal'}", xlabel="sequence length",
+        if b.empty:  # no identical-kernel pair timed in the same rounds: say so, and keep run-to-run noise small
+            ax.text(0.01, 0.02, "no noise band here (no identical kernels timed in the same rounds)",
+                    transform=ax.transAxes, fontsize=6, color="dimgray")
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, 1 - MIN_HALF_SPAN), max(hi, 1 + MIN_HALF_SPAN))  # never a +-1% axis
+        bases = ", ".join(BASIS_LABEL[x] for x in BASIS_ORDER if x in set(p["basis"]))
+        ax.set(title=f"{m}, hdim {int(h)}, {'causal' if c else 'non-causal'} ({bases})", xlabel="sequence length",
                ylabel="speedup of the switch (x)")
     how = {"round_robin": "round-robin vs full", "ab_ratio": "interleaved A/B vs full",
            "medians": "medians of separate jobs"}
     fig.suptitle(f"Speedup per switch (t(without) / t(with); {', '.join(how[b] for b in sorted(set(s['basis'])))}; "
                  f"bars: p20/p80)")
-    bottom = legend_below(fig, list(handles.values()), list(handles), ncol=3)
+    labels = [x for x in [*switches, *handles] if x in handles]
+    labels = list(dict.fromkeys(labels))
+    bottom = legend_below(fig, [handles[x] for x in labels], labels, ncol=3)
     out = save_png(plt, fig, Path(outdir) / "ablation_speedups.png", provenance_note(attn_times(df)), bottom)
     return out, f"wrote {out} ({len(s)} points)"
 

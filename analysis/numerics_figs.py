@@ -71,7 +71,7 @@ def numerics_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
                                                           aggfunc="median").reset_index()
     sns.lineplot(data=skip, x="tau", y="value", hue="dist", style="dtype", marker="o", ax=axes[-1], errorbar=None)
     axes[-1].set(ylabel="share of rescales skipped", title="rescales skipped vs tau", ylim=(-0.02, 1.02))
-    axes[-1].legend(fontsize=6, loc="lower right")
+    axes[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # beside the data
     hds = ", ".join(str(int(h)) for h in sorted(w["hdim"].unique()))
     fig.suptitle(f"FA4 algorithm model vs fp64 (head dim {hds}); a NaN/inf output counts as a failure")
     bottom = legend_below(fig, list(handles.values()), list(handles))

@@ -55,21 +55,34 @@ def roofline_figure(df: pd.DataFrame, outdir, calib: dict | None = None) -> tupl
     if d.empty:
         return None, "no rows for the roofline comparison yet (no row the model could place)"
     plt, sns = setup()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    d = d.assign(case=[f"{m}, {'causal' if c else 'non-causal'}" for m, c in zip(d["mode"], d["causal"])])
-    # one colour per (mode, causal) case: a legend of every variant would cover the data
-    sns.scatterplot(data=d, x="predicted_tflops", y="tflops", hue="case", ax=axes[0], legend=False)
+    d = d.assign(case=[f"{m}, {'causal' if c else 'non-causal'}" for m, c in zip(d["mode"], d["causal"])],
+                 head_dim=[f"{int(a)}" if a == b else f"{int(a)}/{int(b)}" for a, b in zip(d["hdim"], d["hdim_v"])])
+    hds = sorted(set(zip(d["hdim"], d["hdim_v"])))
+    cases = sorted(set(d["case"]))
+    colors = dict(zip(cases, sns.color_palette(n_colors=len(cases))))
+    # one scatter panel and one "fraction of the bound" panel per head dim: head dims are never pooled
+    fig, axes = plt.subplots(2, len(hds), figsize=(4.6 * len(hds), 8.4), squeeze=False)
     lim = max(d["predicted_tflops"].max(), d["tflops"].max()) * 1.05
-    axes[0].plot([0, lim], [0, lim], color="gray", lw=0.8, ls="--")
-    axes[0].set(xlim=(0, lim), ylim=(0, lim), xlabel="roofline bound (TFLOP/s)", ylabel="measured (TFLOP/s)",
-                title="measured vs predicted (dashed: measured = bound)")
-    agg = d.groupby(["variant", "case"], as_index=False)["efficiency"].median()
-    sns.barplot(data=agg, y="variant", x="efficiency", hue="case", ax=axes[1])
-    axes[1].set(xlabel="measured / bound (median over shapes)", ylabel="", title="fraction of the bound reached")
-    handles, labels = axes[1].get_legend_handles_labels()
-    axes[1].get_legend().remove()
+    handles = {}
+    for k, (h, hv) in enumerate(hds):
+        q = d[(d["hdim"] == h) & (d["hdim_v"] == hv)]
+        hd = q["head_dim"].iloc[0]
+        ax = axes[0][k]
+        for case, g in q.groupby("case"):
+            handles.setdefault(case, ax.scatter(g["predicted_tflops"], g["tflops"], s=14, color=colors[case]))
+        ax.plot([0, lim], [0, lim], color="gray", lw=0.8, ls="--")
+        ax.set(xlim=(0, lim), ylim=(0, lim), xlabel="roofline bound (TFLOP/s)", ylabel="measured (TFLOP/s)",
+               title=f"hdim {hd}: measured vs bound (dashed: equal)")
+        agg = q.groupby(["variant", "case"], as_index=False)["efficiency"].median()
+        sns.barplot(data=agg, y="variant", x="efficiency", hue="case", palette=colors, ax=axes[1][k],
+                    hue_order=[c for c in cases if c in set(agg["case"])])
+        axes[1][k].set(xlim=(0, 1), xlabel="measured / bound (median over seqlens)", ylabel="",
+                       title=f"hdim {hd}: fraction of the bound reached")
+        axes[1][k].tick_params(axis="y", labelsize=6)
+        if axes[1][k].get_legend() is not None:
+            axes[1][k].get_legend().remove()
     fig.suptitle(f"Roofline: our kernel ({gpu_title(d)})")
-    bottom = legend_below(fig, handles, labels)
+    bottom = legend_below(fig, [handles[c] for c in cases if c in handles], [c for c in cases if c in handles])
     out = save_png(plt, fig, Path(outdir) / "roofline_pred_vs_measured.png", provenance_note(d), bottom)
     return out, f"wrote {out} ({len(d)} rows)"
 
@@ -110,7 +123,7 @@ def microbench_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
     mufu = m.loc[m["fraction"] == 0.0, "value"]
     poly = m.loc[m["fraction"] == 1.0, "value"]
     plt, _ = setup()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
     ax.plot(m["fraction"], m["value"], "o-", label="measured")
     if len(mufu) and len(poly):
         # per exp: MUFU takes 1/mufu of a cycle, the polynomial 1/poly of the issue-bound cycle; the two
@@ -123,7 +136,8 @@ def microbench_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
         model = 1.0 / np.maximum((1 - f) / mu, f / po + (1 - f) * 2 / issue)
         ax.plot(f, model, "--", label="model: max(MUFU, issue) with measured rates")
     ax.set(xlabel="share of exp2 on the FMA pipe", ylabel="exp2 per clock per SM", title="exp2 throughput mix")
-    ax.legend(fontsize=7)
     ax.set_ylim(0, ax.get_ylim()[1])
-    out = save_png(plt, fig, Path(outdir) / "microbench_exp2_mix.png", provenance_note(m_rows))
+    handles, labels = ax.get_legend_handles_labels()
+    bottom = legend_below(fig, handles, labels, ncol=1)
+    out = save_png(plt, fig, Path(outdir) / "microbench_exp2_mix.png", provenance_note(m_rows), bottom)
     return out, f"wrote {out}"

@@ -27,22 +27,31 @@ def grid(plt, n: int, w: float = 5.5, h: float = 3.6, cols: int = 2):
     return fig, flat[:n]
 
 
+NOTE_IN = 0.3  # inches at the bottom for the provenance line
+
+
 def legend_below(fig, handles, labels, ncol: int | None = None) -> float:
-    """One legend for the figure, below every panel (never over data); returns the bottom margin it needs."""
+    """One legend for the figure, below every panel (never over data), above the provenance line; returns the
+    bottom margin (figure fraction) that the legend and the line need."""
     if not labels:
         return 0.0
     ncol = ncol or min(len(labels), 4)
-    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=ncol, fontsize=8, frameon=False)
-    return 0.04 + 0.04 * -(-len(labels) // ncol)
+    h = fig.get_size_inches()[1]
+    rows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, NOTE_IN / h), ncol=ncol, fontsize=8,
+               frameon=False)
+    return (NOTE_IN + 0.1 + 0.2 * rows) / h
 
 
 def save_png(plt, fig, out, note: str = "", bottom: float = 0.0) -> Path:
-    """Write ``fig`` to ``out`` with ``note`` (GPU, date, samples, throttled share) as its last line; close it."""
+    """Write ``fig`` to ``out`` with ``note`` (GPU, date, samples, throttled share) as its last line; close it.
+    ``bottom``: the margin ``legend_below`` returned (it holds the note's band too)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    h = fig.get_size_inches()[1]
     if note:
-        fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="dimgray")
-    fig.tight_layout(rect=(0, bottom + (0.03 if note else 0.0), 1, 1))
+        fig.text(0.5, 0.08 / h, note, ha="center", va="bottom", fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, max(bottom, NOTE_IN / h if note else 0.0), 1, 1))
     fig.savefig(out, dpi=130)
     plt.close(fig)
     return out

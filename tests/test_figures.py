@@ -19,7 +19,7 @@ def _attn(backend, variant, mode, hdim, hdim_v, causal, seqlen, tflops, config=N
     return dict(kind="attn", experiment="x", backend=backend, variant=variant, mode=mode, metric="time_ms",
                 value=ms, p20=ms * 0.98, p80=ms * 1.02, tflops=tflops, status="ok", gpu_name=GPU,
                 batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, heads=heads, hdim=hdim, hdim_v=hdim_v,
-                causal=causal, dtype="bfloat16", config=config, **extra)
+                causal=causal, dtype="bfloat16", config=config, n=10, time="2026-11-30T12:00:00+00:00", **extra)
 
 
 VCFG = {"fa3_like": {"rescale_threshold": 0.0, "exp2_emu_fraction": 0.0, "pingpong": False},
@@ -273,3 +273,69 @@ def test_round_robin_rows_win_and_coverage_says_so():
     assert len(cov) == 16 and cov.loc[("fwd", "192/128", "yes"), "32k"] == "-"
     assert T.coverage_summary(T.coverage(df)) == ("fwd: 0 of 48 cells timed (0 round-robin); "
                                                   "bwd: 2 of 48 cells timed (1 round-robin)")
+
+
+def _capture(monkeypatch):
+    """Every figure a figure module saves, kept for inspection (save_png still writes it)."""
+    from analysis import style
+
+    figs = []
+
+    def keep(plt, fig, out, note="", bottom=0.0):
+        figs.append((fig, note))
+        return style.save_png(plt, fig, out, note, bottom)
+
+    for mod in (P, A, R, N):
+        monkeypatch.setattr(mod, "save_png", keep)
+    return figs
+
+
+@pytest.mark.parametrize("fn", [P.fig4, P.fig5, P.fig6, P.fig7, P.fig8, A.ablation_figure, A.waterfall_figure,
+                                lambda d, o: A.sweep_figure(d, o, "rescale_threshold"),
+                                lambda d, o: A.sweep_figure(d, o, "exp2_emu_fraction"),
+                                lambda d, o: R.roofline_figure(d, o, calib={}), R.microbench_figure])
+def test_gpu_figures_state_provenance_keep_legends_off_the_data_and_never_pool_head_dims(df, tmp_path, monkeypatch,
+                                                                                       fn):
+    import re
+
+    figs = _capture(monkeypatch)
+    _png(fn(df, tmp_path))
+    (fig, note), = figs
+    assert note.startswith(GPU) and "throttl" in note, note  # the GPU and its throttled share (or that it is unknown)
+    if fn is not R.microbench_figure:  # attention rows: their date and samples per point too
+        assert re.search(r"; 2026-11-30; 10 samples per point \(separately timed jobs\); ", note), note
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        assert ax.get_legend() is None, ax.get_title()  # one legend for the figure, below the panels
+        hds = re.findall(r"hdim (\d+(?:/\d+)?)", ax.get_title())
+        assert len(hds) <= 1, ax.get_title()  # a panel never pools head dims
+        lo, hi = ax.get_ylim()
+        if "TFLOP/s" in ax.get_ylabel() and ax.get_yscale() == "linear" or "exp2 per clock" in ax.get_ylabel():
+            assert lo == 0, (ax.get_title(), lo)  # throughput from 0
+        if "speedup" in ax.get_ylabel():  # a speedup axis: the noise band drawn, or at least 0.9x..1.1x
+            band = any(type(c).__name__ in ("Polygon", "Rectangle") and c.get_facecolor()[:3] != (1, 1, 1)
+                       for c in ax.patches)
+            assert band or (lo <= 0.9 and hi >= 1.1), (ax.get_title(), lo, hi)
+
+
+def test_roofline_figure_has_a_panel_per_head_dim(df, tmp_path, monkeypatch):
+    figs = _capture(monkeypatch)
+    R.roofline_figure(df, tmp_path, calib={})
+    titles = [ax.get_title() for ax in figs[0][0].axes]
+    assert sum(t.startswith("hdim 128:") for t in titles) == 2 and sum(t.startswith("hdim 192/128:") for t in titles) == 2
+
+
+def test_numerics_legends_sit_beside_the_data(tmp_path, monkeypatch):
+    figs = _capture(monkeypatch)
+    rows = []
+    for tau in (0.0, 8.0):
+        for m, v in (("out_err_ratio", 0.5), ("skipped_share", tau / 10)):
+            rows.append(dict(kind="numerics", status="ok", metric=m, value=v, dist="normal", dtype="bfloat16",
+                             hdim=128, tau=tau, exp2_fraction=0.0, job_key=f"j{tau}"))
+    N.numerics_figure(pd.DataFrame(rows), tmp_path)
+    for ax in figs[0][0].axes:
+        leg = ax.get_legend()
+        if leg is not None:
+            anchor = leg.get_bbox_to_anchor().transformed(ax.transAxes.inverted())
+            assert anchor.x0 >= 1.0  # to the right of the axes
