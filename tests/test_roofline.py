@@ -292,3 +292,31 @@ def test_a_measured_rate_far_below_the_peak_is_not_used_as_a_ceiling():
     g, _, used = rl.calibrated_gpu(gpu, calib)
     assert g.mma_flops_per_clk == gpu.mma_flops_per_clk and "lower bound" in used["mma_flops_per_clk"]
     assert g.mufu_ex2_per_clk == 0.95 * gpu.mufu_ex2_per_clk and used["mufu_ex2_per_clk"].startswith("measured")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"two_cta": True}, {"deterministic": True}])
+def test_backward_tiles_match_the_kernel_objects(overrides):
+    """kernels/tiles.py (which the roofline reads) agrees with the tiles of the backward kernel object that
+    kernels/sm90/backward.py builds for the same config (e.g. hd128's 80-row Q tiles, 64 with two_cta)."""
+    pytest.importorskip("cutlass")
+    from kernels import AttnConfig, ConfigError
+    import itertools
+
+    from kernels.sm90 import backward as B
+    from kernels.tiles import bwd_tile, compiled_config
+
+    from analysis import roofline as rl
+
+    for (hd, hv), causal in itertools.product(((64, 64), (128, 128), (256, 256), (192, 128)), (False, True)):
+        cfg = AttnConfig(**overrides)
+        r = B.backward_config(cfg.resolve("sm90", hd, causal))
+        try:
+            B._check_supported(r, hd, hv)
+        except ConfigError:  # e.g. two_cta at the wide head dims
+            continue
+        main = B._main_kernel(B._cutlass_dtype("bfloat16"), r, hd, hv, causal)
+        assert bwd_tile("sm90", hd, causal, cfg) == (main.tile_m, main.tile_n), (hd, causal, overrides)
+        assert compiled_config(cfg, "sm90", hd, causal, "bwd")["tile_m"] == main.tile_m
+        p = rl.predict("h200", hd, causal, cfg, dict(hdim_v=hv), mode="bwd", calib={})
+        assert p.tile == (main.tile_m, main.tile_n)
+    assert bwd_tile("sm90", 128, False) == (80, 128)  # today's hd128 default (kernels/config.py DEFAULTS)
