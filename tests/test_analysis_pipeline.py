@@ -136,3 +136,24 @@ def test_rows_missing_provenance_or_rounds_are_marked(compare_rows, tmp_path):
     _write(root / "h200" / "fwd_peers" / "rows.jsonl", few)
     block = current_block(root)
     assert f"| 64 | no | {ratio['value']:.2f}° |" in _fwd_table(block) and "° fewer than 10 rounds" in block
+
+
+def test_compile_time_rows_reach_table4_in_the_readme_block(tmp_path):
+    """The compile_time runner's rows (three fresh CPU processes of fa4_model, relabelled as ours and the official
+    FA4 on an H200) give the README's Table 4: medians, samples per backend, the official / ours ratio."""
+    from experiments import compile_time as ct
+
+    jobs = ct.expand(dict(backends=["fa4_model"], hdims=[64], causal=[False], modes=["fwd"], samples=3, seqlen=64,
+                          hidden=128))
+    rows = [r for j in jobs for r in ct.run({**j, "experiment": "compile_time"})]
+    assert {"kind", "backend", "metric", "value", "mode", "hdim", "causal", "status"} <= set(rows[0])
+    out = []
+    for b, scale in (("fa4", 1.0), ("fa4_official", 4.0)):
+        out += [dict(r, backend=b, gpu_name=H200, value=r["value"] * scale) for r in rows]
+    _write(tmp_path / "results" / "h200" / "compile_time" / "rows.jsonl", out)
+    block = current_block(tmp_path / "results")
+    table = block[block.index("Compile time (paper Table 4;"):block.index("Coverage")]
+    line = next(ln for ln in table.splitlines() if ln.startswith("| fwd | 64 | no |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[5] == "4" and cells[-2:] == ["3", "3"], line  # ratio official / ours; 3 samples each
+    assert "NVIDIA H200" in table
