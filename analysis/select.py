@@ -216,8 +216,8 @@ def gpu_title(d: pd.DataFrame) -> str:
 
 
 def provenance_note(d: pd.DataFrame) -> str:
-    """'NVIDIA H200; 2026-11-29; 10 rounds per point (round-robin); throttled: 37% of samples; committed sets' --
-    the line under every figure (what is unknown for the rows is said so)."""
+    """'NVIDIA H200; 2026-11-29; 10 samples per point (round-robin); throttled: 37% of GPU samples; committed sets' --
+    the line under every figure (what is unknown for the rows is said so: throttling, git SHA)."""
     if d is None or d.empty:
         return ""
     parts = [gpu_title(d) or "no GPU"]
@@ -233,5 +233,10 @@ def provenance_note(d: pd.DataFrame) -> str:
     share = pd.to_numeric(d["throttled_share"], errors="coerce") if "throttled_share" in d else pd.Series(dtype=float)
     parts.append(f"throttled: {share.mean():.0%} of GPU samples" if share.notna().any()
                  else "throttling not recorded")
+    if share.notna().any() and share.isna().any():
+        parts[-1] += f" ({int(share.isna().sum())} of {len(d)} rows without it)"
+    sha = d["git_sha"].notna() if "git_sha" in d else pd.Series(False, index=d.index)
+    if not sha.all():
+        parts.append("no git SHA" if not sha.any() else f"git SHA missing on {int((~sha).sum())} of {len(d)} rows")
     parts.append("includes scratch runs" if with_scratch() else "committed sets")
     return "; ".join(parts)

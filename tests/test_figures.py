@@ -339,3 +339,12 @@ def test_numerics_legends_sit_beside_the_data(tmp_path, monkeypatch):
         if leg is not None:
             anchor = leg.get_bbox_to_anchor().transformed(ax.transAxes.inverted())
             assert anchor.x0 >= 1.0  # to the right of the axes
+
+
+def test_provenance_note_says_what_the_rows_lack():
+    row = dict(gpu_name=GPU, time="2026-11-30T10:00:00+00:00", n=10, kind="attn", rr_entries=["fa4", "flex"],
+               throttled_share=0.5, git_sha="abc")
+    assert S.provenance_note(pd.DataFrame([row])) == ("NVIDIA H200; 2026-11-30; 10 samples per point (round-robin); "
+                                                      "throttled: 50% of GPU samples; committed sets")
+    mixed = S.provenance_note(pd.DataFrame([row, dict(row, throttled_share=None, git_sha=None, rr_entries=None)]))
+    assert "(mixed methods)" in mixed and "(1 of 2 rows without it)" in mixed and "git SHA missing on 1 of 2 rows" in mixed

@@ -63,6 +63,9 @@ show(T.table4(S.load_experiments("compile_time"), OUT))
 
 # %%
 cov = T.coverage(attn)
-if not cov.empty:
-    (OUT / "coverage.md").write_text("**Coverage of timed rows**\n\n" + T.markdown_table(cov) + "\n")
-print(T.markdown_table(cov) if not cov.empty else "no timed rows yet")
+text = T.markdown_table(cov)
+legend = S.flag_legend(text)
+(OUT / "coverage.md").write_text("**Coverage of the paper grid (timed rows)**\n\n" + T.coverage_summary(cov) + "\n\n"
+                                 + text + "\n" + (f"\n{legend}\n" if legend else ""))
+print(T.coverage_summary(cov))
+print(text)
