@@ -79,9 +79,12 @@ def fig5(df, outdir):
                             out=Path(outdir) / "fig5_fwd_hd192_128.png")
 
 
+ALL_HDIMS = (64, 128, 256, (192, 128))  # a panel for each that has rows
+
+
 def fig6(df, outdir):
     """Backward TFLOP/s vs sequence length, per head dim, non-causal and causal (FA4 paper Fig. 6)."""
-    return tflops_vs_seqlen(_peers_view(df), mode="bwd", hdims=(64, 128, 256), title="Fig. 6: backward",
+    return tflops_vs_seqlen(_peers_view(df), mode="bwd", hdims=ALL_HDIMS, title="Fig. 6: backward",
                             out=Path(outdir) / "fig6_bwd.png")
 
 
@@ -113,13 +116,13 @@ def deterministic_series(df: pd.DataFrame) -> pd.DataFrame:
 
 def fig7(df, outdir):
     """Deterministic backward, causal (FA4 paper Fig. 7: SPT-ordered semaphores against the naive order)."""
-    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=(64, 128), causal=(True,),
+    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=ALL_HDIMS, causal=(True,),
                             title="Fig. 7: deterministic backward, causal",
                             out=Path(outdir) / "fig7_bwd_det_causal.png")
 
 
 def fig8(df, outdir):
     """Deterministic backward, non-causal (FA4 paper Fig. 8)."""
-    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=(64, 128), causal=(False,),
+    return tflops_vs_seqlen(deterministic_series(df), mode="bwd", hdims=ALL_HDIMS, causal=(False,),
                             title="Fig. 8: deterministic backward, non-causal",
                             out=Path(outdir) / "fig8_bwd_det_noncausal.png")

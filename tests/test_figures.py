@@ -348,3 +348,14 @@ def test_provenance_note_says_what_the_rows_lack():
                                                       "throttled: 50% of GPU samples; committed sets")
     mixed = S.provenance_note(pd.DataFrame([row, dict(row, throttled_share=None, git_sha=None, rr_entries=None)]))
     assert "(mixed methods)" in mixed and "(1 of 2 rows without it)" in mixed and "git SHA missing on 1 of 2 rows" in mixed
+
+
+def test_backward_figures_have_a_panel_for_every_head_dim_with_rows(df, tmp_path, monkeypatch):
+    figs = _capture(monkeypatch)
+    P.fig6(df, tmp_path)
+    titles = [ax.get_title() for ax in figs[0][0].axes]
+    assert titles == ["non-causal, hdim 128", "causal, hdim 128", "non-causal, hdim 192/128", "causal, hdim 192/128"]
+    wide = df[(df["hdim"] == 192) & (df["backend"] == "fa4")].assign(variant="deterministic",
+                                                                     **{"config.deterministic": True})
+    P.fig7(pd.concat([df, wide], ignore_index=True), tmp_path)
+    assert [ax.get_title() for ax in figs[1][0].axes] == ["causal, hdim 128", "causal, hdim 192/128"]
