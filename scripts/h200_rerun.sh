@@ -20,7 +20,7 @@ set -u
 OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
 PART=${2:?part: fwd128 fwd bwd128 bwd abl_fwd abl_bwd compile verify bwd_ab exp2ab}
 R=${R:-results/h200}  # R=<dir>: a fresh results dir (two parts at once on a 2-GPU host)
-CAP=500
+CAP=${CAP:-500}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
 LOG=$OUT/$PART.log
