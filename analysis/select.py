@@ -146,15 +146,19 @@ def round_robin_rows(d: pd.DataFrame) -> pd.Series:
 
 
 def prefer_round_robin(d: pd.DataFrame) -> pd.DataFrame:
-    """Drop separately timed rows of a cell that also has round-robin rows."""
+    """Drop the separately timed rows of a shape that has a round-robin job in the same experiment (even of a
+    backend that job did not time: a figure's bars for one shape come from one job, never from two), and those of a
+    (shape, backend, variant) timed round-robin in any experiment."""
     if d.empty:
         return d
-    is_rr = round_robin_rows(d)
+    is_rr = round_robin_rows(d).to_numpy()
     if not is_rr.any():
         return d
-    key = pd.MultiIndex.from_frame(d[CELL].astype(str))
-    rr = set(key[is_rr.to_numpy()])
-    return d[[(k not in rr) or r for k, r in zip(key, is_rr.to_numpy())]]
+    cell = pd.MultiIndex.from_frame(d[CELL].astype(str))
+    exp = d["experiment"].astype(str) if "experiment" in d else pd.Series("", index=d.index)
+    shape = pd.MultiIndex.from_frame(pd.concat([exp.rename("experiment"), d[SHAPE].astype(str)], axis=1))
+    rr_cells, rr_shapes = set(cell[is_rr]), set(shape[is_rr])
+    return d[[r or (c not in rr_cells and s not in rr_shapes) for c, s, r in zip(cell, shape, is_rr)]]
 
 
 MIN_ROUNDS = 10  # issue 10: a committed ratio is a within-job round-robin ratio over at least this many rounds

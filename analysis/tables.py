@@ -135,10 +135,15 @@ def coverage(df: pd.DataFrame, modes=("fwd", "bwd"), grid: dict | None = None) -
         if int(s) not in seqs:
             seqs.append(int(s))
     order = {m: i for i, m in enumerate(modes)}
+    grid_seqs = {int(s) for s in grid["seqlens"]}
+    grid_rows = {(m, int(h), int(hv), bool(c)) for m in modes for h, hv in pairs for c in grid["causal"]}
     rows = []
-    for (mode, h, hv, c), got in sorted(cells.items(), key=lambda kv: (order.get(kv[0][0], 99), *kv[0][1:])):
+    for key, got in sorted(cells.items(), key=lambda kv: (order.get(kv[0][0], 99), *kv[0][1:])):
+        mode, h, hv, c = key
+        # '-': a paper-grid cell without rows; '': outside the grid and without rows
         rows.append({"mode": mode, "head dim": _hd(h, hv), "causal": "yes" if c else "no",
-                     **{_seq(s): got.get(s, "-") for s in sorted(seqs)}})
+                     **{_seq(s): got.get(s, "-" if key in grid_rows and s in grid_seqs else "")
+                        for s in sorted(seqs)}})
     return pd.DataFrame(rows)
 
 
@@ -149,7 +154,7 @@ def coverage_summary(cov: pd.DataFrame) -> str:
     seqs = [c for c in cov.columns if c not in ("mode", "head dim", "causal")]
     parts = []
     for mode, g in cov.groupby("mode", sort=False):
-        vals = [v for c in seqs for v in g[c]]
+        vals = [v for c in seqs for v in g[c] if v != ""]  # '' = outside the grid, no rows
         timed = [v for v in vals if v != "-"]
         parts.append(f"{mode}: {len(timed)} of {len(vals)} cells timed "
                      f"({sum(' rr' in v for v in timed)} round-robin)")

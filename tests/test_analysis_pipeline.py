@@ -157,3 +157,23 @@ def test_compile_time_rows_reach_table4_in_the_readme_block(tmp_path):
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[5] == "4" and cells[-2:] == ["3", "3"], line  # ratio official / ours; 3 samples each
     assert "NVIDIA H200" in table
+
+
+def test_audit_lists_what_keeps_the_rows_from_done(compare_rows, tmp_path, capsys):
+    from analysis import audit
+
+    root = tmp_path / "results"
+    rows_file = root / "h200" / "fwd_peers" / "rows.jsonl"
+    _write(rows_file, _separate(compare_rows), archive=True)
+    got = "\n".join(line for _, line in audit.audit(root))
+    assert "fwd_peers: 2 timed rows drawn: 2 separate, 2 few_rounds" not in got  # n = 10 on the separate rows
+    assert "fwd_peers: 2 timed rows drawn: 2 separate, 2 no_throttled_share, 2 no_git_sha" in got
+    assert "fwd_peers: no ratio rows used (its timed rows are not round-robin)" in got
+    assert "compile_time: no rows yet" in got and "bwd_peers: no timed rows drawn" in got
+    _write(rows_file, compare_rows)
+    got = audit.audit(root)
+    assert (True, "fwd_peers: 2 timed rows drawn") in got and (True, "fwd_peers: 1 ratio rows used") in got
+    cov = next(line for ok, line in got if line.startswith("coverage fwd"))
+    assert cov.startswith("coverage fwd: 1 of 49 cells timed (the paper grid and any other with rows); no rows: 64 1k,")
+    assert audit.main(["--results", str(root)]) == 0 and audit.main(["--results", str(root), "--strict"]) == 1
+    assert "GAP  coverage fwd" in capsys.readouterr().out

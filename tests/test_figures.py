@@ -251,8 +251,9 @@ def test_numerics_figure_counts_nan_outputs_as_failures(tmp_path):
 
 
 def test_round_robin_rows_win_and_coverage_says_so():
-    """A compare job's rows (kind 'attn' with rr_entries) replace a cell's separately timed rows in the figures'
-    data, and the coverage table marks that cell 'rr' with the backends of the round-robin job."""
+    """A compare job's rows (kind 'attn' with rr_entries) replace the separately timed rows of their shape in the
+    figures' data (also of a backend the job did not time: one shape, one job), and the coverage table marks that
+    cell 'rr' with the backends of the round-robin job."""
     base = dict(kind="attn", metric="time_ms", status="ok", mode="bwd", hdim=128, hdim_v=128, causal=False,
                 seqlen_k=8192, batch=2, heads=16, variant="default", gpu_name="H200", tflops=500.0)
     rows = [dict(base, seqlen_q=8192, backend="fa4", tflops=380.0),  # separate jobs, older
@@ -264,8 +265,13 @@ def test_round_robin_rows_win_and_coverage_says_so():
     df = pd.DataFrame(rows)
     d = S.attn_times(df)
     cell = d[d["seqlen_q"] == 8192]
-    # per backend: ours and official FA4 keep only their round-robin rows; cuDNN, timed only separately, stays
-    assert sorted(cell["tflops"]) == [550.0, 590.0, 680.0]
+    # ours and official FA4 keep only their round-robin rows; cuDNN, timed only separately, goes too
+    assert sorted(cell["tflops"]) == [550.0, 680.0]
+    other = d[d["seqlen_q"] == 4096]
+    assert list(other["tflops"]) == [400.0]  # a shape without a round-robin job keeps its separate rows
+    # another experiment's round-robin job of the same shape drops only the rows of the backends it timed
+    moved = pd.DataFrame([dict(r, experiment="bwd_ablation" if r.get("rr_entries") else "bwd_peers") for r in rows])
+    assert sorted(S.attn_times(moved).query("seqlen_q == 8192")["tflops"]) == [550.0, 590.0, 680.0]
     cov = T.coverage(df).set_index(["mode", "head dim", "causal"])
     # '‡': these rows carry no throttled share / git SHA; '°': no round count
     assert cov.loc[("bwd", "128", "no"), "8k"] == "fa4 +1 rr°‡" and cov.loc[("bwd", "128", "no"), "4k"] == "fa4 +0 sep‡"
