@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.select import attn_times, only_variant, provenance_note, series_order
+from analysis.select import attn_times, one_experiment_per_point, only_variant, provenance_note, series_order
 from analysis.style import grid, legend_below, save_png, setup
 
 
@@ -34,6 +34,7 @@ def tflops_vs_seqlen(df: pd.DataFrame, *, mode: str, hdims, causal=(False, True)
         d = d[d["series"].isin(series)]
     if d.empty:
         return None, f"no rows for {title} yet ({what})"
+    d = one_experiment_per_point(d, ["hdim", "hdim_v", "causal", "seqlen_q", "series"])
     pts = d.groupby(["hdim", "hdim_v", "causal", "seqlen_q", "series"], as_index=False)["tflops"].median()
     panels = [(h, hv, c) for h, hv in pairs for c in causal
               if ((pts["hdim"] == h) & (pts["hdim_v"] == hv) & (pts["causal"] == c)).any()]

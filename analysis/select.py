@@ -188,6 +188,17 @@ def flag_legend(text: str) -> str:
     return "; ".join(f"{m} {n}" for m, n in FLAG_NOTES.items() if m in text)
 
 
+def one_experiment_per_point(d: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per point (``keys``, e.g. shape and series), the rows of one experiment only: the peers experiments first
+    (ATTN_EXPERIMENTS order), so a bar never pools two jobs (e.g. the official FA4 timed in fwd_peers and again as a
+    peer of fwd_ablation at the same shape)."""
+    if d is None or d.empty or "experiment" not in d:
+        return d
+    rank = d["experiment"].map({e: i for i, e in enumerate(ATTN_EXPERIMENTS)}).fillna(len(ATTN_EXPERIMENTS))
+    best = rank.groupby([d[k].astype(str) for k in keys]).transform("min")
+    return d[rank == best]
+
+
 def series_label(backend: str, variant) -> str:
     base = BACKEND_LABELS.get(backend, str(backend))
     if backend == "fa4" and variant not in (None, "default", "full", "peer", "cli") and not (

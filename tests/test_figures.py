@@ -365,3 +365,17 @@ def test_backward_figures_have_a_panel_for_every_head_dim_with_rows(df, tmp_path
                                                                      **{"config.deterministic": True})
     P.fig7(pd.concat([df, wide], ignore_index=True), tmp_path)
     assert [ax.get_title() for ax in figs[1][0].axes] == ["causal, hdim 128", "causal, hdim 192/128"]
+
+
+def test_a_bar_never_pools_two_experiments(tmp_path, monkeypatch):
+    """The official FA4 timed in fwd_peers and again as a peer in fwd_ablation at one shape: Fig. 4 draws the peers
+    experiment's row only."""
+    base = _attn("fa4_official", "peer", "fwd", 128, 128, False, 8192, 700.0, rr_entries=["fa4", "fa4_official"],
+                 throttled_share=0.1, git_sha="abc")
+    rows = [dict(base, experiment="fwd_peers"), dict(base, experiment="fwd_ablation", tflops=500.0),
+            dict(base, backend="fa4", variant="default", experiment="fwd_peers", tflops=690.0)]
+    figs = _capture(monkeypatch)
+    path, msg = P.fig4(pd.DataFrame(rows), tmp_path)
+    assert "(2 rows)" in msg
+    (ax,) = figs[0][0].axes
+    assert sorted(round(b.get_height()) for b in ax.patches if b.get_height() > 0) == [690, 700]
