@@ -59,10 +59,10 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 }
 
 DET_SCHEDULES = ("spt", "naive")
-PER_CALL_FIELDS = ("persistent",)  # None stays None through resolve(): decided per call from the shapes
+PER_CALL_FIELDS = ("persistent", "pack_gqa")  # None stays None through resolve(): decided per call from the shapes
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
-OMITTED_AT: dict[str, object] = {"cluster_m": 1, "pack_gqa": False}
+OMITTED_AT: dict[str, object] = {"cluster_m": 1}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -98,8 +98,9 @@ class AttnConfig:
     cluster_m: int = 1
     # forward only, GQA / MQA: one CTA per K/V head computes a Q tile of (query position, head of the group) rows, so
     # each K/V tile is loaded once per group instead of once per Q head (kernels/sm90/fwd.py; not persistent, cluster
-    # or varlen). No effect without grouped K/V. Opt-in; left out of to_dict() at False.
-    pack_gqa: bool = False
+    # or varlen). No effect without grouped K/V. None = decided per call (pack_gqa_by_default: when the per-head Q tile
+    # would be partly padding); True / False force it. Left out of to_dict() while None.
+    pack_gqa: bool | None = None
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None
@@ -139,8 +140,8 @@ class AttnConfig:
         if c > 1 and self.persistent is True:
             raise ConfigError(f"cluster_m={c} with persistent=True: the persistent forward has no cluster; pass "
                               "persistent=None or False, or cluster_m=1")
-        if not isinstance(self.pack_gqa, bool):
-            raise ConfigError(f"pack_gqa={self.pack_gqa!r}: must be a bool")
+        if self.pack_gqa is not None and not isinstance(self.pack_gqa, bool):
+            raise ConfigError(f"pack_gqa={self.pack_gqa!r}: must be None (by sequence length) or a bool")
         if self.pack_gqa and (self.persistent is True or c > 1):
             what = "persistent=True" if self.persistent is True else f"cluster_m={c}"
             raise ConfigError(f"pack_gqa=True with {what}: the packed-GQA forward is one tile per CTA without a "
@@ -363,6 +364,24 @@ def persistent_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, causal
     if varlen or (cfg is not None and cfg.cluster_m > 1):  # the persistent forward has no cluster
         return False
     return 0 < int(seqlen_q) <= persistent_max_seqlen(arch, hdim, causal)
+
+
+# pack_gqa=None packs a GQA group's Q heads into one tile when the per-head Q tile would be partly padding, at the head
+# dims whose packed kernel is GPU-tested. H200 (hd128, 32 Q / 4 K/V heads, seqlen_k 8k, batch 16, 10 rounds, one
+# process; results/h200/session_ab/fwd_pack_gqa_sq.jsonl): packed / per-head 3.3-3.8x at seqlen_q 1-32, 1.83x at 64,
+# 1.00-1.01x at 128 (= tile_m, no padding).
+PACK_GQA_HDIMS = (64, 128, 256)
+
+
+def pack_gqa_by_default(cfg: "AttnConfig", hdim: int, seqlen_q: int, group: int, varlen: bool = False) -> bool:
+    """Whether the forward packs the Q heads of a K/V group (``cfg`` resolved): ``cfg.pack_gqa`` when set, otherwise
+    group > 1 and 0 < seqlen_q < tile_m (the per-head Q tile would hold padding rows), tile_m a multiple of the group,
+    hdim in PACK_GQA_HDIMS; never by default for varlen, with persistent=True or with cluster_m > 1."""
+    if cfg.pack_gqa is not None:
+        return bool(cfg.pack_gqa) and int(group) > 1
+    if int(group) <= 1 or varlen or cfg.persistent is True or cfg.cluster_m > 1 or int(hdim) not in PACK_GQA_HDIMS:
+        return False
+    return 0 < int(seqlen_q) < int(cfg.tile_m) and int(cfg.tile_m) % int(group) == 0
 
 
 TUNED.update(_load_tuned_dir())

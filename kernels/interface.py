@@ -11,9 +11,10 @@ bound of kernels.config.DEFAULTS (``persistent_by_default``); a persistent launc
 device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA).
 ``cfg.cluster_m`` = 2 (opt-in): the 2x1-cluster forward with K/V multicast, same launch arguments; non-causal without a
 window only (kernels.validate.check_cluster, a ConfigError before anything compiles), never persistent.
-``cfg.pack_gqa`` (opt-in): with grouped K/V (h_kv < h) the packed-GQA forward (one CTA per K/V head and tile of
-(position, group head) rows, so each K/V tile is loaded once per group), same launch arguments, never persistent; with
-h_kv == h the plain kernel (``forward_config`` drops the field, so the key is the plain one).
+``cfg.pack_gqa``: with grouped K/V (h_kv < h) the packed-GQA forward (one CTA per K/V head and tile of (position,
+group head) rows, so each K/V tile is loaded once per group), same launch arguments, never persistent; None (the
+default) packs when seqlen_q < tile_m (kernels.config.pack_gqa_by_default); otherwise, and with h_kv == h, the plain
+kernel (``forward_config`` drops the field, so the key is the plain one).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import functools
 import torch
 
 from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
-from .config import AttnConfig, ConfigError, persistent_by_default, resolve_cached
+from .config import AttnConfig, ConfigError, pack_gqa_by_default, persistent_by_default, resolve_cached
 from .validate import InputError, check_cluster, check_gqa_heads
 
 ARCH = "sm90"
@@ -56,12 +57,13 @@ def persistent_grid(sms: int, s_q: int, tile_m: int, heads: int, batch: int) -> 
 def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, group: int = 1) -> AttnConfig:
     """The config the forward compiles for this call: ``persistent`` forced by cfg, or by seqlen_q when None
     (kernels.config.persistent_by_default), normalised to True / None so that a non-persistent call's compile cache key
-    (and kernel) is the one from before the field existed. ``pack_gqa``: with a GQA group > 1 the packed kernel (never
-    persistent: AttnConfig refuses persistent=True with it); with group 1 dropped (the plain kernel, its key)."""
-    if cfg.pack_gqa:
-        if group > 1:
-            return cfg if cfg.persistent is None else dataclasses.replace(cfg, persistent=None)
-        cfg = dataclasses.replace(cfg, pack_gqa=False)
+    (and kernel) is the one from before the field existed. ``pack_gqa`` likewise (kernels.config.pack_gqa_by_default):
+    True for the packed kernel (never persistent: AttnConfig refuses persistent=True with it), else None (the plain
+    kernel, its key)."""
+    if pack_gqa_by_default(cfg, hdim, seqlen_q, group):
+        return dataclasses.replace(cfg, pack_gqa=True, persistent=None)
+    if cfg.pack_gqa is not None:
+        cfg = dataclasses.replace(cfg, pack_gqa=None)
     want = True if persistent_by_default(cfg, ARCH, hdim, causal, seqlen_q) else None
     return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 

@@ -1,5 +1,5 @@
-"""Packed GQA forward (AttnConfig.pack_gqa=True, issue 12.1), CPU only: the config field (left out of dicts, hashes and
-keys at False; forward-only), the refused combinations (persistent, cluster, varlen, tile_m not a multiple of the group)
+"""Packed GQA forward (AttnConfig.pack_gqa, issue 12.1), CPU only: the config field (left out of dicts, hashes and
+keys while None = decided per call; forward-only), the per-call rule, the refused combinations (persistent, cluster, varlen, tile_m not a multiple of the group)
 as one-line ConfigErrors, the key and kernel of a group of 1 (the plain ones), the K/V blocks a packed tile visits (every
 visible (row, key) pair lies in a visited block, every unmasked block is fully visible, by the row's query position
 r // group), compiles, and the SASS against the per-Q-head GQA kernel: no local-memory spills, the same wgmma waits
@@ -8,6 +8,7 @@ K/V head, batch). GPU numerics: tests/test_pack_gqa_gpu.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -21,18 +22,43 @@ compile_mark = pytest.mark.compile
 
 
 # ---- config: field, hashes, keys ------------------------------------------------------------------------------------
-def test_field_validates_and_stays_out_of_dicts_when_off():
+def test_field_validates_and_stays_out_of_dicts_when_per_call():
     base = AttnConfig()
-    assert base.pack_gqa is False and "pack_gqa" not in base.to_dict()
+    assert base.pack_gqa is None and "pack_gqa" not in base.to_dict()
     r = base.resolve("sm90", 128, True)
-    assert "pack_gqa" not in r.to_dict() and r.is_resolved
-    assert AttnConfig(pack_gqa=False).config_hash() == base.config_hash() and base.op_string == "{}"
+    assert r.pack_gqa is None and "pack_gqa" not in r.to_dict() and r.is_resolved
+    assert base.op_string == "{}"
+    off = AttnConfig(pack_gqa=False)  # forced off: a different config from "decided per call"
+    assert off.to_dict()["pack_gqa"] is False and off.config_hash() != base.config_hash()
     on = AttnConfig(pack_gqa=True)
-    assert on.to_dict()["pack_gqa"] is True and on.config_hash() != base.config_hash()
+    assert on.to_dict()["pack_gqa"] is True and on.config_hash() not in (base.config_hash(), off.config_hash())
     assert AttnConfig.from_dict(on.to_dict()) == on and on.op_string == '{"pack_gqa":true}'
-    for bad in (1, 0, "true", None, 2.0):
-        with pytest.raises(ConfigError, match="^pack_gqa=.*must be a bool$"):
+    for bad in (1, 0, "true", 2.0):
+        with pytest.raises(ConfigError, match="^pack_gqa=.*must be None .* or a bool$"):
             AttnConfig(pack_gqa=bad)
+
+
+def test_per_call_rule_packs_when_the_q_tile_would_be_padding():
+    from kernels.config import pack_gqa_by_default as rule
+    from kernels.interface import forward_config
+
+    auto = AttnConfig().resolve("sm90", 128, False)  # tile_m 128
+    assert [rule(auto, 128, s, 8) for s in (1, 64, 127, 128, 4096)] == [True, True, True, False, False]
+    assert not rule(auto, 128, 1, 1)  # no group
+    assert not rule(auto, 128, 1, 3)  # 128 rows are not a multiple of the group
+    assert not rule(auto, 128, 1, 8, varlen=True)
+    assert not rule(AttnConfig(persistent=True).resolve("sm90", 128, False), 128, 1, 8)
+    assert not rule(AttnConfig(cluster_m=2).resolve("sm90", 128, False), 128, 1, 8)
+    assert not rule(AttnConfig().resolve("sm90", 192, False), 192, 1, 8)  # no GPU-tested packed kernel at (192, 128)
+    assert not rule(AttnConfig(pack_gqa=False).resolve("sm90", 128, False), 128, 1, 8)
+    assert rule(AttnConfig(pack_gqa=True).resolve("sm90", 128, False), 128, 4096, 8)
+    # forward_config: packed -> True and never persistent; otherwise None (the plain kernel's key), whatever was asked
+    hd64 = AttnConfig().resolve("sm90", 64, True)  # tile_m 192; persistent by default up to seqlen 1024
+    assert forward_config(hd64, 64, True, 1, 4).pack_gqa is True and forward_config(hd64, 64, True, 1, 4).persistent is None
+    long = forward_config(hd64, 64, True, 512, 4)
+    assert long.pack_gqa is None and long.persistent is True
+    forced_off = forward_config(AttnConfig(pack_gqa=False).resolve("sm90", 64, True), 64, True, 1, 4)
+    assert forced_off == dataclasses.replace(hd64, persistent=True)  # the plain GQA kernel (persistent at seqlen 1)
 
 
 def test_refused_with_persistent_or_cluster():
