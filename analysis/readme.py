@@ -90,6 +90,49 @@ def _round_robin(df, mode, backend, variant=None, invert=False) -> tuple[pd.Data
     return _pivot(cells), rr
 
 
+def switch_table(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per (mode, head dim, causal, switch) x seqlen: the speedup the switch gives (> 1: faster with it), the median
+    over rounds of the per-round ratio of the variant without it (or, for two_cta / deterministic, with it) against
+    our full config, timed round-robin in one job (ablation experiments); variants that compile the full config's
+    kernel are left out, and their spread over rounds (p20/p80 of t_same / t_full, as a speedup) is the row's
+    ``noise`` column: a speedup inside it is no measured effect. Returns the table and the rows behind it."""
+    from analysis.ablation_figs import SWITCH_OFF, kernel_ids, noise_band
+
+    rr = ratio_rows(df)
+    if rr.empty:
+        return pd.DataFrame(), rr
+    rr = rr[(rr["backend"] == "fa4") & (rr["baseline"] == "fa4[full]") & rr["variant"].isin(list(SWITCH_OFF))]
+    if rr.empty:
+        return pd.DataFrame(), rr
+    rr = rr[pd.Series(kernel_ids(rr), index=rr.index) != rr.get("baseline_compiled_hash")]
+    band = noise_band(df)
+    out: dict[tuple, dict] = {}
+    for (m, h, hv, c, v, s), g in rr.groupby(["mode", "hdim", "hdim_v", "causal", "variant", "seqlen_q"]):
+        label = SWITCH_OFF[v]
+        med = g["value"].median()  # t_variant / t_full
+        sp = 1 / med if label.endswith("(on)") else med
+        out.setdefault((m != "fwd", int(h), int(hv), bool(c), label, m), {})[int(s)] = f"{sp:.2f}{cell_flags(g)}"
+    rows = []
+    for (_, h, hv, c, label, m), cells in sorted(out.items()):
+        b = band[(band["mode"] == m) & (band["hdim"] == h) & (band["causal"] == c)] if not band.empty else band
+        rows.append({"mode": m, "hdim": _hd(h, hv), "causal": "yes" if c else "no", "switch": label,
+                     **{_seq(x): t for x, t in sorted(cells.items())},
+                     "noise": _noise(b, label.endswith("(on)"))})
+    tab = pd.DataFrame(rows)
+    seqs = sorted([x for x in tab.columns if x not in ("mode", "hdim", "causal", "switch", "noise")],
+                  key=lambda x: int(x.rstrip("k")))
+    return tab[["mode", "hdim", "causal", "switch", *seqs, "noise"]].fillna(""), rr
+
+
+def _noise(band: pd.DataFrame, on: bool) -> str:
+    """The noise band (r = t_full / t_same, p20/p80) as the switch's speedup: r for a variant that turns a switch on,
+    1 / r for one that turns it off."""
+    if band is None or band.empty:
+        return "not measured"
+    lo, hi = float(band["lo"].min()), float(band["hi"].max())
+    return f"{lo:.2f}-{hi:.2f}" if on else f"{1 / hi:.2f}-{1 / lo:.2f}"
+
+
 def provenance_line(rows: pd.DataFrame) -> str:
     """'rounds per cell 10; throttled: median 28% of GPU samples (0-100%); git 1a2b3c4 (2026-11-30)' for the rows
     behind a table; what is missing is said so."""
@@ -148,6 +191,10 @@ def results_block(df: pd.DataFrame) -> str:
     for variant, caption in BWD_VARIANTS:
         t, rows = _round_robin(df, "bwd", "fa4", variant, invert=True)
         _section(parts, caption, t, rows, marks)
+    t, rows = switch_table(df)
+    _section(parts, "Ablations, speedup of each switch (round-robin against our full config in one job, median over "
+                    "rounds; > 1: faster with the switch; noise: the same spread of kernels identical to the full "
+                    "config, timed in the same rounds):", t, rows, marks)
     t4, _ = table4(df, None) if df is not None and not df.empty else (None, "")
     if t4 is not None and not t4.empty:
         text = markdown_table(t4, floatfmt="{:.3g}")

@@ -56,3 +56,24 @@ def test_flags_mark_what_a_reviewer_cannot_take_as_is():
     assert cell_flags(pd.DataFrame([ok, dict(ok, throttled_share=None)])) == "‡"
     assert cell_flags(pd.DataFrame([dict(ok, git_sha=None)])) == "‡"
     assert cell_flags(pd.DataFrame([dict(ok, rr_entries=None, throttled_share=None, git_sha=None)])) == "†‡"
+
+
+def test_switch_table_from_round_robin_ablation_rows():
+    import pandas as pd
+
+    from analysis.readme import results_block, switch_table
+
+    base = dict(metric="time_ratio", status="ok", backend="fa4", baseline="fa4[full]", mode="fwd", hdim=128, hdim_v=128,
+                causal=False, seqlen_q=8192, seqlen_k=8192, batch=4, heads=16, n=10, throttled_share=0.1, git_sha="abc",
+                gpu_name="NVIDIA H200", experiment="fwd_ablation", kind="attn", baseline_compiled_hash="FULL",
+                job_key="j", run_id="r", time="2026-11-30T12:00:00+00:00")
+    rows = [dict(base, variant="no_pingpong", value=1.25, p20=1.2, p80=1.3, compiled_hash="A"),  # t_off / t_full
+            dict(base, variant="two_cta", mode="bwd", value=0.8, p20=0.78, p80=0.82, compiled_hash="B"),  # on: 1 / r
+            dict(base, variant="no_exp2_emu", value=0.9, p20=0.8, p80=1.0, compiled_hash="FULL")]  # same kernel
+    t, used = switch_table(pd.DataFrame(rows))
+    t = t.set_index(["mode", "switch"])
+    assert t.loc[("fwd", "pingpong"), "8k"] == "1.25" and t.loc[("bwd", "2-CTA (on)"), "8k"] == "1.25"
+    assert "exp2 emulation" not in t.index.get_level_values("switch")  # compiles full's kernel: no switch measured
+    assert t.loc[("fwd", "pingpong"), "noise"] == "0.80-1.00"  # the identical kernel's p20/p80, as a speedup
+    assert t.loc[("bwd", "2-CTA (on)"), "noise"] == "not measured"
+    assert "Ablations, speedup of each switch" in results_block(pd.DataFrame(rows))
