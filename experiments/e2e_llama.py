@@ -8,7 +8,7 @@ through kernels.integrations.gqa), ``fa4_official`` (flash_attn.cute, grouped K/
 
 Per backend, in this order: the first and second training step (wall seconds, compile included: ``first_call_s``,
 ``second_call_s``); the check; the peak memory of one step; then all backends timed round-robin in one process
-(experiments/timing: one step of each per round, order rotated, GPU sampled). A step is zero_grad, forward, fp32 cross
+(experiments/timing: one step of each per round, balanced orders, GPU sampled). A step is zero_grad, forward, fp32 cross
 entropy on random next tokens, backward.
 
 The check (DESIGN.md rule, on relative Frobenius errors): the same weights upcast to ``truth_dtype`` (fp32) with SDPA

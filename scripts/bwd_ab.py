@@ -66,18 +66,22 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
 
 
 def round_robin(fns: dict, repeats: int, warmup: int = 3, hold_us: float = 0.0) -> dict:
-    """Per-variant CUDA-event times over ``repeats`` rotated rounds, the L2 flushed before each call; ``hold_us`` > 0
-    queues a GPU spin after the flush so the host's launch time is not timed (experiments.bench.CallTimer)."""
+    """Per-variant CUDA-event times over ``repeats`` rounds (rounded up to whole cycles) in the balanced orders of
+    experiments.timing.roundrobin.balanced_orders (every variant follows every other equally often), the L2 flushed
+    before each call; ``hold_us`` > 0 queues a GPU spin after the flush so the host's launch time is not timed
+    (experiments.bench.CallTimer)."""
     import torch
+
+    from experiments.timing.roundrobin import balanced_orders, whole_cycles
 
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order each round
+    orders = balanced_orders(list(fns))
+    for r in range(whole_cycles(repeats, len(fns))):
+        for name in orders[r % len(orders)]:
             flush.zero_()
             if hold_us > 0:
                 torch.cuda._sleep(int(hold_us * 2000))  # ~2000 cycles per us at the H200's clock

@@ -20,7 +20,8 @@ visible (query, key) pairs (kernels/flops.py). Packed GQA against the per-Q-head
                    config the call refuses, e.g. cluster_m:2 at causal=1, or pack_gqa:true with a group that does not
                    divide tile_m, is skipped with the reason printed)
 Each variant's output is first checked against ``ours`` (max |diff| relative to max |out|; a variant over 0.02, or
-with NaN in its output, is flagged BAD and its times are still printed). Then ``--repeats`` rounds, the order rotated each round, the L2 flushed before every call; per
+with NaN in its output, is flagged BAD and its times are still printed). Then ``--repeats`` rounds (rounded up to whole cycles of
+balanced orders: every variant follows every other equally often), the L2 flushed before every call; per
 variant the median time, TFLOP/s, and the per-round speed ratios against ours and against fa4_official (median and
 [p20, p80]). A session script for kernel work; the committed benchmark is ``python run.py sweep experiment=...``.
 """

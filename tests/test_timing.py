@@ -1,10 +1,12 @@
 """The GPU sampler thread and the round-robin timer, on the CPU (fake NVML reads, a fake drifting backend)."""
 import itertools
+import statistics
 import time
+from collections import Counter
 
 import pytest
 
-from experiments.timing.roundrobin import round_robin, settle
+from experiments.timing.roundrobin import balanced_orders, round_robin, settle, whole_cycles
 from experiments.timing.sampler import GpuSampler, is_throttled, reason_names
 
 
@@ -37,7 +39,7 @@ class VirtualTimer:
 
 def test_round_robin_ratio_survives_drift_that_skews_separate_timing():
     """The GPU slows down 2x over the run: per-round ratios still give B/A = 1.5; timed one after the other they don't."""
-    rounds = 40
+    rounds = 42  # whole cycles of the balanced orders of 3 functions (6)
     clock = VirtualClock(drift_per_ms=1.0 / 200)
     fns = {"A": clock.backend(2.0), "B": clock.backend(3.0), "C": clock.backend(2.0)}
     rr = round_robin(fns, warmup=0, rounds=rounds, timer=VirtualTimer(clock))
@@ -56,17 +58,52 @@ def test_round_robin_ratio_survives_drift_that_skews_separate_timing():
     assert b / a > 1.5 * 1.2
 
 
-def test_round_robin_rotates_the_order_and_honours_max_time():
+def test_round_robin_balances_neighbours_and_honours_max_time():
     calls = []
     fns = {n: (lambda n=n: calls.append(n)) for n in "ABC"}
-    round_robin(fns, device="cpu", warmup=1, rounds=3, flush_l2=False)
+    rr = round_robin(fns, device="cpu", warmup=1, rounds=3, flush_l2=False)
     assert calls[:3] == list("ABC")  # warm-up pass
-    assert calls[3:] == list("ABC") + list("BCA") + list("CAB")
+    rounds = [calls[3 + 3 * i: 6 + 3 * i] for i in range(rr.rounds)]
+    assert rr.rounds == 6 and rounds == balanced_orders(list("ABC"))  # 3 rounds -> one whole cycle (2n, n odd)
     slow = {"A": lambda: time.sleep(0.002), "B": lambda: time.sleep(0.002)}
     rr = round_robin(slow, device="cpu", warmup=0, rounds=1000, min_rounds=10, max_time_s=0.0)
     assert rr.rounds == 10 and rr.timer == "perf_counter"
+    rr = round_robin({n: (lambda: None) for n in "ABCD"}, device="cpu", warmup=0, rounds=1000, min_rounds=10,
+                     max_time_s=0.0)
+    assert rr.rounds == 12  # stops at the end of a cycle (4 orders)
     with pytest.raises(ValueError, match="no functions"):
         round_robin({})
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+def test_balanced_orders_are_a_williams_design(n):
+    names = [f"x{i}" for i in range(n)]
+    rows = balanced_orders(names)
+    assert len(rows) == (n if n % 2 == 0 or n == 1 else 2 * n) and whole_cycles(10, n) % len(rows) == 0
+    assert all(sorted(r) == sorted(names) for r in rows)
+    firsts = Counter(r[0] for r in rows)
+    pairs = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+    assert len(set(firsts.values())) == 1 and set(firsts) == set(names)  # each first equally often
+    if n > 1:  # every ordered pair of neighbours equally often
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1
+
+
+def test_a_neighbour_effect_cancels_in_balanced_orders_but_not_in_a_rotation():
+    """A stand-in GPU: a call after 'hot' (a power-hungry kernel) runs 15% slower. Two entries that are the same
+    kernel must read the same median under the balanced orders; under the old rotation the one behind 'hot' loses."""
+    def run(orders, rounds):
+        t = {n: [] for n in ("hot", "same1", "same2", "cool")}
+        for i in range(rounds):
+            prev = None
+            for n in orders[i % len(orders)]:
+                t[n].append((1.15 if prev == "hot" else 1.0) * (3.0 if n == "hot" else 1.0))
+                prev = n
+        return t
+    names = ["hot", "same1", "same2", "cool"]
+    bal = run(balanced_orders(names), whole_cycles(10, 4))
+    rot = run([names[k:] + names[:k] for k in range(4)], 12)
+    assert statistics.mean(bal["same1"]) == pytest.approx(statistics.mean(bal["same2"]))
+    assert statistics.mean(rot["same1"]) > 1.1 * statistics.mean(rot["same2"])
 
 
 def fake_reads(states):

@@ -3,7 +3,11 @@ one call of each per round, so clock drift and power-cap throttling hit all of t
 
 ``round_robin(fns)`` runs ``warmup`` untimed passes, a settle step (``settle``: passes until the SM clock is
 steady, at most ``settle_s`` seconds), then rounds: each round calls every function once, the L2 flushed before
-each call, the order rotated by one per round (A B C, B C A, C A B, ...) so no function always runs first.
+each call, in the orders of a Williams design (``balanced_orders``): over a cycle of rounds every function runs first
+equally often and follows every other function equally often, so the state a kernel leaves the GPU in (power headroom,
+clocks) favours none of them. A plain rotation (A B C, B C A, ...) did not: there each function always follows the same
+neighbour, and on the H200 one backward kernel timed twice in a job read 10-15% apart at 32k by its neighbour alone.
+The rounds are rounded up to whole cycles (n rounds for n functions, 2n for odd n).
 Times are CUDA events on a GPU, perf_counter on a CPU; on a GPU each round is synchronised, so the GPU sampler's
 samples (timing/sampler.py) fall into rounds and a round can be flagged throttled. ``RoundRobin.ratio(a, b)``
 takes the ratio t_a / t_b per round and summarises it (median, p20/p80, min/max, n; also over unthrottled rounds).
@@ -49,6 +53,29 @@ class RoundRobin:
                     value_unthrottled=float(statistics.median(calm)) if calm else None, n_unthrottled=len(calm))
 
 
+def balanced_orders(names: list) -> list[list]:
+    """Williams design for ``names``: n orders (2n for odd n) in which every name is first equally often and every
+    ordered pair of neighbours (a directly before b) occurs equally often: once for even n, twice for odd n."""
+    n = len(names)
+    if n <= 1:
+        return [list(names)]
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[names[(j + i) % n] for j in first] for i in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
+def whole_cycles(rounds: int, n: int) -> int:
+    """``rounds`` rounded up to a whole number of balanced_orders cycles for n functions."""
+    cycle = len(balanced_orders(list(range(n))))
+    return -(-int(rounds) // cycle) * cycle
+
+
 def _pass(fns: dict, sync: Callable[[], None]) -> None:
     for fn in fns.values():
         fn()
@@ -80,8 +107,9 @@ def settle(fns: dict, seconds: float, sampler=None, sync: Callable[[], None] = l
 def round_robin(fns: dict, device=None, warmup: int = 5, rounds: int = 30, min_rounds: int = 10,
                 flush_l2: bool = True, max_time_s: float | None = None, settle_s: float = 0.0, sampler=None,
                 timer=None, hold_us: float = 0.0) -> RoundRobin:
-    """Time every function of ``fns`` (name -> zero-argument callable) round-robin: ``rounds`` rounds, fewer if
-    ``max_time_s`` of rounds has passed but never fewer than ``min(min_rounds, rounds)``. ``sampler``: a started
+    """Time every function of ``fns`` (name -> zero-argument callable) round-robin: ``rounds`` rounds rounded up to
+    whole cycles of balanced_orders, fewer (stopping at the end of a cycle) if ``max_time_s`` of rounds has passed
+    but never fewer than ``min(min_rounds, rounds)`` rounded up likewise. ``sampler``: a started
     GpuSampler (its samples flag throttled rounds). ``timer``: CallTimer-like (``run``, ``collect``, ``name``,
     ``flush``); default CUDA events / perf_counter for ``device`` (``hold_us``: experiments.bench.CallTimer's)."""
     if not fns:
@@ -97,10 +125,12 @@ def round_robin(fns: dict, device=None, warmup: int = 5, rounds: int = 30, min_r
     timer = timer or CallTimer(device, flush_l2, hold_us)
     times = {n: [] for n in names}
     throttled = []
+    orders = balanced_orders(names)
+    cycle = len(orders)
+    rounds, least = whole_cycles(rounds, len(names)), whole_cycles(min(min_rounds, rounds), len(names))
     t_start = time.perf_counter()
     for i in range(rounds):
-        k = i % len(names)
-        order = names[k:] + names[:k]
+        order = orders[i % cycle]
         t0 = time.perf_counter()
         got = [timer.run(fns[n]) for n in order]
         if any(g is None for g in got):  # CUDA events: this round's times after a sync
@@ -109,7 +139,8 @@ def round_robin(fns: dict, device=None, warmup: int = 5, rounds: int = 30, min_r
         for n, t in zip(order, got):
             times[n].append(float(t))
         throttled.append(sampler.throttled(t0, t1) if sampler is not None and sampler.available else None)
-        if max_time_s is not None and i + 1 >= min(min_rounds, rounds) and time.perf_counter() - t_start > max_time_s:
+        if (max_time_s is not None and i + 1 >= least and (i + 1) % cycle == 0
+                and time.perf_counter() - t_start > max_time_s):
             break
     return RoundRobin(names=names, times_ms=times, round_throttled=throttled, timer=timer.name,
                       flush_l2=getattr(timer, "flush", None) is not None, settle=st,
