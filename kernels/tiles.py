@@ -3,7 +3,8 @@
 The roofline and the result rows ask here instead of keeping their own copies, so a change of tiles in the
 kernels shows up everywhere. The backward's Q rows per step are the resolved ``AttnConfig.bwd_tile_m`` (per-arch
 default in ``config.DEFAULTS``); its K/V rows and the head dims it supports come from ``BWD_TILES`` of the sm90
-backward kernel (kernels/sm90/bwd.py) and ``WIDE_BWD_TILES`` of the wide one (bwd_wide.py: 256, (192, 128); these
+backward kernel (kernels/sm90/bwd.py), ``WIDE_BWD_TILES`` of the wide one (bwd_wide.py: 256) and ``WIDE192_BWD_TILES``
+(bwd_wide192.py: (192, 128), 64 x 128 tiles; a softcap call runs bwd_wide.py's 64 x 64 ones, not modelled); these
 need cutlass-dsl; without it every head dim of the defaults table
 counts as supported and K/V rows are 128). sm100 has no backward kernel here: its tile is the FA4 paper's
 (128 x 128), for the model only.
@@ -20,9 +21,10 @@ def _sm90_bwd_table() -> dict | None:
     try:
         from .sm90.bwd import BWD_TILES
         from .sm90.bwd_wide import WIDE_BWD_TILES
+        from .sm90.bwd_wide192 import WIDE192_BWD_TILES
     except ImportError:  # no cutlass-dsl here
         return None
-    return {**BWD_TILES, **{hd: tile for (hd, _hd_v), tile in WIDE_BWD_TILES.items()}}
+    return {**BWD_TILES, **{hd: tile for (hd, _hd_v), tile in {**WIDE_BWD_TILES, **WIDE192_BWD_TILES}.items()}}
 
 
 def bwd_tile(arch: str, hdim: int, causal: bool = False, cfg: AttnConfig | None = None) -> tuple[int, int]:

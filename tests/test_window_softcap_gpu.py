@@ -167,6 +167,9 @@ BWD_CASES = [
     (1, 517, 517, 2, 2, (192, 128), True, (-1, -1), 30.0, {}, BF),
     (1, 800, 800, 4, 2, (128, 128), True, (128, -1), 30.0, {}, BF),  # GQA 2:1
     (1, 800, 900, 2, 2, (64, 64), True, (400, -1), 50.0, {"exp2_emu_fraction": 0.25}, BF),
+    # (192, 128) without softcap: the 64 x 128 kernel (kernels/sm90/bwd_wide192.py; with softcap bwd_wide.py's runs)
+    (1, 517, 1025, 2, 2, (192, 128), False, (128, 128), 0.0, {}, BH),
+    (1, 700, 900, 4, 2, (192, 128), True, (300, -1), 0.0, {}, BF),  # GQA 2:1, causal window, s_q < s_k
 ]
 BWD_PARAMS = [pytest.param(c[:-1], dt, id=f"{_id(c[:-1])}-{dt}") for c in BWD_CASES for dt in c[-1]]
 
@@ -223,7 +226,7 @@ def test_window_softcap_backward(case, dtype):
     _run_bwd(case, dtype)
 
 
-@pytest.mark.parametrize("case", [BWD_CASES[1][:-1], BWD_CASES[5][:-1], BWD_CASES[8][:-1]],
+@pytest.mark.parametrize("case", [BWD_CASES[1][:-1], BWD_CASES[5][:-1], BWD_CASES[8][:-1], BWD_CASES[-1][:-1]],
                          ids=lambda c: _id(c))
 def test_window_softcap_backward_deterministic(case):
     """deterministic=True with a window (its dQ turns count only the K/V tiles that visit a Q tile) and softcap:

@@ -82,13 +82,18 @@ def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False
 
 def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
                  features: dict | None = None, varlen: bool = False):
-    """FlashBwdSm90 (hdim 64 / 128) or FlashBwdWideSm90 (hdim 256, (192, 128)) for a checked config; ``features``:
-    window_left / window_right / softcap keyword arguments (only the non-default ones)."""
+    """FlashBwdSm90 (hdim 64 / 128), FlashBwd192Sm90 ((192, 128): 64 x 128 tiles) or FlashBwdWideSm90 (hdim 256,
+    (192, 128) with a softcap) for a checked config; ``features``: window_left / window_right / softcap keyword arguments
+    (only the non-default ones)."""
     from .bwd import FlashBwdSm90
     from .bwd_wide import WIDE_BWD_TILES, FlashBwdWideSm90
+    from .bwd_wide192 import WIDE192_BWD_TILES, FlashBwd192Sm90
 
     cls = FlashBwdWideSm90 if (hdim, hdim_v) in WIDE_BWD_TILES else FlashBwdSm90
     kw = dict(hdim_v=hdim_v) if cls is FlashBwdWideSm90 else {}
+    if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):
+        # (192, 128): 64 x 128 tiles, dK / dV split by K/V rows (bwd_wide192.py); a softcap stays on FlashBwdWideSm90
+        cls, kw = FlashBwd192Sm90, dict(hdim_v=hdim_v)
     if qhead_per_kvhead != 1:
         kw["qhead_per_kvhead"] = qhead_per_kvhead
     kw.update(features or {})
