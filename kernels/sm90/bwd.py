@@ -311,6 +311,7 @@ class FlashBwdSm90:
 
     dq_transposed = False  # dQ^T = K^T dS^T per warpgroup (80-row Q tiles); FlashBwdWideSm90 keeps dQ = dS K
     varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
+    ds_split = 0  # S^T values per thread exponentiated before the wait for dP^T (0: all of them; p_ds_plain)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -383,6 +384,11 @@ class FlashBwdSm90:
         self.q_stages = self.do_stages = NUM_STAGES  # producer-side depths (FlashBwdWideSm90 sets them apart)
         self.dq_pieces = 1  # dQ GEMMs (and writer hand-offs) per warpgroup and Q tile
         self._set_exp2_regs(self.tile_m, exp2_emu_fraction, consumer_regs, producer_regs)
+        # hd64 (one CTA): the exponents of every S^T value and the exponentials of the first half before the wait for
+        # dP^T, the second half's exponentials fused with dS^T (p_ds_plain / p_part), so that the dS^T FADD / FMUL /
+        # F2FP run on the FMA pipe between MUFU.EX2 instead of after the last one (ncu, H200 hd64 s8k: 40 MUFU.EX2 back
+        # to back, then ~230 FMA-pipe instructions with MUFU idle). 0: every exponential before the wait.
+        self.ds_split = self.tile_m // 4 if hdim == 64 and not self.two_cta else 0  # of tile_m / 2 values per thread
 
     @property
     def lse_stride(self) -> int:
@@ -1048,20 +1054,78 @@ class FlashBwdSm90:
         need_mask = (n_block + 1) * self.tile_n > seqlen_k
         if const_expr(self.causal):
             need_mask = need_mask | ((n_block + 1) * self.tile_n - 1 > m_row0 + causal_off)
-        if need_mask:
+        if const_expr(self.ds_split > 0):
+            # one wait for dP^T between two uniform branches (one WARPGROUP.DEPBAR in the SASS, as the serial path);
+            # each branch holds all of its half's work, ptxas schedules within a branch
+            k, n = self.ds_split, cute.size(acc_S)
+            if need_mask:
+                self.p_part(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k, causal_off,
+                            scale_log2, 0, k, False, True)
+            else:
+                self.p_part(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k, causal_off,
+                            scale_log2, 0, k, False, False)
+            warpgroup.wait_group(0)
+            if need_mask:
+                self.p_part(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k, causal_off,
+                            scale_log2, k, n, True, True)
+            else:
+                self.p_part(acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k, causal_off,
+                            scale_log2, k, n, True, False)
+        else:
+            if need_mask:
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    r, c = tScS[i]
+                    n_g = n_row0 + r
+                    masked = n_g >= seqlen_k
+                    if const_expr(self.causal):
+                        masked = masked | (n_g > m_row0 + c + causal_off)
+                    p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+                    acc_S[i] = Float32(0.0) if masked else p
+            else:
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
+            rP_acc.store(acc_S.load().to(self.dtype))
+            self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc)
+
+    @cute.jit
+    def p_part(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k, causal_off,
+               scale_log2, lo: cutlass.Constexpr[int], hi: cutlass.Constexpr[int], with_ds: cutlass.Constexpr[bool],
+               mask: cutlass.Constexpr[bool]):
+        """P^T values [lo, hi) of the S^T accumulator, exp2(S^T * scale_log2 - LSE_log2) (0 where ``mask`` hides them:
+        seqlen_k and the diagonal), into rP_acc as well. With ``with_ds`` (dP^T waited for, hi = all values): dS^T =
+        P^T (dP^T - dPsum) of every value, the ones of [lo, hi) right after their P^T, each of [0, lo) next to one of
+        them, so that ptxas can put the dS^T arithmetic between the MUFU.EX2 (ds_split). Per value the same operations
+        as the serial path: bitwise equal results."""
+        assert not with_ds or hi - lo >= lo, "p_part: the fused half must be at least as long as the first"
+        if const_expr(not with_ds):  # the exponents of every value before the wait (the FMA pipe has room here)
             for i in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[i] = acc_S[i] * scale_log2 - tLSE[i]
+        for i in cutlass.range_constexpr(lo, hi):
+            p = self.exp2_elem(acc_S[i], i)
+            if const_expr(mask):
                 r, c = tScS[i]
                 n_g = n_row0 + r
                 masked = n_g >= seqlen_k
                 if const_expr(self.causal):
                     masked = masked | (n_g > m_row0 + c + causal_off)
-                p = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
-                acc_S[i] = Float32(0.0) if masked else p
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = self.exp2_elem(acc_S[i] * scale_log2 - tLSE[i], i)
-        rP_acc.store(acc_S.load().to(self.dtype))
-        self.ds_from_p(acc_S, acc_dP, tdPsum, rdS_acc)
+                p = Float32(0.0) if masked else p
+            acc_S[i] = p
+            if const_expr(with_ds):
+                acc_dP[i] = p * (acc_dP[i] - tdPsum[i])
+                if const_expr(i - lo < lo):
+                    j = i - lo
+                    acc_dP[j] = acc_S[j] * (acc_dP[j] - tdPsum[j])
+                    if const_expr(j % 4 == 3):
+                        self.cvt_frag(acc_dP, rdS_acc, j - 3)
+            if const_expr(i % 4 == 3):
+                self.cvt_frag(acc_S, rP_acc, i - 3)
+                if const_expr(with_ds):
+                    self.cvt_frag(acc_dP, rdS_acc, i - 3)
+
+    def cvt_frag(self, src, dst, i0: int):
+        """Values [i0, i0 + 4) of an fp32 accumulator into the same places of its input-dtype view."""
+        frag = cute.make_tensor(src.iterator + i0, cute.make_layout(4))
+        cute.make_tensor(dst.iterator + i0, cute.make_layout(4)).store(frag.load().to(self.dtype))
 
     @cute.jit
     def p_ds_features(self, acc_S, acc_dP, tScS, tLSE, tdPsum, rP_acc, rdS_acc, n_row0, m_row0, seqlen_k,
