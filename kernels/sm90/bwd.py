@@ -312,6 +312,7 @@ class FlashBwdSm90:
     dq_transposed = False  # dQ^T = K^T dS^T per warpgroup (80-row Q tiles); FlashBwdWideSm90 keeps dQ = dS K
     varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
     ds_split = 0  # S^T values per thread exponentiated before the wait for dP^T (0: all of them; p_ds_plain)
+    dq_defer = False  # the dQ hand-off's fence and arrive under the next tile's S^T GEMM (m_block_step)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -389,6 +390,11 @@ class FlashBwdSm90:
         # F2FP run on the FMA pipe between MUFU.EX2 instead of after the last one (ncu, H200 hd64 s8k: 40 MUFU.EX2 back
         # to back, then ~230 FMA-pipe instructions with MUFU idle). 0: every exponential before the wait.
         self.ds_split = self.tile_m // 4 if hdim == 64 and not self.two_cta else 0  # of tile_m / 2 values per thread
+        # hd64 (one CTA): a tile's dQ hand-off ends (fence, arrive on dQFull) after the next tile's S^T GEMM is issued,
+        # not before the wait for dK (m_block_step), so the tensor cores go from dK to the next S^T without the fence's
+        # wait for the dQ stores in between (ncu, H200 hd64 s8k: FENCE.VIEW.ASYNC.S after the dQ stores ~250 cycles per
+        # tile, dK already complete at the end-of-tile wait).
+        self.dq_defer = hdim == 64 and not self.two_cta
 
     @property
     def lse_stride(self) -> int:
@@ -882,6 +888,9 @@ class FlashBwdSm90:
             self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2)
             q_state.advance()
             do_state.advance()
+        if const_expr(self.dq_defer):
+            if work.m_block_min < work.m_block_max:  # the last tile's dQ
+                self.dq_publish(f.wg)
         dest = DkdvDest(smem.sdKs, smem.sdVs, tma.tma_dK, tma.tma_dV, gm.mdK, gm.mdV, work.n_block, work.head,
                         work.batch, work.offset_k)
         self.dkdv_epilogue(f.acc_dK, f.acc_dV, mmas.mma_dKV, mmas.mma_dKV, dest, f.pds_bar, f.wg, f.tid, f.tidx,
@@ -995,7 +1004,13 @@ class FlashBwdSm90:
                           f.tSrdO[None, None, None, sidx], f.tScS, f.tSsLSE[None, None, None, sidx],
                           f.tSsdPsum[None, None, None, sidx], f.rP_acc, f.rdS_acc)
         rows = TileRows(work.n_block, f.n_row0, m_row0, work.seqlen_k, f.causal_off, scale_log2)
-        self.p_and_ds(s_ops, pipes, q_state, do_state, rows)
+        if const_expr(self.dq_defer):
+            # S^T first, then the end of the previous tile's dQ hand-off while it runs (dq_defer), then p_and_ds
+            pipes.pipe_q.consumer_wait(q_state)
+            wgmma(mmas.mma_S, f.acc_S, f.tSrK, s_ops.tSrQ, zero_init=True)
+            if it > 0:
+                self.dq_publish(f.wg)
+        self.p_and_ds(s_ops, pipes, q_state, do_state, rows, self.dq_defer)
         self.ds_exchange(mmas.mma_dKV, f, ptrs, sidx, it, work.rank)
         if const_expr(not self.two_cta):
             self.dq_dk_one_cta(mmas, f, ptrs.sdQ, pipes, q_state, do_state, sidx, it)
@@ -1015,12 +1030,14 @@ class FlashBwdSm90:
             wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
 
     @cute.jit
-    def p_and_ds(self, s: SOperands, pipes: BwdPipes, q_state, do_state, rows: TileRows):
+    def p_and_ds(self, s: SOperands, pipes: BwdPipes, q_state, do_state, rows: TileRows,
+                 s_issued: cutlass.Constexpr[bool] = False):
         """S^T = K_w Q^T and dP^T = V_w dO^T; P^T = exp2(S^T * scale_log2 - LSE_log2) (masked only on tiles that
         cross seqlen_k or the diagonal) and dS^T = P^T (dP^T - dPsum), both converted into their A fragments."""
         mma_S, acc_S, acc_dP, tLSE, tdPsum = s.mma_S, s.acc_S, s.acc_dP, s.tLSE, s.tdPsum
-        pipes.pipe_q.consumer_wait(q_state)
-        wgmma(mma_S, acc_S, s.tSrK, s.tSrQ, zero_init=True)
+        if const_expr(not s_issued):  # (``s_issued``: the caller waited for Q and issued S^T)
+            pipes.pipe_q.consumer_wait(q_state)
+            wgmma(mma_S, acc_S, s.tSrK, s.tSrQ, zero_init=True)
         # LSE / dPsum into registers while the GEMMs run (loaded after a wait_group they sat on the S -> P -> dS
         # path); only where the registers allow (64-row Q tiles without window / softcap: 16 + 16 values; hd64's
         # 128-row tiles and hd128 causal + window + softcap spill) and where it was run on the GPU (hd128 one-CTA:
@@ -1341,6 +1358,11 @@ class FlashBwdSm90:
                                  cute.make_layout((4, self.dq_vals // 4), stride=(1, 512)))
         for i in cutlass.range_constexpr(self.dq_vals):
             sdQ_t[i] = acc_dQ[i]
+        if const_expr(not self.dq_defer):  # (dq_defer: dq_publish under the next tile's S^T GEMM)
+            self.dq_publish(wg)
+
+    def dq_publish(self, wg):
+        """The end of a dQ hand-off: the stores visible to the writer's bulk reduction (async proxy), then dQFull."""
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL + wg, number_of_threads=160)
 
