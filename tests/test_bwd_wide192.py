@@ -46,7 +46,7 @@ def test_plan_and_routing():
     assert type(B._main_kernel(dt, det, 192, 128, True)) is FlashBwd192Sm90
 
 
-def _sass(tmp_path, name, cfg="", kw="", dtype="bfloat16", causal=True):
+def _sass(tmp_path, name, cfg="", kw="", dtype="bfloat16", causal=True, kernel="FlashBwd192Sm90"):
     from kernels.sm90.sass import disassemble, find_nvdisasm
 
     if find_nvdisasm() is None:
@@ -62,7 +62,7 @@ def _sass(tmp_path, name, cfg="", kw="", dtype="bfloat16", causal=True):
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
-    cubins = [c for c in glob.glob(str(dump / "*.cubin")) if "FlashBwd192Sm90" in c]
+    cubins = [c for c in glob.glob(str(dump / "*.cubin")) if kernel in c]
     assert len(cubins) == 1, cubins
     return disassemble(cubins[0])
 
@@ -100,3 +100,15 @@ def test_sass(tmp_path, name, cfg, kw, dtype, causal):
     assert bool(re.search(r"LDG\.E\.STRONG\.GPU", sass)) == ("deterministic" in cfg)
     if "exp2_emu" not in cfg:
         assert count(ops, "MUFU.EX2") == 64  # 32 per thread and Q tile, in the masked and the unmasked loop
+
+
+@pytest.mark.parametrize("causal,kw", [(True, "softcap=30.0"), (False, "window_left=128, window_right=128, softcap=50.0")],
+                         ids=["softcap-causal", "softcap-window-noncausal"])
+def test_softcap_runs_the_64x64_kernel(tmp_path, causal, kw):
+    """(192, 128) with a softcap stays on bwd_wide.py's 64 x 64 kernel: its SASS without spills or serialised wgmma."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    sass = _sass(tmp_path, "softcap", "", kw, "bfloat16", causal, kernel="FlashBwdWideSm90")
+    ops = opcode_counts(sass)
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    assert count(ops, "WARPGROUP.DEPBAR") <= 4 and "HGMMA.64x32x16.F32.BF16" in ops

@@ -43,8 +43,8 @@ dQ writer warp (bulk reduce-add of each warpgroup's 64 x 96 fp32 chunk: the same
 64 x 64 kernel, so bwd_post is unchanged; ``deterministic`` with SPT / naive turns over the 128-row K/V tiles), the
 tile schedule, causal / seqlen_k / sliding-window masking (the window's tile ranges and element masks), GQA (K/V head
 h // g) and the dK / dV epilogue (TMA stores from the K / V tiles' space). Not here: softcap (P^T and P^T (1 - t^2) both
-kept as 16-bit fragments spilled 78 LDL and serialised every wgmma; backward.py runs bwd_wide.py's 64 x 64 kernel for
-it), two_cta and varlen (ConfigErrors, as before).
+kept as 16-bit fragments for dS^T, 16 registers more than the plain path, spilled 59-83 LDL and serialised every wgmma
+in two tries; backward.py runs bwd_wide.py's 64 x 64 kernel for it), two_cta and varlen (ConfigErrors, as before).
 """
 from __future__ import annotations
 
