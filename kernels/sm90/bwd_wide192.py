@@ -12,7 +12,8 @@ Per Q tile of 64 rows, warpgroup w runs, in this order:
     dP^T = V_w dO^T     (SS, 64 x 64, K = 128)  and  dV_w += P^T dO  (RS, 64 x 128, K = 64); wait
     dS^T = P^T (dP^T - dPsum) -> A fragment;  dK_w += dS^T Q  (RS, 64 x 192, K = 64)
     dS^T -> shared memory (stmatrix; both warpgroups meet at a named barrier); wait (dK)
-    dQ[:, half w] = dS K[:, half w]   (SS, 64 x 96, K = 128); wait; fp32 chunk -> the dQ writer warp
+    dQ[:, half w] = dS K[:, half w]   (SS, 64 x 96, K = 128); wait; fp32 chunk -> the dQ staging buffer, whose
+    fence + dQFull arrive for the writer warp follow the next tile's S^T issue (bwd.py's hd64 dq_defer)
 
 Shared memory per Q tile (both warpgroups, wgmma operands read once per GEMM): S^T 96 KB + dP^T 64 KB + the B operands
 of dV / dK 32 + 48 KB + dQ 80 KB = 320 KB, plus 16 KB of dS^T stores, 96 KB of dQ staging (stores and the writer's
@@ -61,6 +62,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..config import DEFAULTS
+from .barriers import Bar
 from .bwd import (SMEM_BYTES, BwdGmem, BwdSmem, BwdTma, BwdWork, DkdvDest, FlashBwdSm90, MmaFrags, SOperands,
                   TileRows, transpose_view)
 from .gemm import wgmma
@@ -222,6 +224,8 @@ class FlashBwd192Sm90(FlashBwdSm90):
             self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2)
             q_state.advance()
             do_state.advance()
+        if work.m_block_min < work.m_block_max:  # the last tile's dQ hand-off
+            self.dq_publish192(f.wg)
         dest = DkdvDest(smem.sdKs, smem.sdVs, tma.tma_dK, tma.tma_dV, gm.mdK, gm.mdV, work.n_block, work.head,
                         work.batch)
         self.dkdv_epilogue(f.acc_dK, f.acc_dV, mmas.mma_dKV, mmas.mma_dV, dest, f.pds_bar, f.wg, f.tid, f.tidx,
@@ -235,17 +239,11 @@ class FlashBwd192Sm90(FlashBwdSm90):
         s_frags = self.s_fragments(mmas.mma_S, smem, wg, tid)
         kv_frags = self.dkv_fragments192(mmas.mma_dKV, mmas.mma_dV, smem, s_frags["acc_S"], tid)
         dq_frags = self.dq_fragments192(mmas.mma_dQ, smem, wg, tid)
-        pds_bar = pipeline.NamedBarrier(barrier_id=int(self._pds_bar_id()), num_threads=self.num_mma_threads)
+        pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
         n_row0 = work.n_block * self.tile_n + wg * 64
         causal_off = work.seqlen_k - work.seqlen_q
         return MmaFrags(wg=wg, tid=tid, tidx=tidx, pds_bar=pds_bar, n_row0=n_row0, causal_off=causal_off, **s_frags,
                         **kv_frags, **dq_frags)
-
-    @staticmethod
-    def _pds_bar_id():
-        from .barriers import Bar
-
-        return Bar.BWD_PDS
 
     def s_fragments(self, mma_S, smem: BwdSmem, wg, tid) -> dict:
         """S^T / dP^T = K_w Q^T / V_w dO^T operands (every Q / dO stage), accumulators, coordinates, LSE / dPsum
@@ -315,6 +313,8 @@ class FlashBwd192Sm90(FlashBwdSm90):
         acc_S, acc_dP = f.acc_S, f.acc_dP
         pipes.pipe_q.consumer_wait(q_state)
         wgmma(mmas.mma_S, acc_S, f.tSrK, f.tSrQ[None, None, None, qi], zero_init=True)
+        if it > 0:  # the previous tile's dQ hand-off ends under this S^T GEMM
+            self.dq_publish192(f.wg)
         warpgroup.wait_group(0)
         self.p_to_regs(acc_S, f.tScS, f.tSsLSE[None, None, None, qi], f.rP_acc, rows)
         pipes.pipe_do.consumer_wait(do_state)
@@ -339,7 +339,25 @@ class FlashBwd192Sm90(FlashBwdSm90):
         pipes.pipe_q.consumer_release(q_state)
         wgmma(mmas.mma_dQ, f.acc_dQ, f.tdQrdS[None, None, None, 0], f.tdQrK, zero_init=True)
         warpgroup.wait_group(0)
-        self.dq_to_writer(f.acc_dQ, ptrs.sdQ, f.wg, f.tid, it)
+        self.dq_store192(f.acc_dQ, ptrs.sdQ, f.wg, f.tid)
+
+    @cute.jit
+    def dq_store192(self, acc_dQ, sdQ_raw, wg, tid):
+        """The first part of warpgroup wg's dQ hand-off to the writer warp (bwd.py's dq_to_writer, one staging
+        buffer): wait until the writer has read the previous chunk (dQEmpty), store the fp32 fragment in fragment order.
+        The fence and the dQFull arrive (dq_publish192) follow once the next Q tile's S^T GEMM is issued (or after the
+        last tile), so that the fence's wait for the stores does not sit between dQ and the next S^T on the tensor
+        cores (the hd64 kernel's dq_defer, bwd.py)."""
+        cute.arch.barrier(barrier_id=int(Bar.BWD_DQ_EMPTY) + wg, number_of_threads=160)
+        sdQ_t = cute.make_tensor(sdQ_raw + (wg * self.dq_chunk + tid * 4),
+                                 cute.make_layout((4, self.dq_vals // 4), stride=(1, 512)))
+        for i in cutlass.range_constexpr(self.dq_vals):
+            sdQ_t[i] = acc_dQ[i]
+
+    def dq_publish192(self, wg):
+        """The end of a dQ hand-off: the stores visible to the writer's bulk reduction (async proxy), then dQFull."""
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(Bar.BWD_DQ_FULL) + wg, number_of_threads=160)
 
     @cute.jit
     def p_to_regs(self, acc_S, tScS, tLSE, rP_acc, rows: TileRows):
