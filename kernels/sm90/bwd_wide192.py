@@ -63,7 +63,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..config import DEFAULTS
 from .barriers import Bar
-from .bwd import (SMEM_BYTES, BwdGmem, BwdSmem, BwdTma, BwdWork, DkdvDest, FlashBwdSm90, MmaFrags, SOperands,
+from .bwd import (SMEM_BYTES, BwdGmem, BwdSmem, BwdTma, BwdWork, DkdvDest, FlashBwdSm90, MmaFrags,
                   TileRows, transpose_view)
 from .gemm import wgmma
 
