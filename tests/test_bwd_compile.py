@@ -2,7 +2,7 @@
 
 Switch combinations are covered pairwise (every pair of values of deterministic x exp2 fraction x causal x
 hdim x dtype x two_cta appears in some row) to keep CI small; the wide head dims (256, (192, 128)) have their own
-pairwise rows (no two_cta there: a ConfigError).
+pairwise rows (one CTA; two_cta at hd256 is tested in tests/test_bwd_wide_two_cta.py, at (192, 128) a ConfigError).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_bwd_compiles(det, frac, causal, hdim, dtype, two_cta):
     assert out["exp2_fraction_compiled"] == round(frac * groups) / groups
 
 
-# the wide head dims (kernels/sm90/bwd_wide.py; no two_cta there): (deterministic, exp2_emu_fraction, causal,
+# the wide head dims (kernels/sm90/bwd_wide.py, one CTA): (deterministic, exp2_emu_fraction, causal,
 # (hdim, hdim_v), dtype), pairwise over the first four factors with the dtype alternating
 WIDE = [
     (False, 0.0, False, (256, 256), "bfloat16"),
@@ -111,7 +111,6 @@ def test_distinct_configs_distinct_kernels():
 
 
 @pytest.mark.parametrize("cfg,hdim,hdim_v,match", [
-    (dict(two_cta=True), 256, 256, "two_cta=True at hdim 256"),
     (dict(two_cta=True, deterministic=True), 192, 128, "two_cta=True at hdim 192"),
     (dict(bwd_tile_m=128), 256, 256, "bwd_tile_m=128 at hdim 256"),
     (dict(bwd_tile_m=128), 128, 128, "bwd_tile_m=128 at hdim 128"),

@@ -65,6 +65,7 @@ SHAPES = [(2, 128, 128, 2), (1, 113, 257, 3), (2, 301, 301, 2), (1, 200, 77, 2),
 # "128", "256", "192x128"), so ``-k "256 or 192"`` selects the wide kernel (kernels/sm90/bwd_wide.py)
 HDIMS = [64, 128, 256, (192, 128)]
 WIDE = [256, (192, 128)]
+NO_TWO_CTA = [(192, 128)]  # two_cta is a ConfigError there (hd256's 2-CTA kernel: tests/test_bwd_wide_two_cta_gpu.py)
 
 
 def _hid(d):
@@ -97,7 +98,7 @@ def _sid(switch):
                          ids=["64-float16", "128-bfloat16", "256-bfloat16", "192x128-float16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_switches(switch, hdim, dtype, causal):
-    if switch.get("two_cta") and hdim in WIDE:
+    if switch.get("two_cta") and hdim in NO_TWO_CTA:
         from kernels import ConfigError
 
         with pytest.raises(ConfigError, match="two_cta=True at hdim"):
@@ -195,8 +196,8 @@ def test_deterministic_bitwise(causal, hdim, variant):
         pytest.skip("bwd_tile_m=128 is a hd64 option")
     if variant == "tile80" and hdim != 128:
         pytest.skip("bwd_tile_m=80 is a hd128 option")
-    if variant == "two_cta" and hdim in WIDE:
-        pytest.skip("no two_cta at the wide head dims (a ConfigError, test_bwd_switches)")
+    if variant == "two_cta" and hdim in NO_TWO_CTA:
+        pytest.skip("no two_cta at (192, 128) (a ConfigError, test_bwd_switches)")
     n_diff = _repeat_dq(_cfg(deterministic=True, **VARIANTS[variant]), causal, 200, d=hdim)
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 

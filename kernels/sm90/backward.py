@@ -3,7 +3,8 @@
 ``attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config) -> (dq, dk, dv)``; tensors are
 (batch, seqlen, heads, head_dim) bf16/fp16 CUDA tensors (v, out, dout and dv with head_dim_v), lse is
 (batch, heads, seqlen_q) fp32 natural log. (head_dim, head_dim_v): (64, 64) and (128, 128) run FlashBwdSm90
-(bwd.py), (256, 256) and (192, 128) FlashBwdWideSm90 (bwd_wide.py).
+(bwd.py), (256, 256) and (192, 128) FlashBwdWideSm90 (bwd_wide.py; hd256 with two_cta: FlashBwdWideTwoCtaSm90,
+bwd_wide_two_cta.py).
 ``compile_backward(...)`` builds the three kernels from fake tensors (no GPU needed) for tests / SASS checks.
 
 GQA / MQA (k, v with h_kv heads dividing q's h; group g = h / h_kv, a compile-time constant of the main kernel and part
@@ -44,6 +45,7 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
     ``features``: a sliding window or softcap is used; ``softcap``: a softcap is."""
     from .bwd import BWD_TILES
     from .bwd_wide import WIDE_BWD_TILES
+    from .bwd_wide_two_cta import TWO_CTA_WIDE_HDIMS
 
     supported = sorted({(d, d) for d in BWD_TILES} | set(WIDE_BWD_TILES))
     if (hdim, hdim_v) not in supported:
@@ -51,10 +53,10 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
                           f"head_dim_v) in {supported}")
     if (hdim, hdim_v) in WIDE_BWD_TILES:
         tm = WIDE_BWD_TILES[(hdim, hdim_v)][0]
-        if cfg.two_cta:
-            raise ConfigError(f"two_cta=True at hdim {hdim}: the sm90 backward has no 2-CTA mode at head dims "
-                              f"{sorted(WIDE_BWD_TILES)} (the peer's K tile and dS exchange do not fit in shared "
-                              "memory next to the 64-row tiles); use two_cta=False")
+        if cfg.two_cta and (hdim, hdim_v) not in TWO_CTA_WIDE_HDIMS:
+            raise ConfigError(f"two_cta=True at hdim {hdim} (head_dim_v {hdim_v}): the sm90 wide backward has a 2-CTA "
+                              f"mode at (head_dim, head_dim_v) in {list(TWO_CTA_WIDE_HDIMS)} only (kernels/sm90/"
+                              "bwd_wide_two_cta.py); use two_cta=False")
         if cfg.bwd_tile_m != tm:
             raise ConfigError(f"bwd_tile_m={cfg.bwd_tile_m} at hdim {hdim}: the sm90 backward supports {tm} there "
                               "(64 x 64 tiles, the warpgroups split the head dim)")
@@ -90,7 +92,9 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     from .bwd_wide192 import WIDE192_BWD_TILES, FlashBwd192Sm90
 
     cls = FlashBwdWideSm90 if (hdim, hdim_v) in WIDE_BWD_TILES else FlashBwdSm90
-    kw = dict(hdim_v=hdim_v) if cls is FlashBwdWideSm90 else {}
+    if cls is FlashBwdWideSm90 and cfg.two_cta:  # hd256 in 2-CTA clusters
+        from .bwd_wide_two_cta import FlashBwdWideTwoCtaSm90 as cls
+    kw = dict(hdim_v=hdim_v) if issubclass(cls, FlashBwdWideSm90) else {}
     if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):
         # (192, 128): 64 x 128 tiles, dK / dV split by K/V rows (bwd_wide192.py); a softcap stays on FlashBwdWideSm90
         cls, kw = FlashBwd192Sm90, dict(hdim_v=hdim_v)
@@ -106,6 +110,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
 def _post_layout(main) -> dict:
     """The postprocess's view of the main kernel's tile-blocked dQaccum: chunks per Q tile and their dQ (or dQ^T)
     fragment shape. two_cta: 4 chunks of dQ^T (64 head-dim rows x dq_n Q rows), 2 per CTA of the pair."""
+    if hasattr(main, "post_layout"):  # hd256 two_cta: the one-CTA hd256 layout (bwd_wide_two_cta.py)
+        return main.post_layout()
     if main.two_cta:
         return dict(chunks=main.cluster * main.num_mma_wg, transposed=True, dq_shape=(64, main.dq_n))
     return dict(chunks=main.num_mma_wg * main.dq_pieces, transposed=main.dq_transposed)

@@ -14,6 +14,8 @@ class Bar(IntEnum):
     BWD_PDS = 5  # both MMA warpgroups: dS of this Q tile is in shared memory
     BWD_DQ_FULL = 7  # 7, 8: MMA warpgroup w -> dQ writer warp: chunk w written
     BWD_DQ_EMPTY = 9  # 9, 10: dQ writer warp -> MMA warpgroup w: chunk w's buffer free again
+    BWD_DS_SEND = 11  # hd256 two_cta: both MMA warpgroups -> the exchange warp: dS^T of this Q tile stored
+    BWD_DS_READ = 12  # hd256 two_cta: both MMA warpgroups -> the exchange warp: dV / dQ of this Q tile done
 
 
 assert max(Bar) + 1 <= 15, "Hopper has named barriers 0..15"

@@ -26,11 +26,14 @@ in two 64 x 64 GEMMs handed to the writer one after the other through one 16 KB 
 warpgroup (48 KB): 185 KB. Registers per MMA thread (of 240): hd256 dK + dV accumulators 64 + 64, dQ 2 x 32,
 S^T + dP^T 16 + 16; (192, 128): 48 + 32, 48, 16 + 16. P^T / dS^T have one buffer: a warpgroup waits at a named
 barrier until the other has finished the previous Q tile's GEMMs before it overwrites them. At hd192 the Q and K
-tiles use 32-wide (64-byte) swizzle atoms so that each warpgroup's 96-column half starts on an atom. two_cta is
-not supported at these head dims (a ConfigError in backward.py). Sliding window and softcap: bwd.py's tile schedule,
-P^T / dS^T recomputation and dQ turns (see its docstring), with this kernel's 64 x 32 S^T tiles per warpgroup.
+tiles use 32-wide (64-byte) swizzle atoms so that each warpgroup's 96-column half starts on an atom. two_cta at hd256
+is FlashBwdWideTwoCtaSm90 (bwd_wide_two_cta.py: 2-CTA clusters, Q / dO multicast, dS exchanged over DSMEM, dQ split by
+head-dim halves); (192, 128) has none (a ConfigError in backward.py). Sliding window and softcap: bwd.py's tile
+schedule, P^T / dS^T recomputation and dQ turns (see its docstring), with this kernel's 64 x 32 S^T tiles per warpgroup.
 """
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import cuda.bindings.driver as cuda
 
@@ -54,6 +57,29 @@ WIDE_BWD_TILES = {(256, 256): (DEFAULTS[("sm90", 256)]["bwd_tile_m"], 64),
                   (192, 128): (DEFAULTS[("sm90", 192)]["bwd_tile_m"], 64)}
 
 
+class WideFrags(NamedTuple):
+    """An MMA warpgroup's S^T / dP^T, P^T / dS^T staging and dV / dK operands (FlashBwdWideSm90.s_dkv_fragments)."""
+    tSrK: Any
+    tSrV: Any
+    tSrQ: Any
+    tSrdO: Any
+    acc_S: Any
+    acc_dP: Any
+    tScS: Any
+    tSsLSE: Any
+    tSsdPsum: Any
+    rP: Any
+    rdS: Any
+    st_atom: Any
+    thr_st: Any
+    tSsP: Any
+    tSsdS: Any
+    tdVrP: Any
+    tdVrdO: Any
+    tdKrdS: Any
+    tdKrQ: Any
+
+
 class FlashBwdWideSm90(FlashBwdSm90):
     """Main backward kernel for the wide head dims. Plain-Python knobs in, compile-time constants inside."""
 
@@ -66,8 +92,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
         if (hdim, hdim_v) not in WIDE_BWD_TILES:
             raise ValueError(f"(hdim, hdim_v)=({hdim}, {hdim_v}): FlashBwdWideSm90 supports {sorted(WIDE_BWD_TILES)}")
         if two_cta:
-            raise ValueError(f"two_cta=True: not supported at hdim {hdim} (the peer's K tile and dS exchange do not "
-                             "fit in shared memory next to the wide tiles)")
+            raise ValueError(f"two_cta=True: FlashBwdWideSm90 is the one-CTA kernel (hdim {hdim}); the 2-CTA one is "
+                             "FlashBwdWideTwoCtaSm90 (bwd_wide_two_cta.py, hdim 256)")
         self._set_schedule(dtype, causal, deterministic, det_schedule)
         self._set_features(window_left, window_right, softcap)  # sliding window / softcap: bwd.py's p_and_ds
         self.hdim, self.hdim_v = hdim, hdim_v
@@ -213,45 +239,18 @@ class FlashBwdWideSm90(FlashBwdSm90):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tid = tidx % 128
 
-        # ---- S^T / dP^T = K Q_w^T / V dO_w^T: all 64 K/V rows x this warpgroup's half of the Q rows ----------
-        thr_S = mma_S.get_slice(tid)
-        tSrK = thr_S.make_fragment_A(thr_S.partition_A(sK[None, None, 0]))
-        tSrV = thr_S.make_fragment_A(thr_S.partition_A(sV[None, None, 0]))
-        tSrQ = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sQ, (hm, d, qst), (wg, 0, 0))))
-        tSrdO = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sdO, (hm, dv, dost), (wg, 0, 0))))
-        acc_S = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
-        acc_dP = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
-        tScS = thr_S.partition_C(cute.make_identity_tensor((64, hm)))
-        bcast = lambda n: cute.make_layout((64, hm, n), stride=(0, 1, tm))
-        tSsLSE = thr_S.partition_C(cute.make_tensor(sLSE.iterator + wg * hm, bcast(qst)))
-        tSsdPsum = thr_S.partition_C(cute.make_tensor(sdPsum.iterator + wg * hm, bcast(dost)))
-        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-        # P^T / dS^T fragments -> shared memory with stmatrix, this warpgroup's Q columns of the (tn, tm) tiles
-        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        thr_st = cute.make_tiled_copy_C(st_atom, mma_S).get_slice(tid)
-        sPt = transpose_view(sP)[None, None, 0]  # (tn, tm): Q rows contiguous
-        sdSt = transpose_view(sdS)[None, None, 0]
-        tSsP = thr_st.partition_D(cute.local_tile(sPt, (64, hm), (0, wg)))
-        tSsdS = thr_st.partition_D(cute.local_tile(sdSt, (64, hm), (0, wg)))
-
-        # ---- dV[:, half w] += P^T dO, dK[:, half w] += dS^T Q (SS), dQ[:, half w] = dS K (SS, in dq_pieces) ----
-        thr_dV = mma_dV.get_slice(tid)
-        tdVrP = thr_dV.make_fragment_A(thr_dV.partition_A(sPt))
-        tdVrdO = thr_dV.make_fragment_B(thr_dV.partition_B(
-            cute.local_tile(transpose_view(sdO), (dv // 2, tm, dost), (wg, 0, 0))))
-        thr_dK = mma_dK.get_slice(tid)
-        tdKrdS = thr_dK.make_fragment_A(thr_dK.partition_A(sdSt))
-        tdKrQ = thr_dK.make_fragment_B(thr_dK.partition_B(
-            cute.local_tile(transpose_view(sQ), (d // 2, tm, qst), (wg, 0, 0))))
+        (tSrK, tSrV, tSrQ, tSrdO, acc_S, acc_dP, tScS, tSsLSE, tSsdPsum, rP, rdS, st_atom, thr_st, tSsP, tSsdS,
+         tdVrP, tdVrdO, tdKrdS, tdKrQ) = self.s_dkv_fragments(mma_S, mma_dK, mma_dV, sQ, sK, sV, sdO, sP, sdS, sLSE,
+                                                              sdPsum, wg, tid)
+        # ---- dQ[:, half w] = dS K (SS, in dq_pieces) ----
         thr_dQ = mma_dQ.get_slice(tid)
         tdQrdS = thr_dQ.make_fragment_A(thr_dQ.partition_A(sdS[None, None, 0]))
         dq_n = self.dq_shape[1]  # head-dim columns per dQ GEMM: piece p of warpgroup w is chunk w * pieces + p
         tdQrK = [thr_dQ.make_fragment_B(thr_dQ.partition_B(
             cute.local_tile(transpose_view(sK)[None, None, 0], (dq_n, tn), (wg * pieces + p, 0))))
             for p in range(pieces)]
-        acc_dV = cute.make_rmem_tensor(thr_dV.partition_shape_C((64, dv // 2)), Float32)
-        acc_dK = cute.make_rmem_tensor(thr_dK.partition_shape_C((64, d // 2)), Float32)
+        acc_dV = cute.make_rmem_tensor(mma_dV.get_slice(tid).partition_shape_C((64, dv // 2)), Float32)
+        acc_dK = cute.make_rmem_tensor(mma_dK.get_slice(tid).partition_shape_C((64, d // 2)), Float32)
         acc_dQ = [cute.make_rmem_tensor(thr_dQ.partition_shape_C(self.dq_shape), Float32) for _ in range(pieces)]
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
@@ -299,6 +298,46 @@ class FlashBwdWideSm90(FlashBwdSm90):
 
         dest = DkdvDest(sK, sV, tma_dK, tma_dV, mdK, mdV, n_block, head, batch)
         self.dkdv_epilogue(acc_dK, acc_dV, mma_dK, mma_dV, dest, pds_bar, wg, tid, tidx, softmax_scale, None)
+
+    def s_dkv_fragments(self, mma_S, mma_dK, mma_dV, sQ, sK, sV, sdO, sP, sdS, sLSE, sdPsum, wg, tid) -> WideFrags:
+        """Warpgroup wg's S^T / dP^T operands, accumulators, coordinates and LSE / dPsum broadcasts (all Q / dO
+        stages), the stmatrix partitions of its Q columns of the P^T / dS^T tiles, and the dV / dK operands (the
+        one-CTA kernel and FlashBwdWideTwoCtaSm90 share them)."""
+        tm, d, dv, hm = self.tile_m, self.hdim, self.hdim_v, self.half_m
+        qst, dost = self.q_stages, self.do_stages
+        # ---- S^T / dP^T = K Q_w^T / V dO_w^T: all 64 K/V rows x this warpgroup's half of the Q rows ----------
+        thr_S = mma_S.get_slice(tid)
+        tSrK = thr_S.make_fragment_A(thr_S.partition_A(sK[None, None, 0]))
+        tSrV = thr_S.make_fragment_A(thr_S.partition_A(sV[None, None, 0]))
+        tSrQ = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sQ, (hm, d, qst), (wg, 0, 0))))
+        tSrdO = thr_S.make_fragment_B(thr_S.partition_B(cute.local_tile(sdO, (hm, dv, dost), (wg, 0, 0))))
+        acc_S = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
+        acc_dP = cute.make_rmem_tensor(thr_S.partition_shape_C((64, hm)), Float32)
+        tScS = thr_S.partition_C(cute.make_identity_tensor((64, hm)))
+        bcast = lambda n: cute.make_layout((64, hm, n), stride=(0, 1, tm))
+        tSsLSE = thr_S.partition_C(cute.make_tensor(sLSE.iterator + wg * hm, bcast(qst)))
+        tSsdPsum = thr_S.partition_C(cute.make_tensor(sdPsum.iterator + wg * hm, bcast(dost)))
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+        # P^T / dS^T fragments -> shared memory with stmatrix, this warpgroup's Q columns of the (tn, tm) tiles
+        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_st = cute.make_tiled_copy_C(st_atom, mma_S).get_slice(tid)
+        sPt = transpose_view(sP)[None, None, 0]  # (tn, tm): Q rows contiguous
+        sdSt = transpose_view(sdS)[None, None, 0]
+        tSsP = thr_st.partition_D(cute.local_tile(sPt, (64, hm), (0, wg)))
+        tSsdS = thr_st.partition_D(cute.local_tile(sdSt, (64, hm), (0, wg)))
+
+        # ---- dV[:, half w] += P^T dO, dK[:, half w] += dS^T Q (SS) ----
+        thr_dV = mma_dV.get_slice(tid)
+        tdVrP = thr_dV.make_fragment_A(thr_dV.partition_A(sPt))
+        tdVrdO = thr_dV.make_fragment_B(thr_dV.partition_B(
+            cute.local_tile(transpose_view(sdO), (dv // 2, tm, dost), (wg, 0, 0))))
+        thr_dK = mma_dK.get_slice(tid)
+        tdKrdS = thr_dK.make_fragment_A(thr_dK.partition_A(sdSt))
+        tdKrQ = thr_dK.make_fragment_B(thr_dK.partition_B(
+            cute.local_tile(transpose_view(sQ), (d // 2, tm, qst), (wg, 0, 0))))
+        return WideFrags(tSrK, tSrV, tSrQ, tSrdO, acc_S, acc_dP, tScS, tSsLSE, tSsdPsum, rP, rdS, st_atom, thr_st, tSsP,
+                         tSsdS, tdVrP, tdVrdO, tdKrdS, tdKrQ)
 
     def dkdv_slice(self, s, cols, wg):
         """Warpgroup wg's part of a dK / dV staging tile (dkdv_epilogue in bwd.py): all K/V rows, its head-dim half."""
