@@ -168,6 +168,7 @@ class BwdWork(NamedTuple):
     offset_q: Any = 0
     offset_k: Any = 0
     pad_tile: Any = 0
+    m_rot: Any = 0  # m_rotate: the Q tile this CTA walks first, relative to m_block_min
 
 
 class DsPtrs(NamedTuple):
@@ -313,6 +314,7 @@ class FlashBwdSm90:
     varlen = False  # packed variable-length batches (call_varlen); FlashBwdWideSm90 has none
     ds_split = 0  # S^T values per thread exponentiated before the wait for dP^T (0: all of them; p_ds_plain)
     dq_defer = False  # the dQ hand-off's fence and arrive under the next tile's S^T GEMM (m_block_step)
+    m_rotate = False  # each CTA walks its Q tiles from its own starting tile (m_block_at)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -395,6 +397,13 @@ class FlashBwdSm90:
         # wait for the dQ stores in between (ncu, H200 hd64 s8k: FENCE.VIEW.ASYNC.S after the dQ stores ~250 cycles per
         # tile, dK already complete at the end-of-tile wait).
         self.dq_defer = hdim == 64 and not self.two_cta
+        # hd64 non-causal, non-deterministic (no window): K/V tile n walks its Q tiles starting at tile n mod their count,
+        # wrapping around (m_block_at; loads, MMA and writer alike), so the CTAs of one head, which run side by side,
+        # bulk-reduce into different dQ tiles instead of all into the same one at the same time (ncu, H200 hd64 s8k:
+        # the MMA warps waited 5% of the stall samples, ~270 cycles per Q tile, for the single dQ staging buffer, i.e.
+        # for the writer's previous bulk reduction to be read; the writer spent ~30% of its time waiting for those
+        # reads). Deterministic mode keeps K/V tile order: its turns would chain the CTAs' rotations.
+        self.m_rotate = hdim == 64 and not self.two_cta and not causal and not deterministic and not self.has_window
 
     @property
     def lse_stride(self) -> int:
@@ -676,8 +685,24 @@ class FlashBwdSm90:
             seqlen_q = mQ.shape[0]
             seqlen_k = mK.shape[0]
         n_block, num_groups, rank, m_block_min, m_block_max = self.tile_schedule(bidx, seqlen_q, seqlen_k)
+        m_rot = Int32(0)
+        if const_expr(self.m_rotate):
+            count = m_block_max - m_block_min
+            if count > 1:
+                m_rot = n_block % count
         return BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q, seqlen_k,
-                       offset_q, offset_k, pad_tile)
+                       offset_q, offset_k, pad_tile, m_rot)
+
+    @cute.jit
+    def m_block_at(self, m_iter, work: BwdWork):
+        """The Q tile of loop step m_iter (m_block_min <= m_iter < m_block_max): m_iter itself, or with m_rotate the
+        step's tile counted from m_block_min + m_rot, wrapping around at m_block_max."""
+        m_block = m_iter
+        if const_expr(self.m_rotate):
+            m_block = m_iter + work.m_rot
+            if m_block >= work.m_block_max:
+                m_block = m_block - (work.m_block_max - work.m_block_min)
+        return m_block
 
     @cute.jit
     def shared_setup(self, tidx):
@@ -814,7 +839,8 @@ class FlashBwdSm90:
         pipe_q, pipe_do = pipes.pipe_q, pipes.pipe_do
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
-        for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
+        for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
+            m_block = self.m_block_at(m_iter, work)
             pipe_q.producer_acquire(q_state)
             bar = pipe_q.producer_get_barrier(q_state)
             lse_block = m_block
@@ -999,6 +1025,8 @@ class FlashBwdSm90:
         warp) and dK (dq_dk_one_cta / dq_dk_two_cta), which release the Q and dO stages."""
         sidx = q_state.index
         it = m_block - work.m_block_min
+        if const_expr(self.m_rotate):  # ``m_block`` is the loop step: its tile (m_block_at); ``it`` stays the step
+            m_block = self.m_block_at(m_block, work)
         m_row0 = m_block * self.tile_m
         s_ops = SOperands(mmas.mma_S, f.acc_S, f.acc_dP, f.tSrK, f.tSrV, f.tSrQ[None, None, None, sidx],
                           f.tSrdO[None, None, None, sidx], f.tScS, f.tSsLSE[None, None, None, sidx],
@@ -1384,7 +1412,8 @@ class FlashBwdSm90:
         else:
             mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
-        for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+        for m_iter in cutlass.range(m_block_min, m_block_max, unroll=1):
+            m_block = self.m_block_at(m_iter, work)
             acc_block = m_block  # the Q tile's slot in dQaccum / the semaphores
             if const_expr(self.varlen):
                 acc_block = m_block + pad_tile
@@ -1396,7 +1425,7 @@ class FlashBwdSm90:
                 sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
             for p in cutlass.range_constexpr(self.dq_pieces):
                 # hand-off slot of this piece: dq_pieces per Q tile, dq_stages buffers
-                buf = (((m_block - m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
+                buf = (((m_iter - m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     if const_expr(not self.deterministic or p > 0):
                         # this buffer's previous chunks (dq_stages hand-offs ago) have been read
