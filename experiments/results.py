@@ -131,8 +131,8 @@ class ResultStore:
 
     def _repair(self) -> None:
         """Drop a torn last line, live lines already in the archive (an archive step killed between writing the
-        archive and emptying the live file) and rows of jobs whose rows are incomplete (killed mid-write). Only
-        the live file is rewritten. Under the lock."""
+        archive and emptying the live file) and rows of jobs whose run's rows are incomplete (killed mid-write).
+        Only the live file is rewritten. Under the lock."""
         if not self.path.exists():
             return
         raw = self.path.read_text(encoding="utf-8")
@@ -140,9 +140,11 @@ class ResultStore:
         parsed = _lines(raw)
         seen = {line for line, _ in archived}
         live = [(line, r) for line, r in parsed if line not in seen]
-        counts = Counter(r.get("job_key") for _, r in archived + live)
+        # a job is complete when its run wrote all its rows: counted per (job_key, run_id), so a deliberate re-run
+        # of a job into a fresh results dir, appended to a set that already holds an earlier run, stays whole
+        counts = Counter((r.get("job_key"), r.get("run_id")) for _, r in archived + live)
         keep = [(line, r) for line, r in live
-                if r.get("job_nrows") is None or counts[r.get("job_key")] == r["job_nrows"]]
+                if r.get("job_nrows") is None or counts[(r.get("job_key"), r.get("run_id"))] == r["job_nrows"]]
         if len(keep) != len(parsed) or (raw and not raw.endswith("\n")):
             self._rewrite(keep)
 

@@ -93,6 +93,26 @@ def test_repair_counts_archived_rows_and_drops_torn_live_jobs(tmp_path):
     assert not store.is_done("x") and len(store.existing_keys()) == 4 and path.read_bytes() == b""
 
 
+def test_a_rerun_of_archived_jobs_appended_from_another_dir_stays_whole(tmp_path):
+    """A job re-run into a fresh results dir (same job keys, another run_id) and appended to a set whose archive holds
+    the first run: both runs stay, in the archive after archiving (the repair once counted rows per job key only, saw
+    twice job_nrows and dropped the re-run)."""
+    path = tmp_path / "rows.jsonl"
+    first = [[dict(r, run_id="run1") for r in rows] for rows in _jobs(3)]
+    _store(path, first)
+    archive(path)
+    other = tmp_path / "other" / "rows.jsonl"
+    other.parent.mkdir()
+    _store(other, [[dict(r, run_id="run2") for r in rows] for rows in _jobs(3)])
+    with open(path, "a") as f:
+        f.write(other.read_text())
+    n_first = sum(len(rows) for rows in first)
+    assert len(read_rows(path)) == 2 * n_first
+    _, moved = archive(path)
+    assert moved == n_first and len(read_rows(path)) == 2 * n_first and path.read_bytes() == b""
+    assert {r["run_id"] for r in read_rows(path)} == {"run1", "run2"}
+
+
 def test_drop_jobs_and_retry_reach_archived_rows(tmp_path):
     cfg = cpu_sweep(tmp_path, "experiment.backends=[reference,fault_compile]", "shape.grid.seqlens=[64]",
                     "shape.grid.causal=[false]")
