@@ -358,8 +358,10 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     if rescale_share is None:
         rescale_share = 1.0 if cfg.rescale_threshold == 0 else 0.0
     overlap = bool(cfg.pingpong or cfg.intra_wg_overlap)
-    two_cta = bool(cfg.two_cta and mode == "bwd" and cfg_arch == "sm100")
-    frac = compiled_config(cfg, cfg_arch, hdim, causal, mode)["exp2_emu_fraction"]  # whole fragments
+    compiled = compiled_config(cfg, cfg_arch, hdim, causal, mode)
+    frac = compiled["exp2_emu_fraction"]  # whole fragments
+    run_two_cta = bool(mode == "bwd" and compiled.get("two_cta"))  # two_cta=None: the head dim's default (sm90 hd256)
+    two_cta = run_two_cta and cfg_arch == "sm100"
     tc = tile_cost(gpu, mode, tm, tn, hdim, hdim_v, exp2_emu_fraction=frac,
                    rescale_share=rescale_share, overlap=overlap, two_cta=two_cta, poly_cost_scale=poly_scale)
 
@@ -377,7 +379,7 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     flops = attention_flops(batch, heads, sq, sk, hdim, hdim_v, causal, mode)  # kernels/flops.py
     t = max(t_compute, t_hbm)
     bound = tc.bound if t_compute >= t_hbm else "hbm"
-    if mode == "bwd" and cfg.two_cta and not two_cta:
+    if run_two_cta and not two_cta:
         used["two_cta"] = ("not modelled on sm90: its gain there (dQ global reductions halved, Q/dO multicast) "
                            "is outside the per-tile resources")
     if mode == "bwd" and cfg.deterministic:

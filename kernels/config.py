@@ -25,6 +25,9 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #   persistent_max_seqlen : (non-causal, causal) longest seqlen_q at which AttnConfig.persistent=None runs the
 #                   persistent forward (0 = never); not a config field: kernels/interface.py attention_forward applies it
 #                   per call (kernels.config.persistent_by_default)
+#   two_cta       : whether AttnConfig.two_cta=None runs the 2-CTA backward at this head dim; not filled in by resolve():
+#                   the sm90 backward applies it per call (kernels.config.two_cta_by_default; not with a window, softcap
+#                   or varlen)
 DEFAULTS: dict[tuple[str, int], dict] = {
     # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
     # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
@@ -41,28 +44,33 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # ~+-7% at these short calls). Only hd64 <= 1k gained in both: the default runs it there; everything else
     # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
     # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
-    # kernel: AttnConfig.resolve gives two_cta 64 rows, the backward runs softcap / varlen calls with 64 rows.
+    # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=80, persistent_max_seqlen=(0, 0)),
+                        bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False),
+    # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10
+    # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
+    # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
+    # (two_cta_by_default). hd64 / 128 two_cta is slower: off there; (192, 128) has no 2-CTA mode.
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0)),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
-    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
-    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
-    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
-    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0)),
+    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
+    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
+    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
+    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
 }
 
 DET_SCHEDULES = ("spt", "naive")
-PER_CALL_FIELDS = ("persistent", "pack_gqa")  # None stays None through resolve(): decided per call from the shapes
+# None stays None through resolve(): decided per call (shapes; two_cta: head dims, window / softcap, varlen)
+PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
 OMITTED_AT: dict[str, object] = {"cluster_m": 1}
@@ -87,7 +95,10 @@ class AttnConfig:
     pingpong: bool = True  # two consumer warpgroups alternate GEMMs and softmax (named barriers)
     intra_wg_overlap: bool = True  # a warpgroup's softmax(j) overlaps its own QK^T(j+1) / PV(j)
     deterministic: bool = False  # backward: dQ accumulated in a fixed order
-    two_cta: bool = False  # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS
+    # backward: CTA pairs in a cluster of 2 share Q/dO and exchange dS. None = decided per call (two_cta_by_default):
+    # on where DEFAULTS says so (sm90 hd256: 1.15x the one-CTA backward on the H200) and the call has no window,
+    # softcap or varlen; True / False force it. Not filled in by resolve(); left out of to_dict() while None.
+    two_cta: bool | None = None
     det_schedule: str = "spt"  # deterministic causal backward: "spt" (shortest first) or "naive" (K/V tile order)
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128; 80 at sm90 hdim 128); K/V rows per CTA stay 128
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
@@ -128,9 +139,11 @@ class AttnConfig:
         if self.det_schedule not in DET_SCHEDULES:
             raise ConfigError(f"det_schedule={self.det_schedule!r}: must be one of {DET_SCHEDULES} "
                               "(deterministic causal backward: shortest-processing-time first, or K/V tile order)")
-        for name in ("pingpong", "intra_wg_overlap", "deterministic", "two_cta"):
+        for name in ("pingpong", "intra_wg_overlap", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
+        if self.two_cta is not None and not isinstance(self.two_cta, bool):
+            raise ConfigError(f"two_cta={self.two_cta!r}: must be None (per head dim) or a bool")
         if self.persistent is not None and not isinstance(self.persistent, bool):
             raise ConfigError(f"persistent={self.persistent!r}: must be None (by sequence length) or a bool")
         if self.bwd_tile_m is not None and (isinstance(self.bwd_tile_m, bool) or not isinstance(self.bwd_tile_m, int)
@@ -171,7 +184,7 @@ class AttnConfig:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
         updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
-        if updates.get("bwd_tile_m") == 80 and self.two_cta:  # a default of 80 rows: no 2-CTA kernel has them
+        if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them
             updates["bwd_tile_m"] = 64
         return dataclasses.replace(self, **updates) if updates else self
 
@@ -181,8 +194,10 @@ class AttnConfig:
         return all(getattr(self, f.name) is not None for f in fields(self) if f.name not in PER_CALL_FIELDS)
 
     def to_dict(self) -> dict:
-        """Every field; a per-call field (persistent) only when set and cluster_m only when not 1, so configs, hashes
-        and compile cache keys from before those fields existed are unchanged."""
+        """Every field; a per-call field (persistent, pack_gqa, two_cta) only when set and cluster_m only when not 1, so
+        configs, hashes and compile cache keys from before those fields existed are unchanged (two_cta: the old default
+        False is now an explicit ``two_cta=False``, whose hash is the old default's; the backward's keys always hold the
+        bool it decided)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if not (f.name in PER_CALL_FIELDS and getattr(self, f.name) is None)
                 and not (f.name in OMITTED_AT and getattr(self, f.name) == OMITTED_AT[f.name])}
@@ -344,6 +359,7 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
     d = dict(DEFAULTS[(arch, int(hdim))])
     d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
     d.pop("persistent_max_seqlen")  # a per-call rule, not a field (persistent_by_default)
+    d.pop("two_cta")  # a per-call rule (two_cta_by_default), not filled in by resolve()
     if tuned:
         d.update(TUNED.get((arch, int(hdim), bool(causal)), {}))
     return d
@@ -367,6 +383,26 @@ def persistent_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, causal
     if varlen or (cfg is not None and cfg.cluster_m > 1):  # the persistent forward has no cluster
         return False
     return 0 < int(seqlen_q) <= persistent_max_seqlen(arch, hdim, causal)
+
+
+# head dims (hdim, hdim_v) whose sm90 backward has a 2-CTA kernel (kernels/sm90/bwd.py, bwd_wide_two_cta.py)
+TWO_CTA_HDIMS = ((64, 64), (128, 128), (256, 256))
+
+
+def two_cta_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, hdim_v: int | None = None,
+                       features: bool = False, varlen: bool = False) -> bool:
+    """Whether the backward runs 2-CTA clusters: ``cfg.two_cta`` when set (a forced True that the call does not support
+    stays kernels/sm90/backward.py's ConfigError), otherwise DEFAULTS[(arch, hdim)]["two_cta"] when the call allows
+    it: no sliding window or softcap (``features``), not varlen, (hdim, hdim_v) in TWO_CTA_HDIMS."""
+    if cfg is not None and cfg.two_cta is not None:
+        return bool(cfg.two_cta)
+    hdim_v = hdim if hdim_v is None else hdim_v
+    if features or varlen or (int(hdim), int(hdim_v)) not in TWO_CTA_HDIMS:
+        return False
+    arch = normalize_arch(arch)
+    if (arch, int(hdim)) not in DEFAULTS:
+        raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
+    return bool(DEFAULTS[(arch, int(hdim))]["two_cta"])
 
 
 # pack_gqa=None packs a GQA group's Q heads into one tile when the per-head Q tile would be partly padding, at the head

@@ -11,7 +11,7 @@ counts as supported and K/V rows are 128). sm100 has no backward kernel here: it
 """
 from __future__ import annotations
 
-from .config import AttnConfig, ConfigError, normalize_arch, quantized_exp2_fraction
+from .config import AttnConfig, ConfigError, normalize_arch, quantized_exp2_fraction, two_cta_by_default
 
 SM100_BWD_TILE = (128, 128)  # FA4 paper (B200): 128 x 128 backward tiles; no sm100 kernel in this package
 SM90_BWD_TILE_N = 128  # K/V rows per CTA when the kernel module cannot be imported (two 64-row MMA warpgroups)
@@ -43,14 +43,15 @@ def bwd_tile(arch: str, hdim: int, causal: bool = False, cfg: AttnConfig | None 
 def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, mode: str = "fwd") -> dict:
     """The resolved config as the ``mode`` kernel compiles it: the exp2 fraction rounded to whole register
     fragments (``exp2_emu_fraction``), and for the backward its own tiles (``tile_m``/``tile_n``; the config's tile
-    and register fields describe the forward). Two variants with equal dicts run one kernel."""
+    and register fields describe the forward) and the effective ``two_cta`` (None decided as a call without window,
+    softcap or varlen: kernels.config.two_cta_by_default). Two variants with equal dicts run one kernel."""
     if mode not in ("fwd", "bwd"):
         raise ValueError(f"mode={mode!r}: supported modes are 'fwd', 'bwd'")
     r = (cfg or AttnConfig()).resolve(arch, hdim, causal)
     d = r.to_dict()
     if mode == "fwd":
         for k in ("deterministic", "two_cta", "det_schedule", "bwd_tile_m"):  # backward-only fields
-            d.pop(k)
+            d.pop(k, None)
         d["exp2_emu_fraction"] = quantized_exp2_fraction(r.exp2_emu_fraction, r.tile_n // 8)
         return d
     tm, tn = bwd_tile(arch, hdim, causal)
@@ -59,5 +60,8 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
               "rescale_threshold", "persistent", "cluster_m", "pack_gqa",
               "bwd_tile_m"):  # forward-only; bwd_tile_m -> tile_m
         d.pop(k, None)
-    d.update(tile_m=tm, tile_n=tn, exp2_emu_fraction=quantized_exp2_fraction(r.exp2_emu_fraction, tm // 8))
+    # two_cta=None: what the backward runs for a plain call at this head dim (2-CTA at sm90 hd256; hdim 192 is (192, 128))
+    two_cta = two_cta_by_default(r, arch, hdim, 128 if int(hdim) == 192 else hdim)
+    d.update(tile_m=tm, tile_n=tn, two_cta=two_cta,
+             exp2_emu_fraction=quantized_exp2_fraction(r.exp2_emu_fraction, tm // 8))
     return d

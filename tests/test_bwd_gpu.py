@@ -66,6 +66,7 @@ SHAPES = [(2, 128, 128, 2), (1, 113, 257, 3), (2, 301, 301, 2), (1, 200, 77, 2),
 HDIMS = [64, 128, 256, (192, 128)]
 WIDE = [256, (192, 128)]
 NO_TWO_CTA = [(192, 128)]  # two_cta is a ConfigError there (hd256's 2-CTA kernel: tests/test_bwd_wide_two_cta_gpu.py)
+# the default (two_cta=None) runs 2-CTA at hd256: test_bwd_default covers it there, two_cta=False the one-CTA kernel
 
 
 def _hid(d):
@@ -91,7 +92,7 @@ def _sid(switch):
 
 
 @pytest.mark.parametrize("switch", [dict(deterministic=True), dict(exp2_emu_fraction=0.0),
-                                    dict(exp2_emu_fraction=1.0), dict(two_cta=True),
+                                    dict(exp2_emu_fraction=1.0), dict(two_cta=True), dict(two_cta=False),
                                     dict(two_cta=True, deterministic=True, exp2_emu_fraction=0.5),
                                     dict(deterministic=True, exp2_emu_fraction=0.5)], ids=_sid)
 @pytest.mark.parametrize("hdim,dtype", [(64, "float16"), (128, "bfloat16"), (256, "bfloat16"), ((192, 128), "float16")],

@@ -150,7 +150,7 @@ def test_two_cta_wide_config_plumbing():
     main = _main_kernel(cutlass.BFloat16, cfg, 256, 256, True)
     assert type(main) is FlashBwdWideTwoCtaSm90 and main.cluster == 2
     assert _post_layout(main) == dict(chunks=4, transposed=False)
-    one = _main_kernel(cutlass.BFloat16, AttnConfig().resolve("sm90", 256, True), 256, 256, True)
+    one = _main_kernel(cutlass.BFloat16, AttnConfig(two_cta=False).resolve("sm90", 256, True), 256, 256, True)
     assert type(one) is FlashBwdWideSm90 and _post_layout(one) == _post_layout(main)
     with pytest.raises(ConfigError, match="two_cta=True at hdim 192"):
         compile_backward(AttnConfig(two_cta=True), "bfloat16", 192, False, hdim_v=128)
@@ -173,12 +173,74 @@ def test_two_cta_wide_config_plumbing():
 
 def test_two_cta_wide_compiles_distinct():
     """compile_backward builds the three kernels for hd256 two_cta (plain and deterministic), distinct from the
-    one-CTA ones."""
+    one-CTA ones; the default config (two_cta=None) gets the 2-CTA kernels (the same compiled objects)."""
     from kernels import AttnConfig
     from kernels.sm90.backward import compile_backward
 
     two = compile_backward(AttnConfig(two_cta=True), "bfloat16", 256, False)
     det = compile_backward(AttnConfig(two_cta=True, deterministic=True), "float16", 256, True)
-    one = compile_backward(AttnConfig(), "bfloat16", 256, False)
+    one = compile_backward(AttnConfig(two_cta=False), "bfloat16", 256, False)
     assert set(two) >= {"pre", "main", "post"} and set(det) >= {"pre", "main", "post"}
     assert two["main"] is not one["main"] and two["tile_m"] == 64 and two["tile_n"] == 64
+    assert compile_backward(AttnConfig(), "bfloat16", 256, False)["main"] is two["main"]
+
+
+def test_two_cta_default_kernel_choice():
+    """two_cta=None (the default): backward_config decides it per call before the checks and the kernel choice; hd256
+    runs FlashBwdWideTwoCtaSm90, hd256 with a softcap / window the one-CTA FlashBwdWideSm90, varlen never 2-CTA, the
+    other head dims their one-CTA kernels; a forced two_cta=False at hd256 runs the one-CTA kernel."""
+    import cutlass
+
+    from kernels import AttnConfig
+    from kernels.sm90.backward import _check_supported, _main_kernel, backward_config, check_varlen_supported
+    from kernels.sm90.bwd import FlashBwdSm90
+    from kernels.sm90.bwd_wide import FlashBwdWideSm90
+    from kernels.sm90.bwd_wide192 import FlashBwd192Sm90
+    from kernels.sm90.bwd_wide_two_cta import FlashBwdWideTwoCtaSm90
+
+    bf = cutlass.BFloat16
+    for causal in (False, True):
+        r = AttnConfig().resolve("sm90", 256, causal)
+        cfg = backward_config(r, hdim=256, hdim_v=256)
+        assert cfg.two_cta is True and cfg.bwd_tile_m == 64
+        _check_supported(cfg, 256, 256)
+        assert type(_main_kernel(bf, cfg, 256, 256, causal)) is FlashBwdWideTwoCtaSm90
+        for feats, softcap in ((dict(softcap=20.0), True), (dict(window_left=128), False)):
+            f = backward_config(r, softcap, hdim=256, hdim_v=256, features=True)
+            assert f.two_cta is False
+            _check_supported(f, 256, 256, True, softcap)
+            assert type(_main_kernel(bf, f, 256, 256, causal, features=feats)) is FlashBwdWideSm90
+        assert backward_config(r, varlen=True, hdim=256, hdim_v=256).two_cta is False
+        off = backward_config(AttnConfig(two_cta=False).resolve("sm90", 256, causal), hdim=256, hdim_v=256)
+        assert type(_main_kernel(bf, off, 256, 256, causal)) is FlashBwdWideSm90
+        for (hd, hv), cls in (((64, 64), FlashBwdSm90), ((128, 128), FlashBwdSm90), ((192, 128), FlashBwd192Sm90)):
+            c = backward_config(AttnConfig().resolve("sm90", hd, causal), hdim=hd, hdim_v=hv)
+            assert c.two_cta is False
+            _check_supported(c, hd, hv)
+            assert type(_main_kernel(bf, c, hd, hv, causal)) is cls
+    # varlen at hd128 with the default config: no 2-CTA decision to reject
+    check_varlen_supported(AttnConfig().resolve("sm90", 128, True), 128, 128)
+
+
+def test_two_cta_default_compile_keys(monkeypatch):
+    """The compile cache keys of the default config at hd64 / 128 / (192, 128) (and varlen, and hd256 with a softcap)
+    are exactly those of an explicit two_cta=False (the keys and kernels of before two_cta=None); hd256's default key is
+    two_cta=True's."""
+    from kernels import AttnConfig
+    from kernels.sm90 import backward as B
+
+    monkeypatch.setattr(B, "get_or_compile", lambda key, build: key)  # the key, no compiling
+    for causal in (False, True):
+        for hd, hv in ((64, 64), (128, 128), (192, 128)):
+            k = B.compile_backward(AttnConfig(), "bfloat16", hd, causal, hdim_v=hv)
+            assert k == B.compile_backward(AttnConfig(two_cta=False), "bfloat16", hd, causal, hdim_v=hv)
+            assert ("two_cta", False) in k[1]
+            assert k != B.compile_backward(AttnConfig(deterministic=True), "bfloat16", hd, causal, hdim_v=hv)
+        for hd in (64, 128):
+            assert (B.compile_backward_varlen(AttnConfig(), "bfloat16", hd, causal)
+                    == B.compile_backward_varlen(AttnConfig(two_cta=False), "bfloat16", hd, causal))
+        k256 = B.compile_backward(AttnConfig(), "bfloat16", 256, causal)
+        assert k256 == B.compile_backward(AttnConfig(two_cta=True), "bfloat16", 256, causal) and ("two_cta", True) in k256[1]
+        assert k256 != B.compile_backward(AttnConfig(two_cta=False), "bfloat16", 256, causal)
+        assert (B.compile_backward(AttnConfig(), "bfloat16", 256, causal, softcap=20.0)
+                == B.compile_backward(AttnConfig(two_cta=False), "bfloat16", 256, causal, softcap=20.0))

@@ -16,7 +16,8 @@ from kernels.config import normalize_arch, quantized_exp2_fraction
     (dict(exp2_emu_fraction=True), "exp2_emu_fraction"),
     (dict(pingpong=1), "pingpong"),
     (dict(deterministic="yes"), "deterministic"),
-    (dict(two_cta=None), "two_cta"),
+    (dict(two_cta=1), r"two_cta=1: must be None \(per head dim\) or a bool"),
+    (dict(two_cta="yes"), "two_cta"),
     (dict(tile_m=100), "tile_m"),
     (dict(tile_n=8), "tile_n"),
     (dict(num_stages=0), "num_stages"),
@@ -111,8 +112,9 @@ def test_bwd_tile_m_80_only_at_hd128_one_cta():
     pytest.importorskip("cutlass")
     from kernels.sm90.backward import _check_supported, backward_config
 
-    cfg = AttnConfig().resolve("sm90", 128, False)
-    assert backward_config(cfg) is cfg
+    cfg = AttnConfig(two_cta=False).resolve("sm90", 128, False)
+    assert backward_config(cfg) is cfg and backward_config(cfg, hdim=128) is cfg
+    assert backward_config(AttnConfig().resolve("sm90", 128, False), hdim=128) == cfg  # two_cta None -> False here
     assert backward_config(cfg, softcap=True).bwd_tile_m == 64 and backward_config(cfg, varlen=True).bwd_tile_m == 64
     assert backward_config(cfg, softcap=True, varlen=True) == dataclasses.replace(cfg, bwd_tile_m=64)
     _check_supported(AttnConfig(two_cta=True).resolve("sm90", 128, False), 128, 128)
@@ -131,3 +133,52 @@ def test_bwd_tile_m_80_only_at_hd128_one_cta():
         FlashBwdSm90(cutlass.BFloat16, 128, False, two_cta=True, tile_m=80)
     k = FlashBwdSm90(cutlass.BFloat16, 128, False, tile_m=80)
     assert k.dq_transposed and k.dq_shape == (64, 80) and k.dq_vals == 40 and k.dq_stages == 1 and k.lse_stride == 96
+
+
+def test_two_cta_default_rule():
+    """two_cta=None: the backward runs 2-CTA where DEFAULTS says so (sm90 hd256 only) and the call allows it (no window
+    / softcap, not varlen, (256, 256)); True / False force it; None stays None through resolve() and to_dict()."""
+    from kernels.config import PER_CALL_FIELDS, table_defaults, two_cta_by_default
+
+    assert AttnConfig().two_cta is None and "two_cta" in PER_CALL_FIELDS
+    assert all("two_cta" in row for row in DEFAULTS.values())
+    assert [k for k, row in DEFAULTS.items() if row["two_cta"]] == [("sm90", 256)]
+    for causal in (False, True):
+        r = AttnConfig().resolve("sm90", 256, causal)
+        assert r.is_resolved and r.two_cta is None and "two_cta" not in r.to_dict()
+        assert "two_cta" not in table_defaults("sm90", 256, causal)  # a per-call rule, not a field default
+    d = AttnConfig()
+    assert two_cta_by_default(d, "sm90", 256, 256) is True
+    assert two_cta_by_default(None, "sm_90a", 256) is True
+    assert two_cta_by_default(d, "sm90", 256, 256, features=True) is False  # window or softcap
+    assert two_cta_by_default(d, "sm90", 256, 256, varlen=True) is False
+    for hd, hv in ((64, 64), (128, 128), (192, 128)):
+        assert two_cta_by_default(d, "sm90", hd, hv) is False
+    assert two_cta_by_default(d, "sm100", 256, 256) is False
+    assert two_cta_by_default(AttnConfig(two_cta=False), "sm90", 256, 256) is False
+    assert two_cta_by_default(AttnConfig(two_cta=True), "sm90", 128, 128) is True
+    assert two_cta_by_default(AttnConfig(two_cta=True), "sm90", 256, 256, features=True) is True  # backward's ConfigError
+    # resolve()'s 80-row rule: only an explicit two_cta takes hd128's default 80 rows to 64
+    assert AttnConfig().resolve("sm90", 128, False).bwd_tile_m == 80
+    assert AttnConfig(two_cta=False).resolve("sm90", 128, False).bwd_tile_m == 80
+    assert AttnConfig(two_cta=True).resolve("sm90", 128, False).bwd_tile_m == 64
+    # hashes: None, False and True are three configs; an explicit False is in the op string, None is not
+    assert len({AttnConfig(two_cta=t).config_hash() for t in (None, False, True)}) == 3
+    assert AttnConfig(two_cta=False).to_dict()["two_cta"] is False and "two_cta" not in AttnConfig().op_string
+
+
+def test_compiled_config_reports_the_effective_two_cta():
+    """kernels/tiles.py compiled_config(mode='bwd'): the two_cta the backward runs (True at sm90 hd256 by default) and
+    its tiles; unchanged dicts at hd64 / 128 / (192, 128) against an explicit two_cta=False; the forward has none."""
+    from kernels.tiles import compiled_config
+
+    for causal in (False, True):
+        c = compiled_config(None, "sm90", 256, causal, "bwd")
+        assert c["two_cta"] is True and c["tile_m"] == 64
+        assert compiled_config(AttnConfig(two_cta=False), "sm90", 256, causal, "bwd")["two_cta"] is False
+        assert compiled_config(AttnConfig(two_cta=True), "sm90", 256, causal, "bwd") == c
+        for hd in (64, 128, 192):
+            c = compiled_config(None, "sm90", hd, causal, "bwd")
+            assert c["two_cta"] is False and c == compiled_config(AttnConfig(two_cta=False), "sm90", hd, causal, "bwd")
+        assert "two_cta" not in compiled_config(None, "sm90", 256, causal, "fwd")
+        assert compiled_config(None, "sm100", 256, causal, "bwd")["two_cta"] is False

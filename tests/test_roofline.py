@@ -309,7 +309,7 @@ def test_backward_tiles_match_the_kernel_objects(overrides):
 
     for (hd, hv), causal in itertools.product(((64, 64), (128, 128), (256, 256), (192, 128)), (False, True)):
         cfg = AttnConfig(**overrides)
-        r = B.backward_config(cfg.resolve("sm90", hd, causal))
+        r = B.backward_config(cfg.resolve("sm90", hd, causal), hdim=hd, hdim_v=hv)  # hd256: 2-CTA by default
         try:
             B._check_supported(r, hd, hv)
         except ConfigError:  # e.g. two_cta at the wide head dims

@@ -19,7 +19,9 @@ FA3's choice, would save the scratch and the rounding; not done.)
 Sliding window and softcap (``window_left`` / ``window_right`` / ``softcap``, canonical as kernels.validate.canonical_window
 gives them; compile-time constants of the main kernel, in the cache key only when used, so the plain keys and kernels
 are those of before): the main kernel visits only the Q tiles a K/V tile's keys are visible to, masks the tiles that
-cross a bound, and applies the softcap's chain rule (bwd.py). two_cta does not support them (a ConfigError).
+cross a bound, and applies the softcap's chain rule (bwd.py). two_cta=True does not support them (a ConfigError);
+two_cta=None (the default) runs 2-CTA where the defaults table says so (hd256) only when the call has neither, and
+never varlen (backward_config, kernels.config.two_cta_by_default).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import functools
 import math
 
 from ..compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
-from ..config import AttnConfig, ConfigError, resolve_cached
+from ..config import AttnConfig, ConfigError, resolve_cached, two_cta_by_default
 
 ARCH = "sm90"
 
@@ -53,17 +55,17 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
                           f"head_dim_v) in {supported}")
     if (hdim, hdim_v) in WIDE_BWD_TILES:
         tm = WIDE_BWD_TILES[(hdim, hdim_v)][0]
-        if cfg.two_cta and (hdim, hdim_v) not in TWO_CTA_WIDE_HDIMS:
+        if cfg.two_cta is True and (hdim, hdim_v) not in TWO_CTA_WIDE_HDIMS:
             raise ConfigError(f"two_cta=True at hdim {hdim} (head_dim_v {hdim_v}): the sm90 wide backward has a 2-CTA "
                               f"mode at (head_dim, head_dim_v) in {list(TWO_CTA_WIDE_HDIMS)} only (kernels/sm90/"
                               "bwd_wide_two_cta.py); use two_cta=False")
         if cfg.bwd_tile_m != tm:
             raise ConfigError(f"bwd_tile_m={cfg.bwd_tile_m} at hdim {hdim}: the sm90 backward supports {tm} there "
                               "(64 x 64 tiles, the warpgroups split the head dim)")
-    if features and cfg.two_cta:
+    if features and cfg.two_cta is True:
         raise ConfigError("two_cta=True with window_size/softcap: the sm90 backward's 2-CTA mode does not support a "
                           "sliding window or softcap; use two_cta=False")
-    if cfg.bwd_tile_m == 80 and (hdim != 128 or cfg.two_cta):
+    if cfg.bwd_tile_m == 80 and (hdim != 128 or cfg.two_cta is True):
         raise ConfigError(f"bwd_tile_m=80 at hdim {hdim}, two_cta={cfg.two_cta}: 80-row Q tiles (dQ^T = K^T dS^T per "
                           "warpgroup) exist only at hdim 128 without two_cta; use 64 or 128")
     if cfg.bwd_tile_m == 80 and softcap:
@@ -74,12 +76,20 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
                           "thread (124 spills in the SASS); use 64")
 
 
-def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False) -> AttnConfig:
-    """The config the backward runs for a resolved ``cfg``: 80-row Q tiles (hd128's default) have no softcap or
-    variable-length kernel, so those calls take 64-row tiles (an explicit ``bwd_tile_m=80`` too); else ``cfg``."""
+def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False, hdim: int | None = None,
+                    hdim_v: int | None = None, features: bool = False) -> AttnConfig:
+    """The config the backward runs for a resolved ``cfg`` at (hdim, hdim_v): ``two_cta=None`` replaced by the per-call
+    decision (kernels.config.two_cta_by_default: on at hd256 without a window (``features``), softcap or varlen; a
+    forced value stays), so that checks, kernel choice and cache keys see a bool; 80-row Q tiles (hd128's default) have
+    no softcap or variable-length kernel, so those calls take 64-row tiles (an explicit ``bwd_tile_m=80`` too).
+    ``hdim`` None: the config's bwd_tile_m is looked at only, two_cta None read as False."""
+    updates = {}
+    if cfg.two_cta is None:
+        updates["two_cta"] = hdim is not None and two_cta_by_default(cfg, ARCH, hdim, hdim_v, features or softcap,
+                                                                     varlen)
     if cfg.bwd_tile_m == 80 and (softcap or varlen):
-        return dataclasses.replace(cfg, bwd_tile_m=64)
-    return cfg
+        updates["bwd_tile_m"] = 64
+    return dataclasses.replace(cfg, **updates) if updates else cfg
 
 
 def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
@@ -92,7 +102,7 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     from .bwd_wide192 import WIDE192_BWD_TILES, FlashBwd192Sm90
 
     cls = FlashBwdWideSm90 if (hdim, hdim_v) in WIDE_BWD_TILES else FlashBwdSm90
-    if cls is FlashBwdWideSm90 and cfg.two_cta:  # hd256 in 2-CTA clusters
+    if cls is FlashBwdWideSm90 and cfg.two_cta is True:  # hd256 in 2-CTA clusters
         from .bwd_wide_two_cta import FlashBwdWideTwoCtaSm90 as cls
     kw = dict(hdim_v=hdim_v) if issubclass(cls, FlashBwdWideSm90) else {}
     if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):
@@ -103,7 +113,7 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     kw.update(features or {})
     if varlen:
         kw["varlen"] = True
-    return cls(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=cfg.two_cta,
+    return cls(dt, hdim, causal, deterministic=cfg.deterministic, two_cta=bool(cfg.two_cta),
                exp2_emu_fraction=cfg.exp2_emu_fraction, det_schedule=cfg.det_schedule, tile_m=cfg.bwd_tile_m, **kw)
 
 
@@ -184,7 +194,8 @@ def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, caus
     hdim_v = hdim if hdim_v is None else hdim_v
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
-    cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0)
+    cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0, hdim=hdim,
+                          hdim_v=hdim_v, features=bool(feats))
     _check_supported(cfg, hdim, hdim_v, bool(feats), softcap != 0.0)
     key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead),
                     **feature_extra(window_left, window_right, softcap))
@@ -197,13 +208,13 @@ def check_varlen_supported(cfg: AttnConfig, hdim: int, hdim_v: int) -> None:
     64 / 128 (FlashBwdSm90), 64- or 128-row Q tiles (80 runs as 64: backward_config), no two_cta."""
     from .bwd import BWD_TILES
 
-    cfg = backward_config(cfg, varlen=True)
+    cfg = backward_config(cfg, varlen=True, hdim=hdim, hdim_v=hdim_v)
 
     if hdim not in BWD_TILES or hdim_v != hdim:
         raise ConfigError(f"(head_dim, head_dim_v)=({hdim}, {hdim_v}) with varlen: the sm90 variable-length backward "
                           f"supports head dims {sorted(BWD_TILES)} (hdim_v == hdim; the wide kernels of hd 256 / "
                           "(192, 128) have no varlen mode)")
-    if cfg.two_cta:
+    if cfg.two_cta is True:
         raise ConfigError("two_cta=True with varlen: the sm90 variable-length backward has no 2-CTA mode; use "
                           "two_cta=False")
     if cfg.bwd_tile_m not in (64, 128):
@@ -276,7 +287,8 @@ def compile_backward_varlen(config: AttnConfig | None, dtype_name: str, hdim: in
     ``dump_dir`` uncached, keeping PTX / cubins there (for SASS checks)."""
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
-    cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0, varlen=True)
+    cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0, varlen=True,
+                          hdim=hdim, hdim_v=hdim, features=bool(feats))
     _check_supported(cfg, hdim, hdim, bool(feats), softcap != 0.0)
     check_varlen_supported(cfg, hdim, hdim)
     build = lambda: _build_varlen(cfg, dtype_name, hdim, causal, qhead_per_kvhead=qhead_per_kvhead, features=feats,
@@ -303,7 +315,7 @@ def attention_backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
     group = h // h_kv
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
-    cfg = backward_config(cfg, softcap != 0.0, varlen=True)
+    cfg = backward_config(cfg, softcap != 0.0, varlen=True, hdim=d, hdim_v=v.shape[2], features=bool(feats))
     _check_supported(cfg, d, v.shape[2], bool(feats), softcap != 0.0)
     check_varlen_supported(cfg, d, v.shape[2])
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
@@ -404,14 +416,15 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
         softmax_scale = 1.0 / math.sqrt(d)
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
-    cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0)
+    cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0, hdim=d, hdim_v=dv_dim,
+                          features=bool(feats))
     _check_supported(cfg, d, dv_dim, bool(feats), softcap != 0.0)
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
     tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m
-    n_m = sqp // tile_m * (2 if cfg.two_cta else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
+    n_m = sqp // tile_m * (2 if cfg.two_cta is True else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
     dev = q.device
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dpsum = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
