@@ -34,8 +34,10 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     fns = {"ours": ours(), "ours_det": ours(deterministic=True)}
     if base is not None:  # the backward of another kernels/ tree (fa4lab_base.sm90.backward), its own defaults
         fns["ours_base"] = lambda: base.attention_backward(q, k, v, out, do, lse, causal, scale, None)
-    if q.shape[-1] <= 128 or (q.shape[-1], v.shape[-1]) == (256, 256):  # no two_cta at (192, 128)
+    if q.shape[-1] <= 128:  # two_cta off by default at hd 64 / 128
         fns["ours_2cta"] = ours(two_cta=True)
+    if (q.shape[-1], v.shape[-1]) == (256, 256):  # hd256: two_cta is the default, so time the one-CTA kernel
+        fns["ours_1cta"] = ours(two_cta=False)
     if q.shape[-1] == 64:
         fns["ours_t128"] = ours(bwd_tile_m=128)
         fns["ours_t128_det"] = ours(bwd_tile_m=128, deterministic=True)
