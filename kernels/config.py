@@ -34,7 +34,8 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # (hd64: 515 -> 473 TFLOP/s at 1/4; hd128: 625 -> 591 at 1/8): each emulated exp2 costs ~9 FMA/ALU-pipe
     # instructions and pingpong already hides MUFU under the GEMMs. The switch stays for ablations.
     # bwd_tile_m: the backward's Q rows per step (its K/V tile is 128 rows, two MMA warpgroups); at hd128, 128 rows
-    # do not fit the registers; hd 192/256 run the wide backward (kernels/sm90/bwd_wide.py) with 64-row tiles
+    # do not fit the registers; hd256 runs the wide backward (kernels/sm90/bwd_wide.py, 2-CTA by default:
+    # bwd_wide_two_cta.py) and (192, 128) kernels/sm90/bwd_wide192.py (64 x 128 tiles), both with 64-row Q tiles
     # persistent_max_seqlen: two H200 measurements (same process, interleaved, 10-12 rounds; 16k total tokens, hidden
     # 2048), persistent / one-tile speed. The old persistent kernel (aa63b90..a4ca8fc, on the split loop 12fc57e
     # reverted): 1.06-1.15x at 1k (hd 64/128, causal both), 1.02-1.05x at 2k except hd128 causal (0.99x), 0.74-0.92x
