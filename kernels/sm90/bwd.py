@@ -930,7 +930,7 @@ class FlashBwdSm90:
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tid = tidx % 128
         s_frags = self.s_fragments(mmas.mma_S, smem, wg, tid)
-        kv_frags = self.dkv_fragments(mmas.mma_dKV, smem, s_frags["acc_S"], tid)
+        kv_frags = self.dkv_fragments(mmas.mma_dKV, mmas.mma_dKV, smem, s_frags["acc_S"], tid)
         dq_frags = self.dq_fragments(mmas.mma_dQ, smem, wg, tid, work.rank)
         pds_bar = pipeline.NamedBarrier(barrier_id=int(Bar.BWD_PDS), num_threads=self.num_mma_threads)
         n_row0 = work.n_block * self.tile_n + wg * 64
@@ -965,19 +965,21 @@ class FlashBwdSm90:
         return dict(tSrK=tSrK, tSrV=tSrV, tSrQ=tSrQ, tSrdO=tSrdO, acc_S=acc_S, acc_dP=acc_dP, tScS=tScS,
                     tSsLSE=tSsLSE, tSsdPsum=tSsdPsum, st_atom=st_atom, thr_st=thr_st, tSsdS_all=tSsdS_all)
 
-    def dkv_fragments(self, mma_dKV, smem: BwdSmem, acc_S, tid) -> dict:
-        """dV += P^T dO, dK += dS^T Q (RS): B fragments of every dO / Q stage, the P^T / dS^T A fragments (and their
-        views in the S^T accumulator's layout), and the dV / dK accumulators, zeroed."""
-        tm, d = self.tile_m, self.hdim
-        thr_KV = mma_dKV.get_slice(tid)
-        tdVrdO = thr_KV.make_fragment_B(thr_KV.partition_B(transpose_view(smem.sdO)))
-        tdKrQ = thr_KV.make_fragment_B(thr_KV.partition_B(transpose_view(smem.sQ)))
-        rP = thr_KV.make_fragment_A(thr_KV.partition_shape_A((64, tm)))
-        rdS = thr_KV.make_fragment_A(thr_KV.partition_shape_A((64, tm)))
+    def dkv_fragments(self, mma_dK, mma_dV, smem: BwdSmem, acc_S, tid) -> dict:
+        """dV += P^T dO (64 x hdim_v), dK += dS^T Q (64 x hdim), both RS: B fragments of every dO / Q stage, the P^T /
+        dS^T A fragments (and their views in the S^T accumulator's layout), and the dV / dK accumulators, zeroed. One
+        tiled MMA for both here (``mma_dK is mma_dV``); FlashBwd192Sm90 passes two (its dK and dV widths differ)."""
+        tm, d, dv = self.tile_m, self.hdim, self.hdim_v
+        thr_dV = mma_dV.get_slice(tid)
+        thr_dK = thr_dV if mma_dK is mma_dV else mma_dK.get_slice(tid)
+        tdVrdO = thr_dV.make_fragment_B(thr_dV.partition_B(transpose_view(smem.sdO)))
+        tdKrQ = thr_dK.make_fragment_B(thr_dK.partition_B(transpose_view(smem.sQ)))
+        rP = thr_dV.make_fragment_A(thr_dV.partition_shape_A((64, tm)))
+        rdS = thr_dK.make_fragment_A(thr_dK.partition_shape_A((64, tm)))
         rP_acc = cute.make_tensor(rP.iterator, acc_S.layout)
         rdS_acc = cute.make_tensor(rdS.iterator, acc_S.layout)
-        acc_dV = cute.make_rmem_tensor(thr_KV.partition_shape_C((64, d)), Float32)
-        acc_dK = cute.make_rmem_tensor(thr_KV.partition_shape_C((64, d)), Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dV.partition_shape_C((64, dv)), Float32)
+        acc_dK = cute.make_rmem_tensor(thr_dK.partition_shape_C((64, d)), Float32)
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
         return dict(tdVrdO=tdVrdO, tdKrQ=tdKrQ, rP=rP, rdS=rdS, rP_acc=rP_acc, rdS_acc=rdS_acc, acc_dV=acc_dV,
