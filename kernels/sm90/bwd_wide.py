@@ -133,6 +133,27 @@ class FlashBwdWideSm90(FlashBwdSm90):
         self.dq_chunk = 128 * self.dq_vals
         self._set_exp2_regs(self.half_m, exp2_emu_fraction, consumer_regs, producer_regs)  # S^T is 64 x half_m
 
+    def wide_layouts_and_mmas(self) -> tuple:
+        """Set the Q / dO / K / V / P^T-dS^T shared-memory layouts and return the tiled MMAs (S^T, dK, dV, dQ) of the
+        wide kernel (also FlashBwdWideTwoCtaSm90's)."""
+        tm, tn, d, dv = self.tile_m, self.tile_n, self.hdim, self.hdim_v
+        self.sQ_layout = self._smem_layout(tm, d, self.q_stages, self.atom_qk)
+        self.sdO_layout = self._smem_layout(tm, dv, self.do_stages, self.atom_v)
+        self.sK_layout = self._smem_layout(tn, d, 1, self.atom_qk)
+        self.sV_layout = self._smem_layout(tn, dv, 1, self.atom_v)
+        # P^T / dS^T stored as (Q rows, K/V rows) with Q rows contiguous: dS is then dQ's M-major A operand, and
+        # the transposed views are the K-major A operands of dV = P^T dO and dK = dS^T Q
+        self.sPdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, 1)
+        mma_S = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (64, self.half_m))
+        mma_dK = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, d // 2))
+        mma_dV = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, dv // 2))
+        mma_dQ = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN, Float32, (1, 1, 1), self.dq_shape)
+        return mma_S, mma_dK, mma_dV, mma_dQ
+
     # ---------------------------------------------------------------------------------------------
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
@@ -143,23 +164,7 @@ class FlashBwdWideSm90(FlashBwdSm90):
             mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
 
         tm, tn, d, dv = self.tile_m, self.tile_n, self.hdim, self.hdim_v
-        qst, dost = self.q_stages, self.do_stages
-        self.sQ_layout = self._smem_layout(tm, d, qst, self.atom_qk)
-        self.sdO_layout = self._smem_layout(tm, dv, dost, self.atom_v)
-        self.sK_layout = self._smem_layout(tn, d, 1, self.atom_qk)
-        self.sV_layout = self._smem_layout(tn, dv, 1, self.atom_v)
-        # P^T / dS^T stored as (Q rows, K/V rows) with Q rows contiguous: dS is then dQ's M-major A operand, and
-        # the transposed views are the K-major A operands of dV = P^T dO and dK = dS^T Q
-        self.sPdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, 1)
-
-        mma_S = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (64, self.half_m))
-        mma_dK = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, d // 2))
-        mma_dV = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, dv // 2))
-        mma_dQ = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN, Float32, (1, 1, 1), self.dq_shape)
+        mma_S, mma_dK, mma_dV, mma_dQ = self.wide_layouts_and_mmas()
 
         # dK / dV leave through the K / V tiles' shared memory (same layouts) with one TMA store each
         loads, atoms, (tdK, tdV, tma_dK, tma_dV) = self._tma_atoms(mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV,

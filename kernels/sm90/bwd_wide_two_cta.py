@@ -155,24 +155,11 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
             mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
 
         tm, tn, d, dv = self.tile_m, self.tile_n, self.hdim, self.hdim_v
-        qst, dost, mc = self.q_stages, self.do_stages, self.cluster
-        self.sQ_layout = self._smem_layout(tm, d, qst, self.atom_qk)
-        self.sdO_layout = self._smem_layout(tm, dv, dost, self.atom_v)
-        self.sK_layout = self._smem_layout(tn, d, 1, self.atom_qk)
-        self.sV_layout = self._smem_layout(tn, dv, 1, self.atom_v)
+        mc = self.cluster
+        # bwd_wide.py's layouts and MMAs; the received dS tile has the layout of the sent one (sPdS_layout), so the
+        # 8 KB go over byte for byte; plus the peer's K half
+        mma_S, mma_dK, mma_dV, mma_dQ = self.wide_layouts_and_mmas()
         self.sKp_layout = self._smem_layout(tn, d // 2, 1, self.atom_qk)
-        # P^T / dS^T / the peer's dS as (Q rows, K/V rows), Q rows contiguous (bwd_wide.py); the received dS tile has
-        # the layout of the sent one, so the 8 KB go over byte for byte
-        self.sPdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, (tm, 64, tn), self.dtype, 1)
-
-        mma_S = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (64, self.half_m))
-        mma_dK = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, d // 2))
-        mma_dV = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, dv // 2))
-        mma_dQ = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN, Float32, (1, 1, 1), self.dq_shape)
 
         # Q / dO / LSE / dPsum multicast (self.two_cta); dK / dV stores from the K / V tiles' shared memory
         loads, atoms, (tdK, tdV, tma_dK, tma_dV) = self._tma_atoms(mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV,
