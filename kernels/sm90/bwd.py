@@ -396,7 +396,7 @@ class FlashBwdSm90:
         # not before the wait for dK (m_block_step), so the tensor cores go from dK to the next S^T without the fence's
         # wait for the dQ stores in between (ncu, H200 hd64 s8k: FENCE.VIEW.ASYNC.S after the dQ stores ~250 cycles per
         # tile, dK already complete at the end-of-tile wait).
-        self.dq_defer = hdim == 64 and not self.two_cta
+        self.dq_defer = False  # measured (H200 hd64): 2-3% slower than the fence before dK's wait
         # hd64 non-causal, non-deterministic (no window): K/V tile n walks its Q tiles starting at tile n mod their count,
         # wrapping around (m_block_at; loads, MMA and writer alike), so the CTAs of one head, which run side by side,
         # bulk-reduce into different dQ tiles instead of all into the same one at the same time (ncu, H200 hd64 s8k:
