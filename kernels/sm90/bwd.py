@@ -451,7 +451,8 @@ class FlashBwdSm90:
         self.exp2_fraction_compiled = compiled_fraction(self.exp2_groups, exp2_emu_fraction)
         self.consumer_regs = min(240, consumer_regs)
         self.producer_regs = producer_regs
-        assert self.producer_regs + self.num_mma_wg * self.consumer_regs <= 512
+        nwg = self.num_mma_wg + 1  # setmaxnreg moves registers only within the launch allocation (fwd.py's check)
+        assert self.producer_regs + self.num_mma_wg * self.consumer_regs <= nwg * (65536 // (128 * nwg) // 8 * 8)
 
     def _set_gqa(self, qhead_per_kvhead: int) -> None:
         """GQA / MQA group size: the CTA of Q head h loads K/V head h // qhead_per_kvhead (a compile-time constant;

@@ -170,10 +170,16 @@ class FlashFwdSm90:
             raise ValueError(f"tile_n={tile_n}: must be a multiple of 16 in [16, 256]")
         if not 1 <= num_stages <= 4:
             raise ValueError(f"num_stages={num_stages}: must be in [1, 4]")
-        if producer_regs + self.num_consumer_wg * consumer_regs > 512 or consumer_regs % 8 or producer_regs % 8:
+        # setmaxnreg only moves registers within the CTA's launch allocation: (1 + consumers) x 128 threads at the
+        # launch count, 64K / threads rounded down to 8 (168 for 384 threads, 128 for 512). A request beyond it makes
+        # setmaxnreg.inc wait forever (H200, tune of hd192: producer 32 + 2 x 240 = 512 > 3 x 168 hung).
+        nwg = self.num_consumer_wg + 1
+        reg_pool = nwg * (65536 // (128 * nwg) // 8 * 8)
+        if producer_regs + self.num_consumer_wg * consumer_regs > reg_pool or consumer_regs % 8 or producer_regs % 8:
             raise ValueError(f"registers (producer {producer_regs}, consumer {consumer_regs}): need multiples of 8 with "
-                             f"producer + {self.num_consumer_wg} * consumer <= 512 per thread (64K registers / 128 "
-                             f"threads) for tile_m={tile_m}; e.g. 24/240 for tile_m=128, 32/160 for tile_m=192")
+                             f"producer + {self.num_consumer_wg} * consumer <= {reg_pool} per thread ({nwg} warpgroups "
+                             f"at {reg_pool // nwg} registers each at launch) for tile_m={tile_m}; e.g. 24/240 for "
+                             f"tile_m=128, 32/160 for tile_m=192")
         if dtype is cutlass.Float16 and rescale_threshold > 15.0:
             raise ValueError(f"rescale_threshold={rescale_threshold}: with fp16 P can reach 2^tau, so tau must be <= 15")
         if int(qhead_per_kvhead) != qhead_per_kvhead or qhead_per_kvhead < 1:
