@@ -28,6 +28,22 @@ def test_round_robin_table_inverts_for_our_variants():
     assert round_robin_table(rows, "fwd", "sdpa_cudnn").empty
 
 
+def test_variant_cells_that_compiled_the_default_kernel_are_left_out():
+    """hd256's default is the 2-CTA kernel: its two_cta variant is the default's kernel timed against itself."""
+    import pandas as pd
+
+    from analysis.readme import round_robin_table
+
+    rows = pd.DataFrame([dict(metric="time_ratio", status="ok", backend="fa4", variant=v, baseline="fa4", mode="bwd",
+                              hdim=h, hdim_v=h, causal=False, seqlen_q=8192, value=x, n=10, compiled_hash=k,
+                              baseline_compiled_hash=b, throttled_share=0.1, git_sha="abc")
+                         for v, h, x, k, b in (("two_cta", 256, 1.0, "A", "A"), ("two_cta", 128, 1.25, "T", "B"),
+                                               ("one_cta", 256, 1.15, "O", "A"))])
+    two = round_robin_table(rows, "bwd", "fa4", "two_cta", invert=True)
+    assert list(two["hdim"]) == ["128"] and two.loc[0, "8k"] == "0.80"
+    assert round_robin_table(rows, "bwd", "fa4", "one_cta", invert=True).loc[0, "8k"] == "0.87"
+
+
 def test_the_block_has_table4_when_compile_time_rows_exist():
     import pandas as pd
 
