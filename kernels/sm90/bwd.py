@@ -315,6 +315,7 @@ class FlashBwdSm90:
     ds_split = 0  # S^T values per thread exponentiated before the wait for dP^T (0: all of them; p_ds_plain)
     dq_defer = False  # the dQ hand-off's fence and arrive under the next tile's S^T GEMM (m_block_step)
     m_rotate = False  # each CTA walks its Q tiles from its own starting tile (m_block_at)
+    ds_store_first = False  # dS^T stmatrix before the dV wgmma is issued (ds_exchange)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -404,6 +405,11 @@ class FlashBwdSm90:
         # for the writer's previous bulk reduction to be read; the writer spent ~30% of its time waiting for those
         # reads). Deterministic mode keeps K/V tile order: its turns would chain the CTAs' rotations.
         self.m_rotate = hdim == 64 and not self.two_cta and not causal and not deterministic and not self.has_window
+        # hd64 (one CTA): dS^T goes to shared memory (stmatrix) before the dV GEMM is issued, not after it (ds_exchange),
+        # so that the stores drain while dV is issued and the fence before the PdS barrier finds them done (ncu, H200
+        # hd64 s8k, before C1: that fence, the barrier and the wait at it 11.6% of the stall samples, ~630 cycles of
+        # MMA-warp time per Q tile between the dV and the dQ issue; official FA4 stores dS before its dV wgmma).
+        self.ds_store_first = hdim == 64 and not self.two_cta
 
     @property
     def lse_stride(self) -> int:
@@ -1051,14 +1057,21 @@ class FlashBwdSm90:
     @cute.jit
     def ds_exchange(self, mma_dKV, f: MmaFrags, ptrs: DsPtrs, sidx, it, rank):
         """dS exchange: dV += P^T dO and dS^T into shared memory stage sidx, where both warpgroups (two_cta: and the
-        peer CTA, which is sent its Q-row half) read it. One CTA issues dV first, two_cta after the send (ds_send)."""
-        if const_expr(not self.two_cta):
+        peer CTA, which is sent its Q-row half) read it. One CTA issues dV first (ds_store_first: right after the
+        stmatrix, before the fence and the barrier), two_cta after the send (ds_send)."""
+        if const_expr(self.ds_store_first):  # stmatrix, dV, then the fence and the PdS barrier (ds_to_smem's tail)
+            cute.copy(f.st_atom, f.thr_st.retile(f.rdS_acc), f.tSsdS_all[None, None, None, sidx])
             wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
-        self.ds_to_smem(f.st_atom, f.thr_st, f.rdS_acc, f.tSsdS_all[None, None, None, sidx], f.pds_bar,
-                        ptrs.mbar_dsempty + sidx, it)
-        if const_expr(self.two_cta):
-            self.ds_send(ptrs.sdS, ptrs.sdSp, ptrs.mbar_dsfull, sidx, f.tidx, rank)
-            wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
+            cute.arch.fence_view_async_shared()
+            f.pds_bar.arrive_and_wait()
+        else:
+            if const_expr(not self.two_cta):
+                wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
+            self.ds_to_smem(f.st_atom, f.thr_st, f.rdS_acc, f.tSsdS_all[None, None, None, sidx], f.pds_bar,
+                            ptrs.mbar_dsempty + sidx, it)
+            if const_expr(self.two_cta):
+                self.ds_send(ptrs.sdS, ptrs.sdSp, ptrs.mbar_dsfull, sidx, f.tidx, rank)
+                wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
 
     @cute.jit
     def p_and_ds(self, s: SOperands, pipes: BwdPipes, q_state, do_state, rows: TileRows,
