@@ -35,7 +35,7 @@ import torch
 
 from .backends import get_backend
 from .bench import attn_flops, compare_ab, tflops, time_fn
-from .check import check_backend, check_fits, fit_check_shape
+from .check import check_backend, check_fits, fit_check_shape, slice_shape
 from .metadata import STATE_KEYS, gpu_state_fields
 from .shapes import Shape, make_inputs, randn
 from .timing.sampler import GpuSampler
@@ -264,7 +264,7 @@ def run(job: dict) -> list[dict]:
         if not job.get("check"):
             continue
         if check_shape is None:
-            why = check_fits(shape.replace(batch=1, heads=1), device)[1]
+            why = check_fits(slice_shape(shape), device)[1]
             rows.add(mode, "check", None, status="skip", reason=f"check skipped: one (batch, head) slice: {why}")
             continue
         before = gpu_state_fields("before")
@@ -298,21 +298,22 @@ def _peak(shape: Shape) -> float | None:
 def _timed_inputs(shape: Shape, mode: str, device, seed):
     """q, k, v (and dout for bwd) of one timed mode, made once, outside the timing."""
     q, k, v = make_inputs(shape, device, seed)
-    dout = randn((shape.batch, shape.seqlen_q, shape.heads, shape.hdim_v), shape.torch_dtype, device) \
-        if mode == "bwd" else None
+    dout = randn(shape.out_shape(), shape.torch_dtype, device) if mode == "bwd" else None
     return q, k, v, dout
 
 
 def _timed_fn(backend, shape: Shape, cfg, mode: str, scale, inputs):
-    """The zero-argument callable that one timed repeat runs on ``inputs`` (from _timed_inputs)."""
+    """The zero-argument callable that one timed repeat runs on ``inputs`` (from _timed_inputs); a shape's window /
+    varlen reach the backend as keywords (Shape.call_kwargs, built here, outside the timing)."""
     q, k, v, dout = inputs
+    kw = shape.call_kwargs(q.device)
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
-                return backend.forward(q, k, v, shape.causal, scale, cfg)
+                return backend.forward(q, k, v, shape.causal, scale, cfg, **kw)
 
         return fwd
-    bwd = backend.backward_fn(q, k, v, shape.causal, scale, cfg)
+    bwd = backend.backward_fn(q, k, v, shape.causal, scale, cfg, **kw)
     return lambda: bwd(dout)
 
 

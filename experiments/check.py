@@ -8,9 +8,14 @@ lse (when the backend returns it) and dq, dk, dv (backward with a fresh random d
 every call. Outputs are poisoned with NaN before the run: the out / lse buffers themselves for backends
 that take them (``takes_out``: ours), else the CUDA caching allocator's free memory (so an output the
 backend leaves partly unwritten shows NaN, not zeros); any NaN in a result fails.
+
+Shapes with grouped K/V heads, a sliding window or a packed variable-length batch are checked against references
+that honour them (experiments/backends/_features.py: K/V heads repeated for their Q heads, the window mask, one
+sequence at a time), so dK / dV are the group sums and a packed batch's out / lse are flash_attn_varlen_func's.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -136,16 +141,33 @@ def check_fits(shape: Shape, device) -> tuple[bool, str]:
 def fit_check_shape(shape: Shape, device) -> Shape | None:
     """``shape`` with batch, then heads, halved until the check's score matrices fit (every (batch, head)
     slice is an independent problem, so the full sequence lengths are still checked); None if even one
-    slice does not fit."""
+    slice does not fit. A packed (varlen) batch keeps its sequences (only heads are halved); with GQA the K/V heads
+    are halved with the Q heads (the group size stays) until one is left."""
     s = shape
     while not check_fits(s, device)[0]:
-        if s.batch > 1:
+        if s.batch > 1 and s.varlen is None:
             s = s.replace(batch=s.batch // 2)
         elif s.heads > 1:
-            s = s.replace(heads=s.heads // 2)
+            s = _halve_heads(s)
         else:
             return None
     return s
+
+
+def _halve_heads(s: Shape) -> Shape:
+    hk = s.kv_heads
+    if hk > 1 and hk % 2 == 0:
+        return s.replace(heads=s.heads // 2, heads_kv=hk // 2)
+    if hk > 1:  # odd K/V heads: keep one K/V head and its group
+        return s.replace(heads=s.heads // hk, heads_kv=1)
+    return s.replace(heads=s.heads // 2, heads_kv=s.heads_kv and 1)  # MQA stays MQA (1 == heads reads as None)
+
+
+def slice_shape(shape: Shape) -> Shape:
+    """The smallest problem fit_check_shape would try: one (batch, head) slice (the whole packed batch, one head,
+    for varlen; its one K/V head with GQA)."""
+    s = shape if shape.varlen is not None else shape.replace(batch=1)
+    return s.replace(heads=1, heads_kv=None)
 
 
 def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, seed: int | None = None,
@@ -161,6 +183,7 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
     res = CheckResult(backend=b.name, shape=shape.to_dict(), seed=seed, ref_dtype=str(ref_dtype).replace("torch.", ""))
     dt = shape.torch_dtype
     q, k, v = make_inputs(shape, device, seed)
+    kw = shape.call_kwargs(device)  # window_size / varlen of a shape that has them
     want_bwd = "bwd" in modes
 
     # reference and same-dtype PyTorch, with grads
@@ -169,23 +192,21 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
 
     qr, kr, vr = leaves(ref_dtype)
     qp, kp, vp = leaves(dt)
-    from kernels.reference import attention_exact, attention_naive
+    from .backends._features import reference_attention
 
     with torch.enable_grad(), _NoTF32():
-        out_ref, lse_ref = attention_exact(qr, kr, vr, shape.causal, scale, dtype=ref_dtype, return_lse=True)
-        out_pt, lse_pt = attention_naive(qp, kp, vp, shape.causal, scale, return_lse=True)
+        out_ref, lse_ref = reference_attention(qr, kr, vr, shape.causal, scale, dtype=ref_dtype, **kw)
+        out_pt, lse_pt = reference_attention(qp, kp, vp, shape.causal, scale, naive=True, **kw)
 
     if "fwd" in modes or not want_bwd:
         with torch.no_grad():
             if b.takes_out:  # the backend writes our buffers: poison them
-                out = torch.full((shape.batch, shape.seqlen_q, shape.heads, shape.hdim_v), float("nan"), dtype=dt,
-                                 device=device)
-                lse = torch.full((shape.batch, shape.heads, shape.seqlen_q), float("nan"), dtype=torch.float32,
-                                 device=device)
-                out, lse = b.forward_into(q, k, v, shape.causal, scale, cfg, out, lse)
+                out = torch.full(shape.out_shape(), float("nan"), dtype=dt, device=device)
+                lse = torch.full(shape.lse_shape(), float("nan"), dtype=torch.float32, device=device)
+                out, lse = b.forward_into(q, k, v, shape.causal, scale, cfg, out, lse, **kw)
             else:
-                poison_allocator(q.shape[0] * q.shape[1] * q.shape[2] * shape.hdim_v * q.element_size(), device)
-                out, lse = b.forward(q, k, v, shape.causal, scale, cfg)
+                poison_allocator(math.prod(shape.out_shape()) * q.element_size(), device)
+                out, lse = b.forward(q, k, v, shape.causal, scale, cfg, **kw)
         res.tensors["out"] = compare("out", out, out_pt.detach(), out_ref.detach(), dt, atol_ulps)
         if lse is not None:
             res.tensors["lse"] = compare("lse", lse, lse_pt.detach(), lse_ref.detach(), dt, atol_ulps)
@@ -196,7 +217,7 @@ def check_backend(backend: Backend | str, shape: Shape, cfg=None, device=None, s
             g_ref = torch.autograd.grad(out_ref, (qr, kr, vr), dout.to(ref_dtype))
         g_pt = torch.autograd.grad(out_pt, (qp, kp, vp), dout)
         poison_allocator(3 * q.numel() * q.element_size(), device)
-        grads = b.backward(q, k, v, dout, shape.causal, scale, cfg)
+        grads = b.backward(q, k, v, dout, shape.causal, scale, cfg, **kw)
         for name, g, gp, gr in zip(("dq", "dk", "dv"), grads, g_pt, g_ref):
             res.tensors[name] = compare(name, g, gp, gr, dt, atol_ulps)
     return res

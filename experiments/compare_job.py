@@ -28,7 +28,7 @@ import torch
 from .attn_job import (MODES, _Rows, _peak, _timed_fn, _timed_inputs, classify_error, error_message)
 from .backends import get_backend
 from .bench import attn_flops, time_first_call, tflops
-from .check import check_backend, check_fits, fit_check_shape
+from .check import check_backend, check_fits, fit_check_shape, slice_shape
 from .metadata import gpu_state_fields
 from .shapes import Shape
 from .timing.roundrobin import round_robin
@@ -142,7 +142,7 @@ def run(job: dict) -> list[dict]:
 
 def _check(e: _Entry, mode, shape, check_shape, device, seed, scale) -> str | None:
     if check_shape is None:
-        why = check_fits(shape.replace(batch=1, heads=1), device)[1]
+        why = check_fits(slice_shape(shape), device)[1]
         e.rows.add(mode, "check", None, status="skip", reason=f"check skipped: one (batch, head) slice: {why}")
         return None
     before = gpu_state_fields("before")

@@ -20,8 +20,17 @@ def device_memory_bytes(device: str) -> int | None:
         return None
 
 
+def score_elements(shape) -> int:
+    """Elements of the score matrices one call materialises: (b, h, s_q, s_k), or per packed sequence of a varlen
+    shape, summed (its sequences are computed one at a time, but autograd keeps every one's graph)."""
+    seqlens = getattr(shape, "seqlens", None)
+    if seqlens:
+        return shape.heads * sum(s * s for s in seqlens)
+    return shape.batch * shape.heads * shape.seqlen_q * shape.seqlen_k
+
+
 def score_matrix_fits(shape, elem_bytes: int, device: str) -> tuple[bool, str]:
-    need = shape.batch * shape.heads * shape.seqlen_q * shape.seqlen_k * elem_bytes * LIVE_COPIES
+    need = score_elements(shape) * elem_bytes * LIVE_COPIES
     have = device_memory_bytes(device)
     if have is not None and need > SCORE_MEMORY_SHARE * have:
         return False, (f"score matrices need ~{need / 2**30:.1f} GiB, over {SCORE_MEMORY_SHARE:.0%} of the "

@@ -4,6 +4,13 @@ A backend computes attention on (batch, seqlen, heads, head_dim) tensors and say
 can run here (``available``) and on a given problem (``supports``). ``forward`` returns ``(out, lse|None)``
 with out at the input dtype and lse (batch, heads, seqlen_q) fp32 natural log; ``backward`` returns
 ``(dq, dk, dv)``. Causal masks are aligned bottom-right (query i sees keys j <= i + seqlen_k - seqlen_q).
+
+Beyond dense multi-head attention a shape may need grouped K/V heads, a sliding window or a packed variable-length
+batch (``Shape.features``: 'gqa', 'window', 'varlen'). A backend lists the ones it takes in ``features``; ``supports``
+refuses a shape needing another, with the reason (a skip row). The harness passes them as keywords only when the
+shape has them (``Shape.call_kwargs``): ``window_size=(left, right)`` (flash-attn semantics) and ``varlen=`` an
+experiments.shapes.Varlen (cu_seqlens, max_seqlen); GQA is in the tensors (K/V with fewer heads). Packed inputs are
+(total, heads, head_dim), out (total, heads, d_v) and lse (heads, total), as flash_attn_varlen_func.
 """
 from __future__ import annotations
 
@@ -28,6 +35,8 @@ class Backend:
     cpu_capable: bool = False  # runs (and means the same thing) on a CPU tensor
     takes_out: bool = False  # implements forward_into (writes caller-allocated out / lse buffers)
     config_arch: str | None = None  # arch whose AttnConfig defaults this backend resolves against (None: no AttnConfig)
+    features: frozenset = frozenset()  # of 'gqa', 'window', 'varlen': the shape features this backend takes
+    feature_notes: dict = {}  # feature -> why this backend does not take it (the skip reason's tail)
 
     # ---- availability ------------------------------------------------------------------------
     def available(self) -> tuple[bool, str]:
@@ -41,7 +50,13 @@ class Backend:
         return True, ""
 
     def supports(self, shape, cfg=None) -> tuple[bool, str]:
-        """(True, '') when the backend handles ``shape`` (and ``cfg``), else (False, why)."""
+        """(True, '') when the backend handles ``shape`` (and ``cfg``), else (False, why). A shape feature (GQA,
+        window, varlen) the backend does not list in ``features`` is refused here, before ``_supports``."""
+        missing = [f for f in getattr(shape, "features", ()) if f not in self.features]
+        if missing:
+            f = missing[0]
+            note = self.feature_notes.get(f, "not implemented in this backend")
+            return False, f"{self.name}: does not take {FEATURE_NAMES[f]} ({describe_feature(shape, f)}): {note}"
         return self._supports(shape, cfg)
 
     def _supports(self, shape, cfg) -> tuple[bool, str]:
@@ -51,20 +66,22 @@ class Backend:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     # ---- compute -----------------------------------------------------------------------------
-    def forward(self, q, k, v, causal: bool, scale: float | None, cfg=None):
+    def forward(self, q, k, v, causal: bool, scale: float | None, cfg=None, **features):
+        """(out, lse | None). ``features``: ``window_size`` / ``varlen`` of a shape that has them (module docstring)."""
         raise NotImplementedError(f"{self.name}: forward")
 
-    def forward_into(self, q, k, v, causal: bool, scale: float | None, cfg, out, lse):
-        """Forward writing into caller-allocated ``out`` (b, s_q, h, d_v) and ``lse`` (b, h, s_q) fp32; returns
-        (out, lse). Only for ``takes_out`` backends (the check poisons these buffers with NaN first)."""
+    def forward_into(self, q, k, v, causal: bool, scale: float | None, cfg, out, lse, **features):
+        """Forward writing into caller-allocated ``out`` (b, s_q, h, d_v) and ``lse`` (b, h, s_q) fp32 (packed:
+        (total, h, d_v) and (h, total)); returns (out, lse). Only for ``takes_out`` backends (the check poisons these
+        buffers with NaN first)."""
         raise NotImplementedError(f"{self.name}: does not take out= buffers")
 
-    def backward_fn(self, q, k, v, causal: bool, scale: float | None, cfg=None) -> Callable:
+    def backward_fn(self, q, k, v, causal: bool, scale: float | None, cfg=None, **features) -> Callable:
         """Run the forward once with autograd and return ``fn(dout) -> (dq, dk, dv)`` that runs only the
         backward (the graph is kept, so it can be called repeatedly for timing)."""
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         with torch.enable_grad():
-            out, _ = self.forward(*leaves, causal, scale, cfg)
+            out, _ = self.forward(*leaves, causal, scale, cfg, **features)
         if not out.requires_grad:
             raise NotImplementedError(f"{self.name}: forward is not differentiable, no backward")
 
@@ -73,12 +90,23 @@ class Backend:
 
         return run
 
-    def backward(self, q, k, v, dout, causal: bool, scale: float | None, cfg=None):
+    def backward(self, q, k, v, dout, causal: bool, scale: float | None, cfg=None, **features):
         """(dq, dk, dv) for upstream gradient ``dout`` (forward recomputed through autograd)."""
-        return self.backward_fn(q, k, v, causal, scale, cfg)(dout)
+        return self.backward_fn(q, k, v, causal, scale, cfg, **features)(dout)
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
+
+
+FEATURE_NAMES = {"gqa": "grouped K/V heads (GQA)", "window": "a sliding window", "varlen": "packed variable-length batches"}
+
+
+def describe_feature(shape, feature: str) -> str:
+    if feature == "gqa":
+        return f"heads {shape.heads}, heads_kv {shape.heads_kv}"
+    if feature == "window":
+        return f"window {list(shape.window)}"
+    return f"varlen {shape.varlen if isinstance(shape.varlen, str) else list(shape.varlen)}"
 
 
 def first_line(e: BaseException, n: int = 1, width: int = 300) -> str:

@@ -4,6 +4,12 @@
 is differentiable; its causal mask is bottom-right aligned. It runs on Hopper (sm90) and Blackwell
 (sm100/sm103). Its deterministic backward is selected by AttnConfig.deterministic when a config is given,
 or by the ``fa4_official_det`` registration.
+
+GQA: K/V with fewer heads, natively. A sliding window is passed as ``window_size=(left, right)`` with None for an
+unbounded side (flash_attn.cute's convention; the harness's -1 maps to None); with it, causal=True makes the right
+bound 0 there too. Packed variable-length batches go through ``flash_attn_varlen_func(q, k, v, cu_seqlens_q=,
+cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=, ...)`` (out (total, h, d_v), lse (h, total)). Signatures as in
+flash_attn/cute/interface.py of flash-attn-4 (keywords only, so positional changes between betas do not matter).
 """
 from __future__ import annotations
 
@@ -35,8 +41,11 @@ def _head_dims_ok(major: int, d: int, dv: int) -> bool:
 class FA4OfficialBackend(Backend):
     """``deterministic=True`` (registered as fa4_official_det) always uses the deterministic backward."""
 
+    features = frozenset({"gqa", "window", "varlen"})
+
     def __init__(self, deterministic: bool = False):
         self._func = None
+        self._varlen_func = None
         self.deterministic = deterministic
 
     def _import(self):
@@ -67,15 +76,33 @@ class FA4OfficialBackend(Backend):
                            f"{SUPPORTED_MAJORS.get(major, major)}")
         return True, ""
 
-    def forward(self, q, k, v, causal, scale, cfg=None):
+    def _import_varlen(self):
+        if self._varlen_func is None:
+            from flash_attn.cute import flash_attn_varlen_func
+
+            self._varlen_func = flash_attn_varlen_func
+        return self._varlen_func
+
+    def forward(self, q, k, v, causal, scale, cfg=None, window_size=None, varlen=None):
         deterministic = self.deterministic or bool(getattr(cfg, "deterministic", False))
-        res = self._import()(q, k, v, softmax_scale=scale, causal=bool(causal), deterministic=deterministic,
-                             return_lse=True)
+        kw = dict(softmax_scale=scale, causal=bool(causal), deterministic=deterministic, return_lse=True)
+        if window_size is not None and tuple(window_size) != (-1, -1):  # plain calls pass exactly what they did
+            kw["window_size"] = official_window(window_size)
+        if varlen is not None:
+            res = self._import_varlen()(q, k, v, cu_seqlens_q=varlen.cu_seqlens, cu_seqlens_k=varlen.cu_seqlens,
+                                        max_seqlen_q=varlen.max_seqlen, max_seqlen_k=varlen.max_seqlen, **kw)
+        else:
+            res = self._import()(q, k, v, **kw)
         if isinstance(res, tuple):
             out, lse = res[0], res[1]
         else:
             out, lse = res, None
         return out, (lse.float() if lse is not None else None)
+
+
+def official_window(window_size) -> tuple[int | None, int | None]:
+    """The harness's (left, right) window, -1 = unbounded, as flash_attn.cute takes it: None = unbounded."""
+    return tuple(None if int(w) < 0 else int(w) for w in window_size)
 
 
 def deterministic() -> FA4OfficialBackend:
