@@ -152,6 +152,12 @@ class FlashFwdSm90:
     """One compiled forward kernel per (dtype, head dims, causal, resolved AttnConfig)."""
 
     threads_per_wg = 128
+    # GPU-untested candidate (issue 11), off by default; set on the instance before compiling (compiled SASS of the
+    # default is unchanged). With intra_wg_overlap: O is rescaled by block j+1's row factors in the next step, after
+    # S(j+2) = Q K^T is issued and before O += P(j+1) V(j+1) (FA3's RescaleOBeforeGemm): the 64 FMULs run while the
+    # warp waits for its QK^T instead of after the softmax, and the softmax, P and the row sums form one basic block
+    # (no rescale branch after the exponentials). Skipped rescales (tau) become a factor of 1.0 (exact).
+    rescale_before_pv = False
 
     def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
@@ -788,6 +794,14 @@ class FlashFwdSm90:
                 rescale_o(acc_O, row_scale)
 
     @cute.jit
+    def defer_rescale(self, row_scale, do_rescale: Boolean):
+        """rescale_before_pv: leave the factors for the next step's unconditional rescale of O -- a skipped rescale
+        (tau > 0: row_scale holds an older block's factors) becomes 1.0 (a select, no branch)."""
+        if const_expr(self.tau != 0.0):
+            for r in cutlass.range_constexpr(cute.size(row_scale)):
+                row_scale[r] = row_scale[r] if do_rescale else Float32(1.0)
+
+    @cute.jit
     def consumer_fragments(self, sQ, sK, sVt, tiled_mma_qk, tiled_mma_pv, tidx: Int32) -> ConsumerFrags:
         """A consumer thread's tile-independent views (persistent: built once per CTA, outside the tile loop; else
         before consume): its warpgroup, MMA slices and the wgmma shared-memory operand fragments."""
@@ -868,7 +882,7 @@ class FlashFwdSm90:
         first block alone (first_block), then per block the steady state (overlap_block: S(j+1) and O += P(j) V(j)
         issued together), then the last block's PV (last_pv). Returns the consumer K/V state."""
         self.first_block(tiled_mma_qk, pipe_k, frags, regs, args, n_block_max - 1, state)
-        regs.acc_O.fill(0.0)
+        regs.acc_O.fill(0.0)  # (rescale_before_pv: the first step scales these zeros by the first block's 1.0)
         for i in cutlass.range(n_iter - 1, unroll=1):
             n_block = n_block_max - 2 - i
             state_v = state.clone()
@@ -904,6 +918,8 @@ class FlashFwdSm90:
         self.sched_sync(frags.wg)
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
         wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+        if const_expr(self.rescale_before_pv):  # O (PV(j-1) done) by block j's factors, while S(j+1) is computed
+            rescale_o(regs.acc_O, regs.row_scale)
         pipe_v.consumer_wait(state_v)
         wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state_v.index], False)
         self.sched_arrive(frags.wg)
@@ -913,11 +929,17 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)
         self.to_p(acc_S, regs.tOrP)
-        self.maybe_rescale(regs.acc_O, regs.row_scale, do_rescale)
+        if const_expr(self.rescale_before_pv):
+            self.defer_rescale(regs.row_scale, do_rescale)
+        else:
+            self.maybe_rescale(regs.acc_O, regs.row_scale, do_rescale)
 
     @cute.jit
     def last_pv(self, tiled_mma_pv, pipe_v, frags: ConsumerFrags, regs: TileRegs, state):
-        """Overlap, last half: O += P V of the tile's last block (the epilogue hand-off)."""
+        """Overlap, last half: O += P V of the tile's last block (the epilogue hand-off; rescale_before_pv: O is first
+        scaled by that block's row factors)."""
+        if const_expr(self.rescale_before_pv):
+            rescale_o(regs.acc_O, regs.row_scale)
         pipe_v.consumer_wait(state)
         wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state.index], False)
         warpgroup.wait_group(0)
