@@ -43,14 +43,14 @@ def _split(kw: dict):
 
 def _candidate(q, k, v, causal, scale, out, lse, attrs: dict, fields: dict):
     from kernels import AttnConfig
-    from kernels.interface import resolve_config
+    from kernels.interface import forward_config, resolve_config
     from kernels.sm90.compile import compile_fwd, make_fwd_kernel
     from kernels.sm90.scheduler import lpt_group_size
 
     hdim, dv = q.shape[-1], v.shape[-1]
-    cfg = resolve_config(AttnConfig(**fields), hdim, causal)
-    if cfg.persistent:
-        raise SystemExit("fwd_candidates_ab: persistent configs are not supported here (grid argument)")
+    cfg = forward_config(resolve_config(AttnConfig(**fields), hdim, causal), hdim, causal, q.shape[1])  # as ours
+    if cfg.persistent or cfg.pack_gqa:
+        raise SystemExit("fwd_candidates_ab: persistent / packed-GQA configs are not supported here")
     kern = make_fwd_kernel(cfg, {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}[str(q.dtype)], hdim, dv,
                            causal)
     for name, val in attrs.items():
