@@ -316,7 +316,6 @@ class FlashBwdSm90:
     dq_defer = False  # the dQ hand-off's fence and arrive under the next tile's S^T GEMM (m_block_step)
     m_rotate = False  # each CTA walks its Q tiles from its own starting tile (m_block_at)
     ds_store_first = False  # dS^T stmatrix before the dV wgmma is issued (ds_exchange)
-    dq_read_per_wg = False  # dq_writer: dQEmpty of warpgroup w once its own chunk's previous bulk read is done
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -411,11 +410,6 @@ class FlashBwdSm90:
         # hd64 s8k, before C1: that fence, the barrier and the wait at it 11.6% of the stall samples, ~630 cycles of
         # MMA-warp time per Q tile between the dV and the dQ issue; official FA4 stores dS before its dV wgmma).
         self.ds_store_first = hdim == 64 and not self.two_cta
-        # hd64 (one CTA, one dQ staging buffer): the writer hands warpgroup w its staging chunk back (dQEmpty) once the
-        # bulk reduction that read that chunk is done, not once every previous reduction is (dq_writer): warpgroup 0's
-        # chunk no longer waits for the read of warpgroup 1's, committed after it (ncu, H200 hd64 s8k: the writer waited
-        # for those reads 1.3% of the stall samples, the MMA warps at dQEmpty, before their dQ stores, 2.6%).
-        self.dq_read_per_wg = hdim == 64 and not self.two_cta
 
     @property
     def lse_stride(self) -> int:
@@ -1450,12 +1444,8 @@ class FlashBwdSm90:
                 buf = (((m_iter - m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     if const_expr(not self.deterministic or p > 0):
-                        # this buffer's previous chunks (dq_stages hand-offs ago) have been read (dq_read_per_wg: its
-                        # chunk w, the reductions committed after it, chunks w+1.. of that hand-off, may be pending)
-                        pending = self.num_mma_wg * (self.dq_stages - 1)
-                        if const_expr(self.dq_read_per_wg):
-                            pending += self.num_mma_wg - 1 - w
-                        cute.arch.cp_async_bulk_wait_group(pending, read=True)
+                        # this buffer's previous chunks (dq_stages hand-offs ago) have been read
+                        cute.arch.cp_async_bulk_wait_group(self.num_mma_wg * (self.dq_stages - 1), read=True)
                     cute.arch.sync_warp()
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
