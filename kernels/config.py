@@ -28,6 +28,11 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #   two_cta       : whether AttnConfig.two_cta=None runs the 2-CTA backward at this head dim; not filled in by resolve():
 #                   the sm90 backward applies it per call (kernels.config.two_cta_by_default; not with a window, softcap
 #                   or varlen)
+#   rescale_before_pv : the sm90 forward's O rescale issued between QK^T(j+1) and PV(j) (AttnConfig.rescale_before_pv);
+#                   False everywhere (H200 2026-11-30, 16k tokens, one process, 10 rounds, outputs bitwise equal,
+#                   on / off speed: (192, 128) 1.053 / 1.057 non-causal at 8k / 16k, 0.990 / 1.048 causal; hd128 16k
+#                   1.012 non-causal, 0.978 causal): a per-(hdim, causal) winner belongs in conf/tuned/ (python run.py
+#                   tune searches it); always False for sm100 (no such kernel: a correction warpgroup rescales there)
 DEFAULTS: dict[tuple[str, int], dict] = {
     # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
     # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
@@ -45,28 +50,28 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # ~+-7% at these short calls). Only hd64 <= 1k gained in both: the default runs it there; everything else
     # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False, rescale_before_pv=False),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
     # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False),
+                        bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
     # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10
     # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
     # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
     # (two_cta_by_default). hd64 / 128 two_cta is slower: off there; (192, 128) has no 2-CTA mode.
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True, rescale_before_pv=False),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
-    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
-    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
-    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
-    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False),
+    ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
+    ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
+    ("sm100", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.125, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
+    ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
 }
 
 DET_SCHEDULES = ("spt", "naive")
@@ -74,7 +79,7 @@ DET_SCHEDULES = ("spt", "naive")
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
-OMITTED_AT: dict[str, object] = {"cluster_m": 1}
+OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False)}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -121,6 +126,12 @@ class AttnConfig:
     num_stages: int | None = None
     consumer_regs: int | None = None
     producer_regs: int | None = None
+    # sm90 forward only, with intra_wg_overlap (FA3's RescaleOBeforeGemm): O is multiplied by a block's row factors in
+    # the next step, between issuing the next QK^T and issuing that block's P V, instead of after its softmax (no
+    # rescale branch after the exponentials; a rescale that tau skipped is a factor of 1.0: same output, bitwise).
+    # None = the per-arch default (DEFAULTS / conf/tuned/: False unless tuned); left out of to_dict() while None or
+    # False, so configs, hashes and compile keys from before the field existed are unchanged.
+    rescale_before_pv: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -145,6 +156,12 @@ class AttnConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
         if self.two_cta is not None and not isinstance(self.two_cta, bool):
             raise ConfigError(f"two_cta={self.two_cta!r}: must be None (per head dim) or a bool")
+        if self.rescale_before_pv is not None and not isinstance(self.rescale_before_pv, bool):
+            raise ConfigError(f"rescale_before_pv={self.rescale_before_pv!r}: must be None (per-arch default) or a bool")
+        if self.rescale_before_pv and not self.intra_wg_overlap:
+            raise ConfigError("rescale_before_pv=True with intra_wg_overlap=False: it moves the O rescale of the "
+                              "overlapped main loop; without the overlap O is already rescaled right before its P V -- "
+                              "pass rescale_before_pv=False (or None)")
         if self.persistent is not None and not isinstance(self.persistent, bool):
             raise ConfigError(f"persistent={self.persistent!r}: must be None (by sequence length) or a bool")
         if self.bwd_tile_m is not None and (isinstance(self.bwd_tile_m, bool) or not isinstance(self.bwd_tile_m, int)
@@ -179,29 +196,38 @@ class AttnConfig:
         if key not in DEFAULTS:
             raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
         d = DEFAULTS[key]
-        updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m")
-                   if getattr(self, k) is None}
+        if self.rescale_before_pv and arch != "sm90":
+            raise ConfigError(f"rescale_before_pv=True with arch={arch}: an sm90 (Hopper) forward switch (the O rescale "
+                              "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
+                              "rescale_before_pv=None or False")
+        updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m",
+                                     "rescale_before_pv") if getattr(self, k) is None}
         if self.exp2_emu_fraction is None:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
         updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
+        if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only
+            updates["rescale_before_pv"] = False
         if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them
             updates["bwd_tile_m"] = 64
         return dataclasses.replace(self, **updates) if updates else self
 
     @property
     def is_resolved(self) -> bool:
-        # persistent=None is a resolved value: the forward decides it per call (persistent_by_default)
-        return all(getattr(self, f.name) is not None for f in fields(self) if f.name not in PER_CALL_FIELDS)
+        # persistent=None is a resolved value: the forward decides it per call (persistent_by_default). So is
+        # rescale_before_pv=None (OMITTED_AT holds None): a config rebuilt from a resolved config's to_dict(), which
+        # leaves False out, reads None as False (same compile key, same kernel)
+        return all(getattr(self, f.name) is not None for f in fields(self)
+                   if f.name not in PER_CALL_FIELDS and None not in OMITTED_AT.get(f.name, ()))
 
     def to_dict(self) -> dict:
-        """Every field; a per-call field (persistent, pack_gqa, two_cta) only when set and cluster_m only when not 1, so
-        configs, hashes and compile cache keys from before those fields existed are unchanged (two_cta: the old default
-        False is now an explicit ``two_cta=False``, whose hash is the old default's; the backward's keys always hold the
-        bool it decided)."""
+        """Every field; a per-call field (persistent, pack_gqa, two_cta) only when set, cluster_m only when not 1 and
+        rescale_before_pv only when True, so configs, hashes and compile cache keys from before those fields existed are
+        unchanged (two_cta: the old default False is now an explicit ``two_cta=False``, whose hash is the old default's;
+        the backward's keys always hold the bool it decided)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if not (f.name in PER_CALL_FIELDS and getattr(self, f.name) is None)
-                and not (f.name in OMITTED_AT and getattr(self, f.name) == OMITTED_AT[f.name])}
+                and not (f.name in OMITTED_AT and _omitted(getattr(self, f.name), OMITTED_AT[f.name]))}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "AttnConfig":
@@ -211,6 +237,11 @@ class AttnConfig:
         """Stable 12-hex-digit hash of every field (same config -> same hash across processes)."""
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _omitted(value, at: tuple) -> bool:
+    """Whether ``value`` is one of OMITTED_AT's values of a field, compared with its type (False is not 0)."""
+    return any(value is a if a is None or isinstance(a, bool) else (type(value) is type(a) and value == a) for a in at)
 
 
 def _unknown_fields_error(names) -> ConfigError:
@@ -262,7 +293,8 @@ def quantized_exp2_fraction(fraction: float, fragments_per_row: int) -> float:
 #   entries:
 #     - {hdim: 128, causal: false, direction: fwd, config: {tile_m: 128, tile_n: 176, ...}, evidence: {...}}
 # An entry overrides the table above for its (hdim, causal), only for the fields of its direction. No file: the table.
-TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction"),
+TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction",
+                        "rescale_before_pv"),
                 "bwd": ("bwd_tile_m",)}
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}

@@ -16,6 +16,7 @@ visible (query, key) pairs (kernels/flops.py). Packed GQA against the per-Q-head
   fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
   sdpa_cudnn       with --cudnn
   NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,intra_wg_overlap:false;
+                   O rescaled before its P V: --cfg prepv=rescale_before_pv:true (bitwise the default's output: diff 0);
                    the 2x1-cluster forward with K/V multicast: --cfg cl2=cluster_m:2 --causal 0 -- a variant whose
                    config the call refuses, e.g. cluster_m:2 at causal=1, or pack_gqa:true with a group that does not
                    divide tile_m, is skipped with the reason printed)

@@ -182,3 +182,104 @@ def test_compiled_config_reports_the_effective_two_cta():
             assert c["two_cta"] is False and c == compiled_config(AttnConfig(two_cta=False), "sm90", hd, causal, "bwd")
         assert "two_cta" not in compiled_config(None, "sm90", 256, causal, "fwd")
         assert compiled_config(None, "sm100", 256, causal, "bwd")["two_cta"] is False
+
+
+# ---- rescale_before_pv (sm90 forward, tunable) ------------------------------------------------------------------
+# config_hash() of these configs as the code of fa24bdf (before the field existed) computed them: the field must leave
+# every existing config, hash, compile key and job key as it was while it is None (unset) or False
+HASHES_BEFORE_THE_FIELD = {
+    (): "e87b4552bc09", (("pingpong", False),): "e02239161430", (("rescale_threshold", 0.0),): "f377acd35e15",
+    (("intra_wg_overlap", False),): "57753b3391f4", (("exp2_emu_fraction", 0.25),): "7c4605c382b4",
+    (("deterministic", True),): "f145c3a45b1d", (("two_cta", False),): "d22c75b9b283",
+    (("two_cta", True),): "6193509544f1", (("cluster_m", 2),): "5196322554f1", (("pack_gqa", True),): "bc12b76cdc9d",
+    (("persistent", True),): "59a51842be2e", (("tile_n", 112),): "573a8b62f921",
+    (("rescale_threshold", 0.0), ("exp2_emu_fraction", 0.0), ("pingpong", False)): "c18a2733c513",
+}
+# every table field explicit (what a tune job or a recorded resolved config holds): the H200 tune rows of hd192 record
+# this resolved_config_hash, and fwd_kernel_key's repr hashed to 68a251a98b8a (sha1, 12 digits) at fa24bdf
+EXPLICIT = dict(tile_m=128, tile_n=128, num_stages=2, consumer_regs=240, producer_regs=24, exp2_emu_fraction=0.0,
+                bwd_tile_m=64)
+
+
+def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
+    import hashlib
+
+    from kernels.compile_cache import cache_key
+    from kernels.tiles import compiled_config
+
+    for kv, h in HASHES_BEFORE_THE_FIELD.items():
+        for extra in ({}, {"rescale_before_pv": None}, {"rescale_before_pv": False}):
+            cfg = AttnConfig(**dict(kv), **extra)
+            assert cfg.config_hash() == h, (kv, extra)
+            assert "rescale_before_pv" not in cfg.to_dict()
+    assert AttnConfig().op_string == "{}"
+    r = AttnConfig(**EXPLICIT).resolve("sm90", 128, False)
+    assert r.rescale_before_pv is False and r.is_resolved and r.config_hash() == "d5a9684cc4b1"
+    assert AttnConfig(**EXPLICIT).resolve("sm100", 128, True).config_hash() == "d5a9684cc4b1"
+    key = cache_key("fwd", r, "bfloat16", 128, 128, False, "sm90")
+    assert hashlib.sha1(repr(key).encode()).hexdigest()[:12] == "68a251a98b8a"
+    again = AttnConfig.from_dict(r.to_dict())  # a resolved config rebuilt from its dict (False left out): still resolved
+    assert again.rescale_before_pv is None and again.is_resolved
+    assert cache_key("fwd", again, "bfloat16", 128, 128, False, "sm90") == key
+    for hd in (64, 128, 192, 256):
+        for causal in (False, True):
+            d = AttnConfig().resolve("sm90", hd, causal)
+            assert d.rescale_before_pv is False and "rescale_before_pv" not in d.to_dict()
+            for mode in ("fwd", "bwd") if hd != 192 else ("fwd",):
+                assert "rescale_before_pv" not in compiled_config(None, "sm90", hd, causal, mode)
+    # an H200 tune row's config (a row of results/h200/tune, git f5449bc): its recorded config and resolved hashes
+    row = dict(bwd_tile_m=None, consumer_regs=240, det_schedule="spt", deterministic=False, exp2_emu_fraction=0.0,
+               intra_wg_overlap=True, num_stages=2, pingpong=True, producer_regs=24, rescale_threshold=8.0, tile_m=128,
+               tile_n=128)
+    assert AttnConfig(**row).config_hash() == "514d4d7f61ec"
+    assert AttnConfig(**row).resolve("sm90", 192, True).config_hash() == "d5a9684cc4b1"
+
+
+def test_rescale_before_pv_on_is_its_own_config_and_kernel_key():
+    from kernels.compile_cache import cache_key
+    from kernels.tiles import compiled_config
+
+    on = AttnConfig(rescale_before_pv=True)
+    assert on.to_dict()["rescale_before_pv"] is True and on.op_string == '{"rescale_before_pv":true}'
+    assert on.config_hash() not in HASHES_BEFORE_THE_FIELD.values()
+    assert AttnConfig.from_dict(on.to_dict()) == on and AttnConfig.from_dict(AttnConfig().to_dict()) == AttnConfig()
+    r_on, r_off = on.resolve("sm90", 192, False), AttnConfig().resolve("sm90", 192, False)
+    assert r_on.rescale_before_pv is True and r_on.is_resolved
+    assert dataclasses.replace(r_on, rescale_before_pv=False) == r_off
+    assert (cache_key("fwd", r_on, "bfloat16", 192, 128, False, "sm90")
+            != cache_key("fwd", r_off, "bfloat16", 192, 128, False, "sm90"))
+    assert compiled_config(on, "sm90", 192, False)["rescale_before_pv"] is True
+    assert AttnConfig(rescale_before_pv=True, pingpong=False).resolve("sm90", 128, True).rescale_before_pv is True
+
+
+@pytest.mark.parametrize("kwargs, arch, needle", [
+    (dict(rescale_before_pv=1), None, r"rescale_before_pv=1: must be None \(per-arch default\) or a bool"),
+    (dict(rescale_before_pv="true"), None, "rescale_before_pv='true'"),
+    (dict(rescale_before_pv=True, intra_wg_overlap=False), None,
+     "rescale_before_pv=True with intra_wg_overlap=False"),
+    (dict(rescale_before_pv=True), "sm100", "rescale_before_pv=True with arch=sm100"),
+])
+def test_rescale_before_pv_refused_where_it_cannot_apply(kwargs, arch, needle):
+    with pytest.raises(ConfigError, match=needle) as e:
+        AttnConfig(**kwargs).resolve(arch or "sm90", 128, False)
+    assert "\n" not in str(e.value)
+    AttnConfig(rescale_before_pv=False, intra_wg_overlap=False).resolve("sm90", 128, False)
+    AttnConfig(rescale_before_pv=False).resolve("sm100", 128, False)
+
+
+def test_rescale_before_pv_is_a_table_field_a_tuned_true_applies(monkeypatch, request):
+    """None takes the table's False or a tuned winner; an explicit value wins; a tuned True leaves a config without
+    the intra-warpgroup overlap valid (False there)."""
+    import kernels.config as C
+    from kernels.config import TUNED_FIELDS, table_defaults
+
+    assert "rescale_before_pv" in TUNED_FIELDS["fwd"] and "rescale_before_pv" not in TUNED_FIELDS["bwd"]
+    assert all(row["rescale_before_pv"] is False for row in DEFAULTS.values())
+    assert table_defaults("sm90", 192, False, tuned=False)["rescale_before_pv"] is False
+    monkeypatch.setattr(C, "TUNED", {("sm90", 192, False): {"rescale_before_pv": True}})
+    C.resolve_cached.cache_clear()
+    request.addfinalizer(C.resolve_cached.cache_clear)
+    assert AttnConfig().resolve("sm90", 192, False).rescale_before_pv is True
+    assert AttnConfig().resolve("sm90", 192, True).rescale_before_pv is False
+    assert AttnConfig(rescale_before_pv=False).resolve("sm90", 192, False).rescale_before_pv is False
+    assert AttnConfig(intra_wg_overlap=False).resolve("sm90", 192, False).rescale_before_pv is False

@@ -26,8 +26,11 @@ FACTORS = {
     "rescale_threshold": [0.0, 8.0],
     "exp2_emu_fraction": [0.0, 0.25, 1.0],
     "pingpong": [True, False],
-    "intra_wg_overlap": [True, False],
+    # intra_wg_overlap with rescale_before_pv as one factor: rescale_before_pv needs the overlapped loop
+    "main_loop": ["overlap", "overlap+rescale_before_pv", "serial"],
 }
+MAIN_LOOP = {"overlap": dict(intra_wg_overlap=True), "overlap+rescale_before_pv": dict(rescale_before_pv=True),
+             "serial": dict(intra_wg_overlap=False)}
 
 
 def pairwise_configs(factors: dict) -> list[dict]:
@@ -63,8 +66,9 @@ def test_compiles(row):
 
     hdim, hdim_v = row["hdims"]
     cfg = AttnConfig(rescale_threshold=row["rescale_threshold"], exp2_emu_fraction=row["exp2_emu_fraction"],
-                     pingpong=row["pingpong"], intra_wg_overlap=row["intra_wg_overlap"]).resolve("sm90", hdim, row["causal"])
+                     pingpong=row["pingpong"], **MAIN_LOOP[row["main_loop"]]).resolve("sm90", hdim, row["causal"])
     kern = make_fwd_kernel(cfg, row["dtype"], hdim, hdim_v, row["causal"])
+    assert (kern.intra_wg_overlap, kern.rescale_before_pv) == (cfg.intra_wg_overlap, cfg.rescale_before_pv)
     assert compile_fwd(kern, tvm_ffi=False) is not None
     # the compiled exp2 split is whole fragments of tile_n / 8 and is exposed
     n_frag = cfg.tile_n // 8
@@ -95,6 +99,25 @@ def test_two_configs_two_kernels_through_interface():
     recs = compile_cache.compile_records()
     assert len(recs) == 2 and sorted(r.hits for r in recs) == [0, 1]
     assert compiled_exp2_fraction(AttnConfig(exp2_emu_fraction=0.3), 128, False) == 0.3125  # 5 of 16 fragments
+
+
+def test_rescale_before_pv_is_its_own_kernel_and_refused_without_overlap():
+    from kernels import compile_cache
+    from kernels.interface import get_fwd_kernel, resolve_config
+
+    compile_cache.clear()
+    off = resolve_config(AttnConfig(), 64, False)
+    on = resolve_config(AttnConfig(rescale_before_pv=True), 64, False)
+    k_off, c_off = get_fwd_kernel(off, "bfloat16", 64, 64, False, tvm_ffi=False)
+    k_on, c_on = get_fwd_kernel(on, "bfloat16", 64, 64, False, tvm_ffi=False)
+    assert c_on is not c_off and (k_off.rescale_before_pv, k_on.rescale_before_pv) == (False, True)
+    # an explicit False is the default's kernel (its key): a hit, no compile
+    assert get_fwd_kernel(resolve_config(AttnConfig(rescale_before_pv=False), 64, False), "bfloat16", 64, 64, False,
+                          tvm_ffi=False)[1] is c_off
+    assert len(compile_cache.compile_records()) == 2
+    with pytest.raises(ConfigError, match="rescale_before_pv=True with intra_wg_overlap=False") as ei:
+        AttnConfig(rescale_before_pv=True, intra_wg_overlap=False)
+    assert "\n" not in str(ei.value)
 
 
 @pytest.mark.parametrize("kwargs,dtype,match", [

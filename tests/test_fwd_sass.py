@@ -4,11 +4,14 @@ Checks that the mechanisms are really in the machine code: wgmma (HGMMA), TMA lo
 UTMASTG), the exp2 split (MUFU.EX2 count falls and FFMA count rises with exp2_emu_fraction; no F2I / FRND,
 which would put the software exp2 back on the MUFU pipe; no clamp FMNMX; a pinned instruction cost per emulated
 exponential; sixteenths compile exactly at tile_n 128), the tau decision (a warp vote only when tau > 0),
-and no local-memory spills (LDL / STL) in the default configs.
+no local-memory spills (LDL / STL) in the default configs, and ``rescale_before_pv``: the O rescale (FMUL) leaves the
+main loop's tail after the last exponential (the steady-state loop: the shortest backward branch around HGMMA and
+MUFU.EX2), with the same GEMMs, exponentials and tau vote, and no spills.
 """
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -17,20 +20,59 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 from kernels.config import AttnConfig  # noqa: E402
 from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, opcode_counts  # noqa: E402
 
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+
 pytestmark = [pytest.mark.compile,
               pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed (pip nvidia-cuda-nvdisasm)")]
 
 _CACHE: dict = {}
 
 
-def sass_counts(tmp_path_factory, hdim=128, causal=False, dtype="bfloat16", **switches):
+def sass_text(tmp_path_factory, hdim=128, causal=False, dtype="bfloat16", **switches) -> str:
     key = (hdim, causal, dtype, tuple(sorted(switches.items())))
     if key not in _CACHE:
         cfg = AttnConfig(**switches).resolve("sm90", hdim, causal)
         hdim_v = 128 if hdim == 192 else hdim
         workdir = str(tmp_path_factory.mktemp("sass"))
-        _CACHE[key] = opcode_counts(fwd_sass(cfg, dtype, hdim, hdim_v, causal, workdir))
+        _CACHE[key] = fwd_sass(cfg, dtype, hdim, hdim_v, causal, workdir)
     return _CACHE[key]
+
+
+def sass_counts(tmp_path_factory, hdim=128, causal=False, dtype="bfloat16", **switches):
+    return opcode_counts(sass_text(tmp_path_factory, hdim, causal, dtype, **switches))
+
+
+def main_loop(sass: str) -> list[str]:
+    """Opcodes of the steady-state main loop: the shortest range closed by a backward branch that holds both HGMMA and
+    MUFU.EX2 (the mbarrier retry branches jump further back and span more)."""
+    insns, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _INSN.search(line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update((name, addr) for name in pending)
+            pending = []
+            insns.append((addr, m.group(2), m.group(3)))
+    best = None
+    for i, (addr, op, args) in enumerate(insns):
+        target = re.search(r"\.L_x_\d+", args) if op.startswith("BRA") else None
+        if target is None or labels[target.group(0)] > addr:
+            continue
+        start = next(j for j, x in enumerate(insns) if x[0] == labels[target.group(0)])
+        body = [x[1] for x in insns[start:i + 1]]
+        if any(o.startswith("HGMMA") for o in body) and "MUFU.EX2" in body and (best is None or len(body) < len(best)):
+            best = body
+    assert best is not None, "no loop with HGMMA and MUFU.EX2 found"
+    return best
+
+
+def after_last_exp2(body: list[str]) -> list[str]:
+    return body[len(body) - body[::-1].index("MUFU.EX2"):]
 
 
 def test_wgmma_and_tma_present(tmp_path_factory):
@@ -106,3 +148,48 @@ def test_tau_decision_is_a_warp_vote(tmp_path_factory):
 def test_no_spills_in_default_configs(tmp_path_factory, hdim, causal):
     c = sass_counts(tmp_path_factory, hdim=hdim, causal=causal)
     assert count(c, "LDL") == 0 and count(c, "STL") == 0, {k: v for k, v in c.items() if k.startswith(("LDL", "STL"))}
+
+
+HDIMS = [(64, False), (64, True), (128, False), (128, True), (192, False), (192, True), (256, False), (256, True)]
+
+
+@pytest.mark.parametrize("hdim,causal", HDIMS)
+def test_rescale_before_pv_moves_the_o_rescale_out_of_the_tail(tmp_path_factory, hdim, causal):
+    """AttnConfig(rescale_before_pv=True): the FMULs that rescale O (hdim_v / 2 per thread) are no longer after the
+    last exponential of the main loop but before the next block's P V (H200 / CPU at (192, 128) non-causal: 110
+    instructions after the last MUFU.EX2 -> 11); same GEMMs, exponentials and tau vote; no spills (0 LDL / STL).
+    The default keeps its rescale after the exponentials (its SASS: scripts/sass_identity.py, 0 differ)."""
+    base = sass_text(tmp_path_factory, hdim=hdim, causal=causal)
+    on = sass_text(tmp_path_factory, hdim=hdim, causal=causal, rescale_before_pv=True)
+    cb, co = opcode_counts(base), opcode_counts(on)
+    assert count(co, "LDL") == 0 and count(co, "STL") == 0, {k: v for k, v in co.items() if k.startswith(("LDL", "STL"))}
+    for op in ("HGMMA", "MUFU.EX2", "VOTE", "UTMALDG"):
+        assert count(co, op) == count(cb, op), op
+    assert count(co, "VOTE") > 0  # tau > 0 by default: the decision is still a warp vote
+    hdim_v = 128 if hdim == 192 else hdim
+    lb, lo = main_loop(base), main_loop(on)
+    tail_b, tail_o = after_last_exp2(lb), after_last_exp2(lo)
+    assert tail_b.count("FMUL") >= hdim_v // 2, (len(tail_b), tail_b.count("FMUL"))
+    assert tail_o.count("FMUL") == 0, tail_o
+    assert lo.count("FMUL") >= lb.count("FMUL")  # the rescale is still in the loop, earlier
+    assert len(tail_o) <= len(tail_b) - hdim_v // 4, (len(tail_b), len(tail_o))  # hd64 causal: 82 -> 51
+    assert sum(o.startswith("BRA") for o in lo) < sum(o.startswith("BRA") for o in lb)  # no rescale branch
+    if (hdim, causal) == (192, False):  # the candidate's measurement (7f04666): 110 -> 11 after the last MUFU.EX2
+        assert len(tail_o) <= 16 and len(tail_b) >= 96, (len(tail_b), len(tail_o))
+
+
+def test_rescale_before_pv_compiles_with_every_forward_variant(tmp_path_factory):
+    """The field with pingpong off, tau 0, the exp2 split, persistent and the cluster: 0 spills, O rescaled before PV."""
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    with pytest.raises(ValueError, match="rescale_before_pv=True with intra_wg_overlap=False"):
+        FlashFwdSm90(cutlass.BFloat16, 128, 128, False, intra_wg_overlap=False, rescale_before_pv=True)
+    assert not FlashFwdSm90(cutlass.BFloat16, 128, 128, False).rescale_before_pv
+    for sw in (dict(pingpong=False), dict(rescale_threshold=0.0), dict(exp2_emu_fraction=0.25), dict(persistent=True),
+               dict(cluster_m=2)):
+        c = sass_text(tmp_path_factory, hdim=128, causal=False, rescale_before_pv=True, **sw)
+        co = opcode_counts(c)
+        assert count(co, "LDL") == 0 and count(co, "STL") == 0, sw
+        assert after_last_exp2(main_loop(c)).count("FMUL") == 0, sw

@@ -10,7 +10,8 @@ compile-time constants too; at their defaults (-1, -1, 0.0) the kernel is the pl
 with num_ctas = min(SM count, tiles), the grid (kernels/interface.py computes it). ``cfg.cluster_m`` = 2 compiles the
 2x1-cluster kernel (K/V multicast; same arguments; the kernel rounds its grid up to whole clusters). ``cfg.pack_gqa``
 with ``qhead_per_kvhead`` > 1 compiles the packed-GQA kernel (one CTA per K/V head and tile of (position, head) rows; same
-arguments); with a group of 1 the plain kernel.
+arguments); with a group of 1 the plain kernel. ``cfg.rescale_before_pv`` compiles the overlapped main loop with O
+rescaled between issuing the next QK^T and this block's P V (same arguments; False: the default kernel, its key).
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         pingpong=cfg.pingpong, intra_wg_overlap=cfg.intra_wg_overlap, consumer_regs=cfg.consumer_regs,
         producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
         window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent), cluster_m=cfg.cluster_m,
-        varlen=varlen, pack_gqa=bool(getattr(cfg, "pack_gqa", False)) and int(qhead_per_kvhead) > 1)
+        varlen=varlen, pack_gqa=bool(getattr(cfg, "pack_gqa", False)) and int(qhead_per_kvhead) > 1,
+        rescale_before_pv=bool(cfg.rescale_before_pv))
 
 
 def tvm_ffi_available() -> bool:

@@ -10,7 +10,11 @@ the Q tile and run QK^T as an SS wgmma and PV as an RS wgmma with P kept in regi
 runs softmax(j+1) while PV(j) is in flight. ``rescale_threshold`` (tau) keeps a warp's stale row maxima
 until some row grows by more than tau (warp vote), skipping the O / row-sum rescale (the FA4 conditional
 rescale; Hopper has no correction warpgroup, so the saving is the FMULs and the dependency on the
-critical path). ``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
+critical path). ``rescale_before_pv`` (with intra_wg_overlap; FA3's RescaleOBeforeGemm): O is multiplied by block
+j+1's row factors in the next step, between issuing S(j+2) = Q K^T and issuing O += P(j+1) V(j+1), so the FMULs run
+while the warp waits for its QK^T and the softmax, P and the row sums form one basic block (no rescale branch after
+the exponentials); a rescale that tau skipped is a factor of 1.0 (exact: the output is bitwise the default's).
+``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
 MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). Causal: only the K blocks a tile needs are
 loaded, masking only on the diagonal blocks, and tiles are issued longest first (kernels/sm90/scheduler.py).
 O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
@@ -88,7 +92,7 @@ from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .scheduler import tile_at, tile_coords
-from .softmax import _add, _tree, apply_softcap, finalize, online_softmax_step, quad_allreduce_max, rescale_o
+from .softmax import apply_softcap, finalize, online_softmax_step, rescale_o
 
 LOG2_E = math.log2(math.e)
 
@@ -152,25 +156,13 @@ class FlashFwdSm90:
     """One compiled forward kernel per (dtype, head dims, causal, resolved AttnConfig)."""
 
     threads_per_wg = 128
-    # GPU-untested candidate (issue 11), off by default; set on the instance before compiling (compiled SASS of the
-    # default is unchanged). With intra_wg_overlap: O is rescaled by block j+1's row factors in the next step, after
-    # S(j+2) = Q K^T is issued and before O += P(j+1) V(j+1) (FA3's RescaleOBeforeGemm): the 64 FMULs run while the
-    # warp waits for its QK^T instead of after the softmax, and the softmax, P and the row sums form one basic block
-    # (no rescale branch after the exponentials). Skipped rescales (tau) become a factor of 1.0 (exact).
-    rescale_before_pv = False
-    # GPU-untested candidate (issue 11), off by default, set like rescale_before_pv. tau > 0 without branches: the warp
-    # vote still decides whether the row maxima move, but the new maxima and factors are selected (FSEL; a skipped
-    # rescale is a factor of 1.0) and O is always multiplied, so the row max, the exponentials, the row sums, P and
-    # the rescale of a block are one basic block (the tau branches split it into four; the exponentials then ran
-    # back to back and P / the rescale after them). Bitwise the same output as the branching tau path.
-    branchless_tau = False
 
     def __init__(self, dtype, hdim: int, hdim_v: int, causal: bool, *, tile_m: int = 128, tile_n: int = 128,
                  num_stages: int = 2, rescale_threshold: float = 8.0, exp2_emu_fraction: float = 0.0,
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
-                 cluster_m: int = 1, pack_gqa: bool = False):
+                 cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -243,6 +235,10 @@ class FlashFwdSm90:
         self.tau = float(rescale_threshold)
         self.pingpong = pingpong
         self.intra_wg_overlap = intra_wg_overlap
+        if rescale_before_pv and not intra_wg_overlap:
+            raise ValueError("rescale_before_pv=True with intra_wg_overlap=False: without the overlap O is already "
+                             "rescaled right before its P V; pass rescale_before_pv=False")
+        self.rescale_before_pv = bool(rescale_before_pv)  # O rescaled between issuing QK^T(j+1) and PV(j)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -735,56 +731,8 @@ class FlashFwdSm90:
                            self.window_left, self.window_right)
             else:
                 apply_mask(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k, self.causal)
-        if const_expr(self.branchless_tau and self.tau != 0.0 and not is_first):
-            return self.softmax_step_select(acc_S, regs, args.scale_log2)
         return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
                                    self.emu_frags, self.poly, is_first)
-
-    @cute.jit
-    def softmax_step_select(self, acc_S, regs: TileRegs, scale_log2: Float32) -> Boolean:
-        """branchless_tau: online_softmax_step (kernels/sm90/softmax.py) of a later block with tau > 0, with the
-        warp vote's outcome applied by selects instead of branches: row_max moves to the new maxima only on a vote,
-        row_scale is their factor then and 1.0 otherwise, row_sum = row_sum * row_scale + sum (exact for 1.0).
-        Returns the vote (the caller rescales O unconditionally)."""
-        s = acc_rows_cols(acc_S)
-        n_rows = cute.size(s, mode=[0])
-        n_cols = cute.size(s, mode=[1])
-        row_max, row_sum, row_scale = regs.row_max, regs.row_sum, regs.row_scale
-        new_max = cute.make_rmem_tensor(row_max.layout, Float32)
-        k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)  # independent partial maxima / sums
-        for r in cutlass.range_constexpr(n_rows):
-            part = [s[r, j] for j in range(k)]
-            for c in cutlass.range_constexpr(k, n_cols):
-                part[c % k] = cute.arch.fmax(part[c % k], s[r, c])
-            new_max[r] = cute.arch.fmax(quad_allreduce_max(_tree(part, cute.arch.fmax)), row_max[r])
-        grow = Boolean(False)
-        for r in cutlass.range_constexpr(n_rows):
-            grow = grow | ((new_max[r] - row_max[r]) * scale_log2 > Float32(self.tau))
-        do_rescale = cute.arch.vote_any_sync(grow)
-        for r in cutlass.range_constexpr(n_rows):
-            m_old = row_max[r]
-            m_new = new_max[r] if do_rescale else m_old
-            m_new_s = Float32(0.0) if m_new == -Float32.inf else m_new * scale_log2
-            factor = exp2_mod.exp2_mufu(m_old * scale_log2 - m_new_s)
-            row_scale[r] = factor if do_rescale else Float32(1.0)
-            row_max[r] = m_new
-        for r in cutlass.range_constexpr(n_rows):
-            m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
-            if const_expr(len(self.emu_frags) > 0):
-                a, b = exp2_mod.affine_args(scale_log2, m_s)
-                for c in cutlass.range_constexpr(n_cols):
-                    if const_expr((c // 2) % self.n_frag in self.emu_frags):
-                        s[r, c] = exp2_mod.exp2_poly_affine(s[r, c], a, b, self.poly)
-                    else:
-                        s[r, c] = exp2_mod.exp2_mufu(s[r, c] * scale_log2 - m_s)
-            else:
-                for c in cutlass.range_constexpr(n_cols):
-                    s[r, c] = exp2_mod.exp2_mufu(s[r, c] * scale_log2 - m_s)
-            part = [s[r, j] for j in range(k)]
-            for c in cutlass.range_constexpr(k, n_cols):
-                part[c % k] = part[c % k] + s[r, c]
-            row_sum[r] = row_sum[r] * row_scale[r] + _tree(part, _add)
-        return do_rescale
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -841,7 +789,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def maybe_rescale(self, acc_O, row_scale, do_rescale: Boolean):
-        if const_expr(self.tau == 0.0 or self.branchless_tau):  # branchless_tau: a skipped rescale is a 1.0
+        if const_expr(self.tau == 0.0):
             rescale_o(acc_O, row_scale)
         else:
             if do_rescale:
@@ -851,7 +799,7 @@ class FlashFwdSm90:
     def defer_rescale(self, row_scale, do_rescale: Boolean):
         """rescale_before_pv: leave the factors for the next step's unconditional rescale of O -- a skipped rescale
         (tau > 0: row_scale holds an older block's factors) becomes 1.0 (a select, no branch)."""
-        if const_expr(self.tau != 0.0 and not self.branchless_tau):  # branchless_tau: already 1.0 then
+        if const_expr(self.tau != 0.0):
             for r in cutlass.range_constexpr(cute.size(row_scale)):
                 row_scale[r] = row_scale[r] if do_rescale else Float32(1.0)
 
