@@ -25,7 +25,7 @@ from pathlib import Path
 
 from experiments.results import ResultStore, job_key, read_rows
 from experiments.tune_space import (FWD_HDIMS, TuneSpaceError, candidates, check_target, default_point, fields_of,
-                                    hdims_for, valid_points, variant_name)
+                                    hdims_for, job_config, valid_points, variant_name)
 
 EXPERIMENT = "tune"
 BACKENDS = ("fa4", "fa4_model")
@@ -148,7 +148,8 @@ def _fixed(t: dict) -> dict:
 def make_jobs(t: dict, shapes: list[dict], backend: str, bench: dict) -> list[dict]:
     """Compare jobs of one search, candidate-major (every sequence length of a candidate, then the next)."""
     fixed = _fixed(t)
-    base = {**t["default"], **fixed}
+    where = (t["arch"], t["hdim"], t["causal"])
+    base = job_config({**t["default"], **fixed}, *where)
     jobs = []
     for p in t["candidates"]:  # the search index is not in the job (its key survives a reordered space)
         name = variant_name(p, t["default"])
@@ -156,7 +157,7 @@ def make_jobs(t: dict, shapes: list[dict], backend: str, bench: dict) -> list[di
             jobs.append({"kind": "compare", "experiment": EXPERIMENT, "shape": shape, "modes": [t["direction"]],
                          "check": True, "bench": {**bench, **TUNE_BENCH},
                          "entries": [{"backend": backend, "variant": "default", "config": base},
-                                     {"backend": backend, "variant": name, "config": {**p, **fixed}}],
+                                     {"backend": backend, "variant": name, "config": job_config({**p, **fixed}, *where)}],
                          "baseline": {"backend": backend, "variant": "default"},
                          "tune": {"arch": t["arch"], "direction": t["direction"]}})
     return jobs

@@ -2,7 +2,7 @@
 and the order in which a time budget visits them.
 
 Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows), tile_n, num_stages, the register split
-(producer_regs, consumer_regs), pingpong and exp2_emu_fraction. Backward: bwd_tile_m. (``cluster_m`` is not
+(producer_regs, consumer_regs), pingpong, exp2_emu_fraction and rescale_before_pv. Backward: bwd_tile_m. (``cluster_m`` is not
 searched: an opt-in forward switch for non-causal calls only, A/B it with backend.config.cluster_m=2; ``persistent``
 is not searched either: its default is a per-call rule on seqlen_q,
 DEFAULTS' persistent_max_seqlen, which one tuned value per (hdim, causal) cannot express -- A/B it with
@@ -10,7 +10,9 @@ backend.config.persistent=true/false at the sequence lengths in question.) A com
 kernel class's constructor accepts it (its shared-memory and register-budget asserts; no compilation), and the live
 accumulators of a consumer thread fit its register budget (a lower bound, below): near that bound a kernel may still
 spill, which its timing then shows. Combinations that compile to the same kernel as another (the exp2 fraction is
-rounded to whole register fragments) are kept once.
+rounded to whole register fragments) are kept once. A field searched since after the first tune rows were recorded
+(LATE_FIELDS: rescale_before_pv) is left out of a job's config where it has the value that leaving it out resolves to
+(job_config), so the jobs, job keys and rows of the searches from before it are unchanged.
 
 Order: first every one-field change of the default (each field at each of its valid values, the others at the
 default), then a greedy all-pairs cover: candidates added one at a time, each covering the most value pairs (two
@@ -39,8 +41,11 @@ SM90_FWD_VALUES = {
     "reg_split": (0, 1, 2),
     "pingpong": (True, False),
     "exp2_emu_fraction": (0.0, 0.125, 0.25, 0.5),
+    "rescale_before_pv": (False, True),
 }
 SM90_BWD_VALUES = {"bwd_tile_m": (64, 80, 128)}  # 80: hd128 only (dQ^T; kernels/sm90/bwd.py)
+# searched fields added after tune rows existed: left out of a job's config at the value they resolve to when left out
+LATE_FIELDS = ("rescale_before_pv",)
 REG_RESERVE = 16  # registers per consumer thread beyond the accumulators: row max/sum, indices, addresses (minimum)
 
 
@@ -89,7 +94,8 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
             FlashFwdSm90(cutlass.BFloat16, hdim, FWD_HDIMS[hdim], causal, tile_m=point["tile_m"],
                          tile_n=point["tile_n"], num_stages=point["num_stages"],
                          exp2_emu_fraction=point["exp2_emu_fraction"], pingpong=point["pingpong"],
-                         consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"])
+                         consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"],
+                         rescale_before_pv=bool(point.get("rescale_before_pv", False)))
         except (ValueError, AssertionError) as e:
             return str(e).splitlines()[0]
         return None
@@ -132,11 +138,11 @@ def _raw_points(direction: str):
             yield {"bwd_tile_m": v}
         return
     V = SM90_FWD_VALUES
-    for tm, tn, st, lv, pp, ex in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
-                                                     V["pingpong"], V["exp2_emu_fraction"]):
+    for tm, tn, st, lv, pp, ex, rb in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
+                                                         V["pingpong"], V["exp2_emu_fraction"], V["rescale_before_pv"]):
         pr, cr = REG_SPLITS[tm][lv]
         yield {"tile_m": tm, "tile_n": tn, "num_stages": st, "consumer_regs": cr, "producer_regs": pr,
-               "exp2_emu_fraction": ex, "pingpong": pp}
+               "exp2_emu_fraction": ex, "pingpong": pp, "rescale_before_pv": rb}
 
 
 def kernel_id(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str:
@@ -157,6 +163,18 @@ def valid_points(arch: str, hdim: int, causal: bool, direction: str) -> list[dic
             seen.add(kid)
             out.append(p)
     return out
+
+
+def job_config(point: dict, arch: str, hdim: int, causal: bool) -> dict:
+    """The config a tune job runs for ``point``: the point without its LATE_FIELDS that have the value they resolve to
+    when left out (the defaults table or conf/tuned/ at (arch, hdim, causal)). A point of the search from before such
+    a field existed gives that search's config and job key; where the tuned file sets the field, the value stays
+    explicit, so the table default is what runs as the baseline."""
+    late = [k for k in LATE_FIELDS if k in point]
+    if not late:
+        return dict(point)
+    implicit = AttnConfig(**{k: v for k, v in point.items() if k not in LATE_FIELDS}).resolve(arch, hdim, causal)
+    return {k: v for k, v in point.items() if not (k in late and v == getattr(implicit, k))}
 
 
 def reg_split(point: dict):

@@ -73,6 +73,85 @@ def test_backward_space_is_bwd_tile_m_with_128_only_at_hdim_64_and_80_only_at_hd
     assert [p["bwd_tile_m"] for p in candidates("sm90", 64, False, "bwd")] == [{64: 128, 128: 64}[d]]
 
 
+def test_rescale_before_pv_is_searched_and_its_neighbour_comes_early():
+    pytest.importorskip("cutlass")
+    from experiments.tune_space import candidates, default_point, factors, kernel_id, valid_points
+
+    for hdim, causal in ((192, False), (128, True)):
+        base = default_point("sm90", hdim, causal, "fwd")
+        assert base["rescale_before_pv"] is False  # the table default
+        valid = valid_points("sm90", hdim, causal, "fwd")
+        assert {p["rescale_before_pv"] for p in valid} == {False, True}
+        cands = candidates("sm90", hdim, causal, "fwd", valid)
+        on = {**base, "rescale_before_pv": True}
+        fb = factors(base)
+        n_ofat = next(i for i, p in enumerate(cands) if sum(v != fb[k] for k, v in factors(p).items()) > 1)
+        assert on in cands[:n_ofat]  # a one-field neighbour of the default: measured before the pair cover
+        assert kernel_id(on, "sm90", hdim, causal, "fwd") != kernel_id(base, "sm90", hdim, causal, "fwd")
+        assert any(p["rescale_before_pv"] and p["pingpong"] is False for p in cands)  # its pairs are covered too
+
+
+# job keys computed by fa24bdf's code (before rescale_before_pv was searched) for the hd256 non-causal search at 8k
+KEYS_BEFORE_THE_FIELD = {"tile_n=64": "e0541569bdc94bf23ce8c22bf598b2bcd13db799",
+                         "pingpong=false": "ba32d18d41054abcedea1116a9ddfa543b675d06"}
+HD256 = {"tile_m": 128, "tile_n": 80, "num_stages": 2, "consumer_regs": 240, "producer_regs": 24,
+         "exp2_emu_fraction": 0.0, "pingpong": True}
+
+
+def _target256(default: dict, cands: list[dict]) -> dict:
+    return {"arch": "sm90", "hdim": 256, "causal": False, "direction": "fwd", "n_valid": 3, "default": default,
+            "candidates": cands}
+
+
+def test_jobs_of_the_search_before_rescale_before_pv_keep_their_keys(monkeypatch, request):
+    import experiments.tune as T
+    import kernels.config as C
+    from experiments.results import job_key
+
+    if C.TUNED.get(("sm90", 256, False), {}).get("rescale_before_pv") is not None:
+        pytest.skip("the repository's tuned file sets rescale_before_pv at hd256: the baseline pins it")
+    base = {**HD256, "rescale_before_pv": False}  # default_point holds the field at its table value
+    cands = [{**base, "tile_n": 64}, {**base, "pingpong": False}, {**base, "rescale_before_pv": True}]
+    t = _target256(base, cands)
+    jobs = T.make_jobs(t, T.shapes_for(t, [8192], 32768, 2048), "fa4", {})
+    keys = {j["entries"][1]["variant"]: job_key(j) for j in jobs}
+    assert {k: keys[k] for k in KEYS_BEFORE_THE_FIELD} == KEYS_BEFORE_THE_FIELD
+    assert all("rescale_before_pv" not in j["entries"][0]["config"] for j in jobs)
+    assert jobs[2]["entries"][1] == {"backend": "fa4", "variant": "rescale_before_pv=true",
+                                     "config": {**HD256, "rescale_before_pv": True}}
+    # where conf/tuned/ sets it, the baseline keeps the table's False explicit (the search never runs its own output)
+    monkeypatch.setattr(C, "TUNED", {("sm90", 256, False): {"rescale_before_pv": True}})
+    C.resolve_cached.cache_clear()
+    request.addfinalizer(C.resolve_cached.cache_clear)
+    tuned = T.make_jobs(t, T.shapes_for(t, [8192], 32768, 2048), "fa4", {})
+    assert all(j["entries"][0]["config"]["rescale_before_pv"] is False for j in tuned)
+    assert tuned[0]["entries"][1]["config"]["rescale_before_pv"] is False
+    assert "rescale_before_pv" not in tuned[2]["entries"][1]["config"]  # True is what leaving it out resolves to
+
+
+def test_a_rescale_before_pv_winner_is_written_and_resolves(tmp_path, monkeypatch, request):
+    import experiments.tune as T
+    import kernels.config as C
+    from experiments.results import job_key
+
+    base = {**HD256, "rescale_before_pv": False}
+    t = _target256(base, [{**base, "rescale_before_pv": True}])
+    jobs = T.make_jobs(t, T.shapes_for(t, [8192], 32768, 2048), "fa4", {})
+    rows = [{"job_key": job_key(jobs[0]), "variant": "rescale_before_pv=true", "metric": "time_ratio", "status": "ok",
+             "samples": [1 / 1.05] * 10, "gpu_name": "NVIDIA H200", "git_sha": "abc"}]
+    out = io.StringIO()
+    T._report([(t, jobs)], rows, [8192], tmp_path / "rows.jsonl", "cuda", "fa4", {"tune": {"write": True}}, out,
+              tmp_path / "tuned")
+    got = load_tuned(tmp_path / "tuned" / "sm90.yaml")
+    assert got == {("sm90", 256, False): {k: v for k, v in HD256.items() if k != "pingpong"} | {"rescale_before_pv": True}}
+    monkeypatch.setattr(C, "TUNED", got)
+    C.resolve_cached.cache_clear()
+    request.addfinalizer(C.resolve_cached.cache_clear)
+    assert AttnConfig().resolve("sm90", 256, False).rescale_before_pv is True
+    assert AttnConfig().resolve("sm90", 256, True).rescale_before_pv is False
+    assert AttnConfig(rescale_before_pv=False).resolve("sm90", 256, False).rescale_before_pv is False
+
+
 # ---- the winner rule --------------------------------------------------------------------------------------------
 def test_speedup_stats_and_the_noise_rule():
     clean = speedup_stats([1 / 1.03] * 8 + [1 / 1.01] * 2)  # t_cand / t_default per round
