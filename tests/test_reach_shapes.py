@@ -204,7 +204,8 @@ def test_flops_count_only_attended_pairs():
     assert vl.attended_pairs() == sum(s * (s + 1) // 2 for s in vl.seqlens)
     assert attn_flops(vl) == 2 * 16 * vl.attended_pairs() * 256
     # unequal documents attend more pairs than equal ones (sum of squares), far fewer than one 16k sequence
-    assert attn_flops(vl.replace(varlen=None)) < attn_flops(vl) < attn_flops(Shape(1, 16384, 16384, 16, 128, causal=True))
+    one_sequence = Shape(1, 16384, 16384, 16, 128, causal=True)
+    assert attn_flops(vl.replace(varlen=None)) < attn_flops(vl) < attn_flops(one_sequence)
     both = Shape(3, 20, 20, 4, 32, window=(4, 2), varlen=[7, 30, 23])
     assert both.attended_pairs() == sum(window_pairs(s, s, False, (4, 2)) for s in (7, 30, 23))
 
@@ -331,8 +332,8 @@ def test_reach_cpu_sweep_end_to_end(tmp_path):
 
     cfg = composed("experiment=reach_cpu", "isolation=inline", "progress=false", f"results_dir={tmp_path}",
                    "bench.repeats=2", "bench.warmup=1", "experiment.peers=[reference,fa4,sdpa_flash,flex]",
-                   "shape.shapes=[{batch: 2, seqlen_q: 32, seqlen_k: 32, heads: 4, heads_kv: 2, hdim: 64, causal: true, "
-                   "window: [8, 0]}, {batch: 3, seqlen_q: 16, seqlen_k: 16, heads: 2, hdim: 64, causal: true, "
+                   "shape.shapes=[{batch: 2, seqlen_q: 32, seqlen_k: 32, heads: 4, heads_kv: 2, hdim: 64, "
+                   "causal: true, window: [8, 0]}, {batch: 3, seqlen_q: 16, seqlen_k: 16, heads: 2, hdim: 64, causal: true, "
                    "varlen: [10, 30, 8]}]")
 
     class W:

@@ -98,7 +98,8 @@ class Backend:
         return f"<backend {self.name}>"
 
 
-FEATURE_NAMES = {"gqa": "grouped K/V heads (GQA)", "window": "a sliding window", "varlen": "packed variable-length batches"}
+FEATURE_NAMES = {"gqa": "grouped K/V heads (GQA)", "window": "a sliding window",
+                 "varlen": "packed variable-length batches"}
 
 
 def describe_feature(shape, feature: str) -> str:

@@ -60,8 +60,8 @@ class FA4Backend(Backend):
         import math
 
         from kernels.interface import attention_forward, resolve_config
-        from kernels.validate import (canonical_window, check_cluster, check_devices, check_persistent_varlen, check_qkv,
-                                      check_scale)
+        from kernels.validate import (canonical_window, check_cluster, check_devices, check_persistent_varlen,
+                                      check_qkv, check_scale)
 
         check_scale(scale)
         causal, left, right = canonical_window(bool(causal), _window(window_size))
