@@ -15,6 +15,10 @@ Packed variable-length batches run as nested jagged tensors (``torch.nested.nest
 packed q / k / v over one offsets tensor, min / max sequence lengths given so nothing syncs), the fused kernels'
 own variable-length path; ``is_causal`` is per sequence there (top-left = bottom-right, s_q = s_k). Not with GQA
 (the jagged path does not broadcast K/V heads): a skip. The math kernel (CPU) takes no causal jagged input: a skip.
+The cuDNN kernel is skipped for varlen: on the H200 (results/h200/fwd_reach, bwd_reach, committed in d936955) its
+jagged backward left NaN in dQ / dK and it ran 66-150x our time, so it is neither right nor a fused varlen path.
+The flash kernel's time includes the nested tensors' host-side dispatch (Python ``__torch_function__``): what a user
+of SDPA's varlen API pays, not the kernel alone (on the H200 11x ours forward, 4x backward at 8 documents / 16k).
 No per-sequence loop: that would time many small launches, not a kernel.
 """
 from __future__ import annotations
@@ -70,6 +74,10 @@ class SdpaBackend(Backend):
         if shape.heads_kv is not None and shape.varlen is not None:
             return False, (f"{self.name}: GQA with varlen: SDPA's nested jagged path does not broadcast K/V heads "
                            "(enable_gqa is for dense inputs)")
+        if self.kind == "cudnn" and shape.varlen is not None:
+            return False, (f"{self.name}: varlen through nested jagged tensors: on the H200 cuDNN's jagged backward "
+                           "left NaN in dQ / dK and ran 66-150x our time (results/h200/*_reach): not a correct fused "
+                           "varlen path")
         if shape.heads_kv is not None and not _has_enable_gqa():
             return False, f"{self.name}: torch {torch.__version__} has no SDPA enable_gqa (GQA needs torch >= 2.5)"
         if self.kind == "cudnn" and shape.causal and shape.seqlen_q != shape.seqlen_k:
