@@ -74,7 +74,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
 }
 
-DET_SCHEDULES = ("spt", "naive")
+# deterministic backward dQ schedules (AttnConfig.det_schedule). "rotate" (opt-in, GPU-untested candidate, issue 9):
+# non-causal K/V tile n walks its Q tiles from tile n mod M, dQ turns in arrival order (kernels/sm90/bwd.py
+# rotate_turn); causal runs "spt"; so do two_cta, varlen, windows, hd256, and calls whose K/V tiles per head exceed the
+# SM count (a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call)
+DET_SCHEDULES = ("spt", "naive", "rotate")
 # None stays None through resolve(): decided per call (shapes; two_cta: head dims, window / softcap, varlen)
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
@@ -105,7 +109,7 @@ class AttnConfig:
     # on where DEFAULTS says so (sm90 hd256: 1.15x the one-CTA backward on the H200) and the call has no window,
     # softcap or varlen; True / False force it. Not filled in by resolve(); left out of to_dict() while None.
     two_cta: bool | None = None
-    det_schedule: str = "spt"  # deterministic causal backward: "spt" (shortest first) or "naive" (K/V tile order)
+    det_schedule: str = "spt"  # deterministic backward: "spt" (causal shortest first), "naive" (K/V tile order) or "rotate"
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128; 80 at sm90 hdim 128); K/V rows per CTA stay 128
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
@@ -150,7 +154,8 @@ class AttnConfig:
             raise ConfigError(f"exp2_emu_fraction={f!r}: must be None (per-arch default) or a number in [0, 1]")
         if self.det_schedule not in DET_SCHEDULES:
             raise ConfigError(f"det_schedule={self.det_schedule!r}: must be one of {DET_SCHEDULES} "
-                              "(deterministic causal backward: shortest-processing-time first, or K/V tile order)")
+                              "(deterministic backward: causal shortest-processing-time first, K/V tile order, or "
+                              "non-causal rotated Q-tile walks with arrival-order turns)")
         for name in ("pingpong", "intra_wg_overlap", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
