@@ -47,6 +47,9 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_t64_det"] = ours(bwd_tile_m=64, deterministic=True)
     if causal:
         fns["ours_det_naive"] = ours(deterministic=True, det_schedule="naive")
+    elif (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):
+        # det_schedule="rotate" (issue 9): rotated Q-tile walks, arrival-order dQ turns (non-causal; causal runs spt)
+        fns["ours_det_rot"] = ours(deterministic=True, det_schedule="rotate")
     try:
         from flash_attn.cute.interface import _flash_attn_bwd
 

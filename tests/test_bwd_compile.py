@@ -164,3 +164,29 @@ def test_tile_m_80_compiles(det, causal, dtype, window_left):
     capped = compile_backward(AttnConfig(bwd_tile_m=80, deterministic=det), dtype, 128, causal,
                               window_left=window_left, softcap=30.0)
     assert capped["tile_m"] == 64
+
+
+@pytest.mark.parametrize("hdims", [(64, 64), (128, 128), (192, 128)], ids=["64", "128", "192x128"])
+def test_det_schedule_rotate_compiles(hdims):
+    """det_schedule="rotate" (deterministic non-causal: rotated Q-tile walks, arrival-order dQ turns) compiles its own
+    main kernel at hd 64, 128 (80-row tiles) and (192, 128); pre / post are the deterministic default's."""
+    from kernels import AttnConfig
+    from kernels.sm90.backward import compile_backward
+
+    hdim, hdim_v = hdims
+    rot = compile_backward(AttnConfig(deterministic=True, det_schedule="rotate"), "bfloat16", hdim, False,
+                           hdim_v=hdim_v)
+    spt = compile_backward(AttnConfig(deterministic=True), "bfloat16", hdim, False, hdim_v=hdim_v)
+    assert rot["main"] is not spt["main"]
+    assert (rot["tile_m"], rot["tile_n"]) == (spt["tile_m"], spt["tile_n"])
+
+
+def test_det_schedule_rotate_causal_is_spt():
+    """Causal (and hd256, windows, two_cta, varlen: tests/test_det_schedule.py) "rotate" runs the "spt" kernel: the same
+    cache key, so the same compiled object."""
+    from kernels import AttnConfig
+    from kernels.sm90.backward import compile_backward
+
+    rot = compile_backward(AttnConfig(deterministic=True, det_schedule="rotate"), "bfloat16", 64, True)
+    spt = compile_backward(AttnConfig(deterministic=True), "bfloat16", 64, True)
+    assert rot["main"] is spt["main"]

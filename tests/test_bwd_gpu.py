@@ -149,6 +149,40 @@ def test_bwd_det_schedule_naive(hdim, causal, dtype):
     _run_case(1, 64, 64, 1, hdim, causal, dtype, _cfg(deterministic=True, det_schedule="naive"), seed=7)
 
 
+# (batch, seqlen_q, seqlen_k, heads): Q tiles M against K/V tiles N (128 rows): N < M, N > M, M = 1, N = 1, partial
+# last tiles, and N = M
+ROTATE_SHAPES = [(2, 1000, 300, 2), (1, 300, 1000, 3), (2, 17, 600, 1), (1, 700, 77, 2), (2, 333, 333, 2),
+                 (1, 4097, 4097, 1)]
+
+
+@pytest.mark.parametrize("hdim,dtype", [(64, torch.bfloat16), (128, torch.float16), ((192, 128), torch.bfloat16)],
+                         ids=["64", "128", "192x128"])
+@pytest.mark.parametrize("shape", ROTATE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_bwd_det_schedule_rotate(hdim, dtype, shape):
+    """det_schedule="rotate" (non-causal deterministic: K/V tile n walks its Q tiles from tile n mod M, dQ turns in
+    arrival order) gives correct gradients, and 20 repeats are bitwise equal; hd128 also with 64-row Q tiles."""
+    from kernels.sm90.backward import attention_backward
+
+    b, sq, sk, h = shape
+    cfgs = [_cfg(deterministic=True, det_schedule="rotate")]
+    if hdim == 128:
+        cfgs.append(_cfg(deterministic=True, det_schedule="rotate", bwd_tile_m=64))
+    for cfg in cfgs:
+        first = _run_case(b, sq, sk, h, hdim, False, dtype, cfg, seed=21)
+        d, dv = hdim if isinstance(hdim, tuple) else (hdim, hdim)
+        g = torch.Generator(device="cuda").manual_seed(21)
+        q, k, v, do = (torch.randn(b, s, h, e, device="cuda", dtype=dtype, generator=g)
+                       for s, e in ((sq, d), (sk, d), (sk, dv), (sq, dv)))
+        scale = 1.0 / math.sqrt(d)
+        with torch.no_grad():
+            out64, lse = attention_at_dtype(q.double(), k.double(), v.double(), False, scale)
+        args = (q, k, v, out64.to(dtype), do, lse.float().contiguous(), False, scale, cfg)
+        ref = attention_backward(*args)
+        assert all(torch.equal(a, c) for a, c in zip(first, ref)), "rotate: a fresh call differs from _run_case's"
+        for _ in range(20):
+            assert all(torch.equal(a, c) for a, c in zip(ref, attention_backward(*args))), "rotate: not bitwise"
+
+
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_two_cta_odd_tile_count(hdim):
     """An odd number of K/V tiles leaves the last cluster with one CTA past seqlen_k."""
@@ -186,7 +220,7 @@ def _repeat_dq(cfg, causal, repeats, d=128):
 
 
 VARIANTS = {"spt": dict(), "naive": dict(det_schedule="naive"), "two_cta": dict(two_cta=True),
-            "tile128": dict(bwd_tile_m=128), "tile80": dict(bwd_tile_m=80)}
+            "tile128": dict(bwd_tile_m=128), "tile80": dict(bwd_tile_m=80), "rotate": dict(det_schedule="rotate")}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -199,6 +233,8 @@ def test_deterministic_bitwise(causal, hdim, variant):
         pytest.skip("bwd_tile_m=80 is a hd128 option")
     if variant == "two_cta" and hdim in NO_TWO_CTA:
         pytest.skip("no two_cta at (192, 128) (a ConfigError, test_bwd_switches)")
+    if variant == "rotate" and (causal or hdim == 256):
+        pytest.skip("det_schedule='rotate' runs the spt kernel there (causal, hd256: backward.det_schedule_for_call)")
     n_diff = _repeat_dq(_cfg(deterministic=True, **VARIANTS[variant]), causal, 200, d=hdim)
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 

@@ -204,3 +204,26 @@ def test_tile_m_80_sass(tmp_path, causal):
         assert not re.search(r"REDG\.E\.ADD\.F32", sass) and not re.search(r"\bSTG\.E", sass)
         assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8, f"serialised wgmma: tile 80 causal={causal} det={det}"
         assert bool(re.search(r"LDG\.E\.STRONG\.GPU", sass)) == det
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_det_schedule_rotate_in_sass(tmp_path, hdim):
+    """det_schedule="rotate" (non-causal, deterministic; GPU-untested candidate): the rotated walk and the arrival-order
+    turns are in the machine code -- the deterministic default's non-causal kernel divides nothing, the rotate one
+    divides three times (m_rot = n mod M, and in the writer N // M and n // M of rotate_turn_base: each an I2F + MUFU.RCP
+    reciprocal sequence) -- with the same acquire spin / release add, no spills and no more WARPGROUP.DEPBAR than the
+    default's (hd64: 0 LDL/STL, 4 DEPBAR both; hd128 (80-row tiles) likewise on the CPU build of 2026-12-01)."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    spt = _main_sass(tmp_path, True, 0.0, causal=False, hdim=hdim)
+    rot = _main_sass(tmp_path, True, 0.0, causal=False, hdim=hdim, det_schedule="rotate")
+    ops_spt, ops_rot = opcode_counts(spt), opcode_counts(rot)
+    assert count(ops_rot, "LDL") == 0 and count(ops_rot, "STL") == 0
+    depbar = lambda s: len(re.findall(r"WARPGROUP\.DEPBAR", s))
+    assert depbar(rot) <= depbar(spt) <= 8
+    assert count(ops_spt, "MUFU.RCP") == 0 and count(ops_rot, "MUFU.RCP") == 3
+    for sass in (spt, rot):
+        assert re.search(r"LDG\.E\.STRONG\.GPU", sass) and re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", sass)
+        assert "UBLKRED.G.S.ADD.F32" in sass and not re.search(r"REDG\.E\.ADD\.F32", sass)
+    assert {k: v for k, v in ops_rot.items() if k.startswith("HGMMA")} == \
+        {k: v for k, v in ops_spt.items() if k.startswith("HGMMA")}

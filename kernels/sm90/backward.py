@@ -22,6 +22,8 @@ are those of before): the main kernel visits only the Q tiles a K/V tile's keys 
 cross a bound, and applies the softcap's chain rule (bwd.py). two_cta=True does not support them (a ConfigError);
 two_cta=None (the default) runs 2-CTA where the defaults table says so (hd256) only when the call has neither, and
 never varlen (backward_config, kernels.config.two_cta_by_default).
+
+``det_schedule="rotate"`` (deterministic, opt-in) runs where det_schedule_for_call says, else the "spt" kernel.
 """
 from __future__ import annotations
 
@@ -90,6 +92,34 @@ def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False
     if cfg.bwd_tile_m == 80 and (softcap or varlen):
         updates["bwd_tile_m"] = 64
     return dataclasses.replace(cfg, **updates) if updates else cfg
+
+
+def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int, features: bool = False,
+                          varlen: bool = False, seqlen_k: int | None = None, sm_count: int | None = None) -> AttnConfig:
+    """``det_schedule="rotate"`` where the backward has it, else ``"spt"`` (the same kernel and cache key as spt's): the
+    rotation runs deterministic, non-causal, one-CTA ((64, 64), (128, 128), (192, 128)), without a window, softcap or
+    varlen, and -- given ``seqlen_k`` and ``sm_count`` -- only while a head's K/V tiles (CTAs) fit one per SM. Its dQ turns
+    make a CTA wait for CTAs of its head launched after it (K/V tile n - 1 reaches tile n's first Q tile after n does),
+    so all of a head's CTAs must be resident at once (tests/test_det_schedule.py: with fewer slots than K/V tiles the
+    rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool)."""
+    if cfg.det_schedule != "rotate":
+        return cfg
+    from .bwd import BWD_TILES
+    from .bwd_wide192 import WIDE192_BWD_TILES
+
+    tiles = {(d, d): t for d, t in BWD_TILES.items()} | dict(WIDE192_BWD_TILES)
+    rotate = (cfg.deterministic and not causal and not features and not varlen and cfg.two_cta is not True
+              and (hdim, hdim_v) in tiles)
+    if rotate and seqlen_k is not None and sm_count is not None:
+        rotate = -(-int(seqlen_k) // tiles[(hdim, hdim_v)][1]) <= sm_count
+    return cfg if rotate else dataclasses.replace(cfg, det_schedule="spt")
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
@@ -196,6 +226,7 @@ def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, caus
     feats = _features(window_left, window_right, softcap)
     cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0, hdim=hdim,
                           hdim_v=hdim_v, features=bool(feats))
+    cfg = det_schedule_for_call(cfg, causal, hdim, hdim_v, bool(feats))
     _check_supported(cfg, hdim, hdim_v, bool(feats), softcap != 0.0)
     key = cache_key("bwd_fake", cfg, dtype_name, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead),
                     **feature_extra(window_left, window_right, softcap))
@@ -289,6 +320,7 @@ def compile_backward_varlen(config: AttnConfig | None, dtype_name: str, hdim: in
     feats = _features(window_left, window_right, softcap)
     cfg = backward_config((config or AttnConfig()).resolve(ARCH, hdim, causal), softcap != 0.0, varlen=True,
                           hdim=hdim, hdim_v=hdim, features=bool(feats))
+    cfg = det_schedule_for_call(cfg, causal, hdim, hdim, varlen=True)
     _check_supported(cfg, hdim, hdim, bool(feats), softcap != 0.0)
     check_varlen_supported(cfg, hdim, hdim)
     build = lambda: _build_varlen(cfg, dtype_name, hdim, causal, qhead_per_kvhead=qhead_per_kvhead, features=feats,
@@ -316,6 +348,7 @@ def attention_backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
     feats = _features(window_left, window_right, softcap)
     cfg = backward_config(cfg, softcap != 0.0, varlen=True, hdim=d, hdim_v=v.shape[2], features=bool(feats))
+    cfg = det_schedule_for_call(cfg, causal, d, v.shape[2], varlen=True)
     _check_supported(cfg, d, v.shape[2], bool(feats), softcap != 0.0)
     check_varlen_supported(cfg, d, v.shape[2])
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
@@ -418,6 +451,10 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     feats = _features(window_left, window_right, softcap)
     cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0, hdim=d, hdim_v=dv_dim,
                           features=bool(feats))
+    if cfg.det_schedule == "rotate":  # where the rotation runs (and a head's CTAs fit the SMs), else spt
+        cfg = det_schedule_for_call(cfg, causal, d, dv_dim, bool(feats), seqlen_k=sk,
+                                    sm_count=_sm_count(q.device.index if q.device.index is not None else
+                                                       torch.cuda.current_device()))
     _check_supported(cfg, d, dv_dim, bool(feats), softcap != 0.0)
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))

@@ -29,7 +29,10 @@ With ``deterministic=True`` the writer warp adds in a fixed order: an int32 sema
 the writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and
 releases the next turn (red.release), so the MMA warps never spin. For causal, ``det_schedule="spt"`` orders
 the turns and the grid shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles,
-goes first); ``"naive"`` keeps K/V tile order for both (the paper's baseline schedule). At the end dK (times
+goes first); ``"naive"`` keeps K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (opt-in, GPU-untested
+candidate, issue 9; non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n walks its Q tiles from
+tile n mod M (m_rotate's walk) and each Q tile's turns follow that walk's arrival order (rotate_turn), so CTAs in
+lockstep never wait for each other instead of each waiting one dQ add for the previous K/V tile. At the end dK (times
 softmax_scale) and dV go to shared memory (the K / V tiles' space, once both MMA warpgroups are past their last
 GEMM) and leave with one TMA store each (H200, interleaved against official FA4: 1.16-1.26x at 1k, 1.02-1.06x at
 8k over per-thread global stores).
@@ -295,6 +298,47 @@ def wait_for_turn(sem_ptr: cute.Pointer, turn: Int32) -> None:
         cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
 
 
+def rotate_turn_base(n, a, n_tiles, m_tiles):
+    """det_schedule="rotate": the per-CTA part of rotate_turn, (q, rem, base) with q, rem = divmod(N, M) and
+    base = n // M - C(a + 1), where C(x) = q * x + min(x, rem) counts the contributors n' in [0, N) with n' mod M < x.
+    Plain integer arithmetic: the same code runs on Python ints (tests/test_det_schedule.py) and on Int32 in the
+    writer warp (dq_writer)."""
+    q = n_tiles // m_tiles
+    rem = n_tiles - q * m_tiles
+    return q, rem, n // m_tiles - q * (a + 1) - _imin(a + 1, rem)
+
+
+def rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base):
+    """det_schedule="rotate": contributor n's turn on Q tile r (relative to m_block_min) given rotate_turn_base.
+    K/V tile n (a = n mod M) reaches tile r at step s_n = (r - a) mod M; its turn is the number of contributors n' with
+    (s_n', n') < (s_n, n): those with a residue a' in a+1 .. a+s_n (mod M), which arrive earlier, C(r + 1) - C(a + 1)
+    plus N if that range wraps past M - 1 (r < a), and the n // M of its own residue below it (in ``base``).
+    ``min(max(a - r, 0), 1)`` is 1 exactly when r < a: no division per tile."""
+    return base + q * (r + 1) + _imin(r + 1, rem) + n_tiles * _imin(_imax(a - r, 0), 1)
+
+
+def rotate_turn(n, r, n_tiles, m_tiles):
+    """Arrival rank of K/V tile n (of N = n_tiles) at Q tile r (of M = m_tiles) when tile n walks from tile n mod M,
+    ties (n' = n mod M) broken by n': a permutation of 0..N-1 over n at each r (tests/test_det_schedule.py)."""
+    a = n % m_tiles
+    q, rem, base = rotate_turn_base(n, a, n_tiles, m_tiles)
+    return rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base)
+
+
+def _imin(x, y):
+    """min of two integers: Python's on ints, cutlass.min on the kernel's Int32 values."""
+    if isinstance(x, int) and isinstance(y, int):
+        return min(x, y)
+    return cutlass.min(x, y)
+
+
+def _imax(x, y):
+    """max of two integers: Python's on ints, cutlass.max on the kernel's Int32 values."""
+    if isinstance(x, int) and isinstance(y, int):
+        return max(x, y)
+    return cutlass.max(x, y)
+
+
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
     """Swap the first two modes of a shared-memory tensor (keeps the swizzle)."""
     shape = (t.shape[1], t.shape[0], *t.shape[2:])
@@ -315,6 +359,7 @@ class FlashBwdSm90:
     ds_split = 0  # S^T values per thread exponentiated before the wait for dP^T (0: all of them; p_ds_plain)
     dq_defer = False  # the dQ hand-off's fence and arrive under the next tile's S^T GEMM (m_block_step)
     m_rotate = False  # each CTA walks its Q tiles from its own starting tile (m_block_at)
+    det_rotate = False  # deterministic dQ turns in the rotated walk's arrival order (det_schedule="rotate")
     ds_store_first = False  # dS^T stmatrix before the dV wgmma is issued (ds_exchange)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
@@ -403,8 +448,11 @@ class FlashBwdSm90:
         # bulk-reduce into different dQ tiles instead of all into the same one at the same time (ncu, H200 hd64 s8k:
         # the MMA warps waited 5% of the stall samples, ~270 cycles per Q tile, for the single dQ staging buffer, i.e.
         # for the writer's previous bulk reduction to be read; the writer spent ~30% of its time waiting for those
-        # reads). Deterministic mode keeps K/V tile order: its turns would chain the CTAs' rotations.
-        self.m_rotate = hdim == 64 and not self.two_cta and not causal and not deterministic and not self.has_window
+        # reads). Deterministic mode keeps K/V tile order (its K/V-tile-order turns would chain the CTAs' rotations)
+        # unless det_schedule="rotate" (_set_det_rotate: the rotation at every head dim, turns in arrival order).
+        self._set_det_rotate(det_schedule)
+        self.m_rotate = (hdim == 64 and not self.two_cta and not causal and not deterministic and not self.has_window) \
+            or self.det_rotate
         # hd64 (one CTA): dS^T goes to shared memory (stmatrix) before the dV GEMM is issued, not after it (ds_exchange),
         # so that the stores drain while dV is issued and the fence before the PdS barrier finds them done (ncu, H200
         # hd64 s8k, before C1: that fence, the barrier and the wait at it 11.6% of the stall samples, ~630 cycles of
@@ -423,12 +471,21 @@ class FlashBwdSm90:
         (K/V tile order for the grid and the turns). (Launching K/V tile 0, the longest CTA, first without determinism,
         as official FA4 does, measured 1-3% slower at hd64 causal on the H200 together with an elect.sync writer: not
         kept; not measured alone.)"""
-        if det_schedule not in ("spt", "naive"):
-            raise ValueError(f"det_schedule={det_schedule!r}: 'spt' or 'naive'")
+        if det_schedule not in ("spt", "naive", "rotate"):
+            raise ValueError(f"det_schedule={det_schedule!r}: 'spt', 'naive' or 'rotate'")
         self.dtype = dtype
         self.causal = bool(causal)
-        self.spt = self.causal and (det_schedule == "spt" or not deterministic)
+        self.spt = self.causal and (det_schedule != "naive" or not deterministic)  # causal "rotate" runs SPT
         self.deterministic = bool(deterministic)
+
+    def _set_det_rotate(self, det_schedule: str) -> None:
+        """det_schedule="rotate" (after _set_schedule / _set_features, two_cta and varlen known): deterministic
+        non-causal one-CTA kernels without a window walk rotated (m_rotate) with arrival-order dQ turns (rotate_turn);
+        everything else runs the "spt" schedule (causal SPT, K/V tile order otherwise). The turns assume that a head's
+        CTAs are co-resident (a CTA waits for CTAs launched after it): backward.py det_schedule_for_call runs "spt" when
+        a head has more K/V tiles than the GPU has SMs."""
+        self.det_rotate = (det_schedule == "rotate" and self.deterministic and not self.causal and not self.two_cta
+                           and not self.has_window and not self.varlen)
 
     def _set_features(self, window_left: int, window_right: int, softcap: float) -> None:
         """Sliding window and softcap (compile-time; the defaults -1, -1, 0.0 compile the plain kernel). Canonical
@@ -1428,6 +1485,10 @@ class FlashBwdSm90:
         else:
             mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
+        rot = None
+        if const_expr(self.det_rotate):  # per CTA: (M, q, rem, base) of rotate_turn (M >= 1 guards the divisions)
+            m_tiles = cutlass.max(m_block_max - m_block_min, Int32(1))
+            rot = (m_tiles, *rotate_turn_base(n_block, work.m_rot, num_groups, m_tiles))
         for m_iter in cutlass.range(m_block_min, m_block_max, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             acc_block = m_block  # the Q tile's slot in dQaccum / the semaphores
@@ -1451,6 +1512,8 @@ class FlashBwdSm90:
                 if const_expr(self.deterministic and p == 0):
                     if const_expr(self.two_cta):  # the pair n_block // 2 contributes (turns over the pairs)
                         turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
+                    elif const_expr(self.det_rotate):  # arrival order of the rotated walks at this Q tile
+                        turn = rotate_turn_at(m_block - m_block_min, work.m_rot, num_groups, *rot)
                     else:
                         turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
                     if lane == 0:

@@ -41,7 +41,8 @@ STL, 4 WARPGROUP.DEPBAR, HGMMA 64x64x16 x 20, 64x128x16 x 4 and 64x192x16 x 4 (A
 
 Everything else is FlashBwdSm90's: the producer warp (Q + LSE, dO + dPsum in 2-stage TMA pipelines, K + V once), the
 dQ writer warp (bulk reduce-add of each warpgroup's 64 x 96 fp32 chunk: the same tile-blocked dQaccum layout as the
-64 x 64 kernel, so bwd_post is unchanged; ``deterministic`` with SPT / naive turns over the 128-row K/V tiles), the
+64 x 64 kernel, so bwd_post is unchanged; ``deterministic`` with SPT / naive turns over the 128-row K/V tiles, or
+non-causal ``det_schedule="rotate"``: bwd.py's rotated walks with arrival-order turns), the
 tile schedule, causal / seqlen_k / sliding-window masking (the window's tile ranges and element masks), GQA (K/V head
 h // g) and the dK / dV epilogue (TMA stores from the K / V tiles' space). Not here: softcap (P^T and P^T (1 - t^2) both
 kept as 16-bit fragments for dS^T, 16 registers more than the plain path, spilled 59-83 LDL and serialised every wgmma
@@ -102,6 +103,8 @@ class FlashBwd192Sm90(FlashBwdSm90):
         self.hdim, self.hdim_v = hdim, hdim_v
         self.two_cta = False
         self.cluster = 1
+        self._set_det_rotate(det_schedule)  # "rotate": rotated walks (m_block_at) and arrival-order dQ turns
+        self.m_rotate = self.det_rotate
         self.tile_m, self.tile_n = WIDE192_BWD_TILES[(hdim, hdim_v)]
         if tile_m not in (None, self.tile_m):
             raise ValueError(f"bwd_tile_m={tile_m}: the (192, 128) backward supports {self.tile_m}")
@@ -290,6 +293,8 @@ class FlashBwd192Sm90(FlashBwdSm90):
         qi = q_state.index
         di = do_state.index
         it = m_block - work.m_block_min
+        if const_expr(self.m_rotate):  # ``m_block`` is the loop step: its tile (m_block_at); ``it`` stays the step
+            m_block = self.m_block_at(m_block, work)
         rows = TileRows(work.n_block, f.n_row0, m_block * self.tile_m, work.seqlen_k, f.causal_off, scale_log2)
         acc_S, acc_dP = f.acc_S, f.acc_dP
         pipes.pipe_q.consumer_wait(q_state)
