@@ -210,9 +210,10 @@ def test_tile_m_80_sass(tmp_path, causal):
 def test_det_schedule_rotate_in_sass(tmp_path, hdim):
     """det_schedule="rotate" (non-causal, deterministic; GPU-untested candidate): the rotated walk and the arrival-order
     turns are in the machine code -- the deterministic default's non-causal kernel divides nothing, the rotate one
-    divides three times (m_rot = n mod M, and in the writer N // M and n // M of rotate_turn_base: each an I2F + MUFU.RCP
-    reciprocal sequence) -- with the same acquire spin / release add, no spills and no more WARPGROUP.DEPBAR than the
-    default's (hd64: 0 LDL/STL, 4 DEPBAR both; hd128 (80-row tiles) likewise on the CPU build of 2026-12-01)."""
+    divides three times (m_rot = n mod M, and in the writer N // M and n // M of rotate_turn_base: each an I2F +
+    MUFU.RCP reciprocal sequence) -- with the same acquire spin / release add, no spills and no more WARPGROUP.DEPBAR
+    than the default's (hd64: 0 LDL/STL, 4 DEPBAR both; hd128 (80-row tiles) likewise on the CPU build of
+    2026-12-01)."""
     from kernels.sm90.sass import count, opcode_counts
 
     spt = _main_sass(tmp_path, True, 0.0, causal=False, hdim=hdim)

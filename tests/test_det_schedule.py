@@ -1,4 +1,4 @@
-"""det_schedule="rotate" (deterministic backward, non-causal): the dQ turn formula, its schedule, its fallbacks (CPU only).
+"""det_schedule="rotate" (deterministic backward, non-causal): the dQ turn formula, its schedule, its fallbacks (CPU).
 
 K/V tile n (of N) walks the M Q tiles of its head starting at tile n mod M (kernels/sm90/bwd.py m_block_at); at each Q
 tile the contributors add their dQ in arrival order of those walks, ties (K/V tiles equal mod M) broken by n

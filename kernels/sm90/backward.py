@@ -98,10 +98,10 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
                           varlen: bool = False, seqlen_k: int | None = None, sm_count: int | None = None) -> AttnConfig:
     """``det_schedule="rotate"`` where the backward has it, else ``"spt"`` (the same kernel and cache key as spt's): the
     rotation runs deterministic, non-causal, one-CTA ((64, 64), (128, 128), (192, 128)), without a window, softcap or
-    varlen, and -- given ``seqlen_k`` and ``sm_count`` -- only while a head's K/V tiles (CTAs) fit one per SM. Its dQ turns
-    make a CTA wait for CTAs of its head launched after it (K/V tile n - 1 reaches tile n's first Q tile after n does),
-    so all of a head's CTAs must be resident at once (tests/test_det_schedule.py: with fewer slots than K/V tiles the
-    rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool)."""
+    varlen, and -- given ``seqlen_k`` and ``sm_count`` -- only while a head's K/V tiles (CTAs) fit one per SM. Its dQ
+    turns make a CTA wait for CTAs of its head launched after it (K/V tile n - 1 reaches tile n's first Q tile after n
+    does), so all of a head's CTAs must be resident at once (tests/test_det_schedule.py: with fewer slots than K/V tiles
+    the rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool)."""
     if cfg.det_schedule != "rotate":
         return cfg
     from .bwd import BWD_TILES

@@ -25,17 +25,16 @@ MMA warpgroup writes its fp32 fragment to shared memory (in fragment order, so d
 and the postprocess undoes the permutation) and warp 1, the dQ writer, issues one ``cp.reduce.async.bulk
 .add.f32`` per warpgroup chunk (named barriers dQFull / dQEmpty hand the buffer over). On the H200 this was
 1.16-1.29x faster than red.global.add.v2.f32 from the MMA registers (hd 64/128, s 8k, interleaved A/B).
-With ``deterministic=True`` the writer warp adds in a fixed order: an int32 semaphore per (batch, head, Q tile);
-the writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and
-releases the next turn (red.release), so the MMA warps never spin. For causal, ``det_schedule="spt"`` orders
-the turns and the grid shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles,
-goes first); ``"naive"`` keeps K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (opt-in, GPU-untested
-candidate, issue 9; non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n walks its Q tiles from
-tile n mod M (m_rotate's walk) and each Q tile's turns follow that walk's arrival order (rotate_turn), so CTAs in
-lockstep never wait for each other instead of each waiting one dQ add for the previous K/V tile. At the end dK (times
-softmax_scale) and dV go to shared memory (the K / V tiles' space, once both MMA warpgroups are past their last
-GEMM) and leave with one TMA store each (H200, interleaved against official FA4: 1.16-1.26x at 1k, 1.02-1.06x at
-8k over per-thread global stores).
+With ``deterministic=True`` the writer warp adds in a fixed order: an int32 semaphore per (batch, head, Q tile); the
+writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and releases the next
+turn (red.release), so the MMA warps never spin. For causal, ``det_schedule="spt"`` orders the turns and the grid
+shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles, goes first); ``"naive"`` keeps
+K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (opt-in, GPU-untested candidate, issue 9;
+non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n walks its Q tiles from tile n mod M
+(m_rotate's walk) and each Q tile's turns follow that walk's arrival order (rotate_turn), so CTAs in lockstep never wait
+for each other instead of each waiting one dQ add for the previous K/V tile. At the end dK (times softmax_scale) and dV
+go to shared memory (the K / V tiles' space, once both MMA warpgroups are past their last GEMM) and leave with one TMA
+store each (H200, interleaved against official FA4: 1.16-1.26x at 1k, 1.02-1.06x at 8k over per-thread global stores).
 
 ``two_cta=True``: clusters of 2 CTAs own adjacent K/V tiles (2p, 2p+1) and walk the same Q tiles. Q, dO,
 LSE and dPsum are loaded once per cluster: each CTA issues half of every tile with TMA multicast to both, and
