@@ -16,19 +16,16 @@ from typing import Callable
 import torch
 
 from kernels.flops import BWD_FLOP_FACTOR, attention_flops, tflops, visible_pairs  # noqa: F401 -- the one count
+from kernels.flops import attended_pairs, pair_flops  # noqa: F401 -- re-exported
 
 from .shapes import Shape
 
 
 def attn_flops(shape: Shape, mode: str = "fwd") -> float:
-    """kernels.flops.attention_flops of a Shape: forward 2*b*h*pairs*(d + d_v), backward 2.5x. With a sliding window
-    or a packed (varlen) batch only the attended pairs count (``Shape.attended_pairs``: per sequence, inside the
-    window); K/V heads (GQA) do not change the count."""
-    if shape.window is None and shape.varlen is None:
-        return attention_flops(shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.hdim, shape.hdim_v,
-                               shape.causal, mode)
-    per_pair = attention_flops(1, shape.heads, 1, 1, shape.hdim, shape.hdim_v, False, mode)  # the same formula
-    return per_pair * shape.attended_pairs()
+    """kernels.flops.pair_flops of a Shape's attended pairs (``Shape.attended_pairs``: kernels.flops.attended_pairs,
+    causal / window / per packed sequence): forward 2*h*pairs*(d + d_v), backward 2.5x. K/V heads (GQA) do not change
+    the count."""
+    return pair_flops(shape.attended_pairs(), shape.heads, shape.hdim, shape.hdim_v, mode)
 
 
 # ---- L2 flush -----------------------------------------------------------------------------------

@@ -49,6 +49,33 @@ def random_seqlens(batch: int, total: int, seed: int = 0) -> tuple[int, ...]:
     return tuple(lens) + (total - sum(lens),)
 
 
+def _unset(v) -> bool:
+    """None, or the NaN a table (pandas) leaves in a missing cell."""
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def label_pieces(d: dict) -> dict[str, str]:
+    """The pieces of ``Shape.label`` from a shape's fields (a ``Shape.to_dict()`` or a result row; None / NaN / absent
+    fields give no piece): 'hdim' ('d128', 'd192/128'), 'heads' ('h16', 'h32/8' with heads_kv), 'window' ('w1024,0'),
+    'varlen' ('varlen:random', 'varlen[8]' for listed lengths), 'dtype' ('bf16', 'fp16')."""
+    out = {}
+    d_qk, d_v, h, h_kv = (d.get(k) for k in ("hdim", "hdim_v", "heads", "heads_kv"))
+    if not _unset(d_qk):
+        out["hdim"] = f"d{d_qk}" if _unset(d_v) or d_v == d_qk else f"d{d_qk}/{d_v}"
+    if not _unset(h):
+        out["heads"] = f"h{h}" if _unset(h_kv) or h_kv == h else f"h{h}/{h_kv}"
+    w, vl = d.get("window"), d.get("varlen")
+    if not _unset(w):
+        out["window"] = f"w{w[0]},{w[1]}"
+    if isinstance(vl, str):
+        out["varlen"] = f"varlen:{vl}"
+    elif not _unset(vl):
+        out["varlen"] = f"varlen[{len(vl)}]"
+    if d.get("dtype") in DTYPES:
+        out["dtype"] = {"bfloat16": "bf16", "float16": "fp16"}[d["dtype"]]
+    return out
+
+
 @dataclass(frozen=True)
 class Shape:
     """One attention problem. Tensors are laid out (batch, seqlen, heads, head_dim) as flash_attn_func takes them.
@@ -203,13 +230,13 @@ class Shape:
         return (self.tokens, heads, d) if self.varlen is not None else (self.batch, s, heads, d)
 
     def attended_pairs(self) -> int:
-        """(query, key) pairs attended over the whole batch (every head alike): causal / window / per-sequence."""
-        from kernels.flops import visible_pairs
+        """(query, key) pairs attended over the whole batch (every head alike): kernels.flops.attended_pairs (causal,
+        window, s_q != s_k) per sequence, each packed sequence (varlen) on its own."""
+        from kernels.flops import attended_pairs
 
-        seqs = self.seqlens or (self.seqlen_q,) * self.batch
-        if self.window is None:
-            return sum(visible_pairs(s, s if self.varlen else self.seqlen_k, self.causal) for s in seqs)
-        return sum(window_pairs(s, s if self.varlen else self.seqlen_k, self.causal, self.window) for s in seqs)
+        if self.varlen is None:
+            return self.batch * attended_pairs(self.seqlen_q, self.seqlen_k, self.causal, self.window)
+        return sum(attended_pairs(s, s, self.causal, self.window) for s in self.seqlens)
 
     def call_kwargs(self, device=None) -> dict:
         """Keyword arguments a backend's forward / backward takes for this shape beyond (q, k, v, causal, scale, cfg):
@@ -223,19 +250,11 @@ class Shape:
 
     def label(self) -> str:
         """Short human-readable name, e.g. 'b4 sq8192 sk8192 h16 d128 causal bf16'; GQA, window and varlen add
-        'h32/8', ' w1024,0' and ' varlen:random' (or ' varlen[n]' for listed lengths)."""
-        d = f"d{self.hdim}" if self.hdim_v == self.hdim else f"d{self.hdim}/{self.hdim_v}"
-        dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
-        h = f"h{self.heads}" if self.heads_kv is None else f"h{self.heads}/{self.heads_kv}"
-        extra = ""
-        if self.window is not None:
-            extra += f" w{self.window[0]},{self.window[1]}"
-        if isinstance(self.varlen, str):
-            extra += f" varlen:{self.varlen}"
-        elif self.varlen is not None:
-            extra += f" varlen[{len(self.varlen)}]"
-        return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} {h} {d}"
-                f"{' causal' if self.causal else ''}{extra} {dt}")
+        'h32/8', ' w1024,0' and ' varlen:random' (or ' varlen[n]' for listed lengths). Pieces: ``label_pieces``."""
+        p = label_pieces(self.to_dict())
+        extra = "".join(f" {p[k]}" for k in ("window", "varlen") if k in p)
+        return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} {p['heads']} {p['hdim']}"
+                f"{' causal' if self.causal else ''}{extra} {p['dtype']}")
 
     def to_dict(self) -> dict:
         """Every field, JSON-ready (lists, not tuples); heads_kv / window / varlen only when set (not None), so a
@@ -264,20 +283,6 @@ class Shape:
 
     def replace(self, **kw) -> "Shape":
         return dataclasses.replace(self, **kw)
-
-
-def window_pairs(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) -> int:
-    """(query, key) pairs of one sequence under a sliding window (flash-attn semantics, bottom-right aligned, as
-    kernels.reference.window_mask): row i sees keys max(0, i + s_k - s_q - left) .. min(s_k - 1, i + s_k - s_q + right),
-    -1 = unbounded; causal: right 0. Without a window this is kernels.flops.visible_pairs."""
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(seqlen_q, dtype=torch.int64)
-    diag = i + (seqlen_k - seqlen_q)
-    lo = (diag - left).clamp(min=0) if left >= 0 else torch.zeros_like(i)
-    hi = (diag + right).clamp(max=seqlen_k - 1) if right >= 0 else torch.full_like(i, seqlen_k - 1)
-    return int((hi - lo + 1).clamp(min=0).sum())
 
 
 @dataclass(frozen=True)

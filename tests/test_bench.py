@@ -7,6 +7,7 @@ import torch
 
 from experiments import bench
 from experiments.bench import attn_flops, compare_ab, quantile, summarize, time_fn, tflops, visible_pairs
+from kernels.flops import attended_pairs, attention_flops
 from experiments.metadata import STATE_KEYS, gpu_state, gpu_state_fields, static_metadata
 from kernels.hardware import GPUS, gpu_for_device, peak_tflops
 from experiments.shapes import Shape, paper_grid
@@ -22,6 +23,38 @@ def brute_pairs(sq, sk, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_visible_pairs_matches_the_mask(sq, sk, causal):
     assert visible_pairs(sq, sk, causal) == brute_pairs(sq, sk, causal)
+
+
+def brute_window_pairs(sq, sk, causal, left, right):
+    """Nested loops over flash-attn's window definition (bottom-right aligned; -1 = unbounded; causal: right 0)."""
+    n = 0
+    for i in range(sq):
+        d = i + sk - sq
+        for j in range(sk):
+            n += (left < 0 or j >= d - left) and (j <= d if causal else right < 0 or j <= d + right)
+    return n
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (9, 9), (5, 17), (17, 5), (1, 9), (9, 1), (33, 20), (20, 33)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attended_pairs_match_a_brute_force_mask(sq, sk, causal):
+    for left in (-1, 0, 1, 3, 7, 40):
+        for right in (-1, 0, 1, 4, 40):
+            want = brute_window_pairs(sq, sk, causal, left, right)
+            assert attended_pairs(sq, sk, causal, (left, right)) == want, (sq, sk, causal, left, right)
+    assert attended_pairs(sq, sk, causal) == attended_pairs(sq, sk, causal, (-1, -1)) == visible_pairs(sq, sk, causal)
+
+
+def test_attended_pairs_at_scale_and_its_flops():
+    i = torch.arange(3000)[:, None]
+    j = torch.arange(8192)[None, :]
+    d = i + 8192 - 3000
+    mask = (j >= d - 1024) & (j <= d + 100)
+    assert attended_pairs(3000, 8192, False, (1024, 100)) == int(mask.sum())
+    assert attention_flops(2, 8, 3000, 8192, 128, 64, False, "bwd", window=(1024, 100)) == \
+        2.5 * 2 * 8 * 2 * int(mask.sum()) * (128 + 64)
+    with pytest.raises(ValueError, match="window="):
+        attended_pairs(4, 4, False, (-2, 0))
 
 
 def test_forward_flops_formula():

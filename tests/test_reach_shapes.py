@@ -16,8 +16,8 @@ from experiments.backends.sdpa import SdpaBackend
 from experiments.bench import attn_flops
 from experiments.check import check_backend, fit_check_shape, slice_shape
 from experiments.results import job_key
-from experiments.shapes import Shape, ShapeError, Varlen, make_inputs, paper_grid, random_seqlens, window_pairs
-from kernels.flops import attention_flops, visible_pairs
+from experiments.shapes import Shape, ShapeError, Varlen, make_inputs, paper_grid, random_seqlens
+from kernels.flops import attended_pairs, attention_flops, visible_pairs
 from kernels.reference import window_mask
 
 OLD_FIELDS = ["batch", "seqlen_q", "seqlen_k", "heads", "hdim", "hdim_v", "causal", "dtype"]
@@ -187,9 +187,9 @@ def test_expand_kv_maps_q_head_i_to_kv_head_i_over_group():
 def test_window_pairs_count_the_mask(sq, sk, causal, window):
     mask = window_mask(sq, sk, causal, window)
     want = sq * sk if mask is None else int(mask.sum())
-    assert window_pairs(sq, sk, causal, window) == want
+    assert attended_pairs(sq, sk, causal, window) == want
     if window == (-1, -1) or (causal and window[0] == -1):
-        assert window_pairs(sq, sk, causal, window) == visible_pairs(sq, sk, causal)
+        assert attended_pairs(sq, sk, causal, window) == visible_pairs(sq, sk, causal)
 
 
 def test_flops_count_only_attended_pairs():
@@ -207,7 +207,9 @@ def test_flops_count_only_attended_pairs():
     one_sequence = Shape(1, 16384, 16384, 16, 128, causal=True)
     assert attn_flops(vl.replace(varlen=None)) < attn_flops(vl) < attn_flops(one_sequence)
     both = Shape(3, 20, 20, 4, 32, window=(4, 2), varlen=[7, 30, 23])
-    assert both.attended_pairs() == sum(window_pairs(s, s, False, (4, 2)) for s in (7, 30, 23))
+    assert both.attended_pairs() == sum(attended_pairs(s, s, False, (4, 2)) for s in (7, 30, 23))
+    # the Shape count is kernels.flops' (one source): a dense window shape is attention_flops with the window
+    assert attn_flops(win, "bwd") == attention_flops(4, 16, 8192, 8192, 128, 128, True, "bwd", window=(1024, 0))
 
 
 # ---- backends: what each takes, and the skip reasons ---------------------------------------------------------------
