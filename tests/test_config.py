@@ -227,6 +227,10 @@ def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
             assert d.rescale_before_pv is False and "rescale_before_pv" not in d.to_dict()
             for mode in ("fwd", "bwd") if hd != 192 else ("fwd",):
                 assert "rescale_before_pv" not in compiled_config(None, "sm90", hd, causal, mode)
+    # the backward ignores it: its compiled config (and so the backward rows' compiled_hash) is the default's
+    on = AttnConfig(rescale_before_pv=True)
+    assert compiled_config(on, "sm90", 128, False, "bwd") == compiled_config(None, "sm90", 128, False, "bwd")
+    assert compiled_config(on, "sm90", 128, False, "fwd")["rescale_before_pv"] is True
     # an H200 tune row's config (a row of results/h200/tune, git f5449bc): its recorded config and resolved hashes
     row = dict(bwd_tile_m=None, consumer_regs=240, det_schedule="spt", deterministic=False, exp2_emu_fraction=0.0,
                intra_wg_overlap=True, num_stages=2, pingpong=True, producer_regs=24, rescale_threshold=8.0, tile_m=128,
