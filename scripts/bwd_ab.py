@@ -194,7 +194,8 @@ def main():
     ap.add_argument("--host", action="store_true")
     ap.add_argument("--profile", action="store_true", help="with --host: cProfile of our forward+backward calls")
     ap.add_argument("--base", help="a folder holding an older kernels/ tree: adds the variant ours_base")
-    ap.add_argument("--hold-us", type=float, default=0.0, help="GPU spin before each timed call (device time only)")
+    ap.add_argument("--hold-us", type=float, default=500.0,
+                    help="GPU spin before each timed call, so only device time is timed (the sweeps' bench.hold_us)")
     a = ap.parse_args()
     base = None
     if a.base:

@@ -170,7 +170,8 @@ def main():
     ap.add_argument("--cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of this tree")
     ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
     ap.add_argument("--cudnn", action="store_true")
-    ap.add_argument("--hold-us", type=float, default=0.0, help="GPU spin before each timed call (device time only)")
+    ap.add_argument("--hold-us", type=float, default=500.0,
+                    help="GPU spin before each timed call, so only device time is timed (the sweeps' bench.hold_us)")
     ap.add_argument("--batch", type=int, default=None, help="batch (default 16384 // seqlen)")
     ap.add_argument("--heads", type=int, default=None, help="Q heads (default 2048 // hdim)")
     ap.add_argument("--kv-heads", type=int, default=None, help="K/V heads, dividing --heads (GQA / MQA; default: heads)")
