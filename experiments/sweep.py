@@ -171,11 +171,17 @@ def stamp(row: dict, job: dict, key: str, meta: dict, run_id: str, isolation: st
 
 
 def _shape_label(r) -> str:
-    d, dv, s = r.get("hdim"), r.get("hdim_v"), r.get("seqlen_q")
-    if d is None and s is None:
+    """Compact shape of a row or shape dict for the summary tables, e.g. 'd128 s2048 causal'; GQA, a window and a
+    packed batch add Shape.label's pieces ('h32/8', 'w1024,0', 'varlen:random'), so reach shapes stand apart."""
+    from experiments.shapes import label_pieces
+
+    s = r.get("seqlen_q")
+    p = label_pieces(r)
+    if "hdim" not in p and s is None:
         return "-"
-    dl = f"d{d}" if dv in (None, d) else f"d{d}/{dv}"
-    return f"{dl} s{s}{' causal' if r.get('causal') else ''}"
+    gqa = [p["heads"]] if "/" in p.get("heads", "") else []
+    return " ".join([p.get("hdim", "d?"), f"s{s}", *(["causal"] if r.get("causal") else []), *gqa,
+                     *(p[k] for k in ("window", "varlen") if k in p)])
 
 
 def _table(index: list[str], columns: list[str], cell, corner: str = "") -> str:

@@ -141,3 +141,25 @@ def test_all_skip_sweep_and_bench_say_what_runs_here(tmp_path):
     assert "[1/4] bench fa4 d64 s64 b4 h2 ..." in text and "[4/4] bench fa4 d64 s128 causal b2 h2 ..." in text
     assert text.count("fa4: no CUDA device (this backend runs CUDA kernels only)") == 2  # the header, the reasons
     assert "\nreasons:\n  [1] fa4: no CUDA device" in text
+
+
+def test_shape_label_shows_gqa_window_and_varlen():
+    from experiments.shapes import Shape
+
+    plain = Shape(4, 2048, 2048, 16, 128, causal=True)
+    assert sweep._shape_label(plain.to_dict()) == "d128 s2048 causal"  # plain shapes read as before
+    assert sweep._shape_label({"hdim": 192, "hdim_v": 128, "seqlen_q": 1024}) == "d192/128 s1024"
+    assert sweep._shape_label({"backend": "x"}) == "-"
+    reach = Shape(1, 16384, 16384, 32, 128, causal=True, heads_kv=8, window=(1024, 0))
+    assert sweep._shape_label(reach.to_dict()) == "d128 s16384 causal h32/8 w1024,0"
+    vl = Shape(8, 2048, 2048, 16, 128, causal=True, varlen="random")
+    assert sweep._shape_label(vl.to_dict()) == "d128 s2048 causal varlen:random"
+    assert sweep._shape_label(vl.replace(varlen=[1000, 3096] + [2048] * 6).to_dict()).endswith(" varlen[8]")
+    # the pieces are Shape.label's, and a table's NaN cells (pandas) count as unset
+    assert "h32/8 d128 causal w1024,0" in reach.label()
+    assert sweep._shape_label({**plain.to_dict(), "heads_kv": float("nan"), "window": float("nan")}) == \
+        "d128 s2048 causal"
+    rows = [{**s.to_dict(), "backend": "reference", "status": "ok", "metric": "time_ms", "mode": "fwd", "tflops": 1.0}
+            for s in (plain, plain.replace(window=(256, 0)))]
+    text = summarize(rows)  # a reach shape gets its own line of the TFLOP/s table
+    assert "d128 s2048 causal fwd " in text and "d128 s2048 causal w256,0 fwd " in text
