@@ -77,8 +77,10 @@ def test_ctrl_c_in_a_real_sweep_has_no_traceback(tmp_path):
     cmd = [sys.executable, str(ROOT / "run.py"), "sweep", "experiment=fault_cpu", "isolation=process",
            "experiment.backends=[reference,fault_hang]", "experiment.job_params.sleep_s=0", "progress=false",
            "job_timeout_s=60", f"results_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra"]
+    # a terminal's Ctrl-C reaches a sweep whose SIGINT is at its default; a test run from the background of a
+    # non-interactive shell inherits SIGINT ignored, which the sweep would inherit too (and then never see it)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     path = tmp_path / "fault_cpu" / "rows.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (path.exists() and read_rows(path)):
