@@ -95,6 +95,31 @@ def test_switch_value(field, value, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdims", HDIM_PAIRS)
+def test_rescale_before_pv_is_bitwise_the_default(hdims, causal):
+    """rescale_before_pv=True moves the O rescale between QK^T(j+1) and PV(j): the same arithmetic in another order,
+    so out and lse must equal the default kernel's bit for bit (and pass the accuracy bound on their own)."""
+    from kernels.interface import attention_forward, resolve_config
+
+    hdim, hdim_v = hdims
+    cfg = AttnConfig(rescale_before_pv=True)
+    for shape in SHAPES_DEFAULT[:3]:
+        run_case(cfg, hdim, hdim_v, torch.bfloat16, causal, shape, check_model=False)
+        b, sq, sk, h = shape
+        q, k = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for s in (sq, sk))
+        v = torch.randn(b, sk, h, hdim_v, device="cuda", dtype=torch.bfloat16)
+        outs = []
+        for c in (AttnConfig(rescale_before_pv=False), cfg):
+            out = torch.full((b, sq, h, hdim_v), float("nan"), device="cuda", dtype=torch.bfloat16)
+            lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
+            attention_forward(q, k, v, causal, hdim ** -0.5, resolve_config(c, hdim, causal), out=out, lse=lse)
+            outs.append((out, lse))
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), \
+            f"rescale_before_pv output differs from the default's: hdim {hdims} causal={causal} shape={shape}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("combo", COMBOS, ids=["fa3_like", "no_overlap_no_pingpong"])
 def test_switch_combos(combo, causal):
     cfg = AttnConfig(**combo)
