@@ -109,7 +109,7 @@ class AttnConfig:
     # on where DEFAULTS says so (sm90 hd256: 1.15x the one-CTA backward on the H200) and the call has no window,
     # softcap or varlen; True / False force it. Not filled in by resolve(); left out of to_dict() while None.
     two_cta: bool | None = None
-    det_schedule: str = "spt"  # deterministic backward: "spt" (causal: shortest first), "naive" or "rotate"
+    det_schedule: str = "rotate"  # deterministic backward: "rotate" (non-causal; else spt), "spt" (causal: shortest first), "naive"
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128; 80 at sm90 hdim 128); K/V rows per CTA stay 128
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in

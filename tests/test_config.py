@@ -82,7 +82,7 @@ def test_backward_fields_resolve_and_reject_what_does_not_fit():
     from kernels.config import table_defaults
 
     r = AttnConfig().resolve("sm90", 64, False)
-    assert r.bwd_tile_m == table_defaults("sm90", 64, False)["bwd_tile_m"] and r.det_schedule == "spt"
+    assert r.bwd_tile_m == table_defaults("sm90", 64, False)["bwd_tile_m"] and r.det_schedule == "rotate"
     assert AttnConfig(bwd_tile_m=128).resolve("sm90", 64, False).bwd_tile_m == 128
     assert compiled_config(AttnConfig(bwd_tile_m=128), "sm90", 64, False, mode="bwd")["tile_m"] == 128
     # forward-only fields do not make two backward kernels
@@ -198,7 +198,7 @@ HASHES_BEFORE_THE_FIELD = {
 # every table field explicit (what a tune job or a recorded resolved config holds): the H200 tune rows of hd192 record
 # this resolved_config_hash, and fwd_kernel_key's repr hashed to 68a251a98b8a (sha1, 12 digits) at fa24bdf
 EXPLICIT = dict(tile_m=128, tile_n=128, num_stages=2, consumer_regs=240, producer_regs=24, exp2_emu_fraction=0.0,
-                bwd_tile_m=64)
+                bwd_tile_m=64, det_schedule="spt")  # det_schedule: the default of those rows ("rotate" since 2026-12-01)
 
 
 def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
@@ -209,7 +209,8 @@ def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
 
     for kv, h in HASHES_BEFORE_THE_FIELD.items():
         for extra in ({}, {"rescale_before_pv": None}, {"rescale_before_pv": False}):
-            cfg = AttnConfig(**dict(kv), **extra)
+            # det_schedule's default was "spt" when these hashes were recorded ("rotate" since 2026-12-01)
+            cfg = AttnConfig(**dict(kv), **extra, det_schedule="spt")
             assert cfg.config_hash() == h, (kv, extra)
             assert "rescale_before_pv" not in cfg.to_dict()
     assert AttnConfig().op_string == "{}"
