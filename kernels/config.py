@@ -83,7 +83,8 @@ DET_SCHEDULES = ("spt", "naive", "rotate")
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
-OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False)}
+OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (0,),
+                                "bwd_rotate_q": (False,)}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -111,6 +112,13 @@ class AttnConfig:
     two_cta: bool | None = None
     det_schedule: str = "rotate"  # deterministic backward: "rotate" (non-causal; else spt), "spt" (causal: shortest first), "naive"
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128; 80 at sm90 hdim 128); K/V rows per CTA stay 128
+    # sm90 backward, causal, not deterministic (hd 64 / 128, one CTA, not varlen; elsewhere no effect): 0 = the grid
+    # launches each head's diagonal-most K/V tile (least work) first; g >= 1 = longest first (K/V tile order, official
+    # FA4's grid), the K/V tiles of g consecutive (batch, head)s interleaved. Opt-in; left out of to_dict() at 0.
+    bwd_lpt_heads: int = 0
+    # sm90 backward, non-causal, not deterministic, one CTA, no window: K/V tile n walks its Q tiles from tile n mod
+    # their count (hd64 always does); True turns it on at hd128 too. Opt-in; left out of to_dict() while False.
+    bwd_rotate_q: bool = False
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
@@ -173,6 +181,12 @@ class AttnConfig:
                                             or self.bwd_tile_m not in (64, 80, 128)):
             raise ConfigError(f"bwd_tile_m={self.bwd_tile_m!r}: must be None (per-arch default) or one of 64, 80, 128 "
                               "(80: sm90 hdim 128 only)")
+        g = self.bwd_lpt_heads
+        if isinstance(g, bool) or not isinstance(g, int) or not (0 <= g <= 64):
+            raise ConfigError(f"bwd_lpt_heads={g!r}: must be an int in [0, 64] (0: causal grid shortest first; g: "
+                              "longest first, g heads interleaved)")
+        if not isinstance(self.bwd_rotate_q, bool):
+            raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
         c = self.cluster_m
         if isinstance(c, bool) or not isinstance(c, int) or c not in CLUSTER_M_VALUES:
             raise ConfigError(f"cluster_m={c!r}: must be 1 (no cluster) or 2 (2x1 cluster, K/V multicast; forward)")

@@ -45,6 +45,12 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_t80"] = ours(bwd_tile_m=80)  # the default's kernel again: a same-kernel pair shows the noise
         fns["ours_t64"] = ours(bwd_tile_m=64)
         fns["ours_t64_det"] = ours(bwd_tile_m=64, deterministic=True)
+    if q.shape[-1] in (64, 128) and q.shape[-1] == v.shape[-1]:  # opt-in schedule candidates (AttnConfig fields)
+        if causal:  # grid longest first (official's order), g heads interleaved
+            fns["ours_lpt1"] = ours(bwd_lpt_heads=1)
+            fns["ours_lpt4"] = ours(bwd_lpt_heads=4)
+        elif q.shape[-1] == 128:  # rotated Q-tile walks (hd64's default)
+            fns["ours_rotq"] = ours(bwd_rotate_q=True)
     if causal:
         fns["ours_det_naive"] = ours(deterministic=True, det_schedule="naive")
     elif (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):

@@ -190,3 +190,31 @@ def test_det_schedule_rotate_causal_is_spt():
     rot = compile_backward(AttnConfig(deterministic=True, det_schedule="rotate"), "bfloat16", 64, True)
     spt = compile_backward(AttnConfig(deterministic=True), "bfloat16", 64, True)
     assert rot["main"] is spt["main"]
+
+
+def test_schedule_candidate_fields():
+    """bwd_lpt_heads / bwd_rotate_q (opt-in): left out of to_dict() (hash, cache key) at their defaults, dropped from the
+    forward's compiled config, validated; the kernel takes lpt_heads only where it applies (causal, not deterministic,
+    one CTA, not varlen: deterministic keeps the SPT grid its dQ turns need) and rotate_q only non-causal."""
+    from kernels import AttnConfig, ConfigError
+    from kernels.sm90.backward import _main_kernel, _cutlass_dtype
+    from kernels.tiles import compiled_config
+
+    assert AttnConfig().config_hash() == AttnConfig(bwd_lpt_heads=0, bwd_rotate_q=False).config_hash()
+    assert AttnConfig(bwd_lpt_heads=4).config_hash() != AttnConfig().config_hash()
+    for field, value in (("bwd_lpt_heads", 4), ("bwd_rotate_q", True)):
+        assert field not in compiled_config(AttnConfig(**{field: value}), "sm90", 128, True, "fwd")
+        assert compiled_config(AttnConfig(**{field: value}), "sm90", 128, True, "bwd")[field] == value
+    for bad in (dict(bwd_lpt_heads=-1), dict(bwd_lpt_heads=True), dict(bwd_lpt_heads=65), dict(bwd_rotate_q=1)):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            AttnConfig(**bad)
+    dt = _cutlass_dtype("bfloat16")
+    main = lambda cfg, causal, hd=64: _main_kernel(dt, cfg.resolve("sm90", hd, causal), hd, hd, causal)
+    k = main(AttnConfig(bwd_lpt_heads=4, two_cta=False), True)
+    assert (k.lpt_heads, k.spt) == (4, False)
+    k = main(AttnConfig(bwd_lpt_heads=4, deterministic=True, two_cta=False), True)
+    assert (k.lpt_heads, k.spt) == (0, True)
+    assert main(AttnConfig(two_cta=False), True).spt
+    assert main(AttnConfig(bwd_rotate_q=True, two_cta=False), False, 128).m_rotate
+    assert not main(AttnConfig(two_cta=False), False, 128).m_rotate
+    assert not main(AttnConfig(bwd_rotate_q=True, two_cta=False), True, 128).m_rotate

@@ -261,6 +261,27 @@ def test_deterministic_bitwise_tile80_odd(causal, sq, sk):
     assert n_diff == 0, f"deterministic bwd_tile_m=80 differed in {n_diff}/50 repeats"
 
 
+# opt-in schedule candidates (issue 9): the causal grid longest first with g heads interleaved (bwd_lpt_heads; 15 and
+# 4 (batch, head)s: groups of 4 with a last group of 3, of 3 with a last of 1) and hd128's rotated non-causal Q walk
+# (bwd_rotate_q); each also with hd128's 64-row tiles. Every K/V tile of every head must be computed once: the outputs
+# start NaN-poisoned.
+SCHED_SWITCHES = [dict(bwd_lpt_heads=1), dict(bwd_lpt_heads=4), dict(bwd_lpt_heads=3), dict(bwd_rotate_q=True),
+                  dict(bwd_lpt_heads=4, bwd_rotate_q=True, bwd_tile_m=64)]
+
+
+@pytest.mark.parametrize("switch", SCHED_SWITCHES, ids=_sid)
+@pytest.mark.parametrize("hdim,dtype", [(64, torch.bfloat16), (128, torch.float16)], ids=["64", "128"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_schedule_candidates(switch, hdim, dtype, causal):
+    if switch.get("bwd_tile_m") == 64 and hdim == 64:
+        switch = {k: v for k, v in switch.items() if k != "bwd_tile_m"}
+    cfg = _cfg(**switch)
+    _run_case(3, 333, 397, 5, hdim, causal, dtype, cfg, seed=11)
+    _run_case(2, 1000, 1000, 2, hdim, causal, dtype, cfg, seed=12)
+    _run_case(1, 17, 129, 3, hdim, causal, dtype, cfg, seed=13)
+    _run_case(2, 300, 77, 2, hdim, causal, dtype, cfg, seed=14)
+
+
 @pytest.mark.parametrize("variant", ["spt", "two_cta", "tile80"])
 def test_nondeterministic_reorders(capsys, variant):
     """Report (not assert) whether unordered dQ reductions change dQ bits on the same shape."""

@@ -41,15 +41,18 @@ def _nvdisasm():
 
 
 def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=False, det_schedule="spt", tile_m=None,
-               hdim_v=None, dtype="bfloat16"):
-    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{hdim_v}_{int(two_cta)}_{det_schedule}_{tile_m}_{dtype}"
+               hdim_v=None, dtype="bfloat16", extra=""):
+    """``extra``: more AttnConfig keyword arguments, as source text (e.g. ``"bwd_lpt_heads=4"``)."""
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", extra)
+    dump = tmp_path / f"d{int(deterministic)}_{frac}_{int(causal)}_{hdim}_{hdim_v}_{int(two_cta)}_{det_schedule}_{tile_m}_{dtype}{tag}"
     dump.mkdir()
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
         compile_backward(AttnConfig(deterministic={deterministic}, exp2_emu_fraction={frac}, two_cta={two_cta},
-                                    det_schedule={det_schedule!r}, bwd_tile_m={tile_m}), {dtype!r}, {hdim}, {causal},
+                                    det_schedule={det_schedule!r}, bwd_tile_m={tile_m}, {extra}), {dtype!r}, {hdim},
+                         {causal},
                          hdim_v={hdim_v})
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
@@ -228,3 +231,27 @@ def test_det_schedule_rotate_in_sass(tmp_path, hdim):
         assert "UBLKRED.G.S.ADD.F32" in sass and not re.search(r"REDG\.E\.ADD\.F32", sass)
     assert {k: v for k, v in ops_rot.items() if k.startswith("HGMMA")} == \
         {k: v for k, v in ops_spt.items() if k.startswith("HGMMA")}
+
+
+@pytest.mark.parametrize("hdim,causal,extra", [(64, True, "bwd_lpt_heads=1"), (64, True, "bwd_lpt_heads=4"),
+                                               (128, True, "bwd_lpt_heads=1"), (128, True, "bwd_lpt_heads=4"),
+                                               (128, False, "bwd_rotate_q=True")])
+def test_schedule_candidates_in_sass(tmp_path, hdim, causal, extra):
+    """The opt-in schedule switches (AttnConfig.bwd_lpt_heads: causal grid longest first, g heads interleaved;
+    bwd_rotate_q: hd128 non-causal rotated Q-tile walks) change only index arithmetic: a different kernel from the
+    default's with the same HGMMA, no spills and no more WARPGROUP.DEPBAR; lpt_heads > 1 divides (the launch rank's
+    regrouping by the grid size), so does the rotated walk (n mod M): MUFU.RCP reciprocal sequences."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    base = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=hdim)
+    cand = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=hdim, extra=extra)
+    strip = lambda s: re.sub(r"/\*[0-9a-f]{4}\*/", "", s)
+    assert strip(base) != strip(cand)
+    ops_b, ops_c = opcode_counts(base), opcode_counts(cand)
+    assert count(ops_c, "LDL") == 0 and count(ops_c, "STL") == 0
+    depbar = lambda s: len(re.findall(r"WARPGROUP\.DEPBAR", s))
+    assert depbar(cand) <= depbar(base) <= 8
+    assert {k: v for k, v in ops_c.items() if k.startswith("HGMMA")} == \
+        {k: v for k, v in ops_b.items() if k.startswith("HGMMA")}
+    if extra in ("bwd_rotate_q=True", "bwd_lpt_heads=4"):
+        assert count(ops_c, "MUFU.RCP") > count(ops_b, "MUFU.RCP")

@@ -140,6 +140,10 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         cls, kw = FlashBwd192Sm90, dict(hdim_v=hdim_v)
     if qhead_per_kvhead != 1:
         kw["qhead_per_kvhead"] = qhead_per_kvhead
+    if cls is FlashBwdSm90 and cfg.bwd_lpt_heads:  # causal grid longest first (opt-in; the kernel ignores it elsewhere)
+        kw["lpt_heads"] = cfg.bwd_lpt_heads
+    if cls is FlashBwdSm90 and cfg.bwd_rotate_q:  # hd128 non-causal rotated Q-tile walks (opt-in; hd64's default)
+        kw["rotate_q"] = True
     kw.update(features or {})
     if varlen:
         kw["varlen"] = True

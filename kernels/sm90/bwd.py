@@ -360,12 +360,13 @@ class FlashBwdSm90:
     m_rotate = False  # each CTA walks its Q tiles from its own starting tile (m_block_at)
     det_rotate = False  # deterministic dQ turns in the rotated walk's arrival order (det_schedule="rotate")
     ds_store_first = False  # dS^T stmatrix before the dV wgmma is issued (ds_exchange)
+    lpt_heads = 0  # causal grid: 0 = diagonal-most K/V tile first (spt); g >= 1 = longest first, g heads interleaved
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
                  qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                 varlen: bool = False):
+                 varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -450,13 +451,16 @@ class FlashBwdSm90:
         # reads). Deterministic mode keeps K/V tile order (its K/V-tile-order turns would chain the CTAs' rotations)
         # unless det_schedule="rotate" (_set_det_rotate: the rotation at every head dim, turns in arrival order).
         self._set_det_rotate(det_schedule)
-        self.m_rotate = (hdim == 64 and not self.two_cta and not causal and not deterministic and not self.has_window) \
-            or self.det_rotate
+        # ``rotate_q`` (AttnConfig.bwd_rotate_q, opt-in): the same walk at hd128 (non-causal, non-deterministic, one
+        # CTA, no window), where the CTAs of a head otherwise start together on Q tile 0 and reduce into the same dQ tile
+        self.m_rotate = ((hdim == 64 or rotate_q) and not self.two_cta and not causal and not deterministic
+                         and not self.has_window) or self.det_rotate
         # hd64 (one CTA): dS^T goes to shared memory (stmatrix) before the dV GEMM is issued, not after it (ds_exchange),
         # so that the stores drain while dV is issued and the fence before the PdS barrier finds them done (ncu, H200
         # hd64 s8k, before C1: that fence, the barrier and the wait at it 11.6% of the stall samples, ~630 cycles of
         # MMA-warp time per Q tile between the dV and the dQ issue; official FA4 stores dS before its dV wgmma).
         self.ds_store_first = hdim == 64 and not self.two_cta
+        self._set_lpt(lpt_heads)
 
     @property
     def lse_stride(self) -> int:
@@ -476,6 +480,42 @@ class FlashBwdSm90:
         self.causal = bool(causal)
         self.spt = self.causal and (det_schedule != "naive" or not deterministic)  # causal "rotate" runs SPT
         self.deterministic = bool(deterministic)
+
+    def _set_lpt(self, lpt_heads: int) -> None:
+        """``lpt_heads`` (AttnConfig.bwd_lpt_heads; opt-in): a causal, non-deterministic, one-CTA, non-varlen grid
+        launches each head's K/V tiles longest first (K/V tile order: tile 0 walks every Q tile), as official FA4's
+        non-deterministic grid does, instead of the diagonal-most tile first; with g > 1 the K/V tiles of g
+        consecutive (batch, head)s are interleaved (launch rank r of a group: K/V tile r // g of its (r mod g)-th head).
+        Why: with shortest-first, each head's longest CTAs start last, so the last head's leave a tail (list-scheduling
+        model, 132 SMs, 16k tokens, CTA = Q tiles + 3: hd64 causal 1.037 / 1.027 / 1.001 of ideal at 8k (spt / g=1 /
+        g=2 1.002), hd128 80-row 1.073 / 1.002 at 16k, 1.076 / 1.054 / 1.004 at 8k). Elsewhere (deterministic: the
+        SPT turns need the SPT grid; two_cta, varlen, non-causal) the value is ignored."""
+        if isinstance(lpt_heads, bool) or not isinstance(lpt_heads, int) or lpt_heads < 0:
+            raise ValueError(f"lpt_heads={lpt_heads!r}: an int >= 0")
+        if self.causal and not self.deterministic and not self.two_cta and not self.varlen and lpt_heads > 0:
+            self.lpt_heads = lpt_heads
+            self.spt = False
+
+    @cute.jit
+    def launch_order(self, bidx: Int32, head: Int32, batch: Int32):
+        """(bidx, head, batch) of this CTA's work: its block index, or with ``lpt_heads`` g > 1 the launch rank (x
+        fastest) regrouped so that g consecutive (batch, head)s' K/V tiles alternate (a last, smaller group takes what
+        is left)."""
+        if const_expr(self.lpt_heads > 1):
+            nx, nh, nb = cute.arch.grid_dim()
+            g = self.lpt_heads
+            rank = bidx + nx * (head + nh * batch)
+            group = rank // (nx * g)
+            first = group * g
+            size = nh * nb - first
+            if size > g:
+                size = Int32(g)
+            r = rank - group * (nx * g)
+            lin = first + r % size
+            bidx = r // size
+            head = lin % nh
+            batch = lin // nh
+        return bidx, head, batch
 
     def _set_det_rotate(self, det_schedule: str) -> None:
         """det_schedule="rotate" (after _set_schedule / _set_features, two_cta and varlen known): deterministic
@@ -709,6 +749,8 @@ class FlashBwdSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
+        if const_expr(self.lpt_heads > 1):
+            bidx, head, batch = self.launch_order(bidx, head, batch)
         work = self.cta_work(mQ, mK, bidx, head, batch, mCuSeqlensQ, mCuSeqlensK)
 
         if warp_idx == 0:
