@@ -238,8 +238,17 @@ def winner_entry(t: dict, results: list[dict], seqlens, rows_path: Path, rows: l
                          "speedup_median": {int(s): round(w["stats"][s]["median"], 4) for s in seqlens},
                          "speedup_p20": {int(s): round(w["stats"][s]["p20"], 4) for s in seqlens},
                          "rounds": {int(s): w["stats"][s]["n"] for s in seqlens},
-                         "candidates": len(results), "rows": str(rows_path), "gpu": ", ".join(gpus) or None,
+                         "candidates": len(results), "rows": _repo_relative(rows_path), "gpu": ", ".join(gpus) or None,
                          "git_sha": ", ".join(shas[:3]) or None}}
+
+
+def _repo_relative(path: Path) -> str:
+    """``path`` relative to the repository root when it lies inside it (the tuned file is committed), else as is."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 # ---- the command ---------------------------------------------------------------------------------------------
