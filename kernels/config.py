@@ -85,7 +85,7 @@ PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
 OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (0,),
-                                "bwd_rotate_q": (False,)}
+                                "bwd_rotate_q": (False,), "causal_split": (False,), "exp_in_branch": (False,)}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -145,6 +145,16 @@ class AttnConfig:
     # None = the per-arch default (DEFAULTS / conf/tuned/: False unless tuned); left out of to_dict() while None or
     # False, so configs, hashes and compile keys from before the field existed are unchanged.
     rescale_before_pv: bool | None = None
+    # sm90 forward, causal without a window, with intra_wg_overlap: the diagonal blocks after the first run in one loop
+    # (masked) and the rest in another (mask-free), instead of one loop deciding per block; at hd128 / (192, 128) the
+    # one-loop kernel compiles with its pipeline states and wgmma descriptors in vector registers (ptxas treats the
+    # loop as divergent), the split one in uniform registers. Opt-in; left out of to_dict() at False.
+    causal_split: bool = False
+    # sm90 forward, tau > 0: each block's exponentials and row sums are computed inside both arms of the warp's
+    # rescale decision (kernels/sm90/softmax.py), so ptxas keeps the wait for the in-flight P V GEMM after them (with
+    # them after the decision, it hoists the wait above them: no softmax / P V overlap in a warpgroup). Same arithmetic
+    # (expected bitwise the default's output). Opt-in; left out of to_dict() at False.
+    exp_in_branch: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -176,6 +186,9 @@ class AttnConfig:
             raise ConfigError("rescale_before_pv=True with intra_wg_overlap=False: it moves the O rescale of the "
                               "overlapped main loop; without the overlap O is already rescaled right before its P V -- "
                               "pass rescale_before_pv=False (or None)")
+        for name in ("causal_split", "exp_in_branch"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool (sm90 forward; default False)")
         if self.persistent is not None and not isinstance(self.persistent, bool):
             raise ConfigError(f"persistent={self.persistent!r}: must be None (by sequence length) or a bool")
         if self.bwd_tile_m is not None and (isinstance(self.bwd_tile_m, bool) or not isinstance(self.bwd_tile_m, int)
@@ -220,6 +233,10 @@ class AttnConfig:
             raise ConfigError(f"rescale_before_pv=True with arch={arch}: an sm90 (Hopper) forward switch (the O rescale "
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
+        for name in ("causal_split", "exp_in_branch"):
+            if getattr(self, name) and arch != "sm90":
+                raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
+                                  f"overlapped main loop's code); pass {name}=False")
         updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m",
                                      "rescale_before_pv") if getattr(self, k) is None}
         if self.exp2_emu_fraction is None:

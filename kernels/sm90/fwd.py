@@ -14,6 +14,12 @@ critical path). ``rescale_before_pv`` (with intra_wg_overlap; FA3's RescaleOBefo
 j+1's row factors in the next step, between issuing S(j+2) = Q K^T and issuing O += P(j+1) V(j+1), so the FMULs run
 while the warp waits for its QK^T and the softmax, P and the row sums form one basic block (no rescale branch after
 the exponentials); a rescale that tau skipped is a factor of 1.0 (exact: the output is bitwise the default's).
+Two opt-in layouts of the same arithmetic for ptxas (expected bitwise the default's output; tests/test_fwd_loop_shape_gpu.py): ``causal_split`` (causal, no window,
+overlapped loop) runs a tile's diagonal blocks after the first in one loop and the mask-free ones in another, with no
+per-block mask decision inside a loop (the one-loop kernel compiles at hd128 / (192, 128) causal as a divergent loop:
+pipeline states and wgmma descriptors in vector registers); ``exp_in_branch`` (tau > 0) computes a block's
+exponentials inside both arms of the warp's rescale decision, so the wait for the in-flight P V GEMM stays after them
+(after the decision, ptxas hoists that wait above them and the softmax no longer overlaps P V within the warpgroup).
 ``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
 MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). Causal: only the K blocks a tile needs are
 loaded, masking only on the diagonal blocks, and tiles are issued longest first (kernels/sm90/scheduler.py).
@@ -162,7 +168,8 @@ class FlashFwdSm90:
                  pingpong: bool = True, intra_wg_overlap: bool = True, consumer_regs: int = 240,
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
-                 cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False):
+                 cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
+                 causal_split: bool = False, exp_in_branch: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -239,6 +246,11 @@ class FlashFwdSm90:
             raise ValueError("rescale_before_pv=True with intra_wg_overlap=False: without the overlap O is already "
                              "rescaled right before its P V; pass rescale_before_pv=False")
         self.rescale_before_pv = bool(rescale_before_pv)  # O rescaled between issuing QK^T(j+1) and PV(j)
+        # causal (no window), overlapped main loop: the diagonal blocks after the first and the mask-free blocks in two
+        # loops (mainloop_overlap), no per-block mask decision inside a loop
+        self.causal_split = bool(causal_split) and causal and not self.has_window and intra_wg_overlap
+        # tau > 0: a block's exponentials inside the arms of the warp's rescale decision (softmax.online_softmax_step)
+        self.exp_in_branch = bool(exp_in_branch) and self.tau != 0.0
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -732,7 +744,7 @@ class FlashFwdSm90:
             else:
                 apply_mask(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k, self.causal)
         return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
-                                   self.emu_frags, self.poly, is_first)
+                                   self.emu_frags, self.poly, is_first, self.exp_in_branch)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -885,11 +897,30 @@ class FlashFwdSm90:
         issued together), then the last block's PV (last_pv). Returns the consumer K/V state."""
         self.first_block(tiled_mma_qk, pipe_k, frags, regs, args, n_block_max - 1, state)
         regs.acc_O.fill(0.0)  # (rescale_before_pv: the first step scales these zeros by the first block's 1.0)
-        for i in cutlass.range(n_iter - 1, unroll=1):
-            n_block = n_block_max - 2 - i
-            state_v = state.clone()
-            state.advance()
-            self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state, state_v)
+        if const_expr(self.causal_split):
+            # two loops, no mask decision inside either: the diagonal blocks after the first (masked), then the rest.
+            # (With the decision inside one loop, ptxas compiles the loop as divergent at hd128 / (192, 128): pipeline
+            # states and wgmma descriptors in vector registers, BSSY/BSYNC around every mbarrier wait.)
+            n_masked = cutlass.min(cutlass.max(n_block_max - 1 - args.n_block_min_masked, 0), n_iter - 1)
+            for i in cutlass.range(n_masked, unroll=1):
+                n_block = n_block_max - 2 - i
+                state_v = state.clone()
+                state.advance()
+                self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
+                                   state_v, True)
+            for i in cutlass.range(n_masked, n_iter - 1, unroll=1):
+                n_block = n_block_max - 2 - i
+                state_v = state.clone()
+                state.advance()
+                self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
+                                   state_v, False)
+        else:
+            for i in cutlass.range(n_iter - 1, unroll=1):
+                n_block = n_block_max - 2 - i
+                state_v = state.clone()
+                state.advance()
+                self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
+                                   state_v)
         if const_expr(self.separate_o):
             pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
         self.last_pv(tiled_mma_pv, pipe_v, frags, regs, state)
@@ -913,7 +944,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def overlap_block(self, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags: ConsumerFrags, regs: TileRegs,
-                      args: BlockArgs, n_block: Int32, state, state_v):
+                      args: BlockArgs, n_block: Int32, state, state_v, masked: cutlass.Constexpr = None):
         """Overlap, steady state: issue S(j+1) = Q K^T (K stage ``state``) and O += P(j) V(j) (V stage ``state_v``)
         together, run softmax(j+1) while PV(j) is in flight, then P(j+1) and the conditional rescale of O."""
         pipe_k.consumer_wait(state)
@@ -927,7 +958,10 @@ class FlashFwdSm90:
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(state)
-        do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
+        if const_expr(masked is None):
+            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
+        else:  # causal_split: the caller's loop says whether this block needs the mask
+            do_rescale = self.softmax_block(acc_S, regs, args, n_block, masked, False)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)
         self.to_p(acc_S, regs.tOrP)

@@ -76,11 +76,18 @@ def online_softmax_step(
     emu_frags: cutlass.Constexpr[tuple],
     poly: cutlass.Constexpr[tuple],
     is_first: cutlass.Constexpr[bool],
+    exp_in_branch: cutlass.Constexpr[bool] = False,
 ) -> Boolean:
     """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
 
     Returns whether O must be rescaled by row_scale (always True when tau == 0 or on the first block,
     where O is still zero and nothing is rescaled).
+
+    ``exp_in_branch`` (tau > 0, not the first block): the exponentials and row sums are computed inside each arm of the
+    warp's rescale decision (two copies) instead of after it. Same arithmetic, same results; the point is the code's
+    shape: the caller's wait for its in-flight P V GEMM follows the exponentials in the next basic block, where ptxas
+    leaves it, instead of being hoisted by ptxas to the top of the block that holds them (which makes the warp wait for
+    P V before its first exponential: no softmax / P V overlap within the warpgroup).
     """
     s = acc_rows_cols(acc_S)
     n_rows = cute.size(s, mode=[0])
@@ -107,6 +114,13 @@ def online_softmax_step(
         for r in cutlass.range_constexpr(n_rows):
             grow = grow | ((new_max[r] - row_max[r]) * scale_log2 > Float32(tau))
         do_rescale = cute.arch.vote_any_sync(grow)
+        if const_expr(exp_in_branch):
+            if do_rescale:
+                _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
+                _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 1)
+            else:
+                _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 2)
+            return do_rescale
         if do_rescale:
             _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     n_frag = n_cols // 2
@@ -139,6 +153,37 @@ def online_softmax_step(
                 else:
                     row_sum[r] = row_sum[r] + acc
     return do_rescale
+
+
+@cute.jit
+def _exp_rows(s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
+              emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], k: cutlass.Constexpr[int],
+              sum_mode: cutlass.Constexpr[int]):
+    """exp_in_branch: P = 2^(S * scale_log2 - m * scale_log2) in place for the rows of ``s`` (the (rows, cols) view),
+    and the row sums: sum_mode 1 row_sum * row_scale + sum (the maxima were just replaced), 2 row_sum + sum (kept)."""
+    n_rows = cute.size(s, mode=[0])
+    n_cols = cute.size(s, mode=[1])
+    n_frag = n_cols // 2
+    for r in cutlass.range_constexpr(n_rows):
+        m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
+        if const_expr(len(emu_frags) > 0):
+            a, b = affine_args(scale_log2, m_s)
+            for c in cutlass.range_constexpr(n_cols):
+                if const_expr((c // 2) % n_frag in emu_frags):
+                    s[r, c] = exp2_poly_affine(s[r, c], a, b, poly)
+                else:
+                    s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
+        else:
+            for c in cutlass.range_constexpr(n_cols):
+                s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
+        part = [s[r, j] for j in range(k)]
+        for c in cutlass.range_constexpr(k, n_cols):
+            part[c % k] = part[c % k] + s[r, c]
+        acc = _tree(part, _add)
+        if const_expr(sum_mode == 1):
+            row_sum[r] = row_sum[r] * row_scale[r] + acc
+        else:
+            row_sum[r] = row_sum[r] + acc
 
 
 @cute.jit

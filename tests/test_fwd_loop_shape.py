@@ -1,0 +1,179 @@
+"""The sm90 forward's opt-in main-loop shapes ``causal_split`` and ``exp_in_branch`` (AttnConfig fields, default False).
+
+Both change only how the overlapped main loop is laid out for ptxas; the arithmetic is the default's:
+- ``causal_split``: a causal tile runs its diagonal blocks (after the first) in one loop and the mask-free blocks in
+  another. The one-loop default at hd128 / (192, 128) causal compiles as a divergent loop (ptxas keeps pipeline states
+  and wgmma descriptors in vector registers: ~110-140 R2UR, BSSY/BSYNC around the loop's mbarrier waits); split, it is
+  uniform like the non-causal loop.
+- ``exp_in_branch`` (tau > 0): the exponentials sit inside both arms of the warp's rescale decision, so the wait for
+  the in-flight P V GEMM (WARPGROUP.DEPBAR.LE gsb0, 0x0) follows them; the default's non-causal loops (and split causal
+  ones) wait for P V after 2 of 66 exponentials, i.e. before the softmax.
+Config checks (no compile) and CPU-compiled SASS (CUTE_DSL_ARCH=sm_90a, nvdisasm): 0 LDL / STL, same GEMMs and TMA.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, opcode_counts  # noqa: E402
+
+FIELDS = ("causal_split", "exp_in_branch")
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+
+
+# ---- config (no compile) --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", FIELDS)
+def test_fields_default_off_and_leave_hashes_unchanged(name):
+    for hd in (64, 128, 192, 256):
+        for causal in (False, True):
+            r = AttnConfig().resolve("sm90", hd, causal)
+            assert getattr(r, name) is False and name not in r.to_dict()
+            assert AttnConfig(**{name: False}).resolve("sm90", hd, causal).config_hash() == r.config_hash()
+    on = AttnConfig(**{name: True})
+    assert on.to_dict()[name] is True and on.op_string == f'{{"{name}":true}}'
+    r_on = on.resolve("sm90", 128, True)
+    assert r_on.config_hash() != AttnConfig().resolve("sm90", 128, True).config_hash()
+    assert dataclasses.replace(r_on, **{name: False}) == AttnConfig().resolve("sm90", 128, True)
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_fields_refused_where_they_cannot_apply(name):
+    with pytest.raises(ConfigError, match=f"{name}=1: must be a bool"):
+        AttnConfig(**{name: 1})
+    with pytest.raises(ConfigError, match=f"{name}=True with arch=sm100"):
+        AttnConfig(**{name: True}).resolve("sm100", 128, True)
+
+
+def test_fields_are_forward_only_in_the_backward_compiled_config():
+    from kernels.tiles import compiled_config
+
+    cfg = AttnConfig(causal_split=True, exp_in_branch=True)
+    assert compiled_config(cfg, "sm90", 128, True, "fwd")["causal_split"] is True
+    bwd = compiled_config(cfg, "sm90", 128, True, "bwd")
+    assert "causal_split" not in bwd and "exp_in_branch" not in bwd
+    assert bwd == compiled_config(None, "sm90", 128, True, "bwd")
+
+
+def test_kernel_switches_apply_only_where_they_mean_something():
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    bf = cutlass.BFloat16
+    assert FlashFwdSm90(bf, 128, 128, True, causal_split=True).causal_split
+    assert not FlashFwdSm90(bf, 128, 128, False, causal_split=True).causal_split  # nothing to split
+    assert not FlashFwdSm90(bf, 128, 128, True, causal_split=True, window_left=64).causal_split
+    assert not FlashFwdSm90(bf, 128, 128, True, causal_split=True, intra_wg_overlap=False).causal_split
+    assert FlashFwdSm90(bf, 128, 128, False, exp_in_branch=True).exp_in_branch
+    assert not FlashFwdSm90(bf, 128, 128, False, exp_in_branch=True, rescale_threshold=0.0).exp_in_branch  # no branch
+    assert not FlashFwdSm90(bf, 128, 128, True).causal_split and not FlashFwdSm90(bf, 128, 128, True).exp_in_branch
+
+
+# ---- SASS -------------------------------------------------------------------------------------------------------------
+_CACHE: dict = {}
+
+
+def _sass(tmp_path_factory, hdim, causal, **switches) -> str:
+    key = (hdim, causal, tuple(sorted(switches.items())))
+    if key not in _CACHE:
+        cfg = AttnConfig(**switches).resolve("sm90", hdim, causal)
+        _CACHE[key] = fwd_sass(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal,
+                               str(tmp_path_factory.mktemp("sass")))
+    return _CACHE[key]
+
+
+def _instructions(sass: str):
+    """[(address, opcode, operands)], and label -> address."""
+    out, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        lm = _LABEL.match(line)
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = _INSN.search(line)
+        if m:
+            a = int(m.group(1), 16)
+            for lab in pending:
+                labels[lab] = a
+            pending = []
+            out.append((a, m.group(2), m.group(3)))
+    return out, labels
+
+
+def _loops(sass: str):
+    """The steady-state loops: bodies (lists of (opcode, operands)) of backward branches that hold HGMMA and
+    MUFU.EX2, no EXIT, and no other such loop."""
+    ins, labels = _instructions(sass)
+    spans = []
+    for a, op, rest in ins:
+        m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
+        if m and labels[m.group(1)] < a:
+            body = [(o, r) for x, o, r in ins if labels[m.group(1)] <= x <= a]
+            ops = [o for o, _ in body]
+            # (the out-of-line mbarrier retry blocks sit past the kernel's EXIT and branch back into the loops)
+            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
+                spans.append((labels[m.group(1)], a, body))
+    inner = [s for s in spans if not any(t is not s and s[0] <= t[0] and t[1] <= s[1] for t in spans)]
+    return [body for _, _, body in inner]
+
+
+def _ex2_before_pv_wait(body) -> int:
+    """MUFU.EX2 instructions of a loop body before its wait for every wgmma (the in-flight P V)."""
+    n = 0
+    for op, rest in body:
+        if op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x0"):
+            return n
+        n += op == "MUFU.EX2"
+    raise AssertionError("no WARPGROUP.DEPBAR.LE gsb0, 0x0 in the loop")
+
+
+def _same_machinery(base: str, on: str):
+    cb, co = opcode_counts(base), opcode_counts(on)
+    assert count(co, "LDL") == 0 and count(co, "STL") == 0, {k: v for k, v in co.items() if k.startswith(("LDL", "STL"))}
+    for op in ("HGMMA", "UTMALDG", "UTMASTG", "VOTE"):
+        assert (count(co, op) > 0) == (count(cb, op) > 0), op
+    assert count(co, "HGMMA") >= count(cb, "HGMMA")  # the same GEMMs (a split loop holds a second copy)
+
+
+needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+
+
+@pytest.mark.compile
+@needs_nvdisasm
+@pytest.mark.parametrize("hdim", [128, 192])
+def test_causal_split_compiles_uniform_loops(tmp_path_factory, hdim):
+    base = _sass(tmp_path_factory, hdim, True)
+    on = _sass(tmp_path_factory, hdim, True, causal_split=True)
+    _same_machinery(base, on)
+    assert base.count("R2UR") >= 60 and base.count("BSSY") >= 8, (base.count("R2UR"), base.count("BSSY"))
+    assert on.count("R2UR") <= 20 and on.count("BSSY") <= 3, (on.count("R2UR"), on.count("BSSY"))
+    loops = _loops(on)
+    assert len(loops) == 2  # the diagonal blocks (masked) and the rest
+    masked, free = sorted(loops, key=lambda b: sum(o == "FSEL" for o, _ in b), reverse=True)
+    assert sum(o == "FSEL" for o, _ in masked) >= 64 and sum(o == "FSEL" for o, _ in free) <= 8
+    for body in loops:
+        assert not any(o.startswith("R2UR") for o, _ in body)  # wgmma descriptors in uniform registers
+
+
+@pytest.mark.compile
+@needs_nvdisasm
+@pytest.mark.parametrize("hdim,causal,switches", [
+    (128, False, {}), (192, False, {"rescale_before_pv": True}), (64, False, {}),
+    (128, True, {"causal_split": True}), (192, True, {"causal_split": True, "rescale_before_pv": True})])
+def test_exp_in_branch_waits_for_pv_after_the_exponentials(tmp_path_factory, hdim, causal, switches):
+    base = _sass(tmp_path_factory, hdim, causal, **switches)
+    on = _sass(tmp_path_factory, hdim, causal, exp_in_branch=True, **switches)
+    _same_machinery(base, on)
+    n_exp = AttnConfig(**switches).resolve("sm90", hdim, causal).tile_n // 2  # exponentials per thread and block
+    for body in _loops(base):
+        assert _ex2_before_pv_wait(body) <= 8  # the default: P V waited for before the softmax
+    for body in _loops(on):
+        assert _ex2_before_pv_wait(body) >= 2 * n_exp  # both arms' exponentials come first

@@ -1,0 +1,48 @@
+"""GPU correctness of the sm90 forward's opt-in loop shapes ``causal_split`` and ``exp_in_branch`` (H100 / H200).
+
+Both lay the same arithmetic out differently for ptxas (tests/test_fwd_loop_shape.py has the SASS), so each must pass
+the accuracy bound of tests/test_fwd_gpu.py on its own and give the default kernel's out / lse bit for bit, at every
+head dim, causal both (causal_split: causal only; non-causal it compiles the default), alone and together, with and
+without rescale_before_pv.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.config import AttnConfig
+from test_fwd_gpu import HDIM_PAIRS, SHAPES_DEFAULT, run_case
+
+pytestmark = pytest.mark.gpu
+
+VARIANTS = [dict(causal_split=True), dict(exp_in_branch=True), dict(causal_split=True, exp_in_branch=True),
+            dict(causal_split=True, exp_in_branch=True, rescale_before_pv=True)]
+
+
+def _run(cfg, q, k, v, causal, hdim, hdim_v):
+    from kernels.interface import attention_forward, resolve_config
+
+    b, sq, h, _ = q.shape
+    out = torch.full((b, sq, h, hdim_v), float("nan"), device="cuda", dtype=q.dtype)
+    lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
+    attention_forward(q, k, v, causal, hdim ** -0.5, resolve_config(cfg, hdim, causal), out=out, lse=lse)
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdims", HDIM_PAIRS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=["split", "exp_in_branch", "both", "both_prepv"])
+def test_loop_shape_is_bitwise_the_default(variant, hdims, causal):
+    hdim, hdim_v = hdims
+    cfg = AttnConfig(**variant)
+    base_cfg = AttnConfig(rescale_before_pv=variant.get("rescale_before_pv", False))
+    for shape in SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)]:
+        run_case(cfg, hdim, hdim_v, torch.bfloat16, causal, shape, check_model=False)
+        b, sq, sk, h = shape
+        q, k = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for s in (sq, sk))
+        v = torch.randn(b, sk, h, hdim_v, device="cuda", dtype=torch.bfloat16)
+        ref = _run(base_cfg, q, k, v, causal, hdim, hdim_v)
+        got = _run(cfg, q, k, v, causal, hdim, hdim_v)
+        torch.cuda.synchronize()
+        assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), \
+            f"{variant} output differs from the default's: hdim {hdims} causal={causal} shape={shape}"
