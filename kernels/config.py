@@ -33,6 +33,15 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   on / off speed: (192, 128) 1.053 / 1.057 non-causal at 8k / 16k, 0.990 / 1.048 causal; hd128 16k
 #                   1.012 non-causal, 0.978 causal): a per-(hdim, causal) winner belongs in conf/tuned/ (python run.py
 #                   tune searches it); always False for sm100 (no such kernel: a correction warpgroup rescales there)
+#   bwd_lpt_heads : (non-causal, causal) AttnConfig.bwd_lpt_heads=None: the sm90 causal backward's grid longest K/V tile
+#                   first, g heads interleaved (0 / absent: diagonal-most first). H200 2026-12-01, 16k tokens, 8-10
+#                   rounds (results/h200/session_ab/bwd_lpt*.jsonl), speed vs shortest first at 1k / 2k / 4k / 8k / 16k:
+#                   hd64 g=1 1.024 / 1.022 / 1.025 / 1.031 / 1.044 (g=4 1.004 / 1.016 / 1.034 / 1.040 / 1.041); hd128
+#                   g=4 0.996 / 1.012 / 1.046 / 1.058 / 1.057 (g=1 1.003 / 1.006 / 1.011 / 1.022 / 1.068)
+#   exp_in_branch : (non-causal, causal) AttnConfig.exp_in_branch=None: the sm90 forward's exponentials inside both arms
+#                   of the tau decision (absent: False). H200 2026-12-01, speed vs off: hd128 causal 1.013 / 1.013 /
+#                   1.022 (4k / 8k / 16k; 1.021 in a second 16k run); hd128 non-causal 16k 1.004, hd64 16k 1.004 /
+#                   0.974 (non-causal / causal), hd256 1.000, (192, 128) causal 0.989-0.991: on at hd128 causal only
 DEFAULTS: dict[tuple[str, int], dict] = {
     # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
     # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
@@ -50,12 +59,14 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # ~+-7% at these short calls). Only hd64 <= 1k gained in both: the default runs it there; everything else
     # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False, rescale_before_pv=False),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False, rescale_before_pv=False,
+                       bwd_lpt_heads=(0, 1)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
     # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
+                        bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
+                        bwd_lpt_heads=(0, 4), exp_in_branch=(False, True)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -84,8 +95,8 @@ DET_SCHEDULES = ("spt", "naive", "rotate")
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
-OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (0,),
-                                "bwd_rotate_q": (False,), "causal_split": (False,), "exp_in_branch": (False,)}
+OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (None,),
+                                "bwd_rotate_q": (False,), "causal_split": (False,), "exp_in_branch": (None,)}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -115,8 +126,9 @@ class AttnConfig:
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128; 80 at sm90 hdim 128); K/V rows per CTA stay 128
     # sm90 backward, causal, not deterministic (hd 64 / 128, one CTA, not varlen; elsewhere no effect): 0 = the grid
     # launches each head's diagonal-most K/V tile (least work) first; g >= 1 = longest first (K/V tile order, official
-    # FA4's grid), the K/V tiles of g consecutive (batch, head)s interleaved. Opt-in; left out of to_dict() at 0.
-    bwd_lpt_heads: int = 0
+    # FA4's grid), the K/V tiles of g consecutive (batch, head)s interleaved. None = DEFAULTS' bwd_lpt_heads (sm90 causal:
+    # hd64 1, hd128 4; resolve() fills only a nonzero value); left out of to_dict() while None.
+    bwd_lpt_heads: int | None = None
     # sm90 backward, non-causal, not deterministic, one CTA, no window: K/V tile n walks its Q tiles from tile n mod
     # their count (hd64 always does); True turns it on at hd128 too. Opt-in; left out of to_dict() while False.
     bwd_rotate_q: bool = False
@@ -153,8 +165,9 @@ class AttnConfig:
     # sm90 forward, tau > 0: each block's exponentials and row sums are computed inside both arms of the warp's
     # rescale decision (kernels/sm90/softmax.py), so ptxas keeps the wait for the in-flight P V GEMM after them (with
     # them after the decision, it hoists the wait above them: no softmax / P V overlap in a warpgroup). Same arithmetic
-    # (expected bitwise the default's output). Opt-in; left out of to_dict() at False.
-    exp_in_branch: bool = False
+    # (bitwise the default's output: tests/test_fwd_loop_shape_gpu.py). None = DEFAULTS' exp_in_branch (sm90 hd128 causal:
+    # True; resolve() fills only True); left out of to_dict() while None.
+    exp_in_branch: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -187,8 +200,9 @@ class AttnConfig:
                               "overlapped main loop; without the overlap O is already rescaled right before its P V -- "
                               "pass rescale_before_pv=False (or None)")
         for name in ("causal_split", "exp_in_branch"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool (sm90 forward; default False)")
+            if not isinstance(getattr(self, name), bool) and not (name == "exp_in_branch" and self.exp_in_branch is None):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool (sm90 forward; exp_in_branch also "
+                                  "None: the per-arch default)")
         if self.persistent is not None and not isinstance(self.persistent, bool):
             raise ConfigError(f"persistent={self.persistent!r}: must be None (by sequence length) or a bool")
         if self.bwd_tile_m is not None and (isinstance(self.bwd_tile_m, bool) or not isinstance(self.bwd_tile_m, int)
@@ -196,8 +210,8 @@ class AttnConfig:
             raise ConfigError(f"bwd_tile_m={self.bwd_tile_m!r}: must be None (per-arch default) or one of 64, 80, 128 "
                               "(80: sm90 hdim 128 only)")
         g = self.bwd_lpt_heads
-        if isinstance(g, bool) or not isinstance(g, int) or not (0 <= g <= 64):
-            raise ConfigError(f"bwd_lpt_heads={g!r}: must be an int in [0, 64] (0: causal grid shortest first; g: "
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not (0 <= g <= 64)):
+            raise ConfigError(f"bwd_lpt_heads={g!r}: must be None (per-arch default) or an int in [0, 64] (0: causal grid shortest first; g: "
                               "longest first, g heads interleaved)")
         if not isinstance(self.bwd_rotate_q, bool):
             raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
@@ -241,6 +255,12 @@ class AttnConfig:
                                      "rescale_before_pv") if getattr(self, k) is None}
         if self.exp2_emu_fraction is None:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
+        # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
+        # and compile key) is the one from before these fields existed
+        for name in ("bwd_lpt_heads", "exp_in_branch"):
+            v = d.get(name, (0, 0))[1 if causal else 0]
+            if getattr(self, name) is None and v:
+                updates[name] = v
         tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
         updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only

@@ -176,8 +176,10 @@ def test_det_schedule_rotate_compiles(hdims):
     hdim, hdim_v = hdims
     rot = compile_backward(AttnConfig(deterministic=True, det_schedule="rotate"), "bfloat16", hdim, False,
                            hdim_v=hdim_v)
-    spt = compile_backward(AttnConfig(deterministic=True), "bfloat16", hdim, False, hdim_v=hdim_v)
+    spt = compile_backward(AttnConfig(deterministic=True, det_schedule="spt"), "bfloat16", hdim, False, hdim_v=hdim_v)
     assert rot["main"] is not spt["main"]
+    default = compile_backward(AttnConfig(deterministic=True), "bfloat16", hdim, False, hdim_v=hdim_v)
+    assert default["main"] is rot["main"]  # rotate is the default (2026-12-01)
     assert (rot["tile_m"], rot["tile_n"]) == (spt["tile_m"], spt["tile_n"])
 
 
@@ -200,8 +202,13 @@ def test_schedule_candidate_fields():
     from kernels.sm90.backward import _main_kernel, _cutlass_dtype
     from kernels.tiles import compiled_config
 
-    assert AttnConfig().config_hash() == AttnConfig(bwd_lpt_heads=0, bwd_rotate_q=False).config_hash()
+    assert AttnConfig().config_hash() == AttnConfig(bwd_rotate_q=False).config_hash()
+    # bwd_lpt_heads None: DEFAULTS' (sm90 causal: hd64 1, hd128 4); an explicit value, 0 included, is its own config
+    assert AttnConfig(bwd_lpt_heads=0).config_hash() != AttnConfig().config_hash()
     assert AttnConfig(bwd_lpt_heads=4).config_hash() != AttnConfig().config_hash()
+    assert AttnConfig().resolve("sm90", 64, True).bwd_lpt_heads == 1
+    assert AttnConfig().resolve("sm90", 128, True).bwd_lpt_heads == 4
+    assert AttnConfig().resolve("sm90", 128, False).bwd_lpt_heads is None  # non-causal: left None (old hash, key)
     for field, value in (("bwd_lpt_heads", 4), ("bwd_rotate_q", True)):
         assert field not in compiled_config(AttnConfig(**{field: value}), "sm90", 128, True, "fwd")
         assert compiled_config(AttnConfig(**{field: value}), "sm90", 128, True, "bwd")[field] == value
@@ -214,7 +221,9 @@ def test_schedule_candidate_fields():
     assert (k.lpt_heads, k.spt) == (4, False)
     k = main(AttnConfig(bwd_lpt_heads=4, deterministic=True, two_cta=False), True)
     assert (k.lpt_heads, k.spt) == (0, True)
-    assert main(AttnConfig(two_cta=False), True).spt
+    assert main(AttnConfig(two_cta=False, bwd_lpt_heads=0), True).spt  # 0: shortest first (the default until 2026-12-01)
+    k = main(AttnConfig(two_cta=False), True)
+    assert (k.lpt_heads, k.spt) == (1, False)  # hd64 causal's default: longest first
     assert main(AttnConfig(bwd_rotate_q=True, two_cta=False), False, 128).m_rotate
     assert not main(AttnConfig(two_cta=False), False, 128).m_rotate
     assert not main(AttnConfig(bwd_rotate_q=True, two_cta=False), True, 128).m_rotate

@@ -279,7 +279,8 @@ def test_bwd_schedule_candidates(switch, hdim, dtype, causal):
     _run_case(3, 333, 397, 5, hdim, causal, dtype, cfg, seed=11)
     _run_case(2, 1000, 1000, 2, hdim, causal, dtype, cfg, seed=12)
     _run_case(1, 17, 129, 3, hdim, causal, dtype, cfg, seed=13)
-    _run_case(2, 300, 77, 2, hdim, causal, dtype, cfg, seed=14)
+    if not causal:  # causal with seqlen_q > seqlen_k leaves rows with no key: the reference is NaN there
+        _run_case(2, 300, 77, 2, hdim, causal, dtype, cfg, seed=14)
 
 
 @pytest.mark.parametrize("variant", ["spt", "two_cta", "tile80"])

@@ -243,7 +243,8 @@ def test_schedule_candidates_in_sass(tmp_path, hdim, causal, extra):
     regrouping by the grid size), so does the rotated walk (n mod M): MUFU.RCP reciprocal sequences."""
     from kernels.sm90.sass import count, opcode_counts
 
-    base = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=hdim)
+    # base: the shortest-first grid (bwd_lpt_heads=0; the causal default is longest first since 2026-12-01)
+    base = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=hdim, extra="bwd_lpt_heads=0" if causal else "")
     cand = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=hdim, extra=extra)
     strip = lambda s: re.sub(r"/\*[0-9a-f]{4}\*/", "", s)
     assert strip(base) != strip(cand)
