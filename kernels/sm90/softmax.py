@@ -123,25 +123,8 @@ def online_softmax_step(
             return do_rescale
         if do_rescale:
             _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
-    n_frag = n_cols // 2
     for r in cutlass.range_constexpr(n_rows):
-        m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
-        if const_expr(len(emu_frags) > 0):
-            # the polynomial's first FFMA takes the scale and the row offset itself (and clamps with .sat)
-            a, b = affine_args(scale_log2, m_s)
-            for c in cutlass.range_constexpr(n_cols):
-                if const_expr((c // 2) % n_frag in emu_frags):
-                    s[r, c] = exp2_poly_affine(s[r, c], a, b, poly)
-                else:
-                    s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
-        else:
-            for c in cutlass.range_constexpr(n_cols):
-                x = s[r, c] * scale_log2 - m_s
-                s[r, c] = exp2_mufu(x)
-        part = [s[r, j] for j in range(k)]
-        for c in cutlass.range_constexpr(k, n_cols):
-            part[c % k] = part[c % k] + s[r, c]
-        acc = _tree(part, _add)
+        acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
         if const_expr(is_first):
             row_sum[r] = acc
         else:
@@ -156,30 +139,39 @@ def online_softmax_step(
 
 
 @cute.jit
+def _exp_row(s: cute.Tensor, r: cutlass.Constexpr[int], row_max: cute.Tensor, scale_log2: Float32,
+             emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], k: cutlass.Constexpr[int]):
+    """Row ``r`` of ``s`` (the (rows, cols) view) to P = 2^(S * scale_log2 - row_max[r] * scale_log2) in place (the
+    FMA-pipe polynomial on the ``emu_frags`` fragments, MUFU.EX2 elsewhere); returns the row's sum (k independent
+    partials, tree-added). An empty row (max -inf) is offset by 0."""
+    n_cols = cute.size(s, mode=[1])
+    n_frag = n_cols // 2
+    m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
+    if const_expr(len(emu_frags) > 0):
+        # the polynomial's first FFMA takes the scale and the row offset itself (and clamps with .sat)
+        a, b = affine_args(scale_log2, m_s)
+        for c in cutlass.range_constexpr(n_cols):
+            if const_expr((c // 2) % n_frag in emu_frags):
+                s[r, c] = exp2_poly_affine(s[r, c], a, b, poly)
+            else:
+                s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
+    else:
+        for c in cutlass.range_constexpr(n_cols):
+            s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
+    part = [s[r, j] for j in range(k)]
+    for c in cutlass.range_constexpr(k, n_cols):
+        part[c % k] = part[c % k] + s[r, c]
+    return _tree(part, _add)
+
+
+@cute.jit
 def _exp_rows(s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
               emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], k: cutlass.Constexpr[int],
               sum_mode: cutlass.Constexpr[int]):
     """exp_in_branch: P = 2^(S * scale_log2 - m * scale_log2) in place for the rows of ``s`` (the (rows, cols) view),
     and the row sums: sum_mode 1 row_sum * row_scale + sum (the maxima were just replaced), 2 row_sum + sum (kept)."""
-    n_rows = cute.size(s, mode=[0])
-    n_cols = cute.size(s, mode=[1])
-    n_frag = n_cols // 2
-    for r in cutlass.range_constexpr(n_rows):
-        m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
-        if const_expr(len(emu_frags) > 0):
-            a, b = affine_args(scale_log2, m_s)
-            for c in cutlass.range_constexpr(n_cols):
-                if const_expr((c // 2) % n_frag in emu_frags):
-                    s[r, c] = exp2_poly_affine(s[r, c], a, b, poly)
-                else:
-                    s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
-        else:
-            for c in cutlass.range_constexpr(n_cols):
-                s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
-        part = [s[r, j] for j in range(k)]
-        for c in cutlass.range_constexpr(k, n_cols):
-            part[c % k] = part[c % k] + s[r, c]
-        acc = _tree(part, _add)
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
         if const_expr(sum_mode == 1):
             row_sum[r] = row_sum[r] * row_scale[r] + acc
         else:
