@@ -4,7 +4,7 @@
 
 Compiles the forward and the three backward kernels (pre, main, post) of a fixed list of configs -- head dims 64, 128,
 256, (192, 128), causal both, defaults; forward without intra-warpgroup overlap / pingpong; deterministic and two_cta backward (hd256: one CTA, its default being two) -- once from
-``git archive <base-rev> kernels`` and once from the working tree, disassembles every cubin (nvdisasm) and compares
+``git archive <base-rev> kernels conf/tuned`` and once from the working tree, disassembles every cubin (nvdisasm) and compares
 the SASS text file by file. Exit status 1 if any differs or is missing. Used to show that a change which should
 compile out (e.g. the GQA group at 1) leaves the existing kernels byte-identical.
 """
@@ -68,7 +68,11 @@ def main() -> int:
     work = a.workdir or tempfile.mkdtemp(prefix="sass_identity_")
     base = os.path.join(work, "base_tree")
     os.makedirs(base, exist_ok=True)
-    arch = subprocess.run(["git", "-C", ROOT, "archive", a.base_rev, "kernels"], check=True, capture_output=True).stdout
+    # the base's conf/tuned/ too (kernels/config.py reads it beside the package), so both trees resolve their own defaults
+    tuned = subprocess.run(["git", "-C", ROOT, "ls-tree", "-d", a.base_rev, "conf/tuned"], capture_output=True,
+                           text=True).stdout.strip()
+    paths = ["kernels"] + (["conf/tuned"] if tuned else [])
+    arch = subprocess.run(["git", "-C", ROOT, "archive", a.base_rev, *paths], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", base], input=arch, check=True)
     cfgs = [c for c in configs() if a.only in (None, c[0])]
     with ThreadPoolExecutor(a.jobs) as ex:
