@@ -89,7 +89,7 @@ def tune_figure(df: pd.DataFrame, outdir) -> tuple[Path | None, str]:
                 pts = ax.scatter([x[v] for v in bad["variant"]], bad["median"], marker="x", color="red", zorder=5)
                 handles.setdefault("failed check or a fail row", pts)
         win = w[(w["mode"] == m) & (w["hdim"] == h) & (w["causal"] == c)]["winner"]
-        if len(win) and win.iloc[0] is not None:
+        if len(win) and pd.notna(win.iloc[0]):  # no winner: None, or NaN once pandas mixes it with names
             v = win.iloc[0]
             star = ax.scatter([x[v]], [p[p["variant"] == v]["median"].max()], marker="*", s=140, color="gold",
                               edgecolor="black", zorder=6)

@@ -96,7 +96,8 @@ PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
 OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (None,),
-                                "bwd_rotate_q": (False,), "causal_split": (False,), "exp_in_branch": (None,)}
+                                "bwd_rotate_q": (False,), "causal_split": (False,), "exp_in_branch": (None,),
+                                "lpt_l2_mb": (None,)}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -168,6 +169,11 @@ class AttnConfig:
     # (bitwise the default's output: tests/test_fwd_loop_shape_gpu.py). None = DEFAULTS' exp_in_branch (sm90 hd128 causal:
     # True; resolve() fills only True); left out of to_dict() while None.
     exp_in_branch: bool | None = None
+    # sm90 forward, causal: the L2 budget in MB that sizes the longest-first tile order's head groups (a group's K + V
+    # fit in it: kernels/sm90/scheduler.py lpt_group_size). None = 32 (L2_BUDGET_BYTES); official FA4 sizes its L2
+    # sections for 50. Host side only (the kernel takes the group size as an argument): same kernel, bitwise the same
+    # output. Opt-in; left out of to_dict() while None.
+    lpt_l2_mb: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -203,6 +209,10 @@ class AttnConfig:
             if not isinstance(getattr(self, name), bool) and not (name == "exp_in_branch" and self.exp_in_branch is None):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool (sm90 forward; exp_in_branch also "
                                   "None: the per-arch default)")
+        m = self.lpt_l2_mb
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not (1 <= m <= 1024)):
+            raise ConfigError(f"lpt_l2_mb={m!r}: must be None (32 MB) or an int in [1, 1024] (MB of L2 for one head "
+                              "group of the causal forward's tile order)")
         if self.persistent is not None and not isinstance(self.persistent, bool):
             raise ConfigError(f"persistent={self.persistent!r}: must be None (by sequence length) or a bool")
         if self.bwd_tile_m is not None and (isinstance(self.bwd_tile_m, bool) or not isinstance(self.bwd_tile_m, int)

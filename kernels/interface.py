@@ -120,7 +120,7 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     NaN-poisoned by a test to prove every element is written. k / v may have h_kv heads dividing q's h (GQA / MQA):
     Q head i reads K/V head i // (h / h_kv), with no repeated K/V in memory.
     """
-    from .sm90.scheduler import lpt_group_size
+    from .sm90.scheduler import L2_BUDGET_BYTES, lpt_group_size
 
     b, s_q, h, d = q.shape
     s_k, d_v = k.shape[1], v.shape[3]
@@ -140,7 +140,8 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     if lse.shape != (b, h, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
     tile_heads = h // group if cfg.pack_gqa else h  # packed GQA: a tile per K/V head
-    hb_group = lpt_group_size(tile_heads, b, s_k, d, d_v, q.element_size()) if causal else 1
+    l2 = L2_BUDGET_BYTES if cfg.lpt_l2_mb is None else cfg.lpt_l2_mb << 20  # AttnConfig.lpt_l2_mb
+    hb_group = lpt_group_size(tile_heads, b, s_k, d, d_v, q.element_size(), l2) if causal else 1
     with torch.cuda.device(q.device):
         if persistent:
             sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())

@@ -18,10 +18,12 @@ from cutlass import Int32, const_expr
 L2_BUDGET_BYTES = 32 * 1024 * 1024  # part of the H100/H200 50 MB L2 used for one group's K and V
 
 
-def lpt_group_size(heads: int, batch: int, seqlen_k: int, hdim: int, hdim_v: int, elem_bytes: int) -> int:
-    """(head, batch) pairs per L2 group: a power of two whose K+V fit in L2_BUDGET_BYTES (host side)."""
+def lpt_group_size(heads: int, batch: int, seqlen_k: int, hdim: int, hdim_v: int, elem_bytes: int,
+                   budget_bytes: int = L2_BUDGET_BYTES) -> int:
+    """(head, batch) pairs per L2 group: a power of two whose K+V fit in ``budget_bytes`` (host side;
+    AttnConfig.lpt_l2_mb sets it, None = L2_BUDGET_BYTES)."""
     kv_bytes = max(1, seqlen_k * (hdim + hdim_v) * elem_bytes)
-    g = max(1, L2_BUDGET_BYTES // kv_bytes)
+    g = max(1, budget_bytes // kv_bytes)
     g = 1 << (g.bit_length() - 1)
     return max(1, min(g, heads * batch))
 

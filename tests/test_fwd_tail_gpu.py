@@ -1,0 +1,64 @@
+"""GPU checks of the forward recipes of /work/notes/fwd_s7b.md (H100 / H200).
+
+``lpt_l2_mb`` only reorders the causal tiles (each tile's arithmetic is unchanged), ``causal_split`` and
+``rescale_before_pv`` lay the same arithmetic out differently: out / lse bit for bit the default's. ``rescale_threshold``
+0 (always rescale) is a different rounding: the accuracy bound of tests/test_fwd_gpu.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.config import AttnConfig
+from test_fwd_gpu import HDIM_PAIRS, SHAPES_DEFAULT, run_case
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(cfg, q, k, v, causal, hdim, hdim_v):
+    from kernels.interface import attention_forward, resolve_config
+
+    b, sq, h, _ = q.shape
+    out = torch.full((b, sq, h, hdim_v), float("nan"), device="cuda", dtype=q.dtype)
+    lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
+    attention_forward(q, k, v, causal, hdim ** -0.5, resolve_config(cfg, hdim, causal), out=out, lse=lse)
+    return out, lse
+
+
+def _bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes):
+    for b, sq, sk, h in shapes:
+        q, k = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for s in (sq, sk))
+        v = torch.randn(b, sk, h, hdim_v, device="cuda", dtype=torch.bfloat16)
+        ref = _run(base_cfg, q, k, v, causal, hdim, hdim_v)
+        got = _run(cfg, q, k, v, causal, hdim, hdim_v)
+        torch.cuda.synchronize()
+        assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), \
+            f"{cfg} differs from {base_cfg}: hdims ({hdim}, {hdim_v}) causal={causal} shape={(b, sq, sk, h)}"
+
+
+# several (head, batch) groups at either budget: 10 heads at 16k / 2 x 8k ((192, 128): groups of 2 / 4 vs 4 / 8)
+L2_SHAPES = [(1, 16384, 16384, 10), (2, 8192, 8192, 10), (3, 1000, 1000, 5), (2, 2048, 3000, 4)]
+
+
+@pytest.mark.parametrize("hdims", HDIM_PAIRS)
+@pytest.mark.parametrize("l2", [1, 50, 1024])
+def test_lpt_l2_mb_is_bitwise_the_default(hdims, l2):
+    hdim, hdim_v = hdims
+    _bitwise(AttnConfig(lpt_l2_mb=l2), AttnConfig(), hdim, hdim_v, True, L2_SHAPES)
+    _bitwise(AttnConfig(lpt_l2_mb=l2, persistent=True), AttnConfig(persistent=True), hdim, hdim_v, True,
+             L2_SHAPES[2:])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_prepv_192_is_bitwise_the_default(causal):
+    cfg = AttnConfig(causal_split=True, rescale_before_pv=True)
+    _bitwise(cfg, AttnConfig(), 192, 128, causal, SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)])
+
+
+@pytest.mark.parametrize("hdims", [(192, 128), (128, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_tau0_accuracy(hdims, causal):
+    hdim, hdim_v = hdims
+    cfg = AttnConfig(causal_split=True, rescale_threshold=0.0)
+    for shape in SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)]:
+        run_case(cfg, hdim, hdim_v, torch.bfloat16, causal, shape, check_model=False)
