@@ -269,6 +269,8 @@ class AttnConfig:
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch"):
             v = d.get(name, (0, 0))[1 if causal else 0]
+            if name == "exp_in_branch" and self.persistent is True:
+                continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
             if getattr(self, name) is None and v:
                 updates[name] = v
         tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
