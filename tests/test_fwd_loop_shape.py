@@ -21,12 +21,10 @@ import pytest
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
-from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, opcode_counts  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, instructions, opcode_counts  # noqa: E402
 
 FIELDS = ("causal_split", "exp_in_branch")
 
-_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 
 
 # ---- config (no compile) --------------------------------------------------------------------------------------------
@@ -107,28 +105,10 @@ def _sass(tmp_path_factory, hdim, causal, **switches) -> str:
     return _CACHE[key]
 
 
-def _instructions(sass: str):
-    """[(address, opcode, operands)], and label -> address."""
-    out, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = _LABEL.match(line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = _INSN.search(line)
-        if m:
-            a = int(m.group(1), 16)
-            for lab in pending:
-                labels[lab] = a
-            pending = []
-            out.append((a, m.group(2), m.group(3)))
-    return out, labels
-
-
 def _loops(sass: str):
     """The steady-state loops: bodies (lists of (opcode, operands)) of backward branches that hold HGMMA and
     MUFU.EX2, no EXIT, and no other such loop."""
-    ins, labels = _instructions(sass)
+    ins, labels = instructions(sass)
     spans = []
     for a, op, rest in ins:
         m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None

@@ -18,10 +18,8 @@ import pytest
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig  # noqa: E402
-from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, opcode_counts  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, instructions, opcode_counts  # noqa: E402
 
-_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 
 pytestmark = [pytest.mark.compile,
               pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed (pip nvidia-cuda-nvdisasm)")]
@@ -46,18 +44,7 @@ def sass_counts(tmp_path_factory, hdim=128, causal=False, dtype="bfloat16", **sw
 def main_loop(sass: str) -> list[str]:
     """Opcodes of the steady-state main loop: the shortest range closed by a backward branch that holds both HGMMA and
     MUFU.EX2 (the mbarrier retry branches jump further back and span more)."""
-    insns, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        m = _LABEL.match(line)
-        if m:
-            pending.append(m.group(1))
-            continue
-        m = _INSN.search(line)
-        if m:
-            addr = int(m.group(1), 16)
-            labels.update((name, addr) for name in pending)
-            pending = []
-            insns.append((addr, m.group(2), m.group(3)))
+    insns, labels = instructions(sass)
     best = None
     for i, (addr, op, args) in enumerate(insns):
         target = re.search(r"\.L_x_\d+", args) if op.startswith("BRA") else None

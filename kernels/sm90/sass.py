@@ -39,6 +39,27 @@ def disassemble(cubin_path: str) -> str:
 _INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
+_INSN_FULL = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+
+
+def instructions(sass: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """The instructions of nvdisasm text as [(address, opcode, operands)], and each label's address."""
+    out, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        lm = _LABEL.match(line)
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = _INSN_FULL.search(line)
+        if m:
+            a = int(m.group(1), 16)
+            labels.update((lab, a) for lab in pending)
+            pending = []
+            out.append((a, m.group(2), m.group(3)))
+    return out, labels
+
+
 def opcode_counts(sass: str) -> Counter:
     """Counter of full opcodes (with modifiers, e.g. 'MUFU.EX2', 'HGMMA.64x128x16.F32.BF16')."""
     return Counter(m.group(1) for m in _INSN.finditer(sass))
