@@ -97,7 +97,8 @@ PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # this value, so every config, hash and key from before the field existed is unchanged
 OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (None,),
                                 "bwd_rotate_q": (False,), "causal_split": (False,), "exp_in_branch": (None,),
-                                "lpt_l2_mb": (None,)}
+                                "lpt_l2_mb": (None,),
+                                "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,)}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -133,6 +134,15 @@ class AttnConfig:
     # sm90 backward, non-causal, not deterministic, one CTA, no window: K/V tile n walks its Q tiles from tile n mod
     # their count (hd64 always does); True turns it on at hd128 too. Opt-in; left out of to_dict() while False.
     bwd_rotate_q: bool = False
+    # sm90 backward (hd 64 / 128 FlashBwdSm90, not varlen; elsewhere no effect): programmatic dependent launch -- the
+    # main kernel starts (K / V / Q loads) while the preprocess finishes and waits (griddepcontrol.wait) before it
+    # reads LSE / dPsum / dQaccum; the postprocess likewise after the main kernel (kernels/sm90/bwd.py _set_pdl).
+    # None = DEFAULTS' bwd_pdl (absent: off; resolve() fills only True). Opt-in; left out of to_dict() while None.
+    bwd_pdl: bool | None = None
+    # sm90 backward (hd 64 / 128 FlashBwdSm90, not deterministic; elsewhere no effect): the dQ writer warp frees each MMA
+    # warpgroup's staging chunk as soon as that chunk's bulk reduction has read it, instead of after every chunk of the
+    # buffer has been (kernels/sm90/bwd.py dq_writer). None = DEFAULTS' (absent: off). Left out of to_dict() while None.
+    bwd_dq_chunk_release: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
@@ -225,6 +235,9 @@ class AttnConfig:
                               "longest first, g heads interleaved)")
         if not isinstance(self.bwd_rotate_q, bool):
             raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
+        for name in ("bwd_pdl", "bwd_dq_chunk_release"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be None (per-arch default) or a bool")
         c = self.cluster_m
         if isinstance(c, bool) or not isinstance(c, int) or c not in CLUSTER_M_VALUES:
             raise ConfigError(f"cluster_m={c!r}: must be 1 (no cluster) or 2 (2x1 cluster, K/V multicast; forward)")
@@ -267,7 +280,7 @@ class AttnConfig:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
-        for name in ("bwd_lpt_heads", "exp_in_branch"):
+        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there

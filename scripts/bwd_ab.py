@@ -51,6 +51,10 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
             fns["ours_lpt4"] = ours(bwd_lpt_heads=4)
         elif q.shape[-1] == 128:  # rotated Q-tile walks (hd64's default)
             fns["ours_rotq"] = ours(bwd_rotate_q=True)
+        # programmatic dependent launch pre -> main -> post (AttnConfig.bwd_pdl; the defaults otherwise)
+        fns["ours_pdl"] = ours(bwd_pdl=True)
+        # the dQ writer frees each warpgroup's staging chunk after its own bulk read (AttnConfig.bwd_dq_chunk_release)
+        fns["ours_dqrel"] = ours(bwd_dq_chunk_release=True)
     if causal:
         fns["ours_det_naive"] = ours(deterministic=True, det_schedule="naive")
     elif (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):
@@ -138,7 +142,8 @@ def host_overhead(n: int = 200, profile: bool = False) -> dict:
     q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn(1, 128, 16, 128, device="cuda", dtype=torch.bfloat16)
     res = {}
-    calls = {"ours": lambda: kernels.attention(q, k, v, causal=True)}
+    calls = {"ours": lambda: kernels.attention(q, k, v, causal=True),
+             "ours_pdl": lambda: kernels.attention(q, k, v, causal=True, config=kernels.AttnConfig(bwd_pdl=True))}
     try:
         from flash_attn.cute import flash_attn_func
 

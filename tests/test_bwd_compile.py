@@ -227,3 +227,56 @@ def test_schedule_candidate_fields():
     assert main(AttnConfig(bwd_rotate_q=True, two_cta=False), False, 128).m_rotate
     assert not main(AttnConfig(two_cta=False), False, 128).m_rotate
     assert not main(AttnConfig(bwd_rotate_q=True, two_cta=False), True, 128).m_rotate
+
+
+def test_bwd_pdl_field():
+    """bwd_pdl (opt-in): None is left out of to_dict() (old hashes and keys), an explicit value is its own config;
+    resolve() leaves it None (no DEFAULTS entry); dropped from the forward's compiled config; validated. The main
+    kernel takes it only as FlashBwdSm90 without varlen (the wide kernels and varlen launch without it), and the
+    preprocess / postprocess follow the main kernel (_build)."""
+    from kernels import AttnConfig, ConfigError
+    from kernels.sm90.backward import _cutlass_dtype, _main_kernel
+    from kernels.tiles import compiled_config
+
+    assert "bwd_pdl" not in AttnConfig().to_dict()
+    assert AttnConfig(bwd_pdl=True).config_hash() != AttnConfig().config_hash()
+    for hd in (64, 128, 192, 256):
+        for causal in (False, True):
+            assert AttnConfig().resolve("sm90", hd, causal).bwd_pdl is None
+    assert "bwd_pdl" not in compiled_config(AttnConfig(bwd_pdl=True), "sm90", 128, False, "fwd")
+    assert compiled_config(AttnConfig(bwd_pdl=True), "sm90", 128, False, "bwd")["bwd_pdl"] is True
+    for bad in (1, 0, "yes"):
+        with pytest.raises(ConfigError, match="bwd_pdl"):
+            AttnConfig(bwd_pdl=bad)
+    dt = _cutlass_dtype("bfloat16")
+    main = lambda cfg, hd, hv=None, **kw: _main_kernel(dt, cfg.resolve("sm90", hd, False), hd, hv or hd, False, **kw)
+    assert main(AttnConfig(bwd_pdl=True, two_cta=False), 128).pdl
+    assert main(AttnConfig(bwd_pdl=True, two_cta=True), 64).pdl
+    assert not main(AttnConfig(two_cta=False), 128).pdl
+    assert not main(AttnConfig(bwd_pdl=False, two_cta=False), 64).pdl
+    assert not main(AttnConfig(bwd_pdl=True, two_cta=False), 128, varlen=True).pdl
+    assert not main(AttnConfig(bwd_pdl=True, two_cta=False), 256).pdl  # FlashBwdWideSm90
+    assert not main(AttnConfig(bwd_pdl=True, two_cta=False), 192, 128).pdl  # FlashBwd192Sm90
+
+
+def test_bwd_dq_chunk_release_field():
+    """bwd_dq_chunk_release (opt-in): None left out of to_dict(); not in the forward's compiled config; validated; the
+    kernel takes it as FlashBwdSm90 only and ignores it when deterministic (its writer waits for every reduction)."""
+    from kernels import AttnConfig, ConfigError
+    from kernels.sm90.backward import _cutlass_dtype, _main_kernel
+    from kernels.tiles import compiled_config
+
+    assert "bwd_dq_chunk_release" not in AttnConfig().to_dict()
+    assert AttnConfig(bwd_dq_chunk_release=True).config_hash() != AttnConfig().config_hash()
+    assert AttnConfig().resolve("sm90", 128, False).bwd_dq_chunk_release is None
+    assert "bwd_dq_chunk_release" not in compiled_config(AttnConfig(bwd_dq_chunk_release=True), "sm90", 128, False,
+                                                         "fwd")
+    with pytest.raises(ConfigError, match="bwd_dq_chunk_release"):
+        AttnConfig(bwd_dq_chunk_release=1)
+    dt = _cutlass_dtype("bfloat16")
+    main = lambda cfg, hd, hv=None: _main_kernel(dt, cfg.resolve("sm90", hd, False), hd, hv or hd, False)
+    assert main(AttnConfig(bwd_dq_chunk_release=True, two_cta=False), 128).dq_chunk_release
+    assert main(AttnConfig(bwd_dq_chunk_release=True, two_cta=False), 64).dq_chunk_release
+    assert not main(AttnConfig(two_cta=False), 128).dq_chunk_release
+    assert not main(AttnConfig(bwd_dq_chunk_release=True, deterministic=True, two_cta=False), 128).dq_chunk_release
+    assert not main(AttnConfig(bwd_dq_chunk_release=True, two_cta=False), 256).dq_chunk_release

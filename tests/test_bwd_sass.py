@@ -256,3 +256,99 @@ def test_schedule_candidates_in_sass(tmp_path, hdim, causal, extra):
         {k: v for k, v in ops_b.items() if k.startswith("HGMMA")}
     if extra in ("bwd_rotate_q=True", "bwd_lpt_heads=4"):
         assert count(ops_c, "MUFU.RCP") > count(ops_b, "MUFU.RCP")
+
+
+def _bwd_kernels_sass(tmp_path, extra, hdim, causal):
+    """{"pre" | "main" | "post": (SASS, host IR)} of the three backward kernels compiled for AttnConfig(<extra>) (host
+    IR: the *_clean.mlir CUTE_DSL_KEEP=ir writes, holding the launch configuration)."""
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", extra)
+    dump = tmp_path / f"k{hdim}_{int(causal)}_{tag}"
+    dump.mkdir()
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {ROOT!r})
+        from kernels import AttnConfig
+        from kernels.sm90.backward import compile_backward
+        compile_backward(AttnConfig({extra}), "bfloat16", {hdim}, {causal})
+    """)
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin,ir", CUTE_DSL_DUMP_DIR=str(dump),
+               CUTE_DSL_NO_CACHE="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
+    out = {}
+    for kind, cls in (("pre", "FlashBwdPreSm90"), ("main", "FlashBwdSm90"), ("post", "FlashBwdPostSm90")):
+        cubins = [c for c in glob.glob(str(dump / "*.cubin")) if f"bwd{cls}" in c or f"bwd_{kind}{cls}" in c]
+        irs = [c for c in glob.glob(str(dump / "*_clean.mlir")) if f"bwd{cls}" in c or f"bwd_{kind}{cls}" in c]
+        assert len(cubins) == 1 and len(irs) == 1, (kind, cubins, irs)
+        sass = subprocess.run([_nvdisasm(), "-c", cubins[0]], check=True, capture_output=True, text=True).stdout
+        out[kind] = (sass, open(irs[0]).read())
+    return out
+
+
+@pytest.mark.parametrize("hdim,causal,extra", [(64, True, ""), (128, False, ""), (128, True, "deterministic=True"),
+                                               (128, False, "two_cta=True")])
+def test_bwd_pdl_in_sass(tmp_path, hdim, causal, extra):
+    """AttnConfig.bwd_pdl (opt-in): all three kernels launch with the programmaticStreamSerialization attribute (host
+    IR: ``programmatic_stream_serialization_allowed`` with 1, 0 without the field). SASS: griddepcontrol.wait is
+    ACQBULK, griddepcontrol.launch_dependents PREEXIT. The preprocess waits before its first global load, then signals;
+    the main kernel signals first thing, and its producer waits after the first K / V / Q TMA loads (4-D) and before
+    the first LSE / dPsum load (3-D), plus once after its loop (a CTA without Q tiles); the postprocess waits before
+    its first global load. No spills, the main kernel's HGMMA unchanged; the default has none of it."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    sep = ", " if extra else ""
+    cand = _bwd_kernels_sass(tmp_path, extra + sep + "bwd_pdl=True", hdim, causal)
+    base = _bwd_kernels_sass(tmp_path, extra, hdim, causal)
+    attr = r"programmatic_stream_serialization_allowed\[%\w+\] %c(\d)_i32"
+    first = lambda sass, pat: next((i for i, l in enumerate(sass.splitlines()) if re.search(pat, l)), None)
+    for kind in ("pre", "main", "post"):
+        (sass_c, ir_c), (sass_b, ir_b) = cand[kind], base[kind]
+        assert re.findall(attr, ir_c) == ["1"] and re.findall(attr, ir_b) == ["0"], kind
+        assert "ACQBULK" not in sass_b and "PREEXIT" not in sass_b, kind
+        ops = opcode_counts(sass_c)
+        assert count(ops, "LDL") == 0 and count(ops, "STL") == 0, kind
+    pre, main, post = (cand[k][0] for k in ("pre", "main", "post"))
+    assert pre.count("ACQBULK") == 1 and pre.count("PREEXIT") == 1
+    assert first(pre, "ACQBULK") < first(pre, "PREEXIT") < first(pre, r"\bLDG\b")
+    assert post.count("ACQBULK") == 1 and "PREEXIT" not in post
+    assert first(post, "ACQBULK") < first(post, r"\bLDG\b")
+    assert main.count("PREEXIT") == 1 and main.count("ACQBULK") == 2
+    assert first(main, "PREEXIT") < first(main, r"UTMALDG\.4D") < first(main, "ACQBULK") < first(main, r"UTMALDG\.3D")
+    ops_c, ops_b = opcode_counts(main), opcode_counts(base["main"][0])
+    assert {k: v for k, v in ops_c.items() if k.startswith("HGMMA")} == \
+        {k: v for k, v in ops_b.items() if k.startswith("HGMMA")}
+
+
+def _writer_release_waits(sass):
+    """The bulk-read wait (DEPBAR.LE SB0, n) the dQ writer executes before each dQ-empty arrive (BAR.ARV on
+    Bar.BWD_DQ_EMPTY + w), in program order, for the first of each barrier id."""
+    from kernels.sm90.barriers import Bar
+
+    empty = {int(Bar.BWD_DQ_EMPTY) + w for w in range(2)}
+    waits, last = {}, None
+    for line in sass.splitlines():
+        m = re.search(r"DEPBAR\.LE SB0, 0x([0-9a-f]+)", line)
+        if m:
+            last = int(m.group(1), 16)
+        m = re.search(r"BAR\.ARV 0x([0-9a-f]+), 0xa0", line)
+        if m and int(m.group(1), 16) in empty:
+            waits.setdefault(int(m.group(1), 16) - int(Bar.BWD_DQ_EMPTY), last)
+    return waits
+
+
+@pytest.mark.parametrize("hdim,causal,tile_m", [(128, False, None), (128, True, None), (64, False, None),
+                                                (128, False, 64)])
+def test_bwd_dq_chunk_release_in_sass(tmp_path, hdim, causal, tile_m):
+    """AttnConfig.bwd_dq_chunk_release (opt-in): the dQ writer frees warpgroup 0's staging chunk after its own bulk read
+    (cp.async.bulk.wait_group.read W*(S-1) + 1, S staging buffers, W = 2 chunks) instead of after both chunks' reads
+    (W*(S-1), the default, before both arrives): at hd128's 80-row tiles (one buffer) DEPBAR.LE SB0, 0x1 then 0x0, as
+    official FA4's writer. The MMA loop is unchanged (same HGMMA), no spills."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    base = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=hdim, tile_m=tile_m)
+    cand = _main_sass(tmp_path, False, 0.0, causal=causal, hdim=hdim, tile_m=tile_m, extra="bwd_dq_chunk_release=True")
+    wb, wc = _writer_release_waits(base), _writer_release_waits(cand)
+    assert wb[0] == wb[1] and wb[0] in (0, 2), wb
+    assert wc == {0: wb[0] + 1, 1: wb[1]}, (wb, wc)
+    ops_b, ops_c = opcode_counts(base), opcode_counts(cand)
+    assert count(ops_c, "LDL") == 0 and count(ops_c, "STL") == 0
+    assert {k: v for k, v in ops_c.items() if k.startswith("HGMMA")} == \
+        {k: v for k, v in ops_b.items() if k.startswith("HGMMA")}

@@ -24,6 +24,15 @@ two_cta=None (the default) runs 2-CTA where the defaults table says so (hd256) o
 never varlen (backward_config, kernels.config.two_cta_by_default).
 
 ``det_schedule="rotate"`` (deterministic, opt-in) runs where det_schedule_for_call says, else the "spt" kernel.
+
+``bwd_pdl=True`` (opt-in; FlashBwdSm90 at hd 64 / 128, not varlen): the three kernels are launched with programmatic
+dependent launch (the programmaticStreamSerialization attribute): the main kernel's CTAs start -- shared memory and
+barrier setup, the K / V / first Q loads -- while the preprocess's last CTAs still run, and the postprocess launches
+while the main kernel's last CTAs run; each waits (griddepcontrol.wait) before it touches what the previous one wrote.
+Where each kernel signals and waits, and why that is enough: kernels/sm90/bwd.py FlashBwdSm90._set_pdl. The GQA sums
+after the postprocess are ordinary launches. (The forward's single kernel could do the same against whatever kernel
+precedes it in the stream -- barrier init, descriptor prefetch before a griddepcontrol.wait ahead of its first Q / K /
+V load -- but gains only where that kernel signals launch_dependents early; not done.)
 """
 from __future__ import annotations
 
@@ -144,6 +153,10 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["lpt_heads"] = cfg.bwd_lpt_heads
     if cls is FlashBwdSm90 and cfg.bwd_rotate_q:  # hd128 non-causal rotated Q-tile walks (opt-in; hd64's default)
         kw["rotate_q"] = True
+    if cls is FlashBwdSm90 and cfg.bwd_pdl and not varlen:  # programmatic dependent launch (opt-in; _build's launches)
+        kw["pdl"] = True
+    if cls is FlashBwdSm90 and cfg.bwd_dq_chunk_release:  # dQ staging chunks freed one by one (opt-in; dq_writer)
+        kw["dq_chunk_release"] = True
     kw.update(features or {})
     if varlen:
         kw["varlen"] = True
@@ -192,8 +205,9 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     main = _main_kernel(dt, cfg, hdim, hdim_v, causal, qhead_per_kvhead, features)
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
-    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v)
-    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, **_post_layout(main))
+    # bwd_pdl: all three launched with programmatic dependent launch (main.pdl: where the main kernel has it)
+    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v, pdl=main.pdl)
+    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, pdl=main.pdl, **_post_layout(main))
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
     HKV = H if qhead_per_kvhead == 1 else cute.sym_int32(symbol="HKV")  # GQA: K/V heads apart from Q's
     # padded seqlen_q: a multiple of tile_m (attention_backward pads to it); 80-row tiles promise 16

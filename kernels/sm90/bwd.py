@@ -361,12 +361,15 @@ class FlashBwdSm90:
     det_rotate = False  # deterministic dQ turns in the rotated walk's arrival order (det_schedule="rotate")
     ds_store_first = False  # dS^T stmatrix before the dV wgmma is issued (ds_exchange)
     lpt_heads = 0  # causal grid: 0 = diagonal-most K/V tile first (spt); g >= 1 = longest first, g heads interleaved
+    pdl = False  # programmatic dependent launch against the preprocess (and of the postprocess): _set_pdl
+    dq_chunk_release = False  # writer frees each dQ staging chunk once its own bulk read is done (dq_writer)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
                  qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                 varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False):
+                 varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
+                 dq_chunk_release: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -461,6 +464,39 @@ class FlashBwdSm90:
         # MMA-warp time per Q tile between the dV and the dQ issue; official FA4 stores dS before its dV wgmma).
         self.ds_store_first = hdim == 64 and not self.two_cta
         self._set_lpt(lpt_heads)
+        self._set_pdl(pdl)
+        # ``dq_chunk_release`` (AttnConfig.bwd_dq_chunk_release; opt-in): the dQ writer hands each MMA warpgroup its
+        # staging chunk back as soon as the bulk reduction of that chunk (dq_stages hand-offs ago) has read it, not once
+        # every chunk of the buffer has been read. With one staging buffer (hd128 80-row tiles) the default makes
+        # warpgroup 0 wait, at the dQ-empty barrier before its dQ stores, for warpgroup 1's reduction to be read too
+        # (SASS: DEPBAR.LE SB0, 0x0 before both arrives; official FA4's writer: DEPBAR.LE SB0, 0x1 -> arrive chunk 0,
+        # DEPBAR.LE SB0, 0x0 -> arrive chunk 1). Not deterministic (its writer waits for all reductions each tile).
+        self.dq_chunk_release = bool(dq_chunk_release) and not self.deterministic
+
+    def _set_pdl(self, pdl: bool) -> None:
+        """``pdl`` (AttnConfig.bwd_pdl; opt-in, the plain launch, not varlen): programmatic dependent launch of this
+        kernel after the preprocess (bwd_pre.py), and of the postprocess after it (bwd_post.py); backward.py launches
+        all three with the programmaticStreamSerialization attribute. What may run early, and where each kernel waits:
+
+        - The preprocess waits (griddepcontrol.wait) before any global access, then signals launch_dependents at once.
+          So this kernel's CTAs start once every preprocess CTA has started -- after the kernel before the preprocess
+          is complete and visible (each preprocess CTA waited for it before signalling). Q, K, V and dO come from
+          before the preprocess: readable without a wait here.
+        - This kernel reads what the preprocess writes: LSE (log2) and dPsum (TMA, producer warp) and the zeroed
+          dQaccum (the writer warp's bulk reduce-adds). The producer warp issues K + V and the first Q tile, then
+          executes griddepcontrol.wait (the preprocess grid complete, its writes visible to this grid), then the first
+          LSE, dO and dPsum. Every later global access of pre's outputs is ordered after that wait: MMA warps consume
+          LSE / dPsum only through the pipelines' mbarriers, and the writer warp's first dQ reduce-add needs a dQ
+          computed from them. dK / dV (written at the end) and the deterministic semaphores (zeroed before the
+          preprocess) are no output of the preprocess. A CTA with no Q tile still waits (after the producer loop):
+          this grid then cannot complete before the preprocess has, which the postprocess relies on (rows of dQaccum
+          no CTA reduces into keep the preprocess's zeros).
+        - Every CTA signals launch_dependents at its start: the postprocess grid launches once the last CTA of this
+          grid is resident, and its CTAs take only SMs this kernel has left (one CTA of this kernel fills an SM's
+          registers). The postprocess waits (griddepcontrol.wait, before any global access) for this grid to complete.
+        The value is ignored by varlen (call_varlen launches without the attribute) and by the subclasses (the wide
+        kernels have their own launches)."""
+        self.pdl = bool(pdl) and not self.varlen and type(self) is FlashBwdSm90
 
     @property
     def lse_stride(self) -> int:
@@ -643,7 +679,8 @@ class FlashBwdSm90:
         self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
                     self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
                     self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), self.score_scale(softmax_scale)).launch(
-            grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1)
+            grid=grid, block=[self.num_threads, 1, 1], cluster=[mc, 1, 1], stream=stream, min_blocks_per_mp=1,
+            use_pdl=self.pdl)
 
     @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
@@ -746,6 +783,8 @@ class FlashBwdSm90:
                mCuSeqlensK: cute.Tensor = None):
         """The launch (its parameters are the kernel's ABI): this CTA's work, shared memory and pipelines, then the
         warp roles; a varlen CTA whose K/V tile starts past its sequence leaves at once."""
+        if const_expr(self.pdl):  # the postprocess may launch once every CTA has started (_set_pdl)
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
@@ -952,6 +991,9 @@ class FlashBwdSm90:
             if const_expr(self.varlen):
                 lse_block = m_block + work.pad_tile
             cute.copy(tma.tma_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar, **mask)
+            if const_expr(self.pdl):
+                if m_iter == work.m_block_min:  # K, V, the first Q in flight: now the preprocess's outputs (_set_pdl)
+                    cute.arch.griddepcontrol_wait()
             cute.copy(tma.tma_LSE, tLgL[None, lse_block], tLsL[None, q_state.index], tma_bar_ptr=bar, **mask)
             q_state.advance()
             pipe_do.producer_acquire(do_state)
@@ -959,6 +1001,8 @@ class FlashBwdSm90:
             cute.copy(tma.tma_dO, tdOgdO[None, m_block], tdOsdO[None, do_state.index], tma_bar_ptr=bar, **mask)
             cute.copy(tma.tma_dPsum, tPgP[None, lse_block], tPsP[None, do_state.index], tma_bar_ptr=bar, **mask)
             do_state.advance()
+        if const_expr(self.pdl):  # no-op after the loop's wait; a CTA without Q tiles must wait too (_set_pdl)
+            cute.arch.griddepcontrol_wait()
 
     @staticmethod
     def _tma_part(atom, s, g, crd=0, n=1):
@@ -1546,8 +1590,12 @@ class FlashBwdSm90:
                 buf = (((m_iter - m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     if const_expr(not self.deterministic or p > 0):
-                        # this buffer's previous chunks (dq_stages hand-offs ago) have been read
-                        cute.arch.cp_async_bulk_wait_group(self.num_mma_wg * (self.dq_stages - 1), read=True)
+                        # this buffer's previous chunks (dq_stages hand-offs ago) have been read; dq_chunk_release:
+                        # only chunk w (committed num_mma_wg - 1 - w groups before the later hand-offs' ones)
+                        pending = self.num_mma_wg * (self.dq_stages - 1)
+                        if const_expr(self.dq_chunk_release):
+                            pending += self.num_mma_wg - 1 - w
+                        cute.arch.cp_async_bulk_wait_group(pending, read=True)
                     cute.arch.sync_warp()
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):

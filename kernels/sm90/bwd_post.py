@@ -13,6 +13,12 @@ dQaccum is a (batch, heads, seqlen_q padded, head_dim) fp32 buffer in one of two
   puts the converted tile into shared memory and stores it to dQ (batch, seqlen_q, heads, hdim) in 16-byte row
   pieces. (Scattering 2-byte values straight to global memory, as before, took 154-194 us per call at 16k tokens,
   hidden 2048, against official FA4's 49 us; H200, torch.profiler.)
+
+``pdl=True`` (AttnConfig.bwd_pdl, opt-in; not varlen): launched with the programmaticStreamSerialization attribute
+after the main kernel, which signals launch_dependents at the start of each CTA (bwd.py FlashBwdSm90._set_pdl), so
+this grid may launch while the main kernel's last CTAs still run: every thread executes griddepcontrol.wait (the main
+grid complete and its dQaccum reductions visible) before any global access. It signals nothing itself (whatever
+follows in the stream is launched without the attribute and waits for this grid as usual).
 """
 from __future__ import annotations
 
@@ -29,8 +35,10 @@ from .bwd_pre import varlen_pad_offset
 
 class FlashBwdPostSm90:
     def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2,
-                 transposed: bool = False, varlen: bool = False, dq_shape: tuple | None = None):
+                 transposed: bool = False, varlen: bool = False, dq_shape: tuple | None = None, pdl: bool = False):
         self.dtype = dtype
+        self.pdl = bool(pdl)  # programmatic dependent launch after the main kernel (module docstring)
+        assert not (self.pdl and varlen), "pdl: the plain (non-varlen) launch only"
         self.varlen = bool(varlen)  # packed dQ (total_q, h, d), padded per-sequence dQaccum slots: call_varlen
         assert not self.varlen or blocked
         self.hdim = hdim
@@ -69,11 +77,11 @@ class FlashBwdPostSm90:
                 Float32, (1, 1, 1), self.dq_shape)
             grid = (cute.ceil_div(mdQ.shape[1], self.tile_m), mdQ.shape[2], mdQ.shape[0])
             self.kernel_blocked(mdQaccum, mdQ, softmax_scale, mma_dQ).launch(
-                grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+                grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=self.pdl)
         else:
             grid = (cute.ceil_div(mdQ.shape[1], self.rows_per_cta), mdQ.shape[2], mdQ.shape[0])
             self.kernel(mdQaccum, mdQ, softmax_scale).launch(grid=grid, block=[self.num_threads, 1, 1],
-                                                             stream=stream)
+                                                             stream=stream, use_pdl=self.pdl)
 
     @cute.jit
     def call_varlen(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mCuSeqlensQ: cute.Tensor, max_seqlen_q: Int32,
@@ -91,6 +99,8 @@ class FlashBwdPostSm90:
 
     @cute.kernel
     def kernel(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32):
+        if cutlass.const_expr(self.pdl):  # the main grid complete before any global access (module docstring)
+            cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, head, batch = cute.arch.block_idx()
         row = bidx * self.rows_per_cta + tidx // self.tpr
@@ -109,6 +119,8 @@ class FlashBwdPostSm90:
         """One Q tile per CTA: each warpgroup reads its chunk (16-byte loads), scales and converts it, and puts it
         into a shared-memory tile (32-bit stores, rows padded by 16 bytes: no bank conflicts); then every thread
         stores 16-byte row pieces of the tile to dQ, predicated on the sequence end (blocked_tile)."""
+        if cutlass.const_expr(self.pdl):  # the main grid complete before any global access (module docstring)
+            cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         self.blocked_tile(mdQaccum[batch, head, None, None], mdQ[batch, None, head, None], softmax_scale, mma_dQ,

@@ -4,6 +4,16 @@ Rows are padded up to a multiple of the main kernel's tile_m: padded rows get dP
 the recomputed P is 0 there); a row with LSE = -inf (no visible key) gets 0, its scores are all masked anyway.
 Each row is handled by head_dim_v/8 threads (8 elements of O and dO each) reduced with warp shuffles; the same
 threads zero the row's head_dim fp32 dQaccum columns (8 at a time, in as many passes as head_dim needs).
+
+``pdl=True`` (AttnConfig.bwd_pdl, opt-in; not varlen): programmatic dependent launch, see backward.py's
+``attention_backward``. The kernel is launched with the programmaticStreamSerialization attribute, so it may start
+while the previous kernel in the stream is still running: every thread first executes griddepcontrol.wait (the
+previous grid complete and its memory visible) before touching global memory -- reads of O / dO / LSE and writes
+of the scratch buffers alike (the caching allocator may hand out memory a preceding kernel still uses). Right after
+it, griddepcontrol.launch_dependents: the main kernel (launched with the same attribute) may then launch once every
+CTA of this grid has started. Early is harmless here: a main CTA needs a whole SM (all registers, ~200 KB shared
+memory), so it only takes SMs the preprocess has left, and the dependent grid launches only after the last
+preprocess CTA is resident. The main kernel waits (griddepcontrol.wait) before it reads what this kernel writes.
 """
 from __future__ import annotations
 
@@ -28,8 +38,11 @@ def varlen_pad_offset(offset_q: Int32, batch: Int32, tile_m: cutlass.Constexpr[i
 
 
 class FlashBwdPreSm90:
-    def __init__(self, dtype, hdim: int, tile_m: int, hdim_v: int | None = None, varlen: bool = False):
+    def __init__(self, dtype, hdim: int, tile_m: int, hdim_v: int | None = None, varlen: bool = False,
+                 pdl: bool = False):
         self.dtype = dtype
+        self.pdl = bool(pdl)  # programmatic dependent launch (module docstring); the plain launch only
+        assert not (self.pdl and varlen), "pdl: the plain (non-varlen) launch only"
         self.tile_m = tile_m
         self.varlen = bool(varlen)  # packed sequences + padded per-sequence tile slots: call_varlen
         self.hdim = hdim  # dQaccum columns
@@ -46,7 +59,7 @@ class FlashBwdPreSm90:
         sqp = mdPsum.shape[2]
         grid = (cute.ceil_div(sqp, self.rows_per_cta), mO.shape[2], mO.shape[0])
         self.kernel(mO, mdO, mLSE, mdPsum, mLSE2, mdQaccum).launch(
-            grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+            grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.jit
     def call_varlen(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
@@ -111,6 +124,9 @@ class FlashBwdPreSm90:
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
                mLSE2: cute.Tensor, mdQaccum: cute.Tensor):
+        if cutlass.const_expr(self.pdl):  # before any global access: the previous grid done (module docstring)
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]
