@@ -21,7 +21,8 @@ import pytest
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
-from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, opcode_counts  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, instructions, opcode_counts  # noqa: E402
+from test_fwd_loop_shape import _sass  # noqa: E402  (one SASS cache for both files)
 from kernels.sm90.scheduler import L2_BUDGET_BYTES, lpt_group_size  # noqa: E402
 
 
@@ -63,34 +64,9 @@ def test_lpt_l2_mb_is_forward_only_in_the_backward_compiled_config():
 
 
 # ---- SASS: the tail after the last exponential ----------------------------------------------------------------------
-_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-_CACHE: dict = {}
-
-
-def _sass(tmp_path_factory, hdim, causal, **switches) -> str:
-    key = (hdim, causal, tuple(sorted(switches.items())))
-    if key not in _CACHE:
-        cfg = AttnConfig(**switches).resolve("sm90", hdim, causal)
-        _CACHE[key] = fwd_sass(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal,
-                               str(tmp_path_factory.mktemp("sass")))
-    return _CACHE[key]
-
-
 def _mask_free_loop(sass: str):
     """Opcodes of the last innermost loop holding HGMMA and MUFU.EX2 (the mask-free one; split: the second)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = _LABEL.match(line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = _INSN.search(line)
-        if m:
-            a = int(m.group(1), 16)
-            labels.update((lab, a) for lab in pending)
-            pending = []
-            ins.append((a, m.group(2), m.group(3)))
+    ins, labels = instructions(sass)
     spans = []
     for a, op, rest in ins:
         m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None

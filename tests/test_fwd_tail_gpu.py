@@ -11,18 +11,9 @@ import torch
 
 from kernels.config import AttnConfig
 from test_fwd_gpu import HDIM_PAIRS, SHAPES_DEFAULT, run_case
+from test_fwd_loop_shape_gpu import _run  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-def _run(cfg, q, k, v, causal, hdim, hdim_v):
-    from kernels.interface import attention_forward, resolve_config
-
-    b, sq, h, _ = q.shape
-    out = torch.full((b, sq, h, hdim_v), float("nan"), device="cuda", dtype=q.dtype)
-    lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
-    attention_forward(q, k, v, causal, hdim ** -0.5, resolve_config(cfg, hdim, causal), out=out, lse=lse)
-    return out, lse
 
 
 def _bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes):
