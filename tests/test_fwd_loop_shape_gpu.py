@@ -36,13 +36,19 @@ def test_loop_shape_is_bitwise_the_default(variant, hdims, causal):
     hdim, hdim_v = hdims
     cfg = AttnConfig(**variant)
     base_cfg = AttnConfig(rescale_before_pv=variant.get("rescale_before_pv", False))
-    for shape in SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)]:
+    shapes = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)]
+    for shape in shapes:
         run_case(cfg, hdim, hdim_v, torch.bfloat16, causal, shape, check_model=False)
-        b, sq, sk, h = shape
+    bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes)
+
+
+def bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes):
+    """out / lse of ``cfg`` bit for bit those of ``base_cfg`` on fresh bf16 inputs of each (b, s_q, s_k, h)."""
+    for b, sq, sk, h in shapes:
         q, k = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for s in (sq, sk))
         v = torch.randn(b, sk, h, hdim_v, device="cuda", dtype=torch.bfloat16)
         ref = _run(base_cfg, q, k, v, causal, hdim, hdim_v)
         got = _run(cfg, q, k, v, causal, hdim, hdim_v)
         torch.cuda.synchronize()
         assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), \
-            f"{variant} output differs from the default's: hdim {hdims} causal={causal} shape={shape}"
+            f"{cfg} differs from {base_cfg}: hdims ({hdim}, {hdim_v}) causal={causal} shape={(b, sq, sk, h)}"

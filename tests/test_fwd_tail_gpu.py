@@ -11,20 +11,9 @@ import torch
 
 from kernels.config import AttnConfig
 from test_fwd_gpu import HDIM_PAIRS, SHAPES_DEFAULT, run_case
-from test_fwd_loop_shape_gpu import _run  # noqa: E402
+from test_fwd_loop_shape_gpu import bitwise as _bitwise
 
 pytestmark = pytest.mark.gpu
-
-
-def _bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes):
-    for b, sq, sk, h in shapes:
-        q, k = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for s in (sq, sk))
-        v = torch.randn(b, sk, h, hdim_v, device="cuda", dtype=torch.bfloat16)
-        ref = _run(base_cfg, q, k, v, causal, hdim, hdim_v)
-        got = _run(cfg, q, k, v, causal, hdim, hdim_v)
-        torch.cuda.synchronize()
-        assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), \
-            f"{cfg} differs from {base_cfg}: hdims ({hdim}, {hdim_v}) causal={causal} shape={(b, sq, sk, h)}"
 
 
 # several (head, batch) groups at either budget: 10 heads at 16k / 2 x 8k ((192, 128): groups of 2 / 4 vs 4 / 8)
