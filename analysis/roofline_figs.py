@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.select import attn_times, gpu_title, provenance_note
-from analysis.style import legend_below, save_png, setup
+from analysis.style import legend_below, save_png, setup, write_png
 
 
 def roofline_points(df: pd.DataFrame, calib: dict | None = None) -> pd.DataFrame:
@@ -104,7 +104,7 @@ def roofline_bounds_figure(outdir, calib: dict | None = None, hdim: int = 128) -
     g.figure.suptitle(f"Per-tile cycles per resource (hdim {hdim}, non-causal)", y=1.02)
     out = Path(outdir) / f"roofline_tile_cycles_hd{hdim}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    g.figure.savefig(out, dpi=120, bbox_inches="tight")
+    write_png(g.figure, out, dpi=120, bbox_inches="tight")
     plt.close(g.figure)
     return out, f"wrote {out}"
 

@@ -52,6 +52,19 @@ def save_png(plt, fig, out, note: str = "", bottom: float = 0.0) -> Path:
     if note:
         fig.text(0.5, 0.08 / h, note, ha="center", va="bottom", fontsize=7, color="dimgray")
     fig.tight_layout(rect=(0, max(bottom, NOTE_IN / h if note else 0.0), 1, 1))
-    fig.savefig(out, dpi=130)
+    write_png(fig, out, dpi=130)
     plt.close(fig)
     return out
+
+
+def write_png(fig, out, dpi: int, **savefig_kw) -> Path:
+    """``fig`` as an RGB PNG (the figures are opaque: no alpha channel), deflate-optimised: lossless and ~12% smaller
+    than matplotlib's RGBA file (the committed figures travel with every GPU run)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png", **savefig_kw)
+    Image.open(buf).convert("RGB").save(out, format="PNG", optimize=True)
+    return Path(out)
