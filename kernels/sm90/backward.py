@@ -23,7 +23,7 @@ cross a bound, and applies the softcap's chain rule (bwd.py). two_cta=True does 
 two_cta=None (the default) runs 2-CTA where the defaults table says so (hd256) only when the call has neither, and
 never varlen (backward_config, kernels.config.two_cta_by_default).
 
-``det_schedule="rotate"`` (deterministic, opt-in) runs where det_schedule_for_call says, else the "spt" kernel.
+``det_schedule="rotate"`` (deterministic; the default) runs where det_schedule_for_call says, else the "spt" kernel.
 
 ``bwd_pdl=True`` (opt-in; FlashBwdSm90 at hd 64 / 128, not varlen): the three kernels are launched with programmatic
 dependent launch (the programmaticStreamSerialization attribute): the main kernel's CTAs start -- shared memory and

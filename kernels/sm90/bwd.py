@@ -29,7 +29,7 @@ With ``deterministic=True`` the writer warp adds in a fixed order: an int32 sema
 writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and releases the next
 turn (red.release), so the MMA warps never spin. For causal, ``det_schedule="spt"`` orders the turns and the grid
 shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles, goes first); ``"naive"`` keeps
-K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (opt-in, GPU-untested candidate, issue 9;
+K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (the default since 2026-12-01;
 non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n walks its Q tiles from tile n mod M
 (m_rotate's walk) and each Q tile's turns follow that walk's arrival order (rotate_turn), so CTAs in lockstep never wait
 for each other instead of each waiting one dQ add for the previous K/V tile. At the end dK (times softmax_scale) and dV
@@ -507,9 +507,8 @@ class FlashBwdSm90:
     def _set_schedule(self, dtype, causal, deterministic, det_schedule) -> None:
         """dtype, causal and the deterministic dQ schedule. Causal: the grid launches the diagonal-most K/V tile
         first and dQ turns go shortest-processing-time first, unless a deterministic run asks for the naive schedule
-        (K/V tile order for the grid and the turns). (Launching K/V tile 0, the longest CTA, first without determinism,
-        as official FA4 does, measured 1-3% slower at hd64 causal on the H200 together with an elect.sync writer: not
-        kept; not measured alone.)"""
+        (K/V tile order for the grid and the turns). Without determinism _set_lpt may then launch the longest K/V tile
+        first instead (AttnConfig.bwd_lpt_heads; the hd 64 / 128 causal default since 2026-12-01)."""
         if det_schedule not in ("spt", "naive", "rotate"):
             raise ValueError(f"det_schedule={det_schedule!r}: 'spt', 'naive' or 'rotate'")
         self.dtype = dtype
