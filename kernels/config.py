@@ -38,6 +38,8 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   rounds (results/h200/session_ab/bwd_lpt*.jsonl), speed vs shortest first at 1k / 2k / 4k / 8k / 16k:
 #                   hd64 g=1 1.024 / 1.022 / 1.025 / 1.031 / 1.044 (g=4 1.004 / 1.016 / 1.034 / 1.040 / 1.041); hd128
 #                   g=4 0.996 / 1.012 / 1.046 / 1.058 / 1.057 (g=1 1.003 / 1.006 / 1.011 / 1.022 / 1.068)
+#   causal_split  : (non-causal, causal) AttnConfig.causal_split=None: the sm90 causal forward's diagonal and mask-free
+#                   blocks in separate loops (absent: False); rescale_before_pv may be such a pair too
 #   exp_in_branch : (non-causal, causal) AttnConfig.exp_in_branch=None: the sm90 forward's exponentials inside both arms
 #                   of the tau decision (absent: False). H200 2026-12-01, speed vs off: hd128 causal 1.013 / 1.013 /
 #                   1.022 (4k / 8k / 16k; 1.021 in a second 16k run); hd128 non-causal 16k 1.004, hd64 16k 1.004 /
@@ -70,8 +72,12 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
+    # causal: causal_split + rescale_before_pv (the mask-free loop converts P among the exponentials: 11 instructions
+    # after the last one instead of 110). H200 2026-12-01, 16k tokens, one process, 8 rounds, outputs bitwise equal
+    # (results/h200/session_ab/fwd192c_splitpv.jsonl): 1.012 / 1.015x the one-loop kernel at 8k / 16k.
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=(False, True),
+                        causal_split=(False, True)),
     # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10
     # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
     # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
@@ -96,7 +102,7 @@ PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
 # this value, so every config, hash and key from before the field existed is unchanged
 OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (None,),
-                                "bwd_rotate_q": (False,), "causal_split": (False,), "exp_in_branch": (None,),
+                                "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,)}
 CLUSTER_M_VALUES = (1, 2)
@@ -171,8 +177,9 @@ class AttnConfig:
     # sm90 forward, causal without a window, with intra_wg_overlap: the diagonal blocks after the first run in one loop
     # (masked) and the rest in another (mask-free), instead of one loop deciding per block; at hd128 / (192, 128) the
     # one-loop kernel compiles with its pipeline states and wgmma descriptors in vector registers (ptxas treats the
-    # loop as divergent), the split one in uniform registers. Opt-in; left out of to_dict() at False.
-    causal_split: bool = False
+    # loop as divergent), the split one in uniform registers. None = DEFAULTS' causal_split (sm90 (192, 128) causal:
+    # True; resolve() fills only True); left out of to_dict() while None or False.
+    causal_split: bool | None = None
     # sm90 forward, tau > 0: each block's exponentials and row sums are computed inside both arms of the warp's
     # rescale decision (kernels/sm90/softmax.py), so ptxas keeps the wait for the in-flight P V GEMM after them (with
     # them after the decision, it hoists the wait above them: no softmax / P V overlap in a warpgroup). Same arithmetic
@@ -216,9 +223,9 @@ class AttnConfig:
                               "overlapped main loop; without the overlap O is already rescaled right before its P V -- "
                               "pass rescale_before_pv=False (or None)")
         for name in ("causal_split", "exp_in_branch"):
-            if not isinstance(getattr(self, name), bool) and not (name == "exp_in_branch" and self.exp_in_branch is None):
-                raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool (sm90 forward; exp_in_branch also "
-                                  "None: the per-arch default)")
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be None (per-arch default) or a bool (sm90 "
+                                  "forward)")
         m = self.lpt_l2_mb
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not (1 <= m <= 1024)):
             raise ConfigError(f"lpt_l2_mb={m!r}: must be None (32 MB) or an int in [1, 1024] (MB of L2 for one head "
@@ -274,13 +281,16 @@ class AttnConfig:
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
-        updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m",
-                                     "rescale_before_pv") if getattr(self, k) is None}
+        updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m")
+                   if getattr(self, k) is None}
+        if self.rescale_before_pv is None:  # one bool, or a (non-causal, causal) pair
+            v = d["rescale_before_pv"]
+            updates["rescale_before_pv"] = v[1 if causal else 0] if isinstance(v, tuple) else v
         if self.exp2_emu_fraction is None:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
-        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release"):
+        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
@@ -473,6 +483,8 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
         raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
     d = dict(DEFAULTS[(arch, int(hdim))])
     d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
+    if isinstance(d["rescale_before_pv"], tuple):  # a (non-causal, causal) pair: the value resolve() fills
+        d["rescale_before_pv"] = d["rescale_before_pv"][1 if causal else 0]
     d.pop("persistent_max_seqlen")  # a per-call rule, not a field (persistent_by_default)
     d.pop("two_cta")  # a per-call rule (two_cta_by_default), not filled in by resolve()
     if tuned:

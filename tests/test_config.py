@@ -225,6 +225,9 @@ def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
             d = AttnConfig().resolve("sm90", hd, causal)
+            if (hd, causal) == (192, True):  # the table's one True (with causal_split; 2026-12-01): its own hash
+                assert d.rescale_before_pv is True and d.to_dict()["rescale_before_pv"] is True
+                continue
             assert d.rescale_before_pv is False and "rescale_before_pv" not in d.to_dict()
             for mode in ("fwd", "bwd") if hd != 192 else ("fwd",):
                 assert "rescale_before_pv" not in compiled_config(None, "sm90", hd, causal, mode)
@@ -237,7 +240,11 @@ def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
                intra_wg_overlap=True, num_stages=2, pingpong=True, producer_regs=24, rescale_threshold=8.0, tile_m=128,
                tile_n=128)
     assert AttnConfig(**row).config_hash() == "514d4d7f61ec"
-    assert AttnConfig(**row).resolve("sm90", 192, True).config_hash() == "d5a9684cc4b1"
+    # that row's kernel (the one loop, O rescaled after the softmax) is no longer (192, 128) causal's default
+    assert AttnConfig(**row).resolve("sm90", 192, True).config_hash() != "d5a9684cc4b1"
+    old_default = AttnConfig(**row, rescale_before_pv=False, causal_split=False)
+    assert old_default.config_hash() == "514d4d7f61ec"
+    assert old_default.resolve("sm90", 192, True).config_hash() == "d5a9684cc4b1"
 
 
 def test_rescale_before_pv_on_is_its_own_config_and_kernel_key():
@@ -279,12 +286,14 @@ def test_rescale_before_pv_is_a_table_field_a_tuned_true_applies(monkeypatch, re
     from kernels.config import TUNED_FIELDS, table_defaults
 
     assert "rescale_before_pv" in TUNED_FIELDS["fwd"] and "rescale_before_pv" not in TUNED_FIELDS["bwd"]
-    assert all(row["rescale_before_pv"] is False for row in DEFAULTS.values())
+    assert all(row["rescale_before_pv"] is False for key, row in DEFAULTS.items() if key != ("sm90", 192))
+    assert DEFAULTS[("sm90", 192)]["rescale_before_pv"] == (False, True)  # (non-causal, causal)
+    assert table_defaults("sm90", 192, True, tuned=False)["rescale_before_pv"] is True
     assert table_defaults("sm90", 192, False, tuned=False)["rescale_before_pv"] is False
     monkeypatch.setattr(C, "TUNED", {("sm90", 192, False): {"rescale_before_pv": True}})
     C.resolve_cached.cache_clear()
     request.addfinalizer(C.resolve_cached.cache_clear)
     assert AttnConfig().resolve("sm90", 192, False).rescale_before_pv is True
-    assert AttnConfig().resolve("sm90", 192, True).rescale_before_pv is False
+    assert AttnConfig().resolve("sm90", 192, True).rescale_before_pv is True  # the table's, no tuned entry
     assert AttnConfig(rescale_before_pv=False).resolve("sm90", 192, False).rescale_before_pv is False
     assert AttnConfig(intra_wg_overlap=False).resolve("sm90", 192, False).rescale_before_pv is False

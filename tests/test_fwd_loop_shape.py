@@ -28,18 +28,27 @@ FIELDS = ("causal_split", "exp_in_branch")
 
 
 # ---- config (no compile) --------------------------------------------------------------------------------------------
-def test_causal_split_default_off_and_leaves_hashes_unchanged():
+def test_causal_split_is_the_default_at_192_causal_only_and_leaves_other_hashes_unchanged():
+    """DEFAULTS' causal_split (H200: with rescale_before_pv 1.012-1.015x at (192, 128) causal 8k / 16k): resolve()
+    fills True there and leaves None (left out of to_dict(), the hash from before the field) everywhere else."""
     name = "causal_split"
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
             r = AttnConfig().resolve("sm90", hd, causal)
-            assert getattr(r, name) is False and name not in r.to_dict()
+            if (hd, causal) == (192, True):
+                assert r.causal_split is True and r.rescale_before_pv is True and r.to_dict()[name] is True
+                off = AttnConfig(causal_split=False).resolve("sm90", hd, causal)
+                assert off.causal_split is False and name not in off.to_dict() and off.config_hash() != r.config_hash()
+                continue
+            assert getattr(r, name) is None and name not in r.to_dict()
             assert AttnConfig(**{name: False}).resolve("sm90", hd, causal).config_hash() == r.config_hash()
     on = AttnConfig(**{name: True})
     assert on.to_dict()[name] is True and on.op_string == f'{{"{name}":true}}'
+    assert AttnConfig().op_string == "{}"
     r_on = on.resolve("sm90", 128, True)
     assert r_on.config_hash() != AttnConfig().resolve("sm90", 128, True).config_hash()
-    assert dataclasses.replace(r_on, **{name: False}) == AttnConfig().resolve("sm90", 128, True)
+    assert dataclasses.replace(r_on, **{name: None}) == AttnConfig().resolve("sm90", 128, True)
+    assert AttnConfig().resolve("sm100", 192, True).causal_split is None
 
 
 def test_exp_in_branch_is_the_default_at_hd128_causal_only():
@@ -61,7 +70,7 @@ def test_exp_in_branch_is_the_default_at_hd128_causal_only():
 
 @pytest.mark.parametrize("name", FIELDS)
 def test_fields_refused_where_they_cannot_apply(name):
-    with pytest.raises(ConfigError, match=f"{name}=1: must be a bool"):
+    with pytest.raises(ConfigError, match=f"{name}=1: must be None .per-arch default. or a bool"):
         AttnConfig(**{name: 1})
     with pytest.raises(ConfigError, match=f"{name}=True with arch=sm100"):
         AttnConfig(**{name: True}).resolve("sm100", 128, True)
@@ -147,7 +156,7 @@ needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm no
 @needs_nvdisasm
 @pytest.mark.parametrize("hdim", [128, 192])
 def test_causal_split_compiles_uniform_loops(tmp_path_factory, hdim):
-    base = _sass(tmp_path_factory, hdim, True)
+    base = _sass(tmp_path_factory, hdim, True, causal_split=False)  # the one loop ((192, 128)'s default is split)
     on = _sass(tmp_path_factory, hdim, True, causal_split=True)
     _same_machinery(base, on)
     assert base.count("R2UR") >= 60 and base.count("BSSY") >= 8, (base.count("R2UR"), base.count("BSSY"))

@@ -90,9 +90,11 @@ needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm no
 @pytest.mark.compile
 @needs_nvdisasm
 def test_default_loop_converts_p_after_the_exponentials(tmp_path_factory):
-    """The default / split / exp_in_branch mask-free loops: the 32 F2FP of P (and the rescale's 64 FMUL) after the
+    """The one-loop / split / exp_in_branch mask-free loops without rescale_before_pv: the 32 F2FP of P (and the rescale's 64 FMUL) after the
     last exponential (official: 7 instructions there, 2 F2FP)."""
-    for sw in (dict(), dict(causal_split=True), dict(causal_split=True, exp_in_branch=True)):
+    one_loop = dict(causal_split=False, rescale_before_pv=False)  # the (192, 128) causal default before 2026-12-01
+    for sw in (one_loop, dict(causal_split=True, rescale_before_pv=False),
+               dict(causal_split=True, exp_in_branch=True, rescale_before_pv=False)):
         tail = _tail(_mask_free_loop(_sass(tmp_path_factory, 192, True, **sw)))
         assert sum(o.startswith("F2FP") for o in tail) == 32 and len(tail) > 100, (sw, len(tail))
 

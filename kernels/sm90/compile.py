@@ -41,7 +41,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         producer_regs=cfg.producer_regs, qhead_per_kvhead=qhead_per_kvhead, window_left=window_left,
         window_right=window_right, softcap=softcap, persistent=bool(cfg.persistent), cluster_m=cfg.cluster_m,
         varlen=varlen, pack_gqa=bool(getattr(cfg, "pack_gqa", False)) and int(qhead_per_kvhead) > 1,
-        rescale_before_pv=bool(cfg.rescale_before_pv), causal_split=cfg.causal_split,
+        rescale_before_pv=bool(cfg.rescale_before_pv), causal_split=bool(cfg.causal_split),
         exp_in_branch=bool(cfg.exp_in_branch))
 
 
