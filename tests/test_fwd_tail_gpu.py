@@ -1,7 +1,8 @@
 """GPU checks of the forward recipes of /work/notes/fwd_s7b.md (H100 / H200).
 
-``lpt_l2_mb`` only reorders the causal tiles (each tile's arithmetic is unchanged), ``causal_split`` and
-``rescale_before_pv`` lay the same arithmetic out differently: out / lse bit for bit the default's. ``rescale_threshold``
+``lpt_l2_mb`` only reorders the causal tiles (each tile's arithmetic is unchanged): out / lse bit for bit the default's.
+``causal_split`` and ``rescale_before_pv`` lay the same arithmetic out differently: equal up to one rounding
+(test_fwd_loop_shape_gpu.bitwise). ``rescale_threshold``
 0 (always rescale) is a different rounding: the accuracy bound of tests/test_fwd_gpu.py.
 """
 from __future__ import annotations
@@ -24,15 +25,18 @@ L2_SHAPES = [(1, 16384, 16384, 10), (2, 8192, 8192, 10), (3, 1000, 1000, 5), (2,
 @pytest.mark.parametrize("l2", [1, 50, 1024])
 def test_lpt_l2_mb_is_bitwise_the_default(hdims, l2):
     hdim, hdim_v = hdims
-    _bitwise(AttnConfig(lpt_l2_mb=l2), AttnConfig(), hdim, hdim_v, True, L2_SHAPES)
+    _bitwise(AttnConfig(lpt_l2_mb=l2), AttnConfig(), hdim, hdim_v, True, L2_SHAPES, exact=True)
     _bitwise(AttnConfig(lpt_l2_mb=l2, persistent=True), AttnConfig(persistent=True), hdim, hdim_v, True,
-             L2_SHAPES[2:])
+             L2_SHAPES[2:], exact=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_split_prepv_192_is_bitwise_the_default(causal):
+def test_split_prepv_192_matches_the_one_loop_kernel(causal):
+    """(192, 128) causal's default since 2026-12-01 (split + prepv) against the kernel it replaced."""
     cfg = AttnConfig(causal_split=True, rescale_before_pv=True)
-    _bitwise(cfg, AttnConfig(), 192, 128, causal, SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)])
+    assert cfg.resolve("sm90", 192, True) == AttnConfig().resolve("sm90", 192, True)
+    _bitwise(cfg, AttnConfig(causal_split=False, rescale_before_pv=False), 192, 128, causal,
+             SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)])
 
 
 @pytest.mark.parametrize("hdims", [(192, 128), (128, 128)])
