@@ -8,7 +8,7 @@ from __future__ import annotations
 
 ISOLATIONS = ("auto", "process", "inline")
 COMMANDS = ("sweep", "bench", "check", "tune")
-FLAGS = ("retry_failed", "fail_on_error", "progress")
+FLAGS = ("retry_failed", "rerun", "fail_on_error", "progress")
 
 
 class RunConfigError(ValueError):

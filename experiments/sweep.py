@@ -296,7 +296,11 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
         dropped = store.drop_jobs(rerun)
         print(f"{name}: {len(rerun)} jobs were skipped on a machine without CUDA; this one has CUDA: running them "
               f"again ({dropped} skip rows replaced)", file=out)
-    todo = [(k, j) for k, j in keyed if not store.is_done(k)]
+    redo = {k for k, _ in keyed if store.is_done(k)} if cfg.get("rerun", False) else set()
+    if redo:  # e.g. after a default changed: the job dict (so its key) names the config, not what it resolves to
+        print(f"{name}: rerun=true: timing {len(redo)} finished jobs again (each job's old rows are replaced when "
+              f"its new ones are written)", file=out)
+    todo = [(k, j) for k, j in keyed if k in redo or not store.is_done(k)]
     runners = {**RUNNERS, **dict(exp.get("runners") or {})}
     for kind in sorted({j.get("kind") for _, j in todo}):
         get_runner(kind, runners)  # fail fast, in one line, on a kind nobody runs or a runner that is missing
@@ -319,6 +323,8 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
                 rows, stopped = e.args[0], "a CUDA fault poisoned this process (isolation=inline)"
             if not rows:
                 rows = [failure_row(job, "error", f"runner for kind={job.get('kind')!r} returned no rows")]
+            if key in redo:
+                store.drop_jobs({key})
             store.append_job([stamp(r, job, key, meta, run_id, mode) for r in rows])
             finished += 1
             counts.update(r.get("status") or "?" for r in rows)

@@ -163,6 +163,26 @@ def test_failures_retry_and_fail_on_error(tmp_path):
     assert {r["run_id"] for r in rows2 if r["status"] == "fail"} != {f["run_id"]}
 
 
+def test_rerun_times_finished_jobs_again_and_replaces_their_rows(tmp_path, monkeypatch):
+    """rerun=true (e.g. after a default changed, which the job key cannot see): every job runs again, each job's
+    old rows are replaced by its new ones (no duplicates); a plain rerun then skips them all."""
+    monkeypatch.chdir(tmp_path)
+    cfg = cpu_sweep("rr", "experiment.backends=[reference]", "shape.grid.seqlens=[64,128]", "shape.grid.causal=[false]")
+    run_sweep(cfg, out=io.StringIO())
+    path = tmp_path / "rr" / "fault_cpu" / "rows.jsonl"
+    first = read_rows(path)
+    assert len(first) == 2
+    out = io.StringIO()
+    run_sweep({**cfg, "rerun": True}, out=out)
+    assert "rerun=true: timing 2 finished jobs again" in out.getvalue() and "running 2" in out.getvalue()
+    again = read_rows(path)
+    assert len(again) == 2 and sorted(r["job_key"] for r in again) == sorted(r["job_key"] for r in first)
+    assert {r["run_id"] for r in again}.isdisjoint({r["run_id"] for r in first})
+    out = io.StringIO()
+    run_sweep(cfg, out=out)
+    assert "2 already done, running 0" in out.getvalue()
+
+
 def test_results_dir_is_relative_to_the_launch_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = cpu_sweep("rel_results", "experiment.backends=[reference]", "shape.grid.seqlens=[64]",
