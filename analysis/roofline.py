@@ -221,7 +221,7 @@ def _repo_root() -> Path:
 
 def load_calibration(paths=None) -> dict:
     """Measured values from microbenchmark rows: {metric: (value, method, gpu_name)}. Missing file: {}."""
-    from analysis.load import read_rows, set_exists  # a set's archived rows (rows.jsonl.gz) count too
+    from analysis.load import read_rows, set_exists  # a set's archived rows (rows.jsonl.xz) count too
 
     out: dict = {}
     for p in paths or MICROBENCH_PATHS:

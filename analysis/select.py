@@ -1,7 +1,7 @@
 """Where result rows live and which of them a figure draws: committed sets by default, scratch runs on request.
 
 Committed sets are ``results/<machine>/<experiment>/rows.jsonl`` (h200, cpu; with their archived rows in
-``rows.jsonl.gz`` beside it); a plain sweep writes a scratch set
+``rows.jsonl.xz`` beside it); a plain sweep writes a scratch set
 ``results/<experiment>/rows.jsonl`` (git-ignored). Figures read only the committed sets unless scratch runs are
 asked for (``python run.py figures --scratch``, which sets FA4LAB_SCRATCH=1 for the notebooks and says so on every
 figure). ``attn_times`` selects timed GPU attention rows; ``provenance_note`` is the line each figure carries
@@ -46,7 +46,7 @@ def with_scratch() -> bool:
 
 def experiment_files(name: str, root: Path | None = None, scratch: bool | None = None) -> list[Path]:
     """The committed sets' results/<machine>/<name>/rows.jsonl, plus the scratch results/<name>/rows.jsonl when
-    ``scratch`` (default: ``with_scratch()``); a set whose rows are all archived (rows.jsonl.gz) is named by its
+    ``scratch`` (default: ``with_scratch()``); a set whose rows are all archived (rows.jsonl.xz) is named by its
     rows.jsonl too, and analysis.load reads both files."""
     root = Path(root or results_root())
     scratch = with_scratch() if scratch is None else scratch
@@ -54,7 +54,8 @@ def experiment_files(name: str, root: Path | None = None, scratch: bool | None =
         return []
     from analysis.load import set_exists, set_path
 
-    found = {set_path(p) for p in [*root.glob(f"*/{name}/rows.jsonl"), *root.glob(f"*/{name}/rows.jsonl.gz")]}
+    found = {set_path(p) for p in [*root.glob(f"*/{name}/rows.jsonl"), *root.glob(f"*/{name}/rows.jsonl.xz"),
+                                   *root.glob(f"*/{name}/rows.jsonl.gz")]}
     out = sorted(p for p in found if p.parent.parent.name != name)
     if scratch and set_exists(root / name / "rows.jsonl"):
         out.insert(0, root / name / "rows.jsonl")

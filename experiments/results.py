@@ -4,8 +4,9 @@ Every row carries the ``job_key`` of the job that produced it and ``job_nrows`` 
 wrote, all in one ``write``). A job counts as done only when all its rows are present, so a sweep that is
 killed at any point resumes by skipping exactly the finished jobs and never writes a row twice.
 
-A set may also have an archive beside its live file: ``rows.jsonl.gz``, the gzip of rows moved out of
-``rows.jsonl`` byte for byte (``python -m experiments.results archive <set>``). A set's rows are the archive's
+A set may also have an archive beside its live file: ``rows.jsonl.xz``, the xz of rows moved out of
+``rows.jsonl`` byte for byte (``python -m experiments.results archive <set>``; about a third smaller than the gzip
+archives ``rows.jsonl.gz`` of before 2026-12-01, which are still read, and rewritten as ``.xz`` by the next archive). A set's rows are the archive's
 then the live file's: every reader here (``read_rows``, the store's resume and repair) reads both, appends go to
 the live file only, and the archive changes only by ``archive`` and ``drop_jobs``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gzip
+import lzma
 import hashlib
 import json
 import math
@@ -22,20 +24,35 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-ARCHIVE_SUFFIX = ".gz"
+ARCHIVE_SUFFIX = ".xz"
+LEGACY_SUFFIX = ".gz"  # archives written before 2026-12-01: read, and replaced by .xz when the archive is rewritten
 
 
 def archive_path(path: str | os.PathLike) -> Path:
-    """The archive beside a live rows file: ``rows.jsonl`` -> ``rows.jsonl.gz``."""
+    """The archive beside a live rows file: ``rows.jsonl`` -> ``rows.jsonl.xz``."""
     return Path(str(path) + ARCHIVE_SUFFIX)
 
 
+def legacy_archive(archive: Path) -> Path:
+    """The gzip archive of the same set: ``rows.jsonl.xz`` -> ``rows.jsonl.gz``."""
+    return archive.with_name(archive.name[: -len(ARCHIVE_SUFFIX)] + LEGACY_SUFFIX)
+
+
+def has_archive(path: str | os.PathLike) -> bool:
+    """Whether the set of the live file ``path`` has an archive (.xz, or a legacy .gz)."""
+    a = archive_path(path)
+    return a.exists() or legacy_archive(a).exists()
+
+
 def live_path(path: str | os.PathLike) -> Path:
-    """The live rows file of a set given by its folder, its ``rows.jsonl`` or its ``rows.jsonl.gz``."""
+    """The live rows file of a set given by its folder, its ``rows.jsonl`` or its archive (.xz / .gz)."""
     p = Path(path)
     if p.is_dir():
         return p / "rows.jsonl"
-    return p.with_name(p.name[: -len(ARCHIVE_SUFFIX)]) if p.name.endswith(ARCHIVE_SUFFIX) else p
+    for suffix in (ARCHIVE_SUFFIX, LEGACY_SUFFIX):
+        if p.name.endswith(".jsonl" + suffix):
+            return p.with_name(p.name[: -len(suffix)])
+    return p
 
 
 def job_key(job: dict) -> str:
@@ -78,7 +95,13 @@ def _lines(text: str) -> list[tuple[str, dict]]:
 
 
 def _archive_text(path: Path) -> str:
-    return gzip.decompress(path.read_bytes()).decode("utf-8") if path.exists() else ""
+    """The rows text of an archive: ``path`` (.xz, or .gz named directly), else its legacy .gz, else ''."""
+    if path.name.endswith(LEGACY_SUFFIX):
+        return gzip.decompress(path.read_bytes()).decode("utf-8") if path.exists() else ""
+    if path.exists():
+        return lzma.decompress(path.read_bytes()).decode("utf-8")
+    legacy = legacy_archive(path)
+    return gzip.decompress(legacy.read_bytes()).decode("utf-8") if legacy.exists() else ""
 
 
 def _live_text(path: Path) -> str:
@@ -86,17 +109,20 @@ def _live_text(path: Path) -> str:
 
 
 def _write_archive(path: Path, text: str) -> None:
-    """Write the archive atomically; gzip without a time stamp, so equal rows give equal bytes."""
+    """Write the .xz archive atomically (equal rows give equal bytes), then remove the set's legacy .gz archive,
+    whose rows ``text`` already holds (the caller read them through ``_archive_text``)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
+    tmp.write_bytes(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
     os.replace(tmp, path)
+    legacy_archive(path).unlink(missing_ok=True)
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """All complete rows of a set: its archive ``rows.jsonl.gz`` (if any), then its live ``rows.jsonl``; a torn
-    last line (killed mid-write) is ignored. A path ending in ``.gz`` reads that archive only."""
+    """All complete rows of a set: its archive ``rows.jsonl.xz`` (or legacy .gz; if any), then its live
+    ``rows.jsonl``; a torn last line (killed mid-write) is ignored. A path ending in .xz / .gz reads that archive
+    only."""
     path = Path(path)
-    if path.name.endswith(ARCHIVE_SUFFIX):
+    if path.name.endswith((ARCHIVE_SUFFIX, LEGACY_SUFFIX)):
         return [r for _, r in _lines(_archive_text(path))]
     return [r for _, r in _lines(_archive_text(archive_path(path))) + _lines(_live_text(path))]
 
@@ -218,9 +244,10 @@ class ResultStore:
         with self._lock():
             self._repair()
             live = _live_text(self.path)
-            if not live:
+            legacy = legacy_archive(self.archive_file).exists()
+            if not live and not legacy:
                 return 0
-            _write_archive(self.archive_file, _archive_text(self.archive_file) + live)
+            _write_archive(self.archive_file, _archive_text(self.archive_file) + live)  # a legacy .gz becomes .xz
             with open(self.path, "w", encoding="utf-8") as f:
                 f.flush()
                 os.fsync(f.fileno())
@@ -228,11 +255,11 @@ class ResultStore:
 
 
 def archive(path: str | os.PathLike) -> tuple[Path, int]:
-    """Archive one set (its folder, rows.jsonl or rows.jsonl.gz); returns (archive path, rows moved). Checks that
-    the set reads back exactly the rows it had, in order, before returning."""
+    """Archive one set (its folder, rows.jsonl or its archive); returns (archive path, rows moved). A legacy .gz
+    archive becomes .xz. Checks that the set reads back exactly the rows it had, in order, before returning."""
     live = live_path(path)
-    if not live.exists() and not archive_path(live).exists():
-        raise FileNotFoundError(f"archive: no result set at {str(path)!r} (neither rows.jsonl nor rows.jsonl.gz)")
+    if not live.exists() and not has_archive(live):
+        raise FileNotFoundError(f"archive: no result set at {str(path)!r} (neither rows.jsonl nor rows.jsonl.xz)")
     store = ResultStore(live)
     before = read_rows(live)
     moved = store.archive_live()
@@ -249,7 +276,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.results",
                                 description="maintenance of result sets (results/<machine>/<experiment>/)")
     sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("archive", help="move a set's rows.jsonl into rows.jsonl.gz (lossless; readers, resume "
+    a = sub.add_parser("archive", help="move a set's rows.jsonl into rows.jsonl.xz (lossless; readers, resume "
                                        "and appends keep working); leaves rows.jsonl empty for new rows")
     a.add_argument("sets", nargs="+", help="a set's folder or its rows.jsonl (e.g. results/h200/bwd_peers)")
     ns = p.parse_args(argv)

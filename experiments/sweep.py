@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from experiments.isolation import CudaContextPoisoned, failure_row, import_plugins, make_executor
-from experiments.results import ResultStore, archive_path, job_key, read_rows
+from experiments.results import ResultStore, has_archive, job_key, read_rows
 from experiments.runners import RUNNERS, get_runner, load_target
 
 PRODUCT_KINDS = ("attn", "smoke", "compare")  # kinds the built-in product expansion makes
@@ -362,7 +362,7 @@ def machine_skips(path: Path, keys: set[str]) -> set[str]:
     """Jobs whose skip rows were recorded without a GPU (``gpu_name`` null), when this machine has CUDA."""
     from experiments.isolation import cuda_available
 
-    if not (Path(path).exists() or archive_path(path).exists()) or not cuda_available():
+    if not (Path(path).exists() or has_archive(path)) or not cuda_available():
         return set()
     return {r["job_key"] for r in read_rows(path)
             if r.get("job_key") in keys and r.get("status") == "skip" and r.get("gpu_name") is None}

@@ -29,7 +29,7 @@ sweep() {
   echo "=== $(date -u +%T) $exp $*" | tee -a "$LOG"
   timeout "$CAP" python run.py sweep experiment="$exp" results_dir="$R" bench=quick progress=false "$@" >>"$LOG" 2>&1
   echo "=== rc=$? $(date -u +%T)" | tee -a "$LOG"
-  cp "$R/$exp/rows.jsonl" "$OUT/$exp.jsonl" 2>/dev/null  # the rows since the archive (rows.jsonl.gz stays as is)
+  cp "$R/$exp/rows.jsonl" "$OUT/$exp.jsonl" 2>/dev/null  # the rows since the archive (rows.jsonl.xz stays as is)
   grep -E "^$exp: .* jobs" "$LOG" | tail -1
 }
 NOFLEX='experiment.peers=[fa4_official,sdpa_cudnn,sdpa_flash]'

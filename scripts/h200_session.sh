@@ -15,7 +15,7 @@ R=results/h200
 LOG=$OUT/all.log
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
-# back: a set's archived rows (rows.jsonl.gz) ship with the tree and stay as they are; rows.jsonl holds the rows
+# back: a set's archived rows (rows.jsonl.xz) ship with the tree and stay as they are; rows.jsonl holds the rows
 # appended since, so the copy in <out_dir> is what goes back over results/h200/<experiment>/rows.jsonl.
 back() { for e in "$@"; do [ -f "$R/$e/rows.jsonl" ] && cp "$R/$e/rows.jsonl" "$OUT/$e.jsonl"; done; }
 step() { local cap=$1; shift; echo "=== $(date -u +%T) [cap ${cap}s] $*" | tee -a "$LOG"; timeout "$cap" "$@" >>"$LOG" 2>&1; echo "=== rc=$?" | tee -a "$LOG"; }

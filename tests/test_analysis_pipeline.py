@@ -1,9 +1,9 @@
-"""`python run.py figures` on a results folder where a set's older rows sit in rows.jsonl.gz and new round-robin rows
+"""`python run.py figures` on a results folder where a set's older rows sit in rows.jsonl.xz and new round-robin rows
 are appended to its rows.jsonl (what the lead's H200 re-run does): the new rows reach the README block, the coverage
 table and the figures, replace the separately timed rows of their cells, and a later round-robin run of the same
 cells replaces an earlier one. The round-robin rows are a real compare sweep's on the CPU (experiments/compare_job.py),
 relabelled as an H200 run of ours against the official FA4, so a field the runner stops writing fails here."""
-import gzip
+import lzma
 import json
 
 import pytest
@@ -72,7 +72,7 @@ def _write(path, rows, archive=False):
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r) + "\n" for r in rows)
     if archive:
-        path.with_name("rows.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+        path.with_name("rows.jsonl.xz").write_bytes(lzma.compress(text.encode()))
     else:
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)

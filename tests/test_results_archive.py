@@ -1,9 +1,10 @@
-"""Archived result sets (rows.jsonl.gz beside rows.jsonl): lossless round trip, resume, retry, appends, every
+"""Archived result sets (rows.jsonl.xz beside rows.jsonl; a legacy rows.jsonl.gz is read and converted): round trip,
 loader, a killed archive step, the committed sets, and the size of the tracked tree (each GPU run ships it)."""
 from __future__ import annotations
 
 import gzip
 import io
+import lzma
 import json
 import shutil
 import subprocess
@@ -53,7 +54,7 @@ def test_archive_round_trip_is_lossless_and_appends_continue(tmp_path):
     gz, moved = archive(path.parent)
     assert gz == archive_path(path) and gz.exists() and moved == len(rows)
     assert path.exists() and path.read_bytes() == b""  # live file kept, empty, for new rows
-    assert gzip.decompress(gz.read_bytes()) == raw  # byte for byte
+    assert lzma.decompress(gz.read_bytes()) == raw  # byte for byte
     assert read_rows(path) == rows and read_rows(gz) == rows
     # appends after archiving go to the live file; the set reads archive then live
     store = ResultStore(path)
@@ -62,7 +63,7 @@ def test_archive_round_trip_is_lossless_and_appends_continue(tmp_path):
     for job in new:
         store.append_job(job)
     assert read_rows(path) == rows + read_rows(path)[len(rows):] and len(read_rows(path)) == len(rows) + 6
-    assert gzip.decompress(gz.read_bytes()) == raw  # the archive is untouched by appends
+    assert lzma.decompress(gz.read_bytes()) == raw  # the archive is untouched by appends
     # a second archive step appends the live rows after the archived ones; equal rows give equal bytes
     both = read_rows(path)
     archive(path)
@@ -72,12 +73,42 @@ def test_archive_round_trip_is_lossless_and_appends_continue(tmp_path):
     assert gz.read_bytes() == first
 
 
+def test_legacy_gzip_archive_is_read_then_rewritten_as_xz(tmp_path):
+    """A set archived before 2026-12-01 (rows.jsonl.gz): readers, resume, retry and the loaders read it; the next
+    archive step (or a dropped job) writes rows.jsonl.xz with the same rows, in order, and removes the .gz."""
+    from analysis.load import load_results, read_rows as load_rows
+
+    path = tmp_path / "exp" / "rows.jsonl"
+    _store(path, _jobs(6))
+    rows = read_rows(path)
+    legacy = path.with_name("rows.jsonl.gz")
+    legacy.write_bytes(gzip.compress(path.read_bytes()))
+    path.write_bytes(b"")
+    assert read_rows(path) == rows and load_rows(path) == rows and read_rows(legacy) == rows
+    assert len(load_results(tmp_path)) == len(rows)
+    store = ResultStore(path)
+    assert store.existing_keys() == {r["job_key"] for r in rows}
+    store.append_job(_jobs(1, tag="n")[0])
+    both = read_rows(path)
+    xz, moved = archive(legacy)  # named by its legacy archive
+    assert moved == 1 and xz == archive_path(path) and xz.exists() and not legacy.exists()
+    assert read_rows(path) == both and load_rows(path) == both and path.read_bytes() == b""
+    # a legacy archive with no live rows is converted too, and drop_jobs rewrites it as .xz
+    legacy.write_bytes(gzip.compress(lzma.decompress(xz.read_bytes())))
+    xz.unlink()
+    assert archive(path)[1] == 0 and xz.exists() and not legacy.exists() and read_rows(path) == both
+    legacy.write_bytes(gzip.compress(lzma.decompress(xz.read_bytes())))
+    xz.unlink()
+    assert ResultStore(path).drop_jobs({rows[0]["job_key"]}) == 1
+    assert not legacy.exists() and read_rows(path) == both[1:]
+
+
 def test_killed_archive_step_leaves_no_duplicates(tmp_path):
     """Archive written, live file not yet emptied (killed in between): the next open drops the live copies."""
     path = tmp_path / "rows.jsonl"
     _store(path, _jobs(5))
     rows = read_rows(path)
-    archive_path(path).write_bytes(gzip.compress(path.read_bytes()))
+    archive_path(path).write_bytes(lzma.compress(path.read_bytes()))
     store = ResultStore(path)
     assert path.read_bytes() == b"" and read_rows(path) == rows
     assert len(store.existing_keys()) == 5
@@ -213,10 +244,14 @@ def _tracked() -> list[Path]:
 
 
 def test_committed_archives_read_back():
-    """Every committed archive is a whole set's rows: gzip of complete JSON lines, each with a job key."""
-    archives = [p for p in _tracked() if p.name == "rows.jsonl.gz"]
+    """Every committed archive is a whole set's rows: xz of complete JSON lines, each with a job key (no legacy
+    gzip archive is committed: `archive` rewrites those as .xz)."""
+    tracked = _tracked()
+    assert not [p for p in tracked if p.name == "rows.jsonl.gz"]
+    archives = [p for p in tracked if p.name == "rows.jsonl.xz"]
+    assert archives
     for gz in archives:
-        text = gzip.decompress(gz.read_bytes()).decode("utf-8")
+        text = lzma.decompress(gz.read_bytes()).decode("utf-8")
         assert text.endswith("\n"), gz
         rows = [json.loads(line) for line in text.splitlines()]
         assert rows and all(r.get("job_key") for r in rows), gz
