@@ -73,8 +73,8 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
     # causal: causal_split + rescale_before_pv (the mask-free loop converts P among the exponentials: 11 instructions
-    # after the last one instead of 110). H200 2026-12-01, 16k tokens, one process, 8 rounds, outputs bitwise equal
-    # (results/h200/session_ab/fwd192c_splitpv.jsonl): 1.012 / 1.015x the one-loop kernel at 8k / 16k.
+    # after the last one instead of 110). H200 2026-12-01, 16k tokens, one process, 8 rounds, outputs bitwise equal on
+    # those inputs (results/h200/session_ab/fwd192c_splitpv.jsonl): 1.012 / 1.015x the one-loop kernel at 8k / 16k.
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=(False, True),
                         causal_split=(False, True)),
@@ -183,7 +183,8 @@ class AttnConfig:
     # sm90 forward, tau > 0: each block's exponentials and row sums are computed inside both arms of the warp's
     # rescale decision (kernels/sm90/softmax.py), so ptxas keeps the wait for the in-flight P V GEMM after them (with
     # them after the decision, it hoists the wait above them: no softmax / P V overlap in a warpgroup). Same arithmetic
-    # (bitwise the default's output: tests/test_fwd_loop_shape_gpu.py). None = DEFAULTS' exp_in_branch (sm90 hd128 causal:
+    # (the default's output up to the rounding of the row-sum update, FFMA or FMUL + FADD by layout: lse within an ulp;
+    # tests/test_fwd_loop_shape_gpu.py). None = DEFAULTS' exp_in_branch (sm90 hd128 causal:
     # True; resolve() fills only True); left out of to_dict() while None.
     exp_in_branch: bool | None = None
     # sm90 forward, causal: the L2 budget in MB that sizes the longest-first tile order's head groups (a group's K + V

@@ -14,7 +14,9 @@ critical path). ``rescale_before_pv`` (with intra_wg_overlap; FA3's RescaleOBefo
 j+1's row factors in the next step, between issuing S(j+2) = Q K^T and issuing O += P(j+1) V(j+1), so the FMULs run
 while the warp waits for its QK^T and the softmax, P and the row sums form one basic block (no rescale branch after
 the exponentials); a rescale that tau skipped is a factor of 1.0 (exact: the output is bitwise the default's).
-Two opt-in layouts of the same arithmetic for ptxas (expected bitwise the default's output; tests/test_fwd_loop_shape_gpu.py): ``causal_split`` (causal, no window,
+Two layouts of the same arithmetic for ptxas (equal to the default's output up to one rounding: on a rescaled block the
+row-sum update row_sum * factor + sum compiles as one FFMA in some layouts and rows, FMUL + FADD in others, so lse can
+differ by an ulp; tests/test_fwd_loop_shape_gpu.py): ``causal_split`` (causal, no window,
 overlapped loop) runs a tile's diagonal blocks after the first in one loop and the mask-free ones in another, with no
 per-block mask decision inside a loop (the one-loop kernel compiles at hd128 / (192, 128) causal as a divergent loop:
 pipeline states and wgmma descriptors in vector registers); ``exp_in_branch`` (tau > 0) computes a block's
