@@ -49,6 +49,9 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         if causal:  # grid longest first (official's order), g heads interleaved
             fns["ours_lpt1"] = ours(bwd_lpt_heads=1)
             fns["ours_lpt4"] = ours(bwd_lpt_heads=4)
+            if q.shape[-1] == 128:  # 80-row Q tiles walked from each K/V tile's diagonal row (AttnConfig.bwd_diag_align)
+                fns["ours_diag"] = ours(bwd_diag_align=True)
+                fns["ours_diag_pdl"] = ours(bwd_diag_align=True, bwd_pdl=True)
         elif q.shape[-1] == 128:  # rotated Q-tile walks (hd64's default)
             fns["ours_rotq"] = ours(bwd_rotate_q=True)
         # programmatic dependent launch pre -> main -> post (AttnConfig.bwd_pdl; the defaults otherwise)

@@ -157,6 +157,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["pdl"] = True
     if cls is FlashBwdSm90 and cfg.bwd_dq_chunk_release:  # dQ staging chunks freed one by one (opt-in; dq_writer)
         kw["dq_chunk_release"] = True
+    if cls is FlashBwdSm90 and cfg.bwd_diag_align:  # causal 80-row tiles from the diagonal (opt-in; _set_diag_align)
+        kw["diag_align"] = True
     kw.update(features or {})
     if varlen:
         kw["varlen"] = True
@@ -171,6 +173,8 @@ def _post_layout(main) -> dict:
         return main.post_layout()
     if main.two_cta:
         return dict(chunks=main.cluster * main.num_mma_wg, transposed=True, dq_shape=(64, main.dq_n))
+    if main.diag_align:  # chunk-major dQaccum (bwd.py _set_diag_align)
+        return dict(chunks=main.num_mma_wg * main.dq_pieces, transposed=main.dq_transposed, chunk_major=True)
     return dict(chunks=main.num_mma_wg * main.dq_pieces, transposed=main.dq_transposed)
 
 
@@ -229,8 +233,9 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     c_pre = cute.compile(pre, o, do, lse, dpsum, lse2, dqacc, stream, options=opts)
     c_main = cute.compile(main, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale, stream, options=opts)
     c_post = cute.compile(post, dqacc, dq, scale, stream, options=opts)
+    # q_pad_rows: Q rows padded beyond a multiple of tile_m (diag_align: one more tile, r0 + 80 k <= seqlen_q + 79)
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
-                tile_m=main.tile_m, tile_n=main.tile_n)
+                tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0)
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
@@ -477,8 +482,12 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     dtype_name = str(q.dtype).replace("torch.", "")
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
+    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True, **gqa_extra(group),
+                    **feature_extra(window_left, window_right, softcap))
+    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
+                                              qhead_per_kvhead=group, features=feats))
     tile_m = cfg.bwd_tile_m
-    sqp = (sq + tile_m - 1) // tile_m * tile_m
+    sqp = (sq + tile_m - 1) // tile_m * tile_m + kern.get("q_pad_rows", 0)
     n_m = sqp // tile_m * (2 if cfg.two_cta is True else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
     dev = q.device
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
@@ -487,10 +496,6 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     sem = torch.zeros(b, h, n_m, device=dev, dtype=torch.int32) if cfg.deterministic else \
         torch.empty(b, h, n_m, device=dev, dtype=torch.int32)
     dq, dk, dv = (_grad_buffer(g, like, name) for g, like, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv")))
-    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True, **gqa_extra(group),
-                    **feature_extra(window_left, window_right, softcap))
-    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
-                                              qhead_per_kvhead=group, features=feats))
     # GQA: the main kernel writes dK / dV per Q head into scratch, summed over each group below
     dk_h = dk if group == 1 else torch.empty(b, sk, h, d, device=dev, dtype=k.dtype)
     dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)

@@ -171,6 +171,7 @@ class BwdWork(NamedTuple):
     offset_k: Any = 0
     pad_tile: Any = 0
     m_rot: Any = 0  # m_rotate: the Q tile this CTA walks first, relative to m_block_min
+    q_base: Any = 0  # diag_align: the first Q row of Q tile 0 of this CTA's walk (a multiple of 8)
 
 
 class DsPtrs(NamedTuple):
@@ -363,13 +364,14 @@ class FlashBwdSm90:
     lpt_heads = 0  # causal grid: 0 = diagonal-most K/V tile first (spt); g >= 1 = longest first, g heads interleaved
     pdl = False  # programmatic dependent launch against the preprocess (and of the postprocess): _set_pdl
     dq_chunk_release = False  # writer frees each dQ staging chunk once its own bulk read is done (dq_writer)
+    diag_align = False  # causal 80-row Q tiles walked from the K/V tile's diagonal row, dQaccum chunk-major
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
                  qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
-                 dq_chunk_release: bool = False):
+                 dq_chunk_release: bool = False, diag_align: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -472,6 +474,26 @@ class FlashBwdSm90:
         # (SASS: DEPBAR.LE SB0, 0x0 before both arrives; official FA4's writer: DEPBAR.LE SB0, 0x1 -> arrive chunk 0,
         # DEPBAR.LE SB0, 0x0 -> arrive chunk 1). Not deterministic (its writer waits for all reductions each tile).
         self.dq_chunk_release = bool(dq_chunk_release) and not self.deterministic
+        self._set_diag_align(diag_align)
+
+    def _set_diag_align(self, diag_align: bool) -> None:
+        """``diag_align`` (AttnConfig.bwd_diag_align; opt-in): with 80-row Q tiles against 128-row K/V tiles, the
+        causal walk of K/V tile n starts at Q tile floor(128 n / 80), whose first 128 n mod 80 rows (0 / 48 / 16 / 64
+        / 32) are above the diagonal: fully masked, computed by all five GEMMs for nothing; with the padded last tile
+        the kernel computes 4960 Q rows x 128 keys per head at 1k where 4608 are needed (+7.6%; 2k +5.7%, 4k +4.5%,
+        8k +1.9%, 16k +0.6%; 64-row tiles, official FA4's hd128 causal tile, need none). Here CTA n walks
+        ceil((seqlen_q - r0) / 80) tiles from row r0 = max(0, 128 n - (seqlen_k - seqlen_q)) rounded down to 8 (so
+        a tile is whole 8-row groups of dQaccum): the waste left is the last tile's rows past seqlen_q (zero-filled Q
+        / dO, LSE +inf: P = 0, dS = 0), 4880 rows per head at 1k (+5.9%; 2k +2.9%, 4k +1.6%, 8k +0.8%).
+        Tiles of different CTAs then overlap, so dQaccum is chunk-major: (warpgroup w, padded Q row, 64 head-dim
+        columns) -- chunk w of a tile at row r is the 20 KB at (w * rows + r) * 64 floats, 8-row groups of 512 floats
+        in the fragment order of the dQ^T accumulator (the same in every tile), which the postprocess reads back
+        (bwd_post.py ``chunk_major``); backward.py pads the Q rows by one more tile (r0 + 80 k <= seqlen_q + 79).
+        Only causal, non-deterministic (the semaphores are per Q tile), one CTA, non-varlen, no window or softcap,
+        dQ^T (80-row) tiles with tile_n not a multiple of tile_m; elsewhere the value is ignored."""
+        self.diag_align = (bool(diag_align) and self.causal and not self.deterministic and not self.two_cta
+                           and not self.varlen and not self.has_window and self.softcap == 0.0 and self.dq_transposed
+                           and self.tile_n % self.tile_m != 0 and not self.m_rotate and type(self) is FlashBwdSm90)
 
     def _set_pdl(self, pdl: bool) -> None:
         """``pdl`` (AttnConfig.bwd_pdl; opt-in, the plain launch, not varlen): programmatic dependent launch of this
@@ -829,12 +851,22 @@ class FlashBwdSm90:
             seqlen_k = mK.shape[0]
         n_block, num_groups, rank, m_block_min, m_block_max = self.tile_schedule(bidx, seqlen_q, seqlen_k)
         m_rot = Int32(0)
+        q_base = 0
         if const_expr(self.m_rotate):
             count = m_block_max - m_block_min
             if count > 1:
                 m_rot = n_block % count
+        if const_expr(self.diag_align):  # tiles from the diagonal row (_set_diag_align): tile m at q_base + m * tile_m
+            q_base = n_block * self.tile_n - (seqlen_k - seqlen_q)
+            if q_base < 0:
+                q_base = Int32(0)
+            q_base = q_base // 8 * 8
+            m_block_min = Int32(0)
+            m_block_max = Int32(0)
+            if q_base < seqlen_q:
+                m_block_max = (seqlen_q - q_base + self.tile_m - 1) // self.tile_m
         return BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q, seqlen_k,
-                       offset_q, offset_k, pad_tile, m_rot)
+                       offset_q, offset_k, pad_tile, m_rot, q_base)
 
     @cute.jit
     def m_block_at(self, m_iter, work: BwdWork):
@@ -1026,6 +1058,15 @@ class FlashBwdSm90:
             gdO = cute.local_tile(cute.domain_offset((offset_q, 0), gm.mdO[None, None, head]), (tm, dv), (None, 0))
             gLSE = cute.local_tile(gm.mLSE[None, head], (tm,), (None,))  # padded: tile pad_tile + m_block
             gdPsum = cute.local_tile(gm.mdPsum[None, head], (tm,), (None,))
+        elif const_expr(self.diag_align):  # Q-side tiles from row q_base (_set_diag_align)
+            q_base = work.q_base
+            gK = cute.local_tile(gm.mK[None, None, head_kv, batch], (tn, d), (None, 0))
+            gV = cute.local_tile(gm.mV[None, None, head_kv, batch], (tn, dv), (None, 0))
+            gQ = cute.local_tile(cute.domain_offset((q_base, 0), gm.mQ[None, None, head, batch]), (tm, d), (None, 0))
+            gdO = cute.local_tile(cute.domain_offset((q_base, 0), gm.mdO[None, None, head, batch]), (tm, dv),
+                                  (None, 0))
+            gLSE = cute.local_tile(cute.domain_offset((q_base,), gm.mLSE[None, head, batch]), (tm,), (None,))
+            gdPsum = cute.local_tile(cute.domain_offset((q_base,), gm.mdPsum[None, head, batch]), (tm,), (None,))
         else:
             gK = cute.local_tile(gm.mK[None, None, head_kv, batch], (tn, d), (None, 0))
             gV = cute.local_tile(gm.mV[None, None, head_kv, batch], (tn, dv), (None, 0))
@@ -1178,6 +1219,8 @@ class FlashBwdSm90:
         if const_expr(self.m_rotate):  # ``m_block`` is the loop step: its tile (m_block_at); ``it`` stays the step
             m_block = self.m_block_at(m_block, work)
         m_row0 = m_block * self.tile_m
+        if const_expr(self.diag_align):
+            m_row0 = m_row0 + work.q_base
         s_ops = SOperands(mmas.mma_S, f.acc_S, f.acc_dP, f.tSrK, f.tSrV, f.tSrQ[None, None, None, sidx],
                           f.tSrdO[None, None, None, sidx], f.tScS, f.tSsLSE[None, None, None, sidx],
                           f.tSsdPsum[None, None, None, sidx], f.rP_acc, f.rdS_acc)
@@ -1612,6 +1655,9 @@ class FlashBwdSm90:
                     if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
                         # chunk w * dq_pieces + p of the tile: columns [(w * dq_pieces + p) * dq_n, ...)
                         gptr = mdQ2.iterator + ((acc_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
+                        if const_expr(self.diag_align):  # chunk-major dQaccum: chunk w of the tile at Q row r
+                            gptr = mdQ2.iterator + (w * mdQ2.shape[0] + work.q_base + m_block * self.tile_m) \
+                                * self.dq_shape[0]
                         bulk_reduce_add_f32(gptr, sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                         cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):

@@ -35,8 +35,14 @@ from .bwd_pre import varlen_pad_offset
 
 class FlashBwdPostSm90:
     def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2,
-                 transposed: bool = False, varlen: bool = False, dq_shape: tuple | None = None, pdl: bool = False):
+                 transposed: bool = False, varlen: bool = False, dq_shape: tuple | None = None, pdl: bool = False,
+                 chunk_major: bool = False):
         self.dtype = dtype
+        # chunk_major (the main kernel's diag_align, bwd.py _set_diag_align): dQaccum (rows, d) holds chunk c of every
+        # Q row before chunk c + 1, chunk c of tile m at (c * rows + m * tile_m) * dq_shape[0] floats (transposed,
+        # one-CTA tiles, not varlen); otherwise a tile's chunks are stored back to back
+        self.chunk_major = bool(chunk_major)
+        assert not self.chunk_major or (transposed and blocked and not varlen and dq_shape is None), "chunk_major"
         self.pdl = bool(pdl)  # programmatic dependent launch after the main kernel (module docstring)
         assert not (self.pdl and varlen), "pdl: the plain (non-varlen) launch only"
         self.varlen = bool(varlen)  # packed dQ (total_q, h, d), padded per-sequence dQaccum slots: call_varlen
@@ -151,6 +157,8 @@ class FlashBwdPostSm90:
         thr = mma_dQ.get_slice(tid)
         tcoord = thr.partition_C(cute.make_identity_tensor(self.dq_shape))
         base = mdQ2.iterator + ((acc_tile * self.chunks + wg) * 128 * nv + tid * 4)
+        if cutlass.const_expr(self.chunk_major):
+            base = mdQ2.iterator + ((wg * mdQ2.shape[0] + acc_tile * tm) * self.dq_shape[0] + tid * 4)
         gacc = cute.make_tensor(base.align(16), cute.make_layout((4, nv // 4), stride=(1, 512)))
         racc = cute.make_rmem_tensor((4, nv // 4), Float32)
         for j in cutlass.range_constexpr(nv // 4):
