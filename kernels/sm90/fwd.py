@@ -100,7 +100,7 @@ from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .scheduler import tile_at, tile_coords
-from .softmax import apply_softcap, finalize, online_softmax_step, rescale_o
+from .softmax import apply_softcap, finalize, online_softmax_step, rescale_o, store_p_asm
 
 LOG2_E = math.log2(math.e)
 
@@ -171,7 +171,7 @@ class FlashFwdSm90:
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
-                 causal_split: bool = False, exp_in_branch: bool = False):
+                 causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -253,6 +253,10 @@ class FlashFwdSm90:
         self.causal_split = bool(causal_split) and causal and not self.has_window and intra_wg_overlap
         # tau > 0: a block's exponentials inside the arms of the warp's rescale decision (softmax.online_softmax_step)
         self.exp_in_branch = bool(exp_in_branch) and self.tau != 0.0
+        # overlapped loop: P converted to 16 bits by inline PTX (softmax.store_p_asm), the block's row sums pinned before
+        # the rescale decision, and the K/V loops written with their exit test at the top (steps_loop): the conversion
+        # and the sums stay among the exponentials instead of after the O-rescale branch
+        self.p_cvt_asm = bool(p_cvt_asm) and intra_wg_overlap
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -746,7 +750,8 @@ class FlashFwdSm90:
             else:
                 apply_mask(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k, self.causal)
         return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
-                                   self.emu_frags, self.poly, is_first, self.exp_in_branch)
+                                   self.emu_frags, self.poly, is_first, self.exp_in_branch,
+                                   self.p_cvt_asm and not is_first)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -799,7 +804,10 @@ class FlashFwdSm90:
 
     @cute.jit
     def to_p(self, acc_S, tOrP):
-        tOrP.store(acc_as_a_operand(acc_S).load().to(self.dtype))
+        if const_expr(self.p_cvt_asm):
+            store_p_asm(acc_S, tOrP, self.dtype == cutlass.BFloat16)
+        else:
+            tOrP.store(acc_as_a_operand(acc_S).load().to(self.dtype))
 
     @cute.jit
     def maybe_rescale(self, acc_O, row_scale, do_rescale: Boolean):
@@ -904,18 +912,27 @@ class FlashFwdSm90:
             # (With the decision inside one loop, ptxas compiles the loop as divergent at hd128 / (192, 128): pipeline
             # states and wgmma descriptors in vector registers, BSSY/BSYNC around every mbarrier wait.)
             n_masked = cutlass.min(cutlass.max(n_block_max - 1 - args.n_block_min_masked, 0), n_iter - 1)
-            for i in cutlass.range(n_masked, unroll=1):
-                n_block = n_block_max - 2 - i
-                state_v = state.clone()
-                state.advance()
-                self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
-                                   state_v, True)
-            for i in cutlass.range(n_masked, n_iter - 1, unroll=1):
-                n_block = n_block_max - 2 - i
-                state_v = state.clone()
-                state.advance()
-                self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
-                                   state_v, False)
+            if const_expr(self.p_cvt_asm):
+                state = self.steps_loop(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block_max,
+                                        Int32(0), n_masked, state, True)
+                state = self.steps_loop(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block_max,
+                                        n_masked, n_iter - 1, state, False)
+            else:
+                for i in cutlass.range(n_masked, unroll=1):
+                    n_block = n_block_max - 2 - i
+                    state_v = state.clone()
+                    state.advance()
+                    self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
+                                       state_v, True)
+                for i in cutlass.range(n_masked, n_iter - 1, unroll=1):
+                    n_block = n_block_max - 2 - i
+                    state_v = state.clone()
+                    state.advance()
+                    self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
+                                       state_v, False)
+        elif const_expr(self.p_cvt_asm):
+            state = self.steps_loop(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block_max,
+                                    Int32(0), n_iter - 1, state, None)
         else:
             for i in cutlass.range(n_iter - 1, unroll=1):
                 n_block = n_block_max - 2 - i
@@ -927,6 +944,23 @@ class FlashFwdSm90:
             pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
         self.last_pv(tiled_mma_pv, pipe_v, frags, regs, state)
         state.advance()
+        return state
+
+    @cute.jit
+    def steps_loop(self, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags: ConsumerFrags, regs: TileRegs,
+                   args: BlockArgs, n_block_max: Int32, lo: Int32, hi: Int32, state, masked: cutlass.Constexpr = None):
+        """p_cvt_asm: overlap steps lo .. hi-1 (block n_block_max - 2 - i) as a loop whose exit test (a warp vote, which
+        LLVM does not copy) stays at its top. A counted loop whose header holds only the test is rotated by LLVM (test
+        at the bottom), and ptxas then keeps the pipeline states and wgmma descriptors in vector registers (the default
+        loop escapes that only because LLVM folds the 32 P conversions into its header). Returns the K/V state."""
+        i = lo
+        while cute.arch.vote_any_sync(i < hi):
+            n_block = n_block_max - 2 - i
+            state_v = state.clone()
+            state.advance()
+            self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state, state_v,
+                               masked)
+            i += 1
         return state
 
     @cute.jit

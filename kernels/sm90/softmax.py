@@ -22,10 +22,12 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, const_expr
+from cutlass import Boolean, Float32, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .exp2 import affine_args, exp2_mufu, exp2_poly_affine
-from .layout import acc_rows_cols
+from .layout import acc_as_a_operand, acc_rows_cols
 
 LN2 = math.log(2.0)
 
@@ -77,6 +79,7 @@ def online_softmax_step(
     poly: cutlass.Constexpr[tuple],
     is_first: cutlass.Constexpr[bool],
     exp_in_branch: cutlass.Constexpr[bool] = False,
+    pin_sums: cutlass.Constexpr[bool] = False,
 ) -> Boolean:
     """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
 
@@ -125,6 +128,8 @@ def online_softmax_step(
             _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     for r in cutlass.range_constexpr(n_rows):
         acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
+        if const_expr(pin_sums):
+            acc = pin_f32(acc)
         if const_expr(is_first):
             row_sum[r] = acc
         else:
@@ -204,3 +209,48 @@ def apply_softcap(acc_S: cute.Tensor, softcap_mul: Float32):
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         for c in cutlass.range(cute.size(s, mode=[1]), unroll_full=True):
             s[r, c] = cute.math.tanh(s[r, c] * softcap_mul, fastmath=True)
+
+
+@dsl_user_op
+def cvt_pair_asm(lo: Float32, hi: Float32, bf16: cutlass.Constexpr[bool], *, loc=None, ip=None) -> Uint32:
+    """One 32-bit word holding (lo, hi) rounded to bf16 (``bf16``) or fp16, lo in the low half: one F2FP, written as
+    inline PTX so that LLVM sees an opaque value rather than a cast (see ``store_p_asm``)."""
+    op = "cvt.rn.bf16x2.f32" if bf16 else "cvt.rn.f16x2.f32"
+    return Uint32(
+        llvm.inline_asm(
+            T.i32(), [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
+            f"{op} $0, $2, $1;", "=r,f,f",
+            has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def pin_f32(x: Float32, *, loc=None, ip=None) -> Float32:
+    """``x`` through an empty side-effecting inline PTX move: LLVM keeps the computation of ``x`` before this point
+    (it cannot sink it into a later block); ptxas sees a plain register copy and schedules freely."""
+    return Float32(
+        llvm.inline_asm(
+            T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=f,f",
+            has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@cute.jit
+def store_p_asm(acc_S: cute.Tensor, tOrP: cute.Tensor, bf16: cutlass.Constexpr[bool]):
+    """P (fp32 S accumulator, exponentiated) -> tOrP (the P V GEMM's 16-bit A fragment), word by word with
+    ``cvt_pair_asm``: the same values as ``tOrP.store(acc_as_a_operand(acc_S).load().to(dtype))``.
+
+    Why (AttnConfig.p_cvt_asm): LLVM folds a loop-carried phi of two identical casts (the conversion before the main
+    loop and the one at the end of its body) into one cast after the phi, i.e. into the loop header, before the next
+    QK^T issue; with tau > 0 the body ends with the O-rescale branch, so ptxas keeps all 32 conversions after it, after
+    the last exponential. Opaque conversions are not folded: they stay where they are written, in the block of the
+    exponentials, where ptxas interleaves them with the MUFU work."""
+    src = acc_as_a_operand(acc_S)
+    n = cute.size(tOrP)
+    words = cute.make_tensor(cute.recast_ptr(tOrP.iterator, dtype=Uint32), cute.make_layout(cute.cosize(tOrP.layout) // 2))
+    for i in cutlass.range_constexpr(0, n, 2):
+        off = cute.crd2idx(i, tOrP.layout)
+        assert off % 2 == 0 and cute.crd2idx(i + 1, tOrP.layout) == off + 1, "P fragment: value pairs not in one word"
+        words[off // 2] = cvt_pair_asm(src[i], src[i + 1], bf16)
