@@ -104,7 +104,8 @@ PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (None,),
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
-                                "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,)}
+                                "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
+                                "p_cvt_asm": (None,)}
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -149,6 +150,11 @@ class AttnConfig:
     # warpgroup's staging chunk as soon as that chunk's bulk reduction has read it, instead of after every chunk of the
     # buffer has been (kernels/sm90/bwd.py dq_writer). None = DEFAULTS' (absent: off). Left out of to_dict() while None.
     bwd_dq_chunk_release: bool | None = None
+    # sm90 backward, causal, 80-row Q tiles (hd128 FlashBwdSm90), not deterministic, one CTA, no window / varlen; elsewhere
+    # no effect: K/V tile n walks 80-row Q tiles from its diagonal row (rounded down to 8) instead of from the 80-row
+    # grid, so no CTA computes the fully masked rows above its diagonal; dQaccum chunk-major (kernels/sm90/bwd.py
+    # _set_diag_align). None = off. Opt-in; left out of to_dict() while None.
+    bwd_diag_align: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
@@ -187,6 +193,12 @@ class AttnConfig:
     # tests/test_fwd_loop_shape_gpu.py). None = DEFAULTS' exp_in_branch (sm90 hd128 causal:
     # True; resolve() fills only True); left out of to_dict() while None.
     exp_in_branch: bool | None = None
+    # sm90 forward, overlapped main loop (elsewhere no effect): P converted to 16 bits by inline PTX, the block's row
+    # sums pinned before the rescale decision and the K/V loop's exit test kept at its top (kernels/sm90/fwd.py
+    # steps_loop), so the conversions and sums run among the exponentials instead of after the O-rescale branch (LLVM
+    # folds the default's conversion into the loop header). Same arithmetic. None = off. Opt-in; left out of to_dict()
+    # while None.
+    p_cvt_asm: bool | None = None
     # sm90 forward, causal: the L2 budget in MB that sizes the longest-first tile order's head groups (a group's K + V
     # fit in it: kernels/sm90/scheduler.py lpt_group_size). None = 32 (L2_BUDGET_BYTES); official FA4 sizes its L2
     # sections for 50. Host side only (the kernel takes the group size as an argument): same kernel, bitwise the same
@@ -223,7 +235,7 @@ class AttnConfig:
             raise ConfigError("rescale_before_pv=True with intra_wg_overlap=False: it moves the O rescale of the "
                               "overlapped main loop; without the overlap O is already rescaled right before its P V -- "
                               "pass rescale_before_pv=False (or None)")
-        for name in ("causal_split", "exp_in_branch"):
+        for name in ("causal_split", "exp_in_branch", "p_cvt_asm"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be None (per-arch default) or a bool (sm90 "
                                   "forward)")
@@ -243,7 +255,7 @@ class AttnConfig:
                               "longest first, g heads interleaved)")
         if not isinstance(self.bwd_rotate_q, bool):
             raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
-        for name in ("bwd_pdl", "bwd_dq_chunk_release"):
+        for name in ("bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be None (per-arch default) or a bool")
         c = self.cluster_m
@@ -278,7 +290,7 @@ class AttnConfig:
             raise ConfigError(f"rescale_before_pv=True with arch={arch}: an sm90 (Hopper) forward switch (the O rescale "
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
-        for name in ("causal_split", "exp_in_branch"):
+        for name in ("causal_split", "exp_in_branch", "p_cvt_asm"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
