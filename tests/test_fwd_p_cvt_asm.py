@@ -21,8 +21,8 @@ import pytest
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
-from kernels.sm90.sass import find_nvdisasm, instructions  # noqa: E402
-from test_fwd_loop_shape import _sass  # noqa: E402  (one SASS cache for the forward loop-shape files)
+from kernels.sm90.sass import find_nvdisasm  # noqa: E402
+from test_fwd_loop_shape import _loops, _sass  # noqa: E402  (one SASS cache for the forward loop-shape files)
 
 
 # ---- the field (no compile) -----------------------------------------------------------------------------------------
@@ -68,20 +68,11 @@ needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm no
 
 
 def _main_loop(sass: str):
-    """(opcode, operands) of the innermost backward-branch loop holding HGMMA and MUFU.EX2 (the last one: the
-    mask-free loop of a split causal kernel)."""
-    ins, labels = instructions(sass)
-    spans = []
-    for a, op, rest in ins:
-        m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
-        if m and labels[m.group(1)] < a:
-            body = [(o, r) for x, o, r in ins if labels[m.group(1)] <= x <= a]
-            ops = [o for o, _ in body]
-            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
-                spans.append((labels[m.group(1)], a, body))
-    inner = [s for s in spans if not any(t is not s and s[0] <= t[0] and t[1] <= s[1] for t in spans)]
-    assert inner, "no main loop found"
-    return max(inner, key=lambda s: s[0])[2]
+    """(opcode, operands) of the last steady-state loop (test_fwd_loop_shape._loops; inner loops do not overlap, so
+    the last is the mask-free loop of a split causal kernel)."""
+    loops = _loops(sass)
+    assert loops, "no main loop found"
+    return loops[-1]
 
 
 def _tail_to_rescale_branch(body):
