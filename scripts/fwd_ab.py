@@ -3,7 +3,7 @@ official FA4 (and cuDNN with --cudnn).
 
 ``python scripts/fwd_ab.py [--base-rev REV] [--hdims 64 128 256] [--seqlens 4096 8192 16384] [--causal 0 1]
 [--repeats 20] [--cfg NAME=field:value,field:value ...] [--out rows.jsonl] [--batch B] [--heads H] [--kv-heads H_KV]
-[--seqlen-k S_K]``
+[--seqlen-k S_K] [--gemm N]``
 
 Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16;
 ``--batch`` / ``--heads`` fix those instead, ``--kv-heads`` gives K/V fewer heads (GQA / MQA: Q head i reads K/V head
@@ -15,6 +15,9 @@ visible (query, key) pairs (kernels/flops.py). Packed GQA against the per-Q-head
                    separate package, so both kernels run in this process; '' skips it)
   fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
   sdpa_cudnn       with --cudnn
+  gemm             with --gemm N: a bf16 N x N x N torch.matmul (cuBLAS) timed in the same rounds; every variant's
+                   row gains ``of_gemm`` (its TFLOP/s over the GEMM's, per round; median and [p20, p80]): issue 11's
+                   "at >= 90% of the bf16 matmul throughput measured in the same run"
   NAME             every --cfg (AttnConfig fields of this tree, e.g. --cfg nopp=pingpong:false,intra_wg_overlap:false;
                    O rescaled before its P V: --cfg prepv=rescale_before_pv:true (bitwise the default's output: diff 0);
                    the 2x1-cluster forward with K/V multicast: --cfg cl2=cluster_m:2 --causal 0 -- a variant whose
@@ -152,6 +155,18 @@ def check(fns: dict, out) -> dict:
     return res
 
 
+def _add_gemm(fns: dict, diffs: dict, n: int) -> float:
+    """Add the ``gemm`` variant (bf16 n x n @ n x n into a preallocated output, cuBLAS); returns its FLOPs."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x, y = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    fns["gemm"] = lambda: torch.matmul(x, y, out=c)
+    diffs["gemm"] = float("nan")  # not an attention output
+    return 2.0 * n ** 3
+
+
 def _ratio_stats(ref: list, t: list):
     ratios = sorted(a / x for a, x in zip(ref, t))  # speed of the variant relative to ref, per round
     return statistics.median(ratios), ratios[len(ratios) // 5], ratios[(4 * len(ratios)) // 5]
@@ -176,6 +191,8 @@ def main():
     ap.add_argument("--heads", type=int, default=None, help="Q heads (default 2048 // hdim)")
     ap.add_argument("--kv-heads", type=int, default=None, help="K/V heads, dividing --heads (GQA / MQA; default: heads)")
     ap.add_argument("--seqlen-k", type=int, default=None, help="K/V length (default: the query length)")
+    ap.add_argument("--gemm", type=int, default=0, metavar="N",
+                    help="also time a bf16 N x N x N matmul in the same rounds (e.g. 8192); rows gain of_gemm")
     a = ap.parse_args()
     base = load_base(a.base_rev) if a.base_rev else None
     extra = dict(_parse_cfg(s) for s in a.cfg)
@@ -199,6 +216,7 @@ def main():
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
+                gemm_flops = _add_gemm(fns, diffs, a.gemm) if a.gemm else 0
                 times, gpu = sampled_round_robin(fns, a.repeats, hold_us=a.hold_us)
                 print(f"hd{hdim} s{s} causal={int(causal)} GPU during the rounds:{gpu_note(gpu) or ' not sampled'}")
                 flops = attention_flops(batch, heads, s, s_k, hdim, dv, causal)
@@ -207,20 +225,24 @@ def main():
                     med = statistics.median(t)
                     so = _ratio_stats(times["ours"], t)
                     sf = _ratio_stats(off, t) if off else (float("nan"),) * 3
+                    fl = gemm_flops if name == "gemm" else flops
+                    # throughput over the GEMM's, per round: (fl / t) / (gemm_flops / t_gemm)
+                    og = tuple(x * fl / gemm_flops for x in _ratio_stats(times["gemm"], t)) if gemm_flops else None
                     row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, seqlen_k=s_k, batch=batch, heads=heads,
                                kv_heads=kv_heads, causal=causal,
-                               ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=so[0], p20=so[1], p80=so[2],
+                               ms_median=med, tflops=fl / med / 1e9, speed_vs_ours=so[0], p20=so[1], p80=so[2],
                                speed_vs_official=sf[0], off_p20=sf[1], off_p80=sf[2], n=len(t),
                                rel_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name(), hold_us=a.hold_us,
+                               **(dict(of_gemm=og[0], gemm_p20=og[1], gemm_p80=og[2], gemm_n=a.gemm) if og else {}),
                                **gpu)
                     rows.append(row)
-                    bad = "  BAD" if not diffs[name] <= 0.02 else ""
+                    bad = "  BAD" if name != "gemm" and not diffs[name] <= 0.02 else ""
                     shape = f"s{s}" + (f" sk{s_k}" if s_k != s else "") + (f" b{batch} h{heads}/{kv_heads}"
                                                                          if kv_heads != heads else "")
                     print(f"hd{hdim} {shape} causal={int(causal)} {name:16s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
                           f"  speed/ours {so[0]:.3f} [{so[1]:.3f}, {so[2]:.3f}]"
-                          f"  speed/official {sf[0]:.3f} [{sf[1]:.3f}, {sf[2]:.3f}]  diff {diffs[name]:.2e}{bad}",
-                          flush=True)
+                          f"  speed/official {sf[0]:.3f} [{sf[1]:.3f}, {sf[2]:.3f}]  diff {diffs[name]:.2e}{bad}"
+                          + (f"  of gemm {og[0]:.3f} [{og[1]:.3f}, {og[2]:.3f}]" if og else ""), flush=True)
                     if a.out:
                         with open(a.out, "a") as f:
                             f.write(json.dumps(row) + "\n")
