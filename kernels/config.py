@@ -106,6 +106,8 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
                                 "p_cvt_asm": (None,)}
+# switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
+OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -235,10 +237,6 @@ class AttnConfig:
             raise ConfigError("rescale_before_pv=True with intra_wg_overlap=False: it moves the O rescale of the "
                               "overlapped main loop; without the overlap O is already rescaled right before its P V -- "
                               "pass rescale_before_pv=False (or None)")
-        for name in ("causal_split", "exp_in_branch", "p_cvt_asm"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r}: must be None (per-arch default) or a bool (sm90 "
-                                  "forward)")
         m = self.lpt_l2_mb
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not (1 <= m <= 1024)):
             raise ConfigError(f"lpt_l2_mb={m!r}: must be None (32 MB) or an int in [1, 1024] (MB of L2 for one head "
@@ -255,7 +253,7 @@ class AttnConfig:
                               "longest first, g heads interleaved)")
         if not isinstance(self.bwd_rotate_q, bool):
             raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
-        for name in ("bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align"):
+        for name in OPTIONAL_BOOLS:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be None (per-arch default) or a bool")
         c = self.cluster_m
@@ -296,9 +294,8 @@ class AttnConfig:
                                   f"overlapped main loop's code); pass {name}=False")
         updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m")
                    if getattr(self, k) is None}
-        if self.rescale_before_pv is None:  # one bool, or a (non-causal, causal) pair
-            v = d["rescale_before_pv"]
-            updates["rescale_before_pv"] = v[1 if causal else 0] if isinstance(v, tuple) else v
+        if self.rescale_before_pv is None:
+            updates["rescale_before_pv"] = for_causal(d["rescale_before_pv"], causal)
         if self.exp2_emu_fraction is None:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
@@ -488,6 +485,11 @@ def _load_tuned_dir(folder: Path = TUNED_DIR) -> dict[tuple[str, int, bool], dic
     return out
 
 
+def for_causal(v, causal: bool):
+    """A DEFAULTS value: one for both, or a (non-causal, causal) pair."""
+    return v[1 if causal else 0] if isinstance(v, tuple) else v
+
+
 def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> dict:
     """The resolved default of every table field for (arch, hdim, causal): the DEFAULTS row (exp2 fraction for this
     ``causal``), with the tuned file's entry over it unless ``tuned=False``."""
@@ -496,8 +498,7 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
         raise ConfigError(f"hdim={hdim}: supported head dims are {SUPPORTED_HDIMS}")
     d = dict(DEFAULTS[(arch, int(hdim))])
     d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
-    if isinstance(d["rescale_before_pv"], tuple):  # a (non-causal, causal) pair: the value resolve() fills
-        d["rescale_before_pv"] = d["rescale_before_pv"][1 if causal else 0]
+    d["rescale_before_pv"] = for_causal(d["rescale_before_pv"], causal)  # the value resolve() fills
     d.pop("persistent_max_seqlen")  # a per-call rule, not a field (persistent_by_default)
     d.pop("two_cta")  # a per-call rule (two_cta_by_default), not filled in by resolve()
     if tuned:

@@ -273,14 +273,20 @@ SCHED_SWITCHES = [dict(bwd_lpt_heads=1), dict(bwd_lpt_heads=4), dict(bwd_lpt_hea
 @pytest.mark.parametrize("hdim,dtype", [(64, torch.bfloat16), (128, torch.float16)], ids=["64", "128"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_schedule_candidates(switch, hdim, dtype, causal):
+    _run_switch_cases(switch, hdim, dtype, causal, seed=11)
+
+
+def _run_switch_cases(switch, hdim, dtype, causal, seed, tiny=False):
+    """An opt-in switch's shapes (bwd_tile_m 64 dropped at hd64, which has no such choice): odd lengths, 1000,
+    s_q < s_k, (tiny) length 1, and s_q > s_k where the reference is finite (non-causal)."""
     if switch.get("bwd_tile_m") == 64 and hdim == 64:
         switch = {k: v for k, v in switch.items() if k != "bwd_tile_m"}
     cfg = _cfg(**switch)
-    _run_case(3, 333, 397, 5, hdim, causal, dtype, cfg, seed=11)
-    _run_case(2, 1000, 1000, 2, hdim, causal, dtype, cfg, seed=12)
-    _run_case(1, 17, 129, 3, hdim, causal, dtype, cfg, seed=13)
+    shapes = [(3, 333, 397, 5), (2, 1000, 1000, 2), (1, 17, 129, 3)] + ([(3, 1, 1, 2)] if tiny else [])
     if not causal:  # causal with seqlen_q > seqlen_k leaves rows with no key: the reference is NaN there
-        _run_case(2, 300, 77, 2, hdim, causal, dtype, cfg, seed=14)
+        shapes.append((2, 300, 77, 2))
+    for i, (b, sq, sk, h) in enumerate(shapes):
+        _run_case(b, sq, sk, h, hdim, causal, dtype, cfg, seed=seed + i)
 
 
 # opt-in programmatic dependent launch pre -> main -> post (AttnConfig.bwd_pdl): the main kernel reads the
@@ -296,15 +302,7 @@ PDL_SWITCHES = [dict(bwd_pdl=True), dict(bwd_pdl=True, deterministic=True), dict
 @pytest.mark.parametrize("hdim,dtype", [(64, torch.bfloat16), (128, torch.float16)], ids=["64", "128"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_pdl(switch, hdim, dtype, causal):
-    if switch.get("bwd_tile_m") == 64 and hdim == 64:
-        switch = {k: v for k, v in switch.items() if k != "bwd_tile_m"}
-    cfg = _cfg(**switch)
-    _run_case(3, 333, 397, 5, hdim, causal, dtype, cfg, seed=21)
-    _run_case(2, 1000, 1000, 2, hdim, causal, dtype, cfg, seed=22)
-    _run_case(1, 17, 129, 3, hdim, causal, dtype, cfg, seed=23)
-    _run_case(3, 1, 1, 2, hdim, causal, dtype, cfg, seed=24)
-    if not causal:  # causal with seqlen_q > seqlen_k leaves rows with no key: the reference is NaN there
-        _run_case(2, 300, 77, 2, hdim, causal, dtype, cfg, seed=25)
+    _run_switch_cases(switch, hdim, dtype, causal, seed=21, tiny=True)
 
 
 @pytest.mark.parametrize("hdim", [64, 128])
