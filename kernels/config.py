@@ -44,6 +44,10 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   of the tau decision (absent: False). H200 2026-12-01, speed vs off: hd128 causal 1.013 / 1.013 /
 #                   1.022 (4k / 8k / 16k; 1.021 in a second 16k run); hd128 non-causal 16k 1.004, hd64 16k 1.004 /
 #                   0.974 (non-causal / causal), hd256 1.000, (192, 128) causal 0.989-0.991: on at hd128 causal only
+#   bwd_diag_align : (non-causal, causal) AttnConfig.bwd_diag_align=None: the sm90 causal 80-row backward walks Q tiles
+#                   from each K/V tile's diagonal row (absent: off). H200 2026-12-01, 16k tokens, 10 rounds
+#                   (results/h200/session_ab/bwd_diag.jsonl), speed vs off at hd128 causal 1k / 2k / 4k / 8k: 1.001 /
+#                   1.017 / 1.018 / 1.009 (official / off: 1.080 / 1.051 / 1.008 / 0.991)
 DEFAULTS: dict[tuple[str, int], dict] = {
     # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
     # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
@@ -68,7 +72,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
-                        bwd_lpt_heads=(0, 4), exp_in_branch=(False, True)),
+                        bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -155,7 +159,7 @@ class AttnConfig:
     # sm90 backward, causal, 80-row Q tiles (hd128 FlashBwdSm90), not deterministic, one CTA, no window / varlen; elsewhere
     # no effect: K/V tile n walks 80-row Q tiles from its diagonal row (rounded down to 8) instead of from the 80-row
     # grid, so no CTA computes the fully masked rows above its diagonal; dQaccum chunk-major (kernels/sm90/bwd.py
-    # _set_diag_align). None = off. Opt-in; left out of to_dict() while None.
+    # _set_diag_align). None = DEFAULTS' (on at hd128 causal; absent: off). Left out of to_dict() while None.
     bwd_diag_align: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
@@ -300,7 +304,7 @@ class AttnConfig:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
-        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split"):
+        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split", "bwd_diag_align"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there

@@ -1,4 +1,4 @@
-"""AttnConfig.bwd_diag_align (opt-in): the hd128 causal backward's 80-row Q tiles walked from each K/V tile's diagonal
+"""AttnConfig.bwd_diag_align (on by default at hd128 causal, DEFAULTS' pair): the hd128 causal backward's 80-row Q tiles walked from each K/V tile's diagonal
 row (kernels/sm90/bwd.py FlashBwdSm90._set_diag_align), dQaccum chunk-major (bwd_post.py ``chunk_major``).
 
 CPU only: the field (hash, validation, compiled config), where the kernel takes it, the walk's row arithmetic against
@@ -31,7 +31,7 @@ def _walk(sq, sk, tm=80, tn=128, align=True):
 
 def test_diag_align_field():
     """None is left out of to_dict() (old hashes and keys), an explicit value is its own config; resolve() leaves it
-    None; dropped from the forward's compiled config; validated."""
+    the DEFAULTS pair (on at hd128 causal only); dropped from the forward's compiled config; validated."""
     from kernels import AttnConfig, ConfigError
     from kernels.tiles import compiled_config
 
@@ -40,7 +40,9 @@ def test_diag_align_field():
     assert AttnConfig(bwd_diag_align=False).config_hash() != AttnConfig(bwd_diag_align=True).config_hash()
     for hd in (64, 128):
         for causal in (False, True):
-            assert AttnConfig().resolve("sm90", hd, causal).bwd_diag_align is None
+            assert AttnConfig().resolve("sm90", hd, causal).bwd_diag_align is (True if (hd, causal) == (128, True)
+                                                                               else None)
+            assert AttnConfig(bwd_diag_align=False).resolve("sm90", hd, causal).bwd_diag_align is False
     assert "bwd_diag_align" not in compiled_config(AttnConfig(bwd_diag_align=True), "sm90", 128, True, "fwd")
     assert compiled_config(AttnConfig(bwd_diag_align=True), "sm90", 128, True, "bwd")["bwd_diag_align"] is True
     for bad in (1, "yes"):
@@ -62,8 +64,9 @@ def test_diag_align_where_it_applies():
 
     k = main(bwd_diag_align=True)
     assert k.diag_align and k.tile_m == 80 and _post_layout(k).get("chunk_major") is True
-    assert not main().diag_align and "chunk_major" not in _post_layout(main())
-    assert not main(bwd_diag_align=False).diag_align
+    assert main().diag_align  # the hd128 causal default (DEFAULTS' pair)
+    off = main(bwd_diag_align=False)
+    assert not off.diag_align and "chunk_major" not in _post_layout(off)
     assert not main(causal=False, bwd_diag_align=True).diag_align
     assert not main(deterministic=True, bwd_diag_align=True).diag_align
     assert not main(bwd_tile_m=64, bwd_diag_align=True).diag_align  # 128 / 64: already aligned
@@ -129,7 +132,7 @@ def test_diag_align_sass(tmp_path):
     from kernels.sm90.sass import count, opcode_counts
 
     cand = _bwd_kernels_sass(tmp_path, "bwd_diag_align=True", 128, True)
-    base = _bwd_kernels_sass(tmp_path, "", 128, True)
+    base = _bwd_kernels_sass(tmp_path, "bwd_diag_align=False", 128, True)
     strip = lambda s: re.sub(r"/\*[0-9a-f]+\*/", "", s)
     for kind in ("pre", "main", "post"):
         ops = opcode_counts(cand[kind][0])
@@ -161,6 +164,7 @@ def test_diag_align_build_pads_one_tile():
     from kernels.sm90.backward import compile_backward
 
     assert compile_backward(AttnConfig(bwd_diag_align=True), "bfloat16", 128, True)["q_pad_rows"] == 80
-    assert compile_backward(AttnConfig(), "bfloat16", 128, True)["q_pad_rows"] == 0
+    assert compile_backward(AttnConfig(bwd_diag_align=False), "bfloat16", 128, True)["q_pad_rows"] == 0
+    assert compile_backward(AttnConfig(), "bfloat16", 128, True)["q_pad_rows"] == 80  # the hd128 causal default
     assert compile_backward(AttnConfig(bwd_diag_align=True), "bfloat16", 128, False)["q_pad_rows"] == 0
     assert math.ceil(1000 / 80) * 80 + 80 >= 1000 + 79

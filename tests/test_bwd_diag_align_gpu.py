@@ -2,7 +2,8 @@
 row, chunk-major dQaccum; kernels/sm90/bwd.py _set_diag_align) by the DESIGN.md rule (tests/test_bwd_gpu.py's
 _run_case: fp64 reference, NaN-poisoned outputs). Lengths where 128 n - (seqlen_k - seqlen_q) is not a multiple of 8
 (the rounding), where the last tile ends up to 79 rows past seqlen_q (the extra padded tile), seqlen_q < seqlen_k,
-one row, and a length past 4096; with the grid orders and PDL it may be combined with."""
+one row, and a length past 4096; with the grid orders and PDL it may be combined with. The hd128 causal default
+since 2026-12-01 (DEFAULTS' pair)."""
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,8 @@ def test_bwd_diag_align(switch, dtype):
         _run_case(b, sq, sk, h, 128, True, dtype, cfg, seed=40 + i)
 
 
-def test_bwd_diag_align_matches_default():
-    """The same inputs through the default kernel and the aligned one: dK / dV / dQ agree to the fp32 accumulation
+def test_bwd_diag_align_matches_the_grid_walk():
+    """The same inputs through the 80-row-grid kernel (bwd_diag_align=False) and the aligned one (the default): dK / dV / dQ agree to the fp32 accumulation
     order (the aligned walk computes the same nonzero terms, in other tiles)."""
     from kernels.sm90.backward import attention_backward
     import math
@@ -44,7 +45,7 @@ def test_bwd_diag_align_matches_default():
     out = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     lse = torch.randn(b, h, s, device="cuda", dtype=torch.float32, generator=g) + 6.0
     scale = 1.0 / math.sqrt(d)
-    ref = attention_backward(q, k, v, out, do, lse, True, scale, _cfg())
+    ref = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(bwd_diag_align=False))
     got = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(bwd_diag_align=True))
     torch.cuda.synchronize()
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
