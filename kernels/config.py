@@ -44,6 +44,12 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   of the tau decision (absent: False). H200 2026-12-01, speed vs off: hd128 causal 1.013 / 1.013 /
 #                   1.022 (4k / 8k / 16k; 1.021 in a second 16k run); hd128 non-causal 16k 1.004, hd64 16k 1.004 /
 #                   0.974 (non-causal / causal), hd256 1.000, (192, 128) causal 0.989-0.991: on at hd128 causal only
+#   p_cvt_asm     : (non-causal, causal) AttnConfig.p_cvt_asm=None: the sm90 forward's P conversion as inline PTX, row
+#                   sums pinned before the O-rescale branch, the K/V loop tested at its top (absent: off). H200 2026-12-01,
+#                   16k tokens, 8 rounds, outputs bitwise equal (results/h200/session_ab/fwd_pcvt_all.jsonl), speed vs
+#                   off at 8k / 16k: hd128 non-causal 1.017 / 1.026, hd64 1.007 / 1.005, (192, 128) 1.004 / 1.004,
+#                   hd256 1.004 / 1.003 (causal 1.006 / 1.005); causal hd64 0.992 / 0.990, hd128 0.999 / 0.998,
+#                   (192, 128) 0.998 / 0.998: off there
 #   bwd_diag_align : (non-causal, causal) AttnConfig.bwd_diag_align=None: the sm90 causal 80-row backward walks Q tiles
 #                   from each K/V tile's diagonal row (absent: off). H200 2026-12-01, 16k tokens, 10 rounds
 #                   (results/h200/session_ab/bwd_diag.jsonl), speed vs off at hd128 causal 1k / 2k / 4k / 8k: 1.001 /
@@ -66,13 +72,14 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
                        bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False, rescale_before_pv=False,
-                       bwd_lpt_heads=(0, 1)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
     # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
-                        bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True)),
+                        bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
+                        p_cvt_asm=(True, False)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -81,13 +88,14 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # those inputs (results/h200/session_ab/fwd192c_splitpv.jsonl): 1.012 / 1.015x the one-loop kernel at 8k / 16k.
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=(False, True),
-                        causal_split=(False, True)),
+                        causal_split=(False, True), p_cvt_asm=(True, False)),
     # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10
     # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
     # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
     # (two_cta_by_default). hd64 / 128 two_cta is slower: off there; (192, 128) has no 2-CTA mode.
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True, rescale_before_pv=False),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True, rescale_before_pv=False,
+                        p_cvt_asm=(True, True)),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
     ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
     ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
@@ -109,7 +117,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
-                                "p_cvt_asm": (None,)}
+                                "p_cvt_asm": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align")
 CLUSTER_M_VALUES = (1, 2)
@@ -202,8 +210,8 @@ class AttnConfig:
     # sm90 forward, overlapped main loop (elsewhere no effect): P converted to 16 bits by inline PTX, the block's row
     # sums pinned before the rescale decision and the K/V loop's exit test kept at its top (kernels/sm90/fwd.py
     # steps_loop), so the conversions and sums run among the exponentials instead of after the O-rescale branch (LLVM
-    # folds the default's conversion into the loop header). Same arithmetic. None = off. Opt-in; left out of to_dict()
-    # while None.
+    # folds the plain conversion into the loop header). Same arithmetic. None = DEFAULTS' pair (on non-causal, and at
+    # hd256 causal; absent: off). Left out of to_dict() while None.
     p_cvt_asm: bool | None = None
     # sm90 forward, causal: the L2 budget in MB that sizes the longest-first tile order's head groups (a group's K + V
     # fit in it: kernels/sm90/scheduler.py lpt_group_size). None = 32 (L2_BUDGET_BYTES); official FA4 sizes its L2
@@ -304,7 +312,8 @@ class AttnConfig:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
-        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split", "bwd_diag_align"):
+        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split", "bwd_diag_align",
+                     "p_cvt_asm"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there

@@ -1,7 +1,8 @@
-"""AttnConfig.p_cvt_asm (sm90 forward, opt-in): the P conversion among the exponentials (notes: /work/notes/fwd_s8.md).
+"""AttnConfig.p_cvt_asm (sm90 forward; on by default non-causal and at hd256 causal, DEFAULTS' pair): the P conversion
+among the exponentials (notes: /work/notes/fwd_s8.md).
 
 Found by comparing PTX / SASS with official FA4's sm90 forward at hd128 non-causal: LLVM folds the loop-carried phi of
-the two identical P casts (before the main loop, end of its body) into one cast in the loop header, so in our default
+the two identical P casts (before the main loop, end of its body) into one cast in the loop header, so in our plain
 loop all 32 F2FP (and, with them, the end of the block) run after the tau-conditional O rescale, after the last
 MUFU.EX2: ~46 executed instructions between a warpgroup's last exponential and its next GEMM issue when tau skips the
 rescale (official: 7, its in-loop conversion is inline PTX). p_cvt_asm converts P by inline PTX (not folded), pins the
@@ -9,7 +10,7 @@ row sums before the rescale decision, and writes the K/V loop with its exit test
 bottom-tested (LLVM-rotated) loop makes ptxas keep the pipeline states in vector registers.
 
 These CPU tests check the machine code: F2FP / FADD interleaved with the exponentials, a short tail, pipeline state in
-uniform registers, 0 local-memory spills, and the default kernel unchanged (config hash and SASS).
+uniform registers, 0 local-memory spills, and the kernel without it (p_cvt_asm=False) unchanged (config hash and SASS).
 """
 from __future__ import annotations
 
@@ -26,13 +27,19 @@ from test_fwd_loop_shape import _loops, _sass  # noqa: E402  (one SASS cache for
 
 
 # ---- the field (no compile) -----------------------------------------------------------------------------------------
-def test_p_cvt_asm_default_none_leaves_hashes_unchanged():
+def test_p_cvt_asm_default_pair_and_hashes():
+    """None resolves to DEFAULTS' (non-causal, causal) pair (True fills the field, off leaves it None: the hash of
+    before the field); an explicit value is its own config."""
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
             r = AttnConfig().resolve("sm90", hd, causal)
-            assert r.p_cvt_asm is None and "p_cvt_asm" not in r.to_dict()
+            want = (not causal) or hd == 256
+            assert r.p_cvt_asm is (True if want else None)
+            assert ("p_cvt_asm" in r.to_dict()) is want
             on = AttnConfig(p_cvt_asm=True).resolve("sm90", hd, causal)
-            assert on.to_dict()["p_cvt_asm"] is True and on.config_hash() != r.config_hash()
+            assert on.to_dict()["p_cvt_asm"] is True and (on.config_hash() == r.config_hash()) is want
+            off = AttnConfig(p_cvt_asm=False).resolve("sm90", hd, causal)
+            assert off.p_cvt_asm is False and off.config_hash() != on.config_hash()
     assert AttnConfig(p_cvt_asm=True).op_string == '{"p_cvt_asm":true}'
 
 
@@ -101,9 +108,9 @@ def _vector_state(body) -> int:
 @needs_nvdisasm
 @pytest.mark.compile
 def test_p_conversion_among_the_exponentials_hd128(tmp_path_factory):
-    """hd128 non-causal: default 32 F2FP after the last MUFU.EX2 (header after the rescale branch); p_cvt_asm <= 2 of
+    """hd128 non-causal: without it 32 F2FP after the last MUFU.EX2 (header after the rescale branch); p_cvt_asm <= 2 of
     them and <= 12 instructions before the branch; same HGMMA / EX2 / F2FP counts; uniform pipeline state; 0 LDL/STL."""
-    base = _sass(tmp_path_factory, 128, False)
+    base = _sass(tmp_path_factory, 128, False, p_cvt_asm=False)
     on = _sass(tmp_path_factory, 128, False, p_cvt_asm=True)
     lb, lo = _main_loop(base), _main_loop(on)
     ops_b, ops_o = [o for o, _ in lb], [o for o, _ in lo]
@@ -112,7 +119,7 @@ def test_p_conversion_among_the_exponentials_hd128(tmp_path_factory):
     assert sum(o.startswith("HGMMA") for o in ops_b) == sum(o.startswith("HGMMA") for o in ops_o) == 16
     last_b = max(i for i, o in enumerate(ops_b) if o == "MUFU.EX2")
     last_o = max(i for i, o in enumerate(ops_o) if o == "MUFU.EX2")
-    assert sum(o.startswith("F2FP") for o in ops_b[last_b:]) == 32  # the default: every conversion after them
+    assert sum(o.startswith("F2FP") for o in ops_b[last_b:]) == 32  # without it: every conversion after them
     assert sum(o.startswith("F2FP") for o in ops_o[last_o:]) <= 2
     tail = _tail_to_rescale_branch(lo)
     assert len(tail) <= 12 and not any(o.startswith("FMUL") for o in tail), tail
@@ -126,7 +133,7 @@ def test_p_conversion_among_the_exponentials_hd128(tmp_path_factory):
 @pytest.mark.parametrize("hdim, causal", [(64, False), (256, False), (192, False), (128, True), (192, True)])
 def test_p_cvt_asm_other_head_dims(tmp_path_factory, hdim, causal):
     """The other non-causal head dims with p_cvt_asm: 0 LDL/STL, pipeline state in uniform registers, <= 2 F2FP after
-    the last exponential (default: 32, or 20 at tile_n 80). Causal: 0 LDL/STL only (hd128 causal's one-loop default
+    the last exponential (without it: 32, or 20 at tile_n 80). Causal: 0 LDL/STL only (hd128 causal's one-loop default
     kernel is divergent already, fwd_s7 finding 1, and exp_in_branch leaves the conversions after the branch arms;
     (192, 128) causal's split loops gain 3 vector-register state instructions: not a target)."""
     on = _sass(tmp_path_factory, hdim, causal, p_cvt_asm=True)

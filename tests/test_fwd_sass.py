@@ -124,11 +124,16 @@ def test_exp2_fraction_in_sixteenths(tmp_path_factory):
 
 
 def test_tau_decision_is_a_warp_vote(tmp_path_factory):
-    on = sass_counts(tmp_path_factory, rescale_threshold=8.0)
-    off = sass_counts(tmp_path_factory, rescale_threshold=0.0)
+    """tau > 0 adds a warp vote (VOTE) per block; with p_cvt_asm (the non-causal default) the K/V loop's exit test is
+    one more, so there: more votes with tau than without."""
+    on = sass_counts(tmp_path_factory, rescale_threshold=8.0, p_cvt_asm=False)
+    off = sass_counts(tmp_path_factory, rescale_threshold=0.0, p_cvt_asm=False)
     assert count(on, "VOTE") > 0
     assert count(off, "VOTE") == 0
     assert on != off
+    on_p = sass_counts(tmp_path_factory, rescale_threshold=8.0)
+    off_p = sass_counts(tmp_path_factory, rescale_threshold=0.0)
+    assert count(on_p, "VOTE") > count(off_p, "VOTE")
 
 
 @pytest.mark.parametrize("hdim,causal", [(64, False), (128, False), (128, True), (192, False), (192, True), (256, False)])
@@ -152,6 +157,8 @@ def test_rescale_before_pv_moves_the_o_rescale_out_of_the_tail(tmp_path_factory,
     # (tile_m 192 at 160 registers) spills one register with the field on (1 LDL + 1 STL)
     tile = {k: v for k, v in table_defaults("sm90", hdim, causal, tuned=False).items()
             if k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs")}
+    # p_cvt_asm off (on by default non-causal since 2026-12-01): the field's effect on the plain loop, as measured
+    tile["p_cvt_asm"] = False
     base = sass_text(tmp_path_factory, hdim=hdim, causal=causal, rescale_before_pv=False, **tile)  # (192, 128) causal's default: on
     on = sass_text(tmp_path_factory, hdim=hdim, causal=causal, rescale_before_pv=True, **tile)
     cb, co = opcode_counts(base), opcode_counts(on)
