@@ -123,11 +123,12 @@ def _in_own_repo() -> bool:
     return top is not None and Path(top).resolve() == REPO
 
 
-def kernels_hash() -> str:
-    """sha1 (12 hex) of every .py file under kernels/ (relative path and bytes): rows of an unchanged kernel
-    package compare across commits, and a tree copied without .git still says which kernels it ran."""
+def kernels_hash(repo: Path | None = None) -> str:
+    """sha1 (12 hex) of every .py file under kernels/ of ``repo`` (default: this tree) (relative path and bytes): rows
+    of an unchanged kernel package compare across commits, and a tree copied without .git still says which kernels it
+    ran."""
     h = hashlib.sha1()
-    root = REPO / "kernels"
+    root = (REPO if repo is None else Path(repo)) / "kernels"
     for f in sorted(root.rglob("*.py")):
         if "__pycache__" in f.parts:
             continue
@@ -137,15 +138,21 @@ def kernels_hash() -> str:
 
 def provenance() -> dict:
     """git_sha (this repository's HEAD, else $FA4LAB_GIT_SHA, else None), git_sha_source ('repo' / 'env' / None),
-    git_dirty (tracked files modified; None when not known: no repository of our own), kernels_hash."""
+    git_dirty (tracked files modified; None when not known: no repository of our own), kernels_hash.
+    A modified tree whose HEAD is not $FA4LAB_GIT_SHA takes the variable's commit (source 'env', the HEAD kept as
+    git_sha_repo): a working tree copied onto another host over an older .git (the GPU host's copies) is the commit
+    the variable names, not an edited HEAD. A clean tree keeps its HEAD (a stale variable is ignored)."""
     sha = _git("rev-parse", "HEAD") if _in_own_repo() else None
+    env = os.environ.get("FA4LAB_GIT_SHA") or None
+    extra = {}
     if sha is not None:
         status = _git("status", "--porcelain", "--untracked-files=no")
         dirty, source = (None if status is None else bool(status)), "repo"
+        if dirty and env and not sha.startswith(env):
+            extra, sha, dirty, source = dict(git_sha_repo=sha), env, None, "env"
     else:
-        sha = os.environ.get("FA4LAB_GIT_SHA") or None
-        dirty, source = None, ("env" if sha else None)
-    return dict(git_sha=sha, git_sha_source=source, git_dirty=dirty, kernels_hash=kernels_hash())
+        sha, dirty, source = env, None, ("env" if env else None)
+    return dict(git_sha=sha, git_sha_source=source, git_dirty=dirty, kernels_hash=kernels_hash(), **extra)
 
 
 # ---- static ------------------------------------------------------------------------------------

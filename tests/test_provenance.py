@@ -56,7 +56,29 @@ def test_own_repository_gives_head_and_dirty(tmp_path, monkeypatch):
     p = metadata.provenance()
     assert len(p["git_sha"]) == 40 and p["git_sha_source"] == "repo" and p["git_dirty"] is False
     (root / "kernels" / "a.py").write_text("x = 2\n")
-    assert metadata.provenance()["git_dirty"] is True
+    monkeypatch.delenv("FA4LAB_GIT_SHA")
+    assert metadata.provenance()["git_dirty"] is True and "git_sha_repo" not in metadata.provenance()
+
+
+@needs_git
+def test_modified_copy_over_an_older_git_takes_the_variables_commit(tmp_path, monkeypatch):
+    """The GPU host's copies: the working tree of commit B over a .git whose HEAD is an older commit A (tracked files
+    modified against A). With FA4LAB_GIT_SHA=B the row names B (source 'env', A kept as git_sha_repo); a clean tree
+    at A, or a variable naming A itself, keeps A."""
+    root = tree(tmp_path / "repo")
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "c")
+    monkeypatch.setattr(metadata, "REPO", root.resolve())
+    head = metadata.provenance()["git_sha"]
+    monkeypatch.setenv("FA4LAB_GIT_SHA", "b" * 7)
+    assert metadata.provenance()["git_sha"] == head  # clean: the variable is stale, HEAD wins
+    (root / "kernels" / "a.py").write_text("x = 2\n")
+    p = metadata.provenance()
+    assert (p["git_sha"], p["git_sha_source"], p["git_dirty"], p["git_sha_repo"]) == ("b" * 7, "env", None, head)
+    monkeypatch.setenv("FA4LAB_GIT_SHA", head[:7])
+    p = metadata.provenance()
+    assert (p["git_sha"], p["git_sha_source"], p["git_dirty"]) == (head, "repo", True)
 
 
 def test_kernels_hash_follows_the_kernel_sources_only(tmp_path, monkeypatch):
@@ -78,3 +100,38 @@ def test_static_metadata_carries_the_provenance_fields():
     for k in ("git_sha", "git_sha_source", "git_dirty", "kernels_hash"):
         assert k in md
     assert md["kernels_hash"] and (md["git_dirty"] is None or md["git_sha_source"] == "repo")
+
+
+@needs_git
+def test_relabel_names_the_commit_whose_kernels_ran(tmp_path, monkeypatch):
+    """experiments.relabel: a row that names commit A with git_dirty true but carries kernels_hash of commit B gets B
+    (git_sha_repo A, source 'kernels_hash'); a row whose kernels match its commit, or whose kernels are in no commit,
+    is left alone."""
+    import json
+
+    from experiments import relabel
+    from experiments.results import read_rows
+
+    root = tree(tmp_path / "repo")
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "a")
+    a = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    ka = metadata.kernels_hash(root)
+    (root / "kernels" / "a.py").write_text("x = 2\n")
+    git(root, "commit", "-q", "-am", "b")
+    b = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    kb = metadata.kernels_hash(root)
+    assert ka != kb
+    rows = [dict(i=0, git_sha=a, git_dirty=True, kernels_hash=kb), dict(i=1, git_sha=a, git_dirty=True, kernels_hash=ka),
+            dict(i=2, git_sha=a, git_dirty=True, kernels_hash="f" * 12), dict(i=3, git_sha=a, git_dirty=False,
+                                                                               kernels_hash=kb)]
+    s = tmp_path / "set"
+    s.mkdir()
+    (s / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(metadata, "REPO", root.resolve())
+    assert relabel.main([str(s)]) == 0
+    got = read_rows(s / "rows.jsonl")
+    assert [r["git_sha"] for r in got] == [b, a, a, a]
+    assert got[0]["git_sha_repo"] == a and got[0]["git_sha_source"] == "kernels_hash" and got[0]["git_dirty"] is None
+    assert all("git_sha_repo" not in r for r in got[1:])
