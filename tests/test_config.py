@@ -22,7 +22,7 @@ from kernels.config import normalize_arch, quantized_exp2_fraction
     (dict(tile_n=8), "tile_n"),
     (dict(num_stages=0), "num_stages"),
     (dict(consumer_regs=250), "consumer_regs"),
-    (dict(det_schedule="lpt"), "det_schedule"),
+    (dict(det_schedule="sjf"), "det_schedule"),
     (dict(bwd_tile_m=96), "bwd_tile_m"),
     (dict(bwd_tile_m=72), "bwd_tile_m"),
     (dict(bwd_tile_m=80.0), "bwd_tile_m"),

@@ -110,11 +110,20 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
     varlen, and -- given ``seqlen_k`` and ``sm_count`` -- only while a head's K/V tiles (CTAs) fit one per SM. Its dQ
     turns make a CTA wait for CTAs of its head launched after it (K/V tile n - 1 reaches tile n's first Q tile after n
     does), so all of a head's CTAs must be resident at once (tests/test_det_schedule.py: with fewer slots than K/V tiles
-    the rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool)."""
-    if cfg.det_schedule != "rotate":
+    the rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool).
+    ``det_schedule="lpt"`` (opt-in): deterministic causal one-CTA FlashBwdSm90 calls ((64, 64), (128, 128); no window,
+    softcap or varlen) keep it at every length (longest K/V tile first, descending Q-tile walks, K/V tile order turns:
+    a CTA waits only for CTAs launched before it, bwd.py _set_det_lpt); every other call follows "rotate"'s rules."""
+    if cfg.det_schedule not in ("rotate", "lpt"):
         return cfg
     from .bwd import BWD_TILES
     from .bwd_wide192 import WIDE192_BWD_TILES
+
+    if cfg.det_schedule == "lpt":
+        if (cfg.deterministic and causal and not features and not varlen and cfg.two_cta is not True
+                and hdim == hdim_v and hdim in BWD_TILES):
+            return cfg
+        cfg = dataclasses.replace(cfg, det_schedule="rotate")
 
     tiles = {(d, d): t for d, t in BWD_TILES.items()} | dict(WIDE192_BWD_TILES)
     rotate = (cfg.deterministic and not causal and not features and not varlen and cfg.two_cta is not True
@@ -474,7 +483,7 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     feats = _features(window_left, window_right, softcap)
     cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0, hdim=d, hdim_v=dv_dim,
                           features=bool(feats))
-    if cfg.det_schedule == "rotate":  # where the rotation runs (and a head's CTAs fit the SMs), else spt
+    if cfg.det_schedule in ("rotate", "lpt"):  # where the rotation / lpt run (rotate: a head's CTAs fit the SMs)
         cfg = det_schedule_for_call(cfg, causal, d, dv_dim, bool(feats), seqlen_k=sk,
                                     sm_count=_sm_count(q.device.index if q.device.index is not None else
                                                        torch.cuda.current_device()))

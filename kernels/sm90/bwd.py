@@ -32,7 +32,11 @@ shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q 
 K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (the default since 2026-12-01;
 non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n walks its Q tiles from tile n mod M
 (m_rotate's walk) and each Q tile's turns follow that walk's arrival order (rotate_turn), so CTAs in lockstep never wait
-for each other instead of each waiting one dQ add for the previous K/V tile. At the end dK (times softmax_scale) and dV
+for each other instead of each waiting one dQ add for the previous K/V tile. ``"lpt"`` (opt-in; causal, one CTA, no
+window / varlen; elsewhere "rotate"'s rules): the grid launches the longest K/V tile first (``lpt_heads`` heads
+interleaved, the non-deterministic causal grid), each K/V tile walks its Q tiles from the last one down to its diagonal
+(m_block_at) and the turns go in K/V tile order, so a CTA only ever waits for CTAs launched before it (_set_det_lpt).
+At the end dK (times softmax_scale) and dV
 go to shared memory (the K / V tiles' space, once both MMA warpgroups are past their last GEMM) and leave with one TMA
 store each (H200, interleaved against official FA4: 1.16-1.26x at 1k, 1.02-1.06x at 8k over per-thread global stores).
 
@@ -325,6 +329,16 @@ def rotate_turn(n, r, n_tiles, m_tiles):
     return rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base)
 
 
+# det_schedule="lpt": at least this many heads interleaved in the grid (FlashBwdSm90._set_det_lpt)
+DET_LPT_HEADS = 8
+
+
+def desc_block(m_iter, m_block_min, m_block_max):
+    """det_schedule="lpt": the Q tile of loop step m_iter in a walk from the last tile down, m_block_max - 1 ...
+    m_block_min (plain integer arithmetic: the same code on Python ints in tests/test_bwd_det_lpt.py)."""
+    return m_block_max - 1 - (m_iter - m_block_min)
+
+
 def _imin(x, y):
     """min of two integers: Python's on ints, cutlass.min on the kernel's Int32 values."""
     if isinstance(x, int) and isinstance(y, int):
@@ -359,6 +373,8 @@ class FlashBwdSm90:
     ds_split = 0  # S^T values per thread exponentiated before the wait for dP^T (0: all of them; p_ds_plain)
     dq_defer = False  # the dQ hand-off's fence and arrive under the next tile's S^T GEMM (m_block_step)
     m_rotate = False  # each CTA walks its Q tiles from its own starting tile (m_block_at)
+    m_desc = False  # each CTA walks its Q tiles from the last one down (m_block_at; det_schedule="lpt")
+    det_lpt = False  # deterministic causal: longest K/V tile first, descending walks, K/V tile order turns
     det_rotate = False  # deterministic dQ turns in the rotated walk's arrival order (det_schedule="rotate")
     ds_store_first = False  # dS^T stmatrix before the dV wgmma is issued (ds_exchange)
     lpt_heads = 0  # causal grid: 0 = diagonal-most K/V tile first (spt); g >= 1 = longest first, g heads interleaved
@@ -466,6 +482,7 @@ class FlashBwdSm90:
         # MMA-warp time per Q tile between the dV and the dQ issue; official FA4 stores dS before its dV wgmma).
         self.ds_store_first = hdim == 64 and not self.two_cta
         self._set_lpt(lpt_heads)
+        self._set_det_lpt(det_schedule, lpt_heads)
         self._set_pdl(pdl)
         # ``dq_chunk_release`` (AttnConfig.bwd_dq_chunk_release; opt-in): the dQ writer hands each MMA warpgroup its
         # staging chunk back as soon as the bulk reduction of that chunk (dq_stages hand-offs ago) has read it, not once
@@ -531,8 +548,8 @@ class FlashBwdSm90:
         first and dQ turns go shortest-processing-time first, unless a deterministic run asks for the naive schedule
         (K/V tile order for the grid and the turns). Without determinism _set_lpt may then launch the longest K/V tile
         first instead (AttnConfig.bwd_lpt_heads; the hd 64 / 128 causal default since 2026-12-01)."""
-        if det_schedule not in ("spt", "naive", "rotate"):
-            raise ValueError(f"det_schedule={det_schedule!r}: 'spt', 'naive' or 'rotate'")
+        if det_schedule not in ("spt", "naive", "rotate", "lpt"):
+            raise ValueError(f"det_schedule={det_schedule!r}: 'spt', 'naive', 'rotate' or 'lpt'")
         self.dtype = dtype
         self.causal = bool(causal)
         self.spt = self.causal and (det_schedule != "naive" or not deterministic)  # causal "rotate" runs SPT
@@ -552,6 +569,28 @@ class FlashBwdSm90:
         if self.causal and not self.deterministic and not self.two_cta and not self.varlen and lpt_heads > 0:
             self.lpt_heads = lpt_heads
             self.spt = False
+
+    def _set_det_lpt(self, det_schedule: str, lpt_heads: int) -> None:
+        """det_schedule="lpt" (opt-in; after _set_lpt, two_cta / varlen / window known): a deterministic causal
+        one-CTA kernel without a window launches its K/V tiles longest first (as the non-deterministic causal grid,
+        g = max(``lpt_heads``, DET_LPT_HEADS) heads interleaved, launch_order), walks each K/V tile's Q tiles from
+        the last one down to its diagonal tile (m_desc, m_block_at) and takes the dQ turns in K/V tile order (dq_turn
+        without spt: turn = n_block; a Q tile's visitors are K/V tiles 0 .. k-1). A CTA then only waits for CTAs of
+        its head launched before it (K/V tile n - 1 is launched g ranks before n), so no residency bound is needed
+        (det_schedule_for_call keeps it at every length). The walks of a head meet each Q tile in launch order: CTA n
+        reaches Q tile m at the same step as n - 1, launched g ranks later. In the first wave a head's CTAs start
+        together and the turns space them by one dQ add each (the fill); later the launch spacing (g x the mean CTA
+        time / SMs) covers it, hence g >= DET_LPT_HEADS (model: g = 1 loses 4-10% to the fill at 1k-4k, g = 8 / 16
+        stay within 1-4% of the default). Why: SPT (the "spt" causal grid) launches each head's longest CTAs last and
+        the last heads' leave a tail (list-scheduling model, 132 SMs, 16k tokens, hd128 80-row: 1.07 of ideal at
+        4k-16k against 1.00 for the longest-first grid; /work/notes/bwd_s9.md). Elsewhere the value is ignored (spt /
+        rotate's rules)."""
+        self.det_lpt = (det_schedule == "lpt" and self.deterministic and self.causal and not self.two_cta
+                        and not self.has_window and not self.varlen and type(self) is FlashBwdSm90)
+        if self.det_lpt:
+            self.spt = False
+            self.m_desc = True
+            self.lpt_heads = max(int(lpt_heads), DET_LPT_HEADS)
 
     @cute.jit
     def launch_order(self, bidx: Int32, head: Int32, batch: Int32):
@@ -871,8 +910,11 @@ class FlashBwdSm90:
     @cute.jit
     def m_block_at(self, m_iter, work: BwdWork):
         """The Q tile of loop step m_iter (m_block_min <= m_iter < m_block_max): m_iter itself, or with m_rotate the
-        step's tile counted from m_block_min + m_rot, wrapping around at m_block_max."""
+        step's tile counted from m_block_min + m_rot, wrapping around at m_block_max, or with m_desc the tiles from the
+        last one down (desc_block)."""
         m_block = m_iter
+        if const_expr(self.m_desc):
+            m_block = desc_block(m_iter, work.m_block_min, work.m_block_max)
         if const_expr(self.m_rotate):
             m_block = m_iter + work.m_rot
             if m_block >= work.m_block_max:
@@ -1216,8 +1258,8 @@ class FlashBwdSm90:
         warp) and dK (dq_dk_one_cta / dq_dk_two_cta), which release the Q and dO stages."""
         sidx = q_state.index
         it = m_block - work.m_block_min
-        if const_expr(self.m_rotate):  # ``m_block`` is the loop step: its tile (m_block_at); ``it`` stays the step
-            m_block = self.m_block_at(m_block, work)
+        if const_expr(self.m_rotate or self.m_desc):  # ``m_block`` is the loop step: its tile (m_block_at); ``it``
+            m_block = self.m_block_at(m_block, work)  # stays the step
         m_row0 = m_block * self.tile_m
         if const_expr(self.diag_align):
             m_row0 = m_row0 + work.q_base
