@@ -107,8 +107,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 # default 0.91-0.95 at hd 64 / 128 non-causal 1k-16k, against spt's 0.74-0.93; results/h200/session_ab/bwd_det_rotate):
 # non-causal K/V tile n walks its Q tiles from tile n mod M, dQ turns in arrival order (kernels/sm90/bwd.py
 # rotate_turn); causal runs "spt"; so do two_cta, varlen, windows, hd256, and calls whose K/V tiles per head exceed the
-# SM count (a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call)
-DET_SCHEDULES = ("spt", "naive", "rotate")
+# SM count (a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call). "lpt" (opt-in, GPU-
+# untested; /work/notes/bwd_s9.md): causal hd 64 / 128 one-CTA calls launch the longest K/V tile first
+# (max(8, bwd_lpt_heads) heads interleaved), walk Q tiles from the last one down, dQ turns in K/V tile order (no
+# residency bound); other calls as "rotate"
+DET_SCHEDULES = ("spt", "naive", "rotate", "lpt")
 # None stays None through resolve(): decided per call (shapes; two_cta: head dims, window / softcap, varlen)
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 # fields added after configs were recorded: left out of to_dict() (so of config_hash and the compile cache key) while at
@@ -237,7 +240,8 @@ class AttnConfig:
         if self.det_schedule not in DET_SCHEDULES:
             raise ConfigError(f"det_schedule={self.det_schedule!r}: must be one of {DET_SCHEDULES} "
                               "(deterministic backward: causal shortest-processing-time first, K/V tile order, or "
-                              "non-causal rotated Q-tile walks with arrival-order turns)")
+                              "non-causal rotated Q-tile walks with arrival-order turns, or causal longest first "
+                              "with descending walks)")
         for name in ("pingpong", "intra_wg_overlap", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a bool")
