@@ -22,7 +22,10 @@ per-block mask decision inside a loop (the one-loop kernel compiles at hd128 / (
 pipeline states and wgmma descriptors in vector registers); ``exp_in_branch`` (tau > 0) computes a block's
 exponentials inside both arms of the warp's rescale decision, so the wait for the in-flight P V GEMM stays after them
 (after the decision, ptxas hoists that wait above them and the softmax no longer overlaps P V within the warpgroup).
-``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
+``pv_wait_mid`` (opt-in, tau > 0) computes the first quarter of a block's exponentials inside both arms of that decision,
+so the wait for P V(j) and the release of V(j)'s stage come after them, with the rest of the block (and P, converted by
+inline PTX) after the wait, as official FA4's SASS has it (wait after 11 of 66 exponentials); at causal it implies
+causal_split. ``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
 MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). Causal: only the K blocks a tile needs are
 loaded, masking only on the diagonal blocks, and tiles are issued longest first (kernels/sm90/scheduler.py).
 O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
@@ -100,7 +103,7 @@ from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .scheduler import tile_at, tile_coords
-from .softmax import apply_softcap, finalize, online_softmax_step, rescale_o, store_p_asm
+from .softmax import apply_softcap, finalize, online_softmax_finish, online_softmax_step, rescale_o, store_p_asm
 
 LOG2_E = math.log2(math.e)
 
@@ -171,7 +174,8 @@ class FlashFwdSm90:
                  producer_regs: int = 24, qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
-                 causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False):
+                 causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
+                 pv_wait_mid: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -248,15 +252,29 @@ class FlashFwdSm90:
             raise ValueError("rescale_before_pv=True with intra_wg_overlap=False: without the overlap O is already "
                              "rescaled right before its P V; pass rescale_before_pv=False")
         self.rescale_before_pv = bool(rescale_before_pv)  # O rescaled between issuing QK^T(j+1) and PV(j)
+        # overlapped loop, tau > 0: the wait for the in-flight P V placed after the first quarter of a block's
+        # exponentials (those computed inside both arms of the rescale decision), the V stage released right after it,
+        # the rest of the block after both; P converted by inline PTX (p_inline_cvt); exp_in_branch yields to it;
+        # implies causal_split (the one-loop causal kernels compile divergent)
+        self.pv_wait_mid = bool(pv_wait_mid) and intra_wg_overlap and self.tau != 0.0
+        # columns of each row exponentiated before that wait: a quarter, even (8 of 32 at tile_n 128, 4 of 20 at 80)
+        self.pv_head_cols = max(2, tile_n // 16 // 2 * 2)
         # causal (no window), overlapped main loop: the diagonal blocks after the first and the mask-free blocks in two
         # loops (mainloop_overlap), no per-block mask decision inside a loop
-        self.causal_split = bool(causal_split) and causal and not self.has_window and intra_wg_overlap
+        self.causal_split = ((bool(causal_split) or self.pv_wait_mid) and causal and not self.has_window
+                             and intra_wg_overlap)
         # tau > 0: a block's exponentials inside the arms of the warp's rescale decision (softmax.online_softmax_step)
-        self.exp_in_branch = bool(exp_in_branch) and self.tau != 0.0
+        self.exp_in_branch = bool(exp_in_branch) and self.tau != 0.0 and not self.pv_wait_mid
         # overlapped loop: P converted to 16 bits by inline PTX (softmax.store_p_asm), the block's row sums pinned before
         # the rescale decision, and the K/V loops written with their exit test at the top (steps_loop): the conversion
         # and the sums stay among the exponentials instead of after the O-rescale branch
         self.p_cvt_asm = bool(p_cvt_asm) and intra_wg_overlap
+        # P by inline PTX (to_p) and pinned row sums: p_cvt_asm or pv_wait_mid
+        self.p_inline_cvt = self.p_cvt_asm or self.pv_wait_mid
+        # p_cvt_asm's top-tested K/V loops (steps_loop); pv_wait_mid's split causal loops stay counted loops (top-tested,
+        # they compile divergent at hd256 causal and gain 3 R2UR at (192, 128); non-causal counted loops do, so there
+        # it keeps p_cvt_asm's form)
+        self.top_tested_loop = self.p_cvt_asm and not (self.pv_wait_mid and self.causal_split)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -735,9 +753,10 @@ class FlashFwdSm90:
 
     @cute.jit
     def softmax_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, masked: cutlass.Constexpr[bool],
-                      is_first: cutlass.Constexpr[bool]) -> Boolean:
+                      is_first: cutlass.Constexpr[bool], m_scaled=None) -> Boolean:
         """Softcap, mask (``masked``) and online softmax step of one S block (``is_first``: no stale maximum, no
-        rescale); returns whether O and the row sums must be rescaled."""
+        rescale); returns whether O and the row sums must be rescaled. ``m_scaled`` (pv_wait_mid, later blocks): the
+        step stops after the head columns, leaving the rows' offsets there for softmax.online_softmax_finish."""
         if const_expr(self.softcap > 0.0):
             apply_softcap(acc_S, args.softcap_mul)  # before the mask: tanh(-inf) would be -1
         if const_expr(masked):
@@ -749,9 +768,12 @@ class FlashFwdSm90:
                            self.window_left, self.window_right)
             else:
                 apply_mask(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k, self.causal)
+        head_cols = 0
+        if const_expr(m_scaled is not None and not is_first):
+            head_cols = self.pv_head_cols
         return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
                                    self.emu_frags, self.poly, is_first, self.exp_in_branch,
-                                   self.p_cvt_asm and not is_first)
+                                   self.p_inline_cvt and not is_first, head_cols, m_scaled)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -779,7 +801,7 @@ class FlashFwdSm90:
                     s[r, j] = -Float32.inf if (c[0, j][1] - col_start).bitcast(cutlass.Uint32) >= width else s[r, j]
 
     @cute.jit
-    def softmax_later_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32) -> Boolean:
+    def softmax_later_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, m_scaled=None) -> Boolean:
         """Softmax of a block after the first: the masked part of the loop (causal: on or past the diagonal blocks;
         with a window: past the right bound's first block or before the left bound's last) or the unmasked one."""
         do_rescale = Boolean(True)
@@ -790,21 +812,21 @@ class FlashFwdSm90:
             if const_expr(self.has_left):
                 need_mask = need_mask | (n_block < args.n_block_local_end)
             if need_mask:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False, m_scaled)
             else:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled)
         elif const_expr(self.causal):
             if n_block >= args.n_block_min_masked:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False, m_scaled)
             else:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled)
         else:
-            do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False)
+            do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled)
         return do_rescale
 
     @cute.jit
     def to_p(self, acc_S, tOrP):
-        if const_expr(self.p_cvt_asm):
+        if const_expr(self.p_inline_cvt):
             store_p_asm(acc_S, tOrP, self.dtype == cutlass.BFloat16)
         else:
             tOrP.store(acc_as_a_operand(acc_S).load().to(self.dtype))
@@ -912,7 +934,7 @@ class FlashFwdSm90:
             # (With the decision inside one loop, ptxas compiles the loop as divergent at hd128 / (192, 128): pipeline
             # states and wgmma descriptors in vector registers, BSSY/BSYNC around every mbarrier wait.)
             n_masked = cutlass.min(cutlass.max(n_block_max - 1 - args.n_block_min_masked, 0), n_iter - 1)
-            if const_expr(self.p_cvt_asm):
+            if const_expr(self.top_tested_loop):
                 state = self.steps_loop(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block_max,
                                         Int32(0), n_masked, state, True)
                 state = self.steps_loop(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block_max,
@@ -930,7 +952,7 @@ class FlashFwdSm90:
                     state.advance()
                     self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
                                        state_v, False)
-        elif const_expr(self.p_cvt_asm):
+        elif const_expr(self.top_tested_loop):
             state = self.steps_loop(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block_max,
                                     Int32(0), n_iter - 1, state, None)
         else:
@@ -994,12 +1016,18 @@ class FlashFwdSm90:
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(state)
+        m_scaled = None
+        if const_expr(self.pv_wait_mid):  # the rows' exp2 offsets, from the head columns to the rest of the block
+            m_scaled = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
         if const_expr(masked is None):
-            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
+            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block, m_scaled)
         else:  # causal_split: the caller's loop says whether this block needs the mask
-            do_rescale = self.softmax_block(acc_S, regs, args, n_block, masked, False)
+            do_rescale = self.softmax_block(acc_S, regs, args, n_block, masked, False, m_scaled)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state_v)
+        if const_expr(self.pv_wait_mid):  # P V(j) done, its V stage released: the rest of block j+1's softmax
+            online_softmax_finish(acc_S, regs.row_sum, regs.row_scale, m_scaled, args.scale_log2, do_rescale, self.tau,
+                                  self.emu_frags, self.poly, self.pv_head_cols, self.p_inline_cvt)
         self.to_p(acc_S, regs.tOrP)
         if const_expr(self.rescale_before_pv):
             self.defer_rescale(regs.row_scale, do_rescale)

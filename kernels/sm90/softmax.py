@@ -80,6 +80,8 @@ def online_softmax_step(
     is_first: cutlass.Constexpr[bool],
     exp_in_branch: cutlass.Constexpr[bool] = False,
     pin_sums: cutlass.Constexpr[bool] = False,
+    head_cols: cutlass.Constexpr[int] = 0,
+    m_scaled: cute.Tensor = None,
 ) -> Boolean:
     """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
 
@@ -91,6 +93,12 @@ def online_softmax_step(
     shape: the caller's wait for its in-flight P V GEMM follows the exponentials in the next basic block, where ptxas
     leaves it, instead of being hoisted by ptxas to the top of the block that holds them (which makes the warp wait for
     P V before its first exponential: no softmax / P V overlap within the warpgroup).
+
+    ``head_cols`` > 0 (AttnConfig.pv_wait_mid; tau > 0, not the first block): only the first ``head_cols`` columns of
+    every row are exponentiated here, inside both arms of the rescale decision (the rows' offsets max * scale_log2 go to
+    ``m_scaled``); the caller then waits for its in-flight P V, releases the V stage and finishes the block with
+    ``online_softmax_finish`` (the other columns, the row sums). ptxas keeps that wait at the top of the block after
+    the arms, i.e. after the head exponentials (official FA4's SASS waits after 11 of its 66), not above all of them.
     """
     s = acc_rows_cols(acc_S)
     n_rows = cute.size(s, mode=[0])
@@ -117,6 +125,13 @@ def online_softmax_step(
         for r in cutlass.range_constexpr(n_rows):
             grow = grow | ((new_max[r] - row_max[r]) * scale_log2 > Float32(tau))
         do_rescale = cute.arch.vote_any_sync(grow)
+        if const_expr(head_cols > 0):
+            if do_rescale:
+                _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
+                _exp_head(s, row_max, m_scaled, scale_log2, emu_frags, poly, head_cols)
+            else:
+                _exp_head(s, row_max, m_scaled, scale_log2, emu_frags, poly, head_cols)
+            return do_rescale
         if const_expr(exp_in_branch):
             if do_rescale:
                 _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
@@ -149,24 +164,73 @@ def _exp_row(s: cute.Tensor, r: cutlass.Constexpr[int], row_max: cute.Tensor, sc
     """Row ``r`` of ``s`` (the (rows, cols) view) to P = 2^(S * scale_log2 - row_max[r] * scale_log2) in place (the
     FMA-pipe polynomial on the ``emu_frags`` fragments, MUFU.EX2 elsewhere); returns the row's sum (k independent
     partials, tree-added). An empty row (max -inf) is offset by 0."""
-    n_cols = cute.size(s, mode=[1])
-    n_frag = n_cols // 2
     m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
+    _exp_cols(s, r, m_s, scale_log2, emu_frags, poly, 0, cute.size(s, mode=[1]))
+    return _row_sum(s, r, k)
+
+
+@cute.jit
+def _exp_cols(s: cute.Tensor, r: cutlass.Constexpr[int], m_s: Float32, scale_log2: Float32,
+              emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], lo: cutlass.Constexpr[int],
+              hi: cutlass.Constexpr[int]):
+    """Columns lo .. hi-1 of row ``r`` of ``s`` to 2^(S * scale_log2 - m_s) in place (``m_s``: the row's offset, 0 for
+    an empty row; the polynomial on the ``emu_frags`` fragments, MUFU.EX2 elsewhere)."""
+    n_frag = cute.size(s, mode=[1]) // 2
     if const_expr(len(emu_frags) > 0):
         # the polynomial's first FFMA takes the scale and the row offset itself (and clamps with .sat)
         a, b = affine_args(scale_log2, m_s)
-        for c in cutlass.range_constexpr(n_cols):
+        for c in cutlass.range_constexpr(lo, hi):
             if const_expr((c // 2) % n_frag in emu_frags):
                 s[r, c] = exp2_poly_affine(s[r, c], a, b, poly)
             else:
                 s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
     else:
-        for c in cutlass.range_constexpr(n_cols):
+        for c in cutlass.range_constexpr(lo, hi):
             s[r, c] = exp2_mufu(s[r, c] * scale_log2 - m_s)
+
+
+@cute.jit
+def _row_sum(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int]):
+    """Sum of row ``r`` of ``s``: k independent partials in column order, tree-added."""
     part = [s[r, j] for j in range(k)]
-    for c in cutlass.range_constexpr(k, n_cols):
+    for c in cutlass.range_constexpr(k, cute.size(s, mode=[1])):
         part[c % k] = part[c % k] + s[r, c]
     return _tree(part, _add)
+
+
+@cute.jit
+def _exp_head(s: cute.Tensor, row_max: cute.Tensor, m_scaled: cute.Tensor, scale_log2: Float32,
+              emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], head_cols: cutlass.Constexpr[int]):
+    """pv_wait_mid, inside an arm of the rescale decision: every row's offset max * scale_log2 (0 for an empty row) into
+    ``m_scaled``, and its first ``head_cols`` columns exponentiated."""
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        m_scaled[r] = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
+        _exp_cols(s, r, m_scaled[r], scale_log2, emu_frags, poly, 0, head_cols)
+
+
+@cute.jit
+def online_softmax_finish(acc_S: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor, m_scaled: cute.Tensor,
+                          scale_log2: Float32, do_rescale: Boolean, tau: cutlass.Constexpr[float],
+                          emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple],
+                          head_cols: cutlass.Constexpr[int], pin_sums: cutlass.Constexpr[bool]):
+    """pv_wait_mid, after the caller's wait for its P V: the columns of every row past ``head_cols`` exponentiated (the
+    offsets ``online_softmax_step`` left in ``m_scaled``) and the row sums updated as the default does (same partials,
+    same order: row_sum * row_scale + sum when the warp rescaled, row_sum + sum when it kept its maxima)."""
+    s = acc_rows_cols(acc_S)
+    n_cols = cute.size(s, mode=[1])
+    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        _exp_cols(s, r, m_scaled[r], scale_log2, emu_frags, poly, head_cols, n_cols)
+        acc = _row_sum(s, r, k)
+        if const_expr(pin_sums):
+            acc = pin_f32(acc)
+        if const_expr(tau == 0.0):
+            row_sum[r] = row_sum[r] * row_scale[r] + acc
+        else:
+            if do_rescale:
+                row_sum[r] = row_sum[r] * row_scale[r] + acc
+            else:
+                row_sum[r] = row_sum[r] + acc
 
 
 @cute.jit
