@@ -120,9 +120,10 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
-                                "p_cvt_asm": (None, False)}
+                                "p_cvt_asm": (None, False), "pv_wait_mid": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
-OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align")
+OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align",
+                  "pv_wait_mid")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -221,6 +222,16 @@ class AttnConfig:
     # sections for 50. Host side only (the kernel takes the group size as an argument): same kernel, bitwise the same
     # output. Opt-in; left out of to_dict() while None.
     lpt_l2_mb: int | None = None
+    # sm90 forward, overlapped main loop, tau > 0 (elsewhere no effect): the wait for the in-flight P V GEMM placed after
+    # the first quarter of each block's exponentials (computed inside both arms of the warp's rescale decision, which
+    # anchors the wait there for ptxas), the V stage released right after it, then the rest of the exponentials and the
+    # row sums; P converted by inline PTX as p_cvt_asm does (p_cvt_asm's top-tested loop kept non-causal, counted loops
+    # in the split causal kernel); exp_in_branch yields to it; at causal (no window) it implies causal_split (the
+    # one-loop causal kernels compile divergent with it: pipeline state in vector registers). Official FA4's loop waits after 11 of its 66 exponentials and releases V there;
+    # without this field ours waits before them all (split and non-causal loops) or after them all (exp_in_branch,
+    # one-loop causal) and releases V after them all. Same arithmetic (the default's output up to the row-sum rounding).
+    # Opt-in (GPU-untested: /work/notes/fwd_s9.md); None = off, left out of to_dict() while None or False.
+    pv_wait_mid: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -304,7 +315,7 @@ class AttnConfig:
             raise ConfigError(f"rescale_before_pv=True with arch={arch}: an sm90 (Hopper) forward switch (the O rescale "
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
-        for name in ("causal_split", "exp_in_branch", "p_cvt_asm"):
+        for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
@@ -317,7 +328,7 @@ class AttnConfig:
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split", "bwd_diag_align",
-                     "p_cvt_asm"):
+                     "p_cvt_asm", "pv_wait_mid"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
