@@ -156,6 +156,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):
         # (192, 128): 64 x 128 tiles, dK / dV split by K/V rows (bwd_wide192.py); a softcap stays on FlashBwdWideSm90
         cls, kw = FlashBwd192Sm90, dict(hdim_v=hdim_v)
+        if getattr(cfg, "bwd_det_two_writers", None):  # deterministic: two dQ writer warps (opt-in; dq_writer_pair)
+            kw["det_two_writers"] = True
     if qhead_per_kvhead != 1:
         kw["qhead_per_kvhead"] = qhead_per_kvhead
     if cls is FlashBwdSm90 and cfg.bwd_lpt_heads:  # causal grid longest first (opt-in; the kernel ignores it elsewhere)

@@ -381,6 +381,7 @@ class FlashBwdSm90:
     pdl = False  # programmatic dependent launch against the preprocess (and of the postprocess): _set_pdl
     dq_chunk_release = False  # writer frees each dQ staging chunk once its own bulk read is done (dq_writer)
     diag_align = False  # causal 80-row Q tiles walked from the K/V tile's diagonal row, dQaccum chunk-major
+    det_two_writers = False  # deterministic: two dQ writer warps take the Q tiles in turn (FlashBwd192Sm90 only)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -965,8 +966,12 @@ class FlashBwdSm90:
             if warp_idx == 0:
                 self.load(gm, tma, smem, pipes, work)
             if const_expr(self.dq_smem):
-                if warp_idx == 1:
-                    self.dq_writer(gm.mdQaccum, gm.mSem, storage.sdQ.data_ptr(), work)
+                if const_expr(self.det_two_writers):  # warps 1 and 2 take the Q tiles in turn (bwd_wide192.py)
+                    if warp_idx == 1 or warp_idx == 2:
+                        self.dq_writer_pair(gm.mdQaccum, gm.mSem, storage.sdQ.data_ptr(), work, warp_idx - 1)
+                else:
+                    if warp_idx == 1:
+                        self.dq_writer(gm.mdQaccum, gm.mSem, storage.sdQ.data_ptr(), work)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             ptrs = DsPtrs(storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
