@@ -120,10 +120,11 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
+                                "bwd_det_two_writers": (None,),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align",
-                  "pv_wait_mid")
+                  "pv_wait_mid", "bwd_det_two_writers")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -173,6 +174,12 @@ class AttnConfig:
     # grid, so no CTA computes the fully masked rows above its diagonal; dQaccum chunk-major (kernels/sm90/bwd.py
     # _set_diag_align). None = DEFAULTS' (on at hd128 causal; absent: off). Left out of to_dict() while None.
     bwd_diag_align: bool | None = None
+    # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90); elsewhere no effect: two dQ writer warps take the Q
+    # tiles in turn, each hands the staging buffer back once its bulk reduction has READ it and waits for the
+    # reduction to COMPLETE only before its semaphore release, so the MMA warps never wait for a completion and two
+    # tiles' completions overlap (kernels/sm90/bwd_wide192.py dq_writer_pair). None = off (opt-in, GPU-untested).
+    # Left out of to_dict() while None.
+    bwd_det_two_writers: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
