@@ -143,19 +143,29 @@ def online_softmax_step(
             _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     for r in cutlass.range_constexpr(n_rows):
         acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
-        if const_expr(pin_sums):
-            acc = pin_f32(acc)
         if const_expr(is_first):
+            if const_expr(pin_sums):
+                acc = pin_f32(acc)
             row_sum[r] = acc
         else:
-            if const_expr(tau == 0.0):
-                row_sum[r] = row_sum[r] * row_scale[r] + acc
-            else:
-                if do_rescale:
-                    row_sum[r] = row_sum[r] * row_scale[r] + acc
-                else:
-                    row_sum[r] = row_sum[r] + acc
+            _add_row_sum(row_sum, row_scale, r, acc, tau, do_rescale, pin_sums)
     return do_rescale
+
+
+@cute.jit
+def _add_row_sum(row_sum: cute.Tensor, row_scale: cute.Tensor, r: cutlass.Constexpr[int], acc: Float32,
+                 tau: cutlass.Constexpr[float], do_rescale: Boolean, pin_sums: cutlass.Constexpr[bool]):
+    """Row ``r``'s sum after a later block: row_sum * row_scale + acc when the warp rescaled (always at tau 0),
+    row_sum + acc when it kept its maxima; ``pin_sums``: acc pinned first (pin_f32)."""
+    if const_expr(pin_sums):
+        acc = pin_f32(acc)
+    if const_expr(tau == 0.0):
+        row_sum[r] = row_sum[r] * row_scale[r] + acc
+    else:
+        if do_rescale:
+            row_sum[r] = row_sum[r] * row_scale[r] + acc
+        else:
+            row_sum[r] = row_sum[r] + acc
 
 
 @cute.jit
@@ -221,16 +231,7 @@ def online_softmax_finish(acc_S: cute.Tensor, row_sum: cute.Tensor, row_scale: c
     k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         _exp_cols(s, r, m_scaled[r], scale_log2, emu_frags, poly, head_cols, n_cols)
-        acc = _row_sum(s, r, k)
-        if const_expr(pin_sums):
-            acc = pin_f32(acc)
-        if const_expr(tau == 0.0):
-            row_sum[r] = row_sum[r] * row_scale[r] + acc
-        else:
-            if do_rescale:
-                row_sum[r] = row_sum[r] * row_scale[r] + acc
-            else:
-                row_sum[r] = row_sum[r] + acc
+        _add_row_sum(row_sum, row_scale, r, _row_sum(s, r, k), tau, do_rescale, pin_sums)
 
 
 @cute.jit
