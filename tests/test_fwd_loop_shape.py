@@ -23,7 +23,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
 from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, instructions, opcode_counts  # noqa: E402
 
-FIELDS = ("causal_split", "exp_in_branch")
+# the sm90 forward's loop-shape switches (None / bool, forward only, sm90 only)
+FIELDS = ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid")
 
 
 
@@ -70,20 +71,24 @@ def test_exp_in_branch_is_the_default_at_hd128_causal_only():
 
 @pytest.mark.parametrize("name", FIELDS)
 def test_fields_refused_where_they_cannot_apply(name):
-    with pytest.raises(ConfigError, match=f"{name}=1: must be None .per-arch default. or a bool"):
-        AttnConfig(**{name: 1})
-    with pytest.raises(ConfigError, match=f"{name}=True with arch=sm100"):
-        AttnConfig(**{name: True}).resolve("sm100", 128, True)
+    for bad in (0, 1, "true"):
+        with pytest.raises(ConfigError, match=f"{name}={bad!r}: must be None .per-arch default. or a bool"):
+            AttnConfig(**{name: bad})
+    for causal in (False, True):
+        with pytest.raises(ConfigError, match=f"{name}=True with arch=sm100"):
+            AttnConfig(**{name: True}).resolve("sm100", 128, causal)
 
 
-def test_fields_are_forward_only_in_the_backward_compiled_config():
+@pytest.mark.parametrize("causal", [False, True])
+def test_fields_are_forward_only_in_the_backward_compiled_config(causal):
     from kernels.tiles import compiled_config
 
-    cfg = AttnConfig(causal_split=True, exp_in_branch=True)
-    assert compiled_config(cfg, "sm90", 128, True, "fwd")["causal_split"] is True
-    bwd = compiled_config(cfg, "sm90", 128, True, "bwd")
-    assert "causal_split" not in bwd and "exp_in_branch" not in bwd
-    assert bwd == compiled_config(None, "sm90", 128, True, "bwd")
+    cfg = AttnConfig(**{name: True for name in FIELDS})
+    fwd = compiled_config(cfg, "sm90", 128, causal, "fwd")
+    assert all(fwd[name] is True for name in FIELDS)
+    bwd = compiled_config(cfg, "sm90", 128, causal, "bwd")
+    assert not any(name in bwd for name in FIELDS)
+    assert bwd == compiled_config(None, "sm90", 128, causal, "bwd")
 
 
 def test_kernel_switches_apply_only_where_they_mean_something():

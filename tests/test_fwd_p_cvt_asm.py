@@ -21,7 +21,7 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.config import AttnConfig  # noqa: E402
 from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 from test_fwd_loop_shape import _loops, _sass  # noqa: E402  (one SASS cache for the forward loop-shape files)
 
@@ -43,20 +43,7 @@ def test_p_cvt_asm_default_pair_and_hashes():
     assert AttnConfig(p_cvt_asm=True).op_string == '{"p_cvt_asm":true}'
 
 
-@pytest.mark.parametrize("bad", [0, 1, "true"])
-def test_p_cvt_asm_refused_unless_bool(bad):
-    with pytest.raises(ConfigError, match="p_cvt_asm="):
-        AttnConfig(p_cvt_asm=bad)
-
-
-def test_p_cvt_asm_is_sm90_forward_only():
-    from kernels.tiles import compiled_config
-
-    with pytest.raises(ConfigError, match="p_cvt_asm=True with arch=sm100"):
-        AttnConfig(p_cvt_asm=True).resolve("sm100", 128, False)
-    bwd = compiled_config(AttnConfig(p_cvt_asm=True), "sm90", 128, False, "bwd")
-    assert "p_cvt_asm" not in bwd and bwd == compiled_config(None, "sm90", 128, False, "bwd")
-    assert compiled_config(AttnConfig(p_cvt_asm=True), "sm90", 128, False, "fwd")["p_cvt_asm"] is True
+# validation (None / bool, sm90 only) and the forward-only compiled config: tests/test_fwd_loop_shape.py FIELDS
 
 
 def test_kernel_takes_it_with_the_overlapped_loop_only():

@@ -21,7 +21,7 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.config import AttnConfig  # noqa: E402
 from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 from test_fwd_loop_shape import _sass  # noqa: E402  (one SASS cache for the forward loop-shape files)
 from test_fwd_p_cvt_asm import _main_loop, _spills, _vector_state  # noqa: E402
@@ -41,20 +41,7 @@ def test_pv_wait_mid_off_by_default_and_hashes():
     assert AttnConfig(pv_wait_mid=True).op_string == '{"pv_wait_mid":true}'
 
 
-@pytest.mark.parametrize("bad", [0, 1, "true"])
-def test_pv_wait_mid_refused_unless_bool(bad):
-    with pytest.raises(ConfigError, match="pv_wait_mid="):
-        AttnConfig(pv_wait_mid=bad)
-
-
-def test_pv_wait_mid_is_sm90_forward_only():
-    from kernels.tiles import compiled_config
-
-    with pytest.raises(ConfigError, match="pv_wait_mid=True with arch=sm100"):
-        AttnConfig(pv_wait_mid=True).resolve("sm100", 128, False)
-    bwd = compiled_config(AttnConfig(pv_wait_mid=True), "sm90", 128, False, "bwd")
-    assert "pv_wait_mid" not in bwd and bwd == compiled_config(None, "sm90", 128, False, "bwd")
-    assert compiled_config(AttnConfig(pv_wait_mid=True), "sm90", 128, False, "fwd")["pv_wait_mid"] is True
+# validation (None / bool, sm90 only) and the forward-only compiled config: tests/test_fwd_loop_shape.py FIELDS
 
 
 def test_kernel_takes_it_with_the_overlapped_loop_and_tau_only():
