@@ -1648,10 +1648,8 @@ class FlashBwdSm90:
         Varlen: dQaccum (h, total_q_pad, d) and the semaphores (h, total_q_pad / tile_m) at the sequence's padded Q
         tiles (pad_tile + m_block). two_cta: CTA ``rank`` of the pair owns half of each Q tile's rows, its own slot
         (m_block * 2 + rank: chunks 2 * rank + w of the tile) and semaphore; its turns are counted over the pairs."""
-        head, batch, n_block, num_groups, pad_tile, rank = work.head, work.batch, work.n_block, work.num_groups, \
-            work.pad_tile, work.rank
+        head, batch, pad_tile, rank = work.head, work.batch, work.pad_tile, work.rank
         m_block_min, m_block_max, seqlen_q, seqlen_k = work.m_block_min, work.m_block_max, work.seqlen_q, work.seqlen_k
-        tn = self.tile_n
         mc = self.cluster
         lane = cute.arch.lane_idx()
         if const_expr(self.varlen):
@@ -1659,10 +1657,7 @@ class FlashBwdSm90:
         else:
             mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
-        rot = None
-        if const_expr(self.det_rotate):  # per CTA: (M, q, rem, base) of rotate_turn (M >= 1 guards the divisions)
-            m_tiles = cutlass.max(m_block_max - m_block_min, Int32(1))
-            rot = (m_tiles, *rotate_turn_base(n_block, work.m_rot, num_groups, m_tiles))
+        rot = self.det_rotate_base(work)
         for m_iter in cutlass.range(m_block_min, m_block_max, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             acc_block = m_block  # the Q tile's slot in dQaccum / the semaphores
@@ -1688,12 +1683,7 @@ class FlashBwdSm90:
                     cute.arch.sync_warp()
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
-                    if const_expr(self.two_cta):  # the pair n_block // 2 contributes (turns over the pairs)
-                        turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
-                    elif const_expr(self.det_rotate):  # arrival order of the rotated walks at this Q tile
-                        turn = rotate_turn_at(m_block - m_block_min, work.m_rot, num_groups, *rot)
-                    else:
-                        turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
+                    turn = self.det_turn(work, m_block, rot, causal_off)
                     if lane == 0:
                         wait_for_turn(sem_ptr, turn)
                     cute.arch.sync_warp()
@@ -1714,6 +1704,27 @@ class FlashBwdSm90:
                     cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def det_rotate_base(self, work: BwdWork):
+        """det_rotate: this CTA's (M, q, rem, base) of rotate_turn (M >= 1 guards the divisions); else None."""
+        if const_expr(not self.det_rotate):
+            return None
+        m_tiles = cutlass.max(work.m_block_max - work.m_block_min, Int32(1))
+        return (m_tiles, *rotate_turn_base(work.n_block, work.m_rot, work.num_groups, m_tiles))
+
+    @cute.jit
+    def det_turn(self, work: BwdWork, m_block: Int32, rot, causal_off: Int32) -> Int32:
+        """This CTA's turn on Q tile ``m_block``'s dQ semaphore (deterministic): two_cta, the pair n_block // 2 (turns
+        over the pairs); det_rotate, the arrival order of the rotated walks (``rot``: det_rotate_base); else
+        dq_turn."""
+        n_block, num_groups, mc, tn = work.n_block, work.num_groups, self.cluster, self.tile_n
+        if const_expr(self.two_cta):
+            turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
+        elif const_expr(self.det_rotate):
+            turn = rotate_turn_at(m_block - work.m_block_min, work.m_rot, num_groups, *rot)
+        else:
+            turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
+        return turn
 
     @cute.jit
     def dq_turn(self, idx: Int32, m_block: Int32, cols_per_group: cutlass.Constexpr[int], causal_off: Int32,

@@ -66,7 +66,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..config import DEFAULTS
 from .barriers import Bar
 from .bwd import (SMEM_BYTES, BwdGmem, BwdSmem, BwdTma, BwdWork, DkdvDest, FlashBwdSm90, MmaFrags,
-                  TileRows, bulk_reduce_add_f32, rotate_turn_at, rotate_turn_base, transpose_view, wait_for_turn)
+                  TileRows, bulk_reduce_add_f32, transpose_view, wait_for_turn)
 from .gemm import wgmma
 
 # (hdim, hdim_v) -> (tile_m = Q rows per step, the default of AttnConfig.bwd_tile_m; tile_n = K/V rows per CTA)
@@ -152,16 +152,12 @@ class FlashBwd192Sm90(FlashBwdSm90):
         barriers (never blocks): a release never waits on anything but its own completion, and every wait of
         the single-writer order is kept or weakened (dQEmpty after the read instead of after the release), so
         the turns stay deadlock-free where dq_writer's are."""
-        head, batch, n_block, num_groups = work.head, work.batch, work.n_block, work.num_groups
+        head, batch = work.head, work.batch
         m_block_min, m_block_max, seqlen_q, seqlen_k = work.m_block_min, work.m_block_max, work.seqlen_q, work.seqlen_k
-        tn = self.tile_n
         lane = cute.arch.lane_idx()
         mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
         causal_off = seqlen_k - seqlen_q
-        rot = None
-        if const_expr(self.det_rotate):  # per CTA: (M, q, rem, base) of rotate_turn (M >= 1 guards the divisions)
-            m_tiles = cutlass.max(m_block_max - m_block_min, Int32(1))
-            rot = (m_tiles, *rotate_turn_base(n_block, work.m_rot, num_groups, m_tiles))
+        rot = self.det_rotate_base(work)
         if half == 0:
             if m_block_min < m_block_max:  # the first hand-off's buffer
                 for w in cutlass.range_constexpr(self.num_mma_wg):
@@ -169,10 +165,7 @@ class FlashBwd192Sm90(FlashBwdSm90):
         for m_iter in cutlass.range(m_block_min + half, m_block_max, 2, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
-            if const_expr(self.det_rotate):  # arrival order of the rotated walks at this Q tile
-                turn = rotate_turn_at(m_block - m_block_min, work.m_rot, num_groups, *rot)
-            else:
-                turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
+            turn = self.det_turn(work, m_block, rot, causal_off)
             if lane == 0:
                 wait_for_turn(sem_ptr, turn)
             cute.arch.sync_warp()
