@@ -25,6 +25,12 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #   persistent_max_seqlen : (non-causal, causal) longest seqlen_q at which AttnConfig.persistent=None runs the
 #                   persistent forward (0 = never); not a config field: kernels/interface.py attention_forward applies it
 #                   per call (kernels.config.persistent_by_default)
+#   persistent_tile : (non-causal, causal) tile_m / consumer_regs / producer_regs that a call made persistent BY THE
+#                   SEQUENCE LENGTH runs instead of the table's (None: the table's); not a field: kernels/interface.py
+#                   forward_config applies it when the config's three values are the resolved defaults (pass
+#                   persistent=True to keep the table's tiles). H200 2026-12-01, hd64 causal 1k, 16k tokens, 8 rounds,
+#                   outputs bitwise (results/h200/session_ab/fwd64_t128.jsonl): 128-row persistent / 192-row persistent
+#                   1.094 (128-row one-tile-per-CTA 0.933); non-causal 1k 0.962, 2k 0.85-0.90: only hd64 causal <= 1k
 #   two_cta       : whether AttnConfig.two_cta=None runs the 2-CTA backward at this head dim; not filled in by resolve():
 #                   the sm90 backward applies it per call (kernels.config.two_cta_by_default; not with a window, softcap
 #                   or varlen)
@@ -72,7 +78,8 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
                        bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False, rescale_before_pv=False,
-                       bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False)),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
+                       persistent_tile=(None, dict(tile_m=128, consumer_regs=240, producer_regs=24))),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
     # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
@@ -88,7 +95,8 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # those inputs (results/h200/session_ab/fwd192c_splitpv.jsonl): 1.012 / 1.015x the one-loop kernel at 8k / 16k.
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=(False, True),
-                        causal_split=(False, True), p_cvt_asm=(True, False)),
+                        causal_split=(False, True), p_cvt_asm=(True, False), pv_wait_mid=(False, True),
+                        bwd_det_two_writers=(True, True)),
     # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10
     # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
     # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
@@ -177,8 +185,11 @@ class AttnConfig:
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90); elsewhere no effect: two dQ writer warps take the Q
     # tiles in turn, each hands the staging buffer back once its bulk reduction has READ it and waits for the
     # reduction to COMPLETE only before its semaphore release, so the MMA warps never wait for a completion and two
-    # tiles' completions overlap (kernels/sm90/bwd_wide192.py dq_writer_pair). None = off (opt-in, GPU-untested).
-    # Left out of to_dict() while None.
+    # tiles' completions overlap (kernels/sm90/bwd_wide192.py dq_writer_pair). None = DEFAULTS' (on at (192, 128),
+    # filled only into deterministic configs; absent: off). H200 2026-12-01, 16k tokens, 10 rounds
+    # (results/h200/session_ab/bwd192_det_2w.jsonl), det / default at 1k / 4k / 16k: non-causal 0.923 / 0.898 / 0.905
+    # (one writer 0.823 / 0.791 / 0.798), causal 0.973 / 0.982 / 0.979 (0.876 / 0.854 / 0.831). Left out of to_dict()
+    # while None.
     bwd_det_two_writers: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
@@ -237,7 +248,9 @@ class AttnConfig:
     # one-loop causal kernels compile divergent with it: pipeline state in vector registers). Official FA4's loop waits after 11 of its 66 exponentials and releases V there;
     # without this field ours waits before them all (split and non-causal loops) or after them all (exp_in_branch,
     # one-loop causal) and releases V after them all. Same arithmetic (the default's output up to the row-sum rounding).
-    # Opt-in (GPU-untested: /work/notes/fwd_s9.md); None = off, left out of to_dict() while None or False.
+    # None = DEFAULTS' (on at (192, 128) causal; absent: off), left out of to_dict() while None or False. H200
+    # 2026-12-01, 16k tokens, 8 rounds, outputs bitwise equal (results/h200/session_ab/fwd_pv_wait_mid.jsonl), speed vs
+    # off: (192, 128) causal 1.003 / 1.002 at 8k / 16k; hd64 8k 0.955 causal, 0.965 non-causal (off there).
     pv_wait_mid: bool | None = None
 
     def __post_init__(self) -> None:
@@ -341,6 +354,8 @@ class AttnConfig:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
             if getattr(self, name) is None and v:
                 updates[name] = v
+        if self.deterministic and self.bwd_det_two_writers is None and d.get("bwd_det_two_writers", (0, 0))[int(causal)]:
+            updates["bwd_det_two_writers"] = True  # only deterministic kernels have it: other configs keep their hash
         tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
         updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only
@@ -535,6 +550,7 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
     d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
     d["rescale_before_pv"] = for_causal(d["rescale_before_pv"], causal)  # the value resolve() fills
     d.pop("persistent_max_seqlen")  # a per-call rule, not a field (persistent_by_default)
+    d.pop("persistent_tile", None)  # a per-call rule too (persistent_tile_for)
     d.pop("two_cta")  # a per-call rule (two_cta_by_default), not filled in by resolve()
     if tuned:
         d.update(TUNED.get((arch, int(hdim), bool(causal)), {}))
@@ -559,6 +575,23 @@ def persistent_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, causal
     if varlen or (cfg is not None and cfg.cluster_m > 1):  # the persistent forward has no cluster
         return False
     return 0 < int(seqlen_q) <= persistent_max_seqlen(arch, hdim, causal)
+
+
+PERSISTENT_TILE_FIELDS = ("tile_m", "consumer_regs", "producer_regs")
+
+
+def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool) -> "AttnConfig":
+    """A resolved config made persistent by the sequence length (``cfg.persistent`` None): DEFAULTS' persistent_tile
+    for (arch, hdim, causal) in place of the table's tile_m / register split, when ``cfg`` holds the table's values for
+    all three (a config that chose its own keeps them; so does ``persistent=True``, which forces the table's tiles)."""
+    arch = normalize_arch(arch)
+    tile = for_causal(DEFAULTS.get((arch, int(hdim)), {}).get("persistent_tile", (None, None)), causal)
+    if not tile or cfg.persistent is not None:
+        return cfg
+    table = table_defaults(arch, hdim, causal)
+    if any(getattr(cfg, k) != table[k] for k in PERSISTENT_TILE_FIELDS):
+        return cfg
+    return dataclasses.replace(cfg, **tile)
 
 
 # head dims (hdim, hdim_v) whose sm90 backward has a 2-CTA kernel (kernels/sm90/bwd.py, bwd_wide_two_cta.py)

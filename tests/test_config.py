@@ -243,7 +243,7 @@ def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
     assert AttnConfig(**row).config_hash() == "514d4d7f61ec"
     # that row's kernel (the one loop, O rescaled after the softmax) is no longer (192, 128) causal's default
     assert AttnConfig(**row).resolve("sm90", 192, True).config_hash() != "d5a9684cc4b1"
-    old_default = AttnConfig(**row, rescale_before_pv=False, causal_split=False)
+    old_default = AttnConfig(**row, rescale_before_pv=False, causal_split=False, pv_wait_mid=False)
     assert old_default.config_hash() == "514d4d7f61ec"
     assert old_default.resolve("sm90", 192, True).config_hash() == "d5a9684cc4b1"
 

@@ -28,16 +28,20 @@ from test_fwd_p_cvt_asm import _main_loop, _spills, _vector_state  # noqa: E402
 
 
 # ---- the field (no compile) -----------------------------------------------------------------------------------------
-def test_pv_wait_mid_off_by_default_and_hashes():
-    """None (the default) and False leave it out of to_dict (the hash of before the field); True is its own config."""
+def test_pv_wait_mid_default_only_at_192_causal_and_hashes():
+    """None resolves to DEFAULTS' (on at (192, 128) causal only); None and False leave it out of to_dict (the hash of
+    before the field); True is its own config."""
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
             r = AttnConfig().resolve("sm90", hd, causal)
-            assert r.pv_wait_mid is None and "pv_wait_mid" not in r.to_dict()
             off = AttnConfig(pv_wait_mid=False).resolve("sm90", hd, causal)
-            assert off.config_hash() == r.config_hash()
             on = AttnConfig(pv_wait_mid=True).resolve("sm90", hd, causal)
-            assert on.to_dict()["pv_wait_mid"] is True and on.config_hash() != r.config_hash()
+            assert on.to_dict()["pv_wait_mid"] is True and "pv_wait_mid" not in off.to_dict()
+            if (hd, causal) == (192, True):
+                assert r == on and off.config_hash() != r.config_hash()
+                continue
+            assert r.pv_wait_mid is None and "pv_wait_mid" not in r.to_dict()
+            assert off.config_hash() == r.config_hash() and on.config_hash() != r.config_hash()
     assert AttnConfig(pv_wait_mid=True).op_string == '{"pv_wait_mid":true}'
 
 
@@ -84,13 +88,13 @@ def _f2fp_after_last_ex2(body) -> int:
 @needs_nvdisasm
 @pytest.mark.compile
 def test_pv_wait_among_the_exponentials_192_causal(tmp_path_factory):
-    """(192, 128) causal (default: causal_split + rescale_before_pv), mask-free loop. Default: the P V wait after the 2
-    row-scale exponentials of the rescale arm, i.e. before all 64 of the block, and the V stage released after all but
-    one. pv_wait_mid: 16 more static EX2 (the head quarter of both rows in both arms), the wait after both arms' head
+    """(192, 128) causal (causal_split + rescale_before_pv), mask-free loop. pv_wait_mid=False (the default before
+    2026-12-01): the P V wait after the 2 row-scale exponentials of the rescale arm, i.e. before all 64 of the block,
+    and the V stage released after all but one. pv_wait_mid (the default since): 16 more static EX2 (the head quarter of both rows in both arms), the wait after both arms' head
     exponentials and before >= 32 of the rest, the V release before >= 32 as well; P's conversions among the
     exponentials (<= 4 F2FP after the last); same HGMMA; uniform pipeline state; 0 LDL/STL."""
-    base = _sass(tmp_path_factory, 192, True)
-    on = _sass(tmp_path_factory, 192, True, pv_wait_mid=True)
+    base = _sass(tmp_path_factory, 192, True, pv_wait_mid=False)
+    on = _sass(tmp_path_factory, 192, True)  # the default (resolves to pv_wait_mid=True: the hash test above)
     lb, lo = _main_loop(base), _main_loop(on)
     wb, rb, nb = _wait_and_release(lb)
     wo, ro, no = _wait_and_release(lo)

@@ -21,7 +21,7 @@ SHAPES = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2), (2, 8192, 8192, 4)]
 @pytest.mark.parametrize("hdims", HDIM_PAIRS)
 def test_pv_wait_mid_matches_the_default(hdims, causal):
     hdim, hdim_v = hdims
-    _bitwise(AttnConfig(pv_wait_mid=True), AttnConfig(), hdim, hdim_v, causal, SHAPES)
+    _bitwise(AttnConfig(pv_wait_mid=True), AttnConfig(pv_wait_mid=False), hdim, hdim_v, causal, SHAPES)
 
 
 @pytest.mark.parametrize("hdims", [(64, 64), (128, 128)])

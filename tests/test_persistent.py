@@ -65,6 +65,31 @@ def test_forward_config_normalises_the_cache_key():
     assert persistent_grid(3, 1, 128, 1, 1) == 1
 
 
+def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides():
+    """DEFAULTS' persistent_tile (sm90 hd64 causal: 128-row tiles at 240 / 24 registers) runs where the sequence
+    length makes a call persistent and the config holds the table's tile_m / register split; persistent=True, another
+    tile or a non-causal call keep their own."""
+    from kernels.config import persistent_tile_for
+    from kernels.interface import forward_config
+
+    base = AttnConfig().resolve("sm90", 64, True)
+    assert (base.tile_m, base.consumer_regs, base.producer_regs) == (192, 160, 32)
+    short = forward_config(base, 64, True, 1024)
+    assert (short.tile_m, short.consumer_regs, short.producer_regs, short.persistent) == (128, 240, 24, True)
+    assert forward_config(base, 64, True, 1025) == base  # past the bound: the table's one-tile kernel
+    forced = AttnConfig(persistent=True).resolve("sm90", 64, True)
+    assert forward_config(forced, 64, True, 1024).tile_m == 192  # forced persistent: the table's tiles
+    own = AttnConfig(consumer_regs=168, producer_regs=24).resolve("sm90", 64, True)
+    assert forward_config(own, 64, True, 1024).tile_m == 192  # a register split of its own: kept
+    nc = AttnConfig().resolve("sm90", 64, False)
+    assert forward_config(nc, 64, False, 1024).tile_m == 192  # non-causal: no persistent_tile
+    for hdim in (128, 192, 256):
+        for causal in (False, True):
+            r = AttnConfig().resolve("sm90", hdim, causal)
+            assert persistent_tile_for(r, "sm90", hdim, causal) == r
+    assert all(k in ("tile_m", "consumer_regs", "producer_regs") for k in DEFAULTS[("sm90", 64)]["persistent_tile"][1])
+
+
 def test_persistent_with_varlen_is_a_config_error():
     from kernels.validate import check_persistent_varlen
 
@@ -174,6 +199,11 @@ def test_persistent_sass_has_a_tile_loop_and_no_spills(tmp_path, hdim, hdim_v, c
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
     cfg = AttnConfig(persistent=True).resolve("sm90", hdim, causal)
+    if hdim == 64 and causal:  # the kernel the default runs at <= 1k: DEFAULTS' persistent_tile (128-row tiles)
+        from kernels.interface import forward_config
+
+        cfg = forward_config(AttnConfig().resolve("sm90", 64, True), 64, True, 1024)
+        assert cfg.tile_m == 128 and cfg.persistent
     on = _sass_or_none(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal), str(tmp_path / "on"))
     c = opcode_counts(on)
     assert count(c, "LDL") == 0 and count(c, "STL") == 0

@@ -98,5 +98,5 @@ def test_default_rule_runs_the_persistent_kernel_at_short_seqlen():
     _run({}, 2, 1000, 1000, 4, 4, 64, 64, True)  # hd64 causal: persistent up to 1024
     _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # past the bound: the one-tile kernel
     keys = [str(r.key) for r in compile_records() if r.key[0] == "fwd"]
-    assert any("('persistent', True)" in k for k in keys)
+    assert any("('persistent', True)" in k and "('tile_m', 128)" in k for k in keys)  # DEFAULTS' persistent_tile
     assert any("persistent" not in k for k in keys)
