@@ -115,10 +115,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 # default 0.91-0.95 at hd 64 / 128 non-causal 1k-16k, against spt's 0.74-0.93; results/h200/session_ab/bwd_det_rotate):
 # non-causal K/V tile n walks its Q tiles from tile n mod M, dQ turns in arrival order (kernels/sm90/bwd.py
 # rotate_turn); causal runs "spt"; so do two_cta, varlen, windows, hd256, and calls whose K/V tiles per head exceed the
-# SM count (a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call). "lpt" (opt-in, GPU-
-# untested; /work/notes/bwd_s9.md): causal hd 64 / 128 one-CTA calls launch the longest K/V tile first
-# (max(8, bwd_lpt_heads) heads interleaved), walk Q tiles from the last one down, dQ turns in K/V tile order (no
-# residency bound); other calls as "rotate"
+# SM count (a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call). "lpt" (opt-in):
+# causal hd 64 / 128 one-CTA calls launch the longest K/V tile first (max(8, bwd_lpt_heads) heads interleaved), walk Q
+# tiles from the last one down, dQ turns in K/V tile order (no residency bound); other calls as "rotate". H200
+# 2026-12-01, 16k tokens, 10 rounds (results/h200/session_ab/bwd_det_lpt.jsonl), det / default at 1k / 2k / 8k: lpt
+# hd64 0.76 / 0.72 / 0.85, hd128 0.87 / 0.85 / 0.86; spt 0.91 / 0.94 / 0.94, 0.92 / 0.90 / 0.85: not a default
 DET_SCHEDULES = ("spt", "naive", "rotate", "lpt")
 # None stays None through resolve(): decided per call (shapes; two_cta: head dims, window / softcap, varlen)
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
