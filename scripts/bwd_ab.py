@@ -69,9 +69,11 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     elif (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):
         # det_schedule="rotate" (issue 9): rotated Q-tile walks, arrival-order dQ turns (non-causal; causal runs spt)
         fns["ours_det_rot"] = ours(deterministic=True, det_schedule="rotate")
-    if (q.shape[-1], v.shape[-1]) == (192, 128) and "bwd_det_two_writers" in AttnConfig.__dataclass_fields__:
-        # AttnConfig.bwd_det_two_writers (issue 9, opt-in): two dQ writer warps, the staging buffer freed after the bulk
-        # read, the completion waited only before the semaphore release (causal spt / non-causal rotate turns unchanged)
+    if ((q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128))
+            and "bwd_det_two_writers" in AttnConfig.__dataclass_fields__):
+        # AttnConfig.bwd_det_two_writers (issue 9; opt-in at hd 64 / 128): two dQ writer warps, the staging buffer freed
+        # after the bulk read, the completion waited only before the semaphore release (kernels/sm90/bwd.py
+        # dq_writer_pair; causal spt / non-causal rotate turns unchanged)
         fns["ours_det_2w"] = ours(deterministic=True, bwd_det_two_writers=True)
     try:
         from flash_attn.cute.interface import _flash_attn_bwd

@@ -1,15 +1,17 @@
-"""AttnConfig.bwd_det_two_writers (deterministic (192, 128) backward, opt-in): its protocol, its turns, its SASS (CPU).
+"""AttnConfig.bwd_det_two_writers (deterministic sm90 backward, opt-in; DEFAULTS: on at (192, 128)): its protocol, its
+turns, its SASS (CPU), for FlashBwd192Sm90 and FlashBwdSm90 (hd 64 / 128: 128-row / 80-row tiles with one staging
+buffer, 64-row tiles with two; varlen, two_cta and windows through the same dq_slot / dq_chunk_gptr as dq_writer).
 
-FlashBwd192Sm90.dq_writer_pair: writer warp h (warp 1 + h) takes the loop steps h, h + 2, ... of its CTA; per step it
-waits for its dQ turn, for the other writer's token (``BWD_DQ_TOKEN`` + 1 - h: that writer has passed the previous
-step's dQFull), syncs dQFull of both MMA warpgroups, issues the bulk reduce-adds, waits until they have READ the one
-staging buffer, arrives on dQEmpty (the next step's buffer) and on its own token, and only then waits for the reductions
-to COMPLETE and releases the semaphore. Checked here on a Python model with named-barrier generations (160 threads for
-dQFull / dQEmpty: one MMA warpgroup + one writer warp; 64 for the tokens) under random interleavings of every warp of
-every CTA: each barrier generation pairs the MMA warpgroup with the writer of the right step, the buffer is never
-overwritten before it was read, each dQ tile receives each visiting K/V tile's contribution exactly once and in turn
-order (the same fixed sequence of fp32 adds as the one-writer kernel), and nothing deadlocks (rotate with a head's CTAs
-resident, spt / naive with any number of slots).
+kernels/sm90/bwd.py dq_writer_pair: writer warp h (warp 1 + h) takes the loop steps h, h + 2, ... of its CTA; per
+step it waits for its dQ turn, for the other writer's token (``BWD_DQ_TOKEN`` + 1 - h: that writer has passed the
+previous step's dQFull), syncs dQFull of both MMA warpgroups, issues the bulk reduce-adds, waits until they have READ
+the staging buffer, arrives on dQEmpty (the next step's buffer) and on its own token, and only then waits for the
+reductions to COMPLETE and releases the semaphore. Checked here on a Python model with named-barrier generations (160
+threads for dQFull / dQEmpty: one MMA warpgroup + one writer warp; 64 for the tokens) under random interleavings of
+every warp of every CTA: each barrier generation pairs the MMA warpgroup with the writer of the right step, a buffer
+(one, or two used by alternate steps) is never overwritten before it was read, each dQ tile receives each visiting K/V
+tile's contribution exactly once and in turn order (the same fixed sequence of fp32 adds as the one-writer kernel),
+and nothing deadlocks (rotate with a head's CTAs resident, spt / naive with any number of slots).
 """
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ from kernels import AttnConfig
 
 bwd = pytest.importorskip("kernels.sm90.bwd")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TM, TN = 64, 128  # FlashBwd192Sm90's tiles
+TM, TN = 64, 128  # FlashBwd192Sm90's tiles (FlashBwdSm90: tile_m 128 at hd64, 80 at hd128, 64 opt-in; tile_n 128)
 
 
 # ---- the schedule: (192, 128) walks and turns (tile_schedule, m_block_at, dq_turn / rotate_turn) -----------------
-def walks_and_turns(seqlen_q, seqlen_k, causal, schedule):
-    """{n: [Q tiles in walk order]}, {(n, m): turn}, the grid's launch order of K/V tiles."""
+def walks_and_turns(seqlen_q, seqlen_k, causal, schedule, tm=TM):
+    """{n: [Q tiles in walk order]}, {(n, m): turn}, the grid's launch order of K/V tiles (``tm``-row Q tiles)."""
+    TM = tm
     n_tiles, m_tiles = -(-seqlen_k // TN), -(-seqlen_q // TM)
     off = seqlen_k - seqlen_q
     rotate = schedule == "rotate" and not causal
@@ -95,10 +98,11 @@ class Barrier:
         return None
 
 
-def cta_actors(cta, walk, turns, sems, adds, bars, log):
-    """Generators of one CTA's two MMA warpgroups and two writer warps; each yields a predicate it waits for."""
+def cta_actors(cta, walk, turns, sems, adds, bars, log, stages=1):
+    """Generators of one CTA's two MMA warpgroups and two writer warps; each yields a predicate it waits for.
+    ``stages``: staging buffers (step i in buffer i mod stages, as dq_to_writer / dq_writer_pair)."""
     steps = len(walk)
-    buf = {0: None, 1: None}
+    buf = {(s, w): None for s in range(stages) for w in (0, 1)}
 
     def sync(b, party, n):
         g = b.gen
@@ -110,9 +114,9 @@ def cta_actors(cta, walk, turns, sems, adds, bars, log):
     def mma(w):
         for i in range(steps):
             yield from sync(bars[("empty", w)], ("mma", w, i), 128)
-            buf[w] = ("writing", i)
+            buf[(i % stages, w)] = ("writing", i)
             yield lambda: True
-            buf[w] = (cta, i)
+            buf[(i % stages, w)] = (cta, i)
             done = bars[("full", w)].arrive(("mma", w, i), 128)
             if done is not None:
                 log.append((("full", w), tuple(done)))
@@ -135,11 +139,11 @@ def cta_actors(cta, walk, turns, sems, adds, bars, log):
                 if done is not None:
                     assert ("mma", w, i) in done and ("writer", h, i) in done, done
                 yield lambda b=b, g=g: b.gen > g
-                got[w] = buf[w]
+                got[w] = buf[(i % stages, w)]
                 assert got[w] == (cta, i), (cta, h, i, w, got[w])  # the stored chunk of this very step
             yield lambda: True  # the bulk reads in flight
             for w in (0, 1):
-                assert buf[w] == got[w], "staging buffer overwritten before its bulk read"
+                assert buf[(i % stages, w)] == got[w], "staging buffer overwritten before its bulk read"
             if i + 1 < steps:
                 for w in (0, 1):
                     bars[("empty", w)].arrive(("writer", h, i + 1), 32)
@@ -151,9 +155,9 @@ def cta_actors(cta, walk, turns, sems, adds, bars, log):
     return [mma(0), mma(1), writer(0), writer(1)]
 
 
-def run_model(sq, sk, causal, sched, slots, seed):
-    walks, turns, order = walks_and_turns(sq, sk, causal, sched)
-    m_tiles = -(-sq // TM)
+def run_model(sq, sk, causal, sched, slots, seed, tm=TM, stages=1):
+    walks, turns, order = walks_and_turns(sq, sk, causal, sched, tm)
+    m_tiles = -(-sq // tm)
     sems = {m: 0 for m in range(m_tiles)}
     adds = {m: [] for m in range(m_tiles)}
     rng = random.Random(seed)
@@ -164,7 +168,7 @@ def run_model(sq, sk, causal, sched, slots, seed):
             n = pending.pop(0)
             bars = {(k, w): Barrier((k, w), 160 if k != "token" else 64) for k in ("empty", "full") for w in (0, 1)}
             bars.update({("token", h): Barrier(("token", h), 64) for h in (0, 1)})
-            acts = cta_actors(n, walks[n], {m: turns[(n, m)] for m in walks[n]}, sems, adds, bars, [])
+            acts = cta_actors(n, walks[n], {m: turns[(n, m)] for m in walks[n]}, sems, adds, bars, [], stages)
             running.append([n, {i: [a, lambda: True] for i, a in enumerate(acts)}])
 
     launch()
@@ -201,6 +205,25 @@ def test_protocol_model(sq, sk, causal, sched, slots):
             assert got == want, (m, got, want)
 
 
+# FlashBwdSm90 (hd 64 / 128): (tile_m, staging buffers) of 128-row (hd64 default) and 80-row (hd128 default) tiles, one
+# buffer, and of 64-row tiles (bwd_tile_m=64), two -- step i in buffer i mod 2, so writer h always uses buffer h
+SM90_MODEL_CASES = [(1024, 1024, False, "rotate", None, 128, 1), (1000, 1337, True, "spt", 2, 128, 1),
+                    (1024, 1024, True, "spt", 3, 80, 1), (333, 397, False, "rotate", None, 80, 1),
+                    (1000, 1000, True, "naive", 2, 80, 1), (1024, 1024, False, "rotate", None, 64, 2),
+                    (1000, 1337, True, "spt", 2, 64, 2), (65, 65, False, "naive", 1, 64, 2)]
+
+
+@pytest.mark.parametrize("sq,sk,causal,sched,slots,tm,stages", SM90_MODEL_CASES)
+def test_protocol_model_sm90(sq, sk, causal, sched, slots, tm, stages):
+    """FlashBwdSm90's tiles and staging buffers: the same guarantees as test_protocol_model (6 seeds)."""
+    for seed in range(6):
+        n_tiles = -(-sk // TN)
+        walks, turns, adds = run_model(sq, sk, causal, sched, slots or n_tiles, seed, tm, stages)
+        for m, got in adds.items():
+            want = sorted((n for n in walks if m in walks[n]), key=lambda n: turns[(n, m)])
+            assert got == want, (m, got, want)
+
+
 def test_field_reaches_the_kernel_and_is_ignored_elsewhere():
     from kernels.sm90 import backward as B
     from kernels.sm90.bwd_wide192 import FlashBwd192Sm90
@@ -212,55 +235,61 @@ def test_field_reaches_the_kernel_and_is_ignored_elsewhere():
         assert type(k) is FlashBwd192Sm90 and k.det_two_writers
         off = AttnConfig(bwd_det_two_writers=True).resolve("sm90", 192, causal)  # not deterministic: ignored
         assert not B._main_kernel(BFloat16, off, 192, 128, causal).det_two_writers
-        assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True).resolve("sm90", 192, causal), 192, 128,
-                                  causal).det_two_writers
-        k128 = B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=True).resolve(
-            "sm90", 128, causal), 128, 128, causal)
-        assert not k128.det_two_writers  # FlashBwdSm90: no effect
+        assert B._main_kernel(BFloat16, AttnConfig(deterministic=True).resolve("sm90", 192, causal), 192, 128,
+                              causal).det_two_writers  # DEFAULTS: on at (192, 128)
+        assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=False).resolve(
+            "sm90", 192, causal), 192, 128, causal).det_two_writers
+        assert AttnConfig().resolve("sm90", 192, causal).bwd_det_two_writers is None  # not deterministic: hash kept
+        for hd in (64, 128):  # FlashBwdSm90 (hd 64 / 128): opt-in, deterministic only
+            k = B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=True).resolve(
+                "sm90", hd, causal), hd, hd, causal)
+            assert type(k) is bwd.FlashBwdSm90 and k.det_two_writers and k.dq_stages == 1
+            assert not B._main_kernel(BFloat16, AttnConfig(bwd_det_two_writers=True).resolve("sm90", hd, causal), hd,
+                                      hd, causal).det_two_writers
+            assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True).resolve("sm90", hd, causal), hd, hd,
+                                      causal).det_two_writers
+            k64 = B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=True, bwd_tile_m=64)
+                                 .resolve("sm90", hd, causal), hd, hd, causal)
+            assert k64.det_two_writers and k64.dq_stages == 2
     assert "bwd_det_two_writers" not in AttnConfig().to_dict()  # default configs / hashes / keys unchanged
     assert AttnConfig(bwd_det_two_writers=True).to_dict()["bwd_det_two_writers"] is True
 
 
 # ---- SASS ---------------------------------------------------------------------------------------------------------
-def _sass(tmp_path, name, cfg, causal):
+def _sass(tmp_path, name, cfg, causal, hd=192, call=None):
+    """The main kernel's SASS for AttnConfig(cfg) at head dim ``hd`` ((192, 128) at 192); ``call``: another compile
+    call (its source), e.g. compile_backward_varlen with dump_dir=D."""
     from kernels.sm90.sass import disassemble, find_nvdisasm
 
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
     dump = tmp_path / name
     dump.mkdir()
+    hdim_v = ", hdim_v=128" if hd == 192 else ""
+    call = call or f'compile_backward(AttnConfig({cfg}), "bfloat16", {hd}, {causal}{hdim_v})'
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
-        from kernels.sm90.backward import compile_backward
-        compile_backward(AttnConfig({cfg}), "bfloat16", 192, {causal}, hdim_v=128)
-    """)
+        from kernels.sm90.backward import compile_backward, compile_backward_varlen
+        D = {str(dump)!r}
+    """) + call + "\n"
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
-    cubins = [c for c in glob.glob(str(dump / "*.cubin")) if "FlashBwd192Sm90" in c]
+    kind = "FlashBwd192Sm90" if hd == 192 else "bwdFlashBwdSm90"
+    cubins = [c for c in glob.glob(str(dump / "*.cubin")) if kind in c]
     assert len(cubins) == 1, cubins
     return disassemble(cubins[0])
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
-def test_sass(tmp_path, causal):
-    """0 LDL / STL; the MMA warps' code as the one-writer kernel's (HGMMA shapes, 4 WARPGROUP.DEPBAR); the writer: the
-    tokens (BAR 13 / 14 of 64 threads, sync and arrive), the two bulk reductions, then the wait for their READ
-    (DEPBAR.LE SB0), dQEmpty (BAR.ARV 9 / 10 of 160) and the token arrive BEFORE the fence's MEMBAR.ALL.GPU (the
-    wait for the completion) and the semaphore release (REDG...STRONG.GPU); the one-writer det kernel has no token
-    barrier and arrives on dQEmpty only after its MEMBAR.ALL.GPU + release."""
+def _writer_order(two, one):
+    """The two-writer SASS ``two``: BAR 13 / 14 of 64 threads four times (two syncs, two arrives), two bulk reductions,
+    then the wait for their READ (DEPBAR.LE SB0), dQEmpty (BAR.ARV 9 / 10 of 160) and the token arrive BEFORE the
+    fence's MEMBAR.ALL.GPU and the semaphore release (REDG...STRONG.GPU); the one-writer ``one``: no token barrier, no
+    dQEmpty arrive between its reductions and its MEMBAR.ALL.GPU (it arrives at the next step's top)."""
     from kernels.sm90.sass import count, opcode_counts
 
-    two = _sass(tmp_path, "two", "deterministic=True, bwd_det_two_writers=True", causal)
-    one = _sass(tmp_path, "one", "deterministic=True", causal)
-    for s in (two, one):
-        assert not re.search(r"\b(LDL|STL)\b", s)
-    o2, o1 = opcode_counts(two), opcode_counts(one)
-    hgmma = lambda o: {k: v for k, v in o.items() if k.startswith("HGMMA")}
-    assert hgmma(o2) == hgmma(o1)
-    assert count(o2, "WARPGROUP.DEPBAR") <= 4
+    o2 = opcode_counts(two)
     assert count(o2, "UBLKRED") == 2 and count(o2, "REDG.E.ADD.S32.STRONG.GPU") == 1
     tok = re.compile(r"BAR\.(SYNC\S*|ARV) 0x(d|e), 0x40")
     assert len(tok.findall(two)) == 4 and not tok.search(one)
@@ -273,9 +302,72 @@ def test_sass(tmp_path, causal):
     membar = idx(r"MEMBAR\.ALL\.GPU", red2)
     release = idx(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", membar)
     assert read < empty < token < membar < release
-    # one writer: its dQEmpty arrives come after a release (the loop's next step) or at the start, never between the
-    # reductions and the MEMBAR
     l1 = one.splitlines()
     r1 = next(i for i, l in enumerate(l1) if "UBLKRED" in l)
     m1 = next(i for i in range(r1, len(l1)) if "MEMBAR.ALL.GPU" in l1[i])
     assert not any(re.search(r"BAR\.ARV 0x(9|a), 0xa0", l1[i]) for i in range(r1, m1))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_sass(tmp_path, causal):
+    """0 LDL / STL; the MMA warps' code as the one-writer kernel's (HGMMA shapes, 4 WARPGROUP.DEPBAR); the writers'
+    tokens and order (_writer_order: dQEmpty after the bulk READ, before the completion's MEMBAR.ALL.GPU and the
+    release; the one-writer det kernel has no token barrier and arrives on dQEmpty only after its release)."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    two = _sass(tmp_path, "two", "deterministic=True, bwd_det_two_writers=True", causal)
+    one = _sass(tmp_path, "one", "deterministic=True, bwd_det_two_writers=False", causal)
+    for s in (two, one):
+        assert not re.search(r"\b(LDL|STL)\b", s)
+    o2, o1 = opcode_counts(two), opcode_counts(one)
+    hgmma = lambda o: {k: v for k, v in o.items() if k.startswith("HGMMA")}
+    assert hgmma(o2) == hgmma(o1)
+    assert count(o2, "WARPGROUP.DEPBAR") <= 4
+    _writer_order(two, one)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_sass_sm90(tmp_path, hd, causal):
+    """FlashBwdSm90 (hd 64: 128-row tiles, hd 128: 80-row tiles, one staging buffer each): 0 LDL / STL; the MMA warps'
+    code as the one-writer deterministic kernel's (HGMMA shapes and counts, WARPGROUP.DEPBAR count); the writers'
+    order of _writer_order (dQEmpty after the bulk READ, before the completion's MEMBAR.ALL.GPU and the release)."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    two = _sass(tmp_path, "two", "deterministic=True, bwd_det_two_writers=True", causal, hd)
+    one = _sass(tmp_path, "one", "deterministic=True", causal, hd)
+    for s in (two, one):
+        assert not re.search(r"\b(LDL|STL)\b", s)
+    o2, o1 = opcode_counts(two), opcode_counts(one)
+    hgmma = lambda o: {k: v for k, v in o.items() if k.startswith("HGMMA")}
+    assert hgmma(o2) == hgmma(o1)
+    assert count(o2, "WARPGROUP.DEPBAR") == count(o1, "WARPGROUP.DEPBAR")
+    _writer_order(two, one)
+
+
+# the variants FlashBwdSm90 also compiles with the two writers: 64-row tiles (two staging buffers, writer h in buffer
+# h), two_cta (the pair's slot / semaphore, one buffer), varlen (the sequence's padded tiles), a sliding window (turns
+# over the window's visitors)
+VARIANTS = {
+    "tm64_hd128_causal": 'compile_backward(AttnConfig(deterministic=True, bwd_det_two_writers=True, bwd_tile_m=64), '
+                         '"bfloat16", 128, True)',
+    "two_cta_hd128_causal": 'compile_backward(AttnConfig(deterministic=True, bwd_det_two_writers=True, two_cta=True), '
+                            '"bfloat16", 128, True)',
+    "varlen_hd128_causal": 'compile_backward_varlen(AttnConfig(deterministic=True, bwd_det_two_writers=True), '
+                           '"bfloat16", 128, True, dump_dir=D)',
+    "window_hd64": 'compile_backward(AttnConfig(deterministic=True, bwd_det_two_writers=True), "bfloat16", 64, True, '
+                   'window_left=200)',
+}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_sass_sm90_variants(tmp_path, name):
+    """0 LDL / STL, the two writers' tokens and order (_writer_order against the one-writer kernel of the same call)."""
+    two = _sass(tmp_path, "two", None, None, 0, VARIANTS[name])
+    one = _sass(tmp_path, "one", None, None, 0, VARIANTS[name].replace(", bwd_det_two_writers=True", ""))
+    for s in (two, one):
+        assert not re.search(r"\b(LDL|STL)\b", s)
+    _writer_order(two, one)

@@ -156,7 +156,7 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):
         # (192, 128): 64 x 128 tiles, dK / dV split by K/V rows (bwd_wide192.py); a softcap stays on FlashBwdWideSm90
         cls, kw = FlashBwd192Sm90, dict(hdim_v=hdim_v)
-        if getattr(cfg, "bwd_det_two_writers", None):  # deterministic: two dQ writer warps (opt-in; dq_writer_pair)
+        if getattr(cfg, "bwd_det_two_writers", None):  # deterministic: two dQ writer warps (bwd.py dq_writer_pair)
             kw["det_two_writers"] = True
     if qhead_per_kvhead != 1:
         kw["qhead_per_kvhead"] = qhead_per_kvhead
@@ -170,6 +170,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["dq_chunk_release"] = True
     if cls is FlashBwdSm90 and cfg.bwd_diag_align:  # causal 80-row tiles from the diagonal (opt-in; _set_diag_align)
         kw["diag_align"] = True
+    if cls is FlashBwdSm90 and getattr(cfg, "bwd_det_two_writers", None):  # deterministic: two dQ writers (opt-in)
+        kw["det_two_writers"] = True
     kw.update(features or {})
     if varlen:
         kw["varlen"] = True

@@ -16,7 +16,7 @@ class Bar(IntEnum):
     BWD_DQ_EMPTY = 9  # 9, 10: dQ writer warp -> MMA warpgroup w: chunk w's buffer free again
     BWD_DS_SEND = 11  # hd256 two_cta: both MMA warpgroups -> the exchange warp: dS^T of this Q tile stored
     BWD_DS_READ = 12  # hd256 two_cta: both MMA warpgroups -> the exchange warp: dV / dQ of this Q tile done
-    BWD_DQ_TOKEN = 13  # 13, 14: (192, 128) det_two_writers: dQ writer warp k -> the other one: my Q tile's dQFull passed
+    BWD_DQ_TOKEN = 13  # 13, 14: det_two_writers (bwd.py dq_writer_pair): writer warp k -> the other: my dQFull passed
 
 
 assert max(Bar) + 1 <= 15, "Hopper has named barriers 0..15"

@@ -27,7 +27,10 @@ and the postprocess undoes the permutation) and warp 1, the dQ writer, issues on
 1.16-1.29x faster than red.global.add.v2.f32 from the MMA registers (hd 64/128, s 8k, interleaved A/B).
 With ``deterministic=True`` the writer warp adds in a fixed order: an int32 semaphore per (batch, head, Q tile); the
 writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and releases the next
-turn (red.release), so the MMA warps never spin. For causal, ``det_schedule="spt"`` orders the turns and the grid
+turn (red.release), so the MMA warps never spin. Opt-in ``det_two_writers`` (AttnConfig.bwd_det_two_writers): warps 1
+and 2 take the Q tiles in turn and free the staging buffer once the reductions have READ it (dq_writer_pair), so the
+MMA warps never wait for a reduction's completion, and two tiles' completions overlap.
+For causal, ``det_schedule="spt"`` orders the turns and the grid
 shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles, goes first); ``"naive"`` keeps
 K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (the default since 2026-12-01;
 non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n walks its Q tiles from tile n mod M
@@ -101,6 +104,7 @@ _CLUSTER = _nvvm.MemScopeKind.CLUSTER
 
 _BAR_DQ_FULL = int(Bar.BWD_DQ_FULL)  # + w: MMA warpgroup w -> writer warp (chunk w written)
 _BAR_DQ_EMPTY = int(Bar.BWD_DQ_EMPTY)  # + w: writer warp -> MMA warpgroup w (chunk w free again)
+_BAR_DQ_TOKEN = int(Bar.BWD_DQ_TOKEN)  # + h: det_two_writers: writer warp h -> the other one (dq_writer_pair)
 
 
 class BwdGmem(NamedTuple):
@@ -381,14 +385,14 @@ class FlashBwdSm90:
     pdl = False  # programmatic dependent launch against the preprocess (and of the postprocess): _set_pdl
     dq_chunk_release = False  # writer frees each dQ staging chunk once its own bulk read is done (dq_writer)
     diag_align = False  # causal 80-row Q tiles walked from the K/V tile's diagonal row, dQaccum chunk-major
-    det_two_writers = False  # deterministic: two dQ writer warps take the Q tiles in turn (FlashBwd192Sm90 only)
+    det_two_writers = False  # deterministic: two dQ writer warps take the Q tiles in turn (dq_writer_pair)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
                  qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
-                 dq_chunk_release: bool = False, diag_align: bool = False):
+                 dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -493,6 +497,12 @@ class FlashBwdSm90:
         # DEPBAR.LE SB0, 0x0 -> arrive chunk 1). Not deterministic (its writer waits for all reductions each tile).
         self.dq_chunk_release = bool(dq_chunk_release) and not self.deterministic
         self._set_diag_align(diag_align)
+        # ``det_two_writers`` (AttnConfig.bwd_det_two_writers; opt-in, deterministic only): dq_writer_pair instead of
+        # dq_writer. dq_writer hands the staging buffer of Q tile i + 1 back only after tile i's reductions have
+        # COMPLETED, been fenced and released (one buffer at the default tiles: hd64 128 rows, hd128 80 rows, two_cta),
+        # so the MMA warps, at their dQ store, wait for a completion; here they wait for a bulk READ only.
+        self.det_two_writers = bool(det_two_writers) and self.deterministic
+        assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2) and not self.diag_align)
 
     def _set_diag_align(self, diag_align: bool) -> None:
         """``diag_align`` (AttnConfig.bwd_diag_align; opt-in): with 80-row Q tiles against 128-row K/V tiles, the
@@ -960,13 +970,13 @@ class FlashBwdSm90:
     @cute.jit
     def roles(self, gm: BwdGmem, tma: BwdTma, mmas: BwdMmas, smem: BwdSmem, storage, pipes: BwdPipes, work: BwdWork,
               warp_idx, tidx, softmax_scale, scale_log2):
-        """Warp roles: warp 0 loads, warp 1 writes dQ, warpgroups 1.. compute."""
+        """Warp roles: warp 0 loads, warp 1 writes dQ (det_two_writers: warps 1 and 2), warpgroups 1.. compute."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(gm, tma, smem, pipes, work)
             if const_expr(self.dq_smem):
-                if const_expr(self.det_two_writers):  # warps 1 and 2 take the Q tiles in turn (bwd_wide192.py)
+                if const_expr(self.det_two_writers):  # warps 1 and 2 take the Q tiles in turn (dq_writer_pair)
                     if warp_idx == 1 or warp_idx == 2:
                         self.dq_writer_pair(gm.mdQaccum, gm.mSem, storage.sdQ.data_ptr(), work, warp_idx - 1)
                 else:
@@ -1648,30 +1658,17 @@ class FlashBwdSm90:
         Varlen: dQaccum (h, total_q_pad, d) and the semaphores (h, total_q_pad / tile_m) at the sequence's padded Q
         tiles (pad_tile + m_block). two_cta: CTA ``rank`` of the pair owns half of each Q tile's rows, its own slot
         (m_block * 2 + rank: chunks 2 * rank + w of the tile) and semaphore; its turns are counted over the pairs."""
-        head, batch, pad_tile, rank = work.head, work.batch, work.pad_tile, work.rank
-        m_block_min, m_block_max, seqlen_q, seqlen_k = work.m_block_min, work.m_block_max, work.seqlen_q, work.seqlen_k
-        mc = self.cluster
         lane = cute.arch.lane_idx()
-        if const_expr(self.varlen):
-            mdQ2 = mdQaccum[head, None, None]  # contiguous (total_q padded, d)
-        else:
-            mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
-        causal_off = seqlen_k - seqlen_q
+        mdQ2 = self.dq_accum_rows(mdQaccum, work)
+        causal_off = work.seqlen_k - work.seqlen_q
         rot = self.det_rotate_base(work)
-        for m_iter in cutlass.range(m_block_min, m_block_max, unroll=1):
+        for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
             m_block = self.m_block_at(m_iter, work)
-            acc_block = m_block  # the Q tile's slot in dQaccum / the semaphores
-            if const_expr(self.varlen):
-                acc_block = m_block + pad_tile
-                sem_ptr = mSem.iterator + cute.crd2idx((head, acc_block), mSem.layout)
-            elif const_expr(self.two_cta):
-                acc_block = m_block * mc + rank
-                sem_ptr = mSem.iterator + cute.crd2idx((acc_block, head, batch), mSem.layout)
-            else:
-                sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
+            acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
             for p in cutlass.range_constexpr(self.dq_pieces):
                 # hand-off slot of this piece: dq_pieces per Q tile, dq_stages buffers
-                buf = (((m_iter - m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
+                buf = (((m_iter - work.m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg \
+                    * self.dq_chunk
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     if const_expr(not self.deterministic or p > 0):
                         # this buffer's previous chunks (dq_stages hand-offs ago) have been read; dq_chunk_release:
@@ -1690,12 +1687,8 @@ class FlashBwdSm90:
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                     if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
-                        # chunk w * dq_pieces + p of the tile: columns [(w * dq_pieces + p) * dq_n, ...)
-                        gptr = mdQ2.iterator + ((acc_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
-                        if const_expr(self.diag_align):  # chunk-major dQaccum: chunk w of the tile at Q row r
-                            gptr = mdQ2.iterator + (w * mdQ2.shape[0] + work.q_base + m_block * self.tile_m) \
-                                * self.dq_shape[0]
-                        bulk_reduce_add_f32(gptr, sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                        bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
+                                            sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                         cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):
                 if lane == 0:
@@ -1704,6 +1697,106 @@ class FlashBwdSm90:
                     cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def dq_writer_pair(self, mdQaccum, mSem, sdQ_raw, work: BwdWork, half):
+        """``det_two_writers`` (deterministic only): writer warp ``half`` (warp 1 + half) takes the loop steps
+        m_block_min + half, + 2, ... (dq_writer's turns, dQaccum slots, semaphores and bulk reductions, varlen and
+        two_cta included; the MMA warps' hand-off unchanged). Per step: its turn (acquire spin, while the other writer
+        may still be on the previous step), the other writer's token (it has passed the previous step's dQFull, so the
+        two never share a dQFull generation, and has seen its reductions READ the staging buffer), dQFull and the bulk
+        reduce-adds, then as soon as they have READ the buffer: dQEmpty for the next step and this writer's token;
+        only then the wait for the reductions to COMPLETE, the fence and the semaphore release.
+
+        dq_writer frees the buffer of step i + 1 only after step i's release, so the MMA warps, at their dQ store,
+        wait for a completion (one staging buffer at the default tiles; with two, dq_writer's det loop still arrives
+        on dQEmpty only at the top of the next step); here they wait for a read, and the completions of two
+        consecutive steps overlap (one per writer). Buffers: with dq_stages == 2 step i uses buffer i mod 2, i.e.
+        writer h always buffer h; the buffer of step i + 1 was last read by step i - 1 (one buffer: by step i),
+        before the token (or this writer's own wait) that precedes the dQEmpty arrive.
+
+        Bitwise the same dQaccum as dq_writer, by construction: the MMA warps store the same fp32 fragments in the
+        same fragment order, every (Q tile, chunk) is reduced by one bulk reduce-add of the same bytes to the same
+        address, and a CTA issues a tile's reduction only on its turn and releases the turn only after the
+        reduction has completed and been fenced, as before; so each dQaccum element receives the same fp32 adds in
+        the same (turn) order. The two writers of a CTA touch different Q tiles (different addresses), so their
+        overlap orders nothing that the adds depend on. Deadlock-free where dq_writer is: between a step's
+        reductions and its release a writer only arrives on barriers (never blocks), a release never waits on
+        anything but its own completion, and every other wait of the single-writer order is kept or weakened
+        (dQEmpty after the read instead of after the release; a turn no longer after the CTA's previous release)."""
+        m_block_min, m_block_max = work.m_block_min, work.m_block_max
+        lane = cute.arch.lane_idx()
+        mdQ2 = self.dq_accum_rows(mdQaccum, work)
+        causal_off = work.seqlen_k - work.seqlen_q
+        rot = self.det_rotate_base(work)
+        buf = 0  # one staging buffer; two: step i in buffer i mod 2, writer h's steps all in buffer h
+        if const_expr(self.dq_stages > 1):
+            buf = half * (self.num_mma_wg * self.dq_chunk)
+        if half == 0:
+            if m_block_min < m_block_max:  # the first hand-off's buffer
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+        for m_iter in cutlass.range(m_block_min + half, m_block_max, 2, unroll=1):
+            m_block = self.m_block_at(m_iter, work)
+            acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
+            turn = self.det_turn(work, m_block, rot, causal_off)
+            if lane == 0:
+                wait_for_turn(sem_ptr, turn)
+            cute.arch.sync_warp()
+            if m_iter > m_block_min:  # the other writer has passed the previous step's dQFull
+                if half == 0:
+                    cute.arch.barrier(barrier_id=_BAR_DQ_TOKEN + 1, number_of_threads=64)
+                else:
+                    cute.arch.barrier(barrier_id=_BAR_DQ_TOKEN, number_of_threads=64)
+            for w in cutlass.range_constexpr(self.num_mma_wg):
+                cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                if lane == 0:
+                    bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, 0),
+                                        sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                    cute.arch.cp_async_bulk_commit_group()
+            if lane == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
+            if m_iter + 1 < m_block_max:  # the buffer to the MMA warps, the token to the other writer
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+                if half == 0:
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_TOKEN, number_of_threads=64)
+                else:
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_TOKEN + 1, number_of_threads=64)
+            if lane == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+            cute.arch.sync_warp()
+
+    def dq_accum_rows(self, mdQaccum, work: BwdWork):
+        """This CTA's (head, batch) of dQaccum as one contiguous (padded Q rows, d) tensor (chunks back to back);
+        varlen: the head's (total_q padded, d)."""
+        if const_expr(self.varlen):
+            return mdQaccum[work.head, None, None]
+        return mdQaccum[None, None, work.head, work.batch]
+
+    def dq_slot(self, mSem, work: BwdWork, m_block):
+        """(acc_block, sem_ptr): Q tile ``m_block``'s slot in dQaccum and its semaphore (varlen: the sequence's padded
+        tile; two_cta: the pair's tile m_block * 2 + rank, the CTA's rows)."""
+        acc_block = m_block
+        if const_expr(self.varlen):
+            acc_block = m_block + work.pad_tile
+            sem_ptr = mSem.iterator + cute.crd2idx((work.head, acc_block), mSem.layout)
+        elif const_expr(self.two_cta):
+            acc_block = m_block * self.cluster + work.rank
+            sem_ptr = mSem.iterator + cute.crd2idx((acc_block, work.head, work.batch), mSem.layout)
+        else:
+            sem_ptr = mSem.iterator + cute.crd2idx((m_block, work.head, work.batch), mSem.layout)
+        return acc_block, sem_ptr
+
+    def dq_chunk_gptr(self, mdQ2, work: BwdWork, acc_block, m_block, w: int, p: int):
+        """Where chunk w * dq_pieces + p of a Q tile goes in dQaccum: columns [(w * dq_pieces + p) * dq_n, ...) of
+        slot ``acc_block``; diag_align: chunk-major, chunk w of the tile at Q row q_base + m_block * tile_m."""
+        if const_expr(self.diag_align):
+            return mdQ2.iterator + (w * mdQ2.shape[0] + work.q_base + m_block * self.tile_m) * self.dq_shape[0]
+        return mdQ2.iterator + ((acc_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
 
     def det_rotate_base(self, work: BwdWork):
         """det_rotate: this CTA's (M, q, rem, base) of rotate_turn (M >= 1 guards the divisions); else None."""

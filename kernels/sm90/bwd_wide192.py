@@ -43,7 +43,7 @@ Everything else is FlashBwdSm90's: the producer warp (Q + LSE, dO + dPsum in 2-s
 dQ writer warp (bulk reduce-add of each warpgroup's 64 x 96 fp32 chunk: the same tile-blocked dQaccum layout as the
 64 x 64 kernel, so bwd_post is unchanged; ``deterministic`` with SPT / naive turns over the 128-row K/V tiles, or
 non-causal ``det_schedule="rotate"``: bwd.py's rotated walks with arrival-order turns; opt-in ``det_two_writers``
-(AttnConfig.bwd_det_two_writers): two writer warps, the buffer freed after the bulk read, dq_writer_pair), the tile
+(AttnConfig.bwd_det_two_writers): two writer warps, the buffer freed after the bulk read, bwd.py dq_writer_pair), the tile
 schedule, causal / seqlen_k / sliding-window masking (the window's tile ranges and element masks), GQA (K/V head
 h // g) and the dK / dV epilogue (TMA stores from the K / V tiles' space). Not here: softcap (P^T and P^T (1 - t^2) both
 kept as 16-bit fragments for dS^T, 16 registers more than the plain path, spilled 59-83 LDL and serialised every wgmma
@@ -107,7 +107,7 @@ class FlashBwd192Sm90(FlashBwdSm90):
         self.cluster = 1
         self._set_det_rotate(det_schedule)  # "rotate": rotated walks (m_block_at) and arrival-order dQ turns
         self.m_rotate = self.det_rotate
-        # AttnConfig.bwd_det_two_writers (opt-in): two dQ writer warps, Q tiles in turn (dq_writer_pair)
+        # AttnConfig.bwd_det_two_writers (opt-in): two dQ writer warps, Q tiles in turn (bwd.py dq_writer_pair)
         self.det_two_writers = bool(det_two_writers) and self.deterministic
         self.tile_m, self.tile_n = WIDE192_BWD_TILES[(hdim, hdim_v)]
         if tile_m not in (None, self.tile_m):
@@ -135,66 +135,6 @@ class FlashBwd192Sm90(FlashBwdSm90):
             + (self.q_stages + self.do_stages) * self.lse_stride * 4
         assert self.smem_bytes + 1024 <= SMEM_BYTES, self.smem_bytes
         self._set_exp2_regs(tm, exp2_emu_fraction, consumer_regs, producer_regs)  # S^T is 64 x tile_m per warpgroup
-
-    # ---------------------------------------------------------------------------------------------
-    @cute.jit
-    def dq_writer_pair(self, mdQaccum, mSem, sdQ_raw, work: BwdWork, half):
-        """``det_two_writers`` (deterministic only): writer warp ``half`` (warp 1 + half) takes the loop steps
-        m_block_min + half, + 2, ... (dq_writer's turns, slots and bulk reductions; the MMA warps' hand-off
-        unchanged). Per step: its turn (acquire spin, while the other writer may still be on the previous
-        step), the other writer's token (it has passed the previous step's dQFull, so the two never share a
-        dQFull generation), dQFull and the bulk reduce-adds, then as soon as they have READ the staging
-        buffer: dQEmpty for the next step and this writer's token; only then the wait for the reductions to
-        COMPLETE, the fence and the semaphore release. dq_writer frees the buffer only after the release, so
-        the MMA warps, which in this kernel have nothing in flight at the dQ store (dQ is issued after dK),
-        wait for every completion; here they wait for a read, and the completions of two consecutive tiles
-        overlap (one per writer). Between a step's reductions and its release a writer only arrives on
-        barriers (never blocks): a release never waits on anything but its own completion, and every wait of
-        the single-writer order is kept or weakened (dQEmpty after the read instead of after the release), so
-        the turns stay deadlock-free where dq_writer's are."""
-        head, batch = work.head, work.batch
-        m_block_min, m_block_max, seqlen_q, seqlen_k = work.m_block_min, work.m_block_max, work.seqlen_q, work.seqlen_k
-        lane = cute.arch.lane_idx()
-        mdQ2 = mdQaccum[None, None, head, batch]  # contiguous (seqlen_q padded, d): chunks stored back to back
-        causal_off = seqlen_k - seqlen_q
-        rot = self.det_rotate_base(work)
-        if half == 0:
-            if m_block_min < m_block_max:  # the first hand-off's buffer
-                for w in cutlass.range_constexpr(self.num_mma_wg):
-                    cute.arch.barrier_arrive(barrier_id=int(Bar.BWD_DQ_EMPTY) + w, number_of_threads=160)
-        for m_iter in cutlass.range(m_block_min + half, m_block_max, 2, unroll=1):
-            m_block = self.m_block_at(m_iter, work)
-            sem_ptr = mSem.iterator + cute.crd2idx((m_block, head, batch), mSem.layout)
-            turn = self.det_turn(work, m_block, rot, causal_off)
-            if lane == 0:
-                wait_for_turn(sem_ptr, turn)
-            cute.arch.sync_warp()
-            if m_iter > m_block_min:  # the other writer has passed the previous step's dQFull
-                if half == 0:
-                    cute.arch.barrier(barrier_id=int(Bar.BWD_DQ_TOKEN) + 1, number_of_threads=64)
-                else:
-                    cute.arch.barrier(barrier_id=int(Bar.BWD_DQ_TOKEN), number_of_threads=64)
-            for w in cutlass.range_constexpr(self.num_mma_wg):
-                cute.arch.barrier(barrier_id=int(Bar.BWD_DQ_FULL) + w, number_of_threads=160)
-                if lane == 0:
-                    gptr = mdQ2.iterator + (m_block * self.num_mma_wg + w) * self.dq_chunk
-                    bulk_reduce_add_f32(gptr, sdQ_raw + w * self.dq_chunk, self.dq_chunk * 4)
-                    cute.arch.cp_async_bulk_commit_group()
-            if lane == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.sync_warp()
-            if m_iter + 1 < m_block_max:  # the buffer to the MMA warps, the token to the other writer
-                for w in cutlass.range_constexpr(self.num_mma_wg):
-                    cute.arch.barrier_arrive(barrier_id=int(Bar.BWD_DQ_EMPTY) + w, number_of_threads=160)
-                if half == 0:
-                    cute.arch.barrier_arrive(barrier_id=int(Bar.BWD_DQ_TOKEN), number_of_threads=64)
-                else:
-                    cute.arch.barrier_arrive(barrier_id=int(Bar.BWD_DQ_TOKEN) + 1, number_of_threads=64)
-            if lane == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                cute.arch.fence_acq_rel_gpu()
-                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
-            cute.arch.sync_warp()
 
     # ---------------------------------------------------------------------------------------------
     def _host_setup192(self, mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV):
