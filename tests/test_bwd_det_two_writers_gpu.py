@@ -23,6 +23,7 @@ from test_bwd_gpu import _cfg, _run_case  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 D = (192, 128)
+ONE_WRITER = _cfg(deterministic=True, bwd_det_two_writers=False)  # the reference: the one-writer kernel
 SCHEDULES = [dict(), dict(det_schedule="spt"), dict(det_schedule="naive")]
 # (batch, seqlen_q, seqlen_k, heads); causal with seqlen_q > seqlen_k leaves rows with no key (NaN reference): none here
 SHAPES = [(2, 1024, 1024, 3), (2, 1000, 1000, 2), (3, 333, 397, 5), (1, 17, 129, 3), (3, 1, 1, 2), (2, 64, 64, 2),
@@ -72,7 +73,7 @@ def test_bwd_det_two_writers_bitwise(b, sq, sk, h, causal):
     n_diff = sum(int(not all(torch.equal(a, c) for a, c in zip(first, attention_backward(
         q, k, v, out, do, lse, causal, scale, cfg)))) for _ in range(20))
     assert n_diff == 0, f"bwd_det_two_writers differed in {n_diff}/20 repeats"
-    one = attention_backward(q, k, v, out, do, lse, causal, scale, _cfg(deterministic=True, bwd_det_two_writers=False))
+    one = attention_backward(q, k, v, out, do, lse, causal, scale, ONE_WRITER)
     for name, x, r in zip(("dq", "dk", "dv"), first, one):
         assert torch.equal(x, r), f"{name}: two writers differ from the one-writer kernel"
 
@@ -87,7 +88,7 @@ def test_bwd_det_two_writers_window():
     for _ in range(5):
         b = attention_backward(q, k, v, out, do, lse, True, scale, cfg, window_left=200)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
-    ref = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(deterministic=True, bwd_det_two_writers=False), window_left=200)
+    ref = attention_backward(q, k, v, out, do, lse, True, scale, ONE_WRITER, window_left=200)
     assert all(torch.equal(x, y) for x, y in zip(a, ref))
 
 
@@ -115,7 +116,7 @@ def test_sm90_two_writers_bitwise(hd, causal):
         for _ in range(10):
             again = attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
             assert all(torch.equal(a, c) for a, c in zip(first, again)), (b, sq, sk, h)
-        one = attention_backward(q, k, v, out, do, lse, causal, scale, _cfg(deterministic=True, bwd_det_two_writers=False))
+        one = attention_backward(q, k, v, out, do, lse, causal, scale, ONE_WRITER)
         for name, x, r in zip(("dq", "dk", "dv"), first, one):
             assert torch.equal(x, r), f"{name} {(b, sq, sk, h)}: two writers differ from the one-writer kernel"
 
