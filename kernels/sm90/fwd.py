@@ -84,6 +84,7 @@ LSE (row-predicated). At 1 the code is the plain kernel's (byte-identical SASS).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -175,7 +176,7 @@ class FlashFwdSm90:
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
-                 pv_wait_mid: bool = False):
+                 pv_wait_mid: bool = False, early_v_release: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -275,6 +276,12 @@ class FlashFwdSm90:
         # they compile divergent at hd256 causal and gain 3 R2UR at (192, 128); non-causal counted loops do, so there
         # it keeps p_cvt_asm's form)
         self.top_tested_loop = self.p_cvt_asm and not (self.pv_wait_mid and self.causal_split)
+        # overlapped loop: the wait for the in-flight P V and the release of its V stage placed after the block's row
+        # maxima, before its rescale decision (ptxas hoists the wait to about there anyway; the release otherwise
+        # follows all the exponentials, official FA4's right after its wait); pv_wait_mid and exp_in_branch place the
+        # wait themselves, so it yields to them
+        self.early_v_release = (bool(early_v_release) and intra_wg_overlap and not self.pv_wait_mid
+                                and not self.exp_in_branch)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -753,10 +760,12 @@ class FlashFwdSm90:
 
     @cute.jit
     def softmax_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, masked: cutlass.Constexpr[bool],
-                      is_first: cutlass.Constexpr[bool], m_scaled=None) -> Boolean:
+                      is_first: cutlass.Constexpr[bool], m_scaled=None, pv_done=None) -> Boolean:
         """Softcap, mask (``masked``) and online softmax step of one S block (``is_first``: no stale maximum, no
         rescale); returns whether O and the row sums must be rescaled. ``m_scaled`` (pv_wait_mid, later blocks): the
-        step stops after the head columns, leaving the rows' offsets there for softmax.online_softmax_finish."""
+        step stops after the head columns, leaving the rows' offsets there for softmax.online_softmax_finish.
+        ``pv_done`` (early_v_release, later blocks): called by the step after the row maxima, before its rescale
+        decision and exponentials."""
         if const_expr(self.softcap > 0.0):
             apply_softcap(acc_S, args.softcap_mul)  # before the mask: tanh(-inf) would be -1
         if const_expr(masked):
@@ -773,7 +782,7 @@ class FlashFwdSm90:
             head_cols = self.pv_head_cols
         return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
                                    self.emu_frags, self.poly, is_first, self.exp_in_branch,
-                                   self.p_inline_cvt and not is_first, head_cols, m_scaled)
+                                   self.p_inline_cvt and not is_first, head_cols, m_scaled, pv_done)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -801,7 +810,8 @@ class FlashFwdSm90:
                     s[r, j] = -Float32.inf if (c[0, j][1] - col_start).bitcast(cutlass.Uint32) >= width else s[r, j]
 
     @cute.jit
-    def softmax_later_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, m_scaled=None) -> Boolean:
+    def softmax_later_block(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, m_scaled=None,
+                            pv_done=None) -> Boolean:
         """Softmax of a block after the first: the masked part of the loop (causal: on or past the diagonal blocks;
         with a window: past the right bound's first block or before the left bound's last) or the unmasked one."""
         do_rescale = Boolean(True)
@@ -812,16 +822,16 @@ class FlashFwdSm90:
             if const_expr(self.has_left):
                 need_mask = need_mask | (n_block < args.n_block_local_end)
             if need_mask:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False, m_scaled)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False, m_scaled, pv_done)
             else:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled, pv_done)
         elif const_expr(self.causal):
             if n_block >= args.n_block_min_masked:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False, m_scaled)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False, m_scaled, pv_done)
             else:
-                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled)
+                do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled, pv_done)
         else:
-            do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled)
+            do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled, pv_done)
         return do_rescale
 
     @cute.jit
@@ -1019,12 +1029,16 @@ class FlashFwdSm90:
         m_scaled = None
         if const_expr(self.pv_wait_mid):  # the rows' exp2 offsets, from the head columns to the rest of the block
             m_scaled = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
+        pv_done = None  # early_v_release: the softmax step waits for P V(j) and releases V(j) before its decision
+        if const_expr(self.early_v_release):
+            pv_done = functools.partial(self.wait_pv_release_v, pipe_v, state_v)
         if const_expr(masked is None):
-            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block, m_scaled)
+            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block, m_scaled, pv_done)
         else:  # causal_split: the caller's loop says whether this block needs the mask
-            do_rescale = self.softmax_block(acc_S, regs, args, n_block, masked, False, m_scaled)
-        warpgroup.wait_group(0)
-        pipe_v.consumer_release(state_v)
+            do_rescale = self.softmax_block(acc_S, regs, args, n_block, masked, False, m_scaled, pv_done)
+        if const_expr(not self.early_v_release):
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(state_v)
         if const_expr(self.pv_wait_mid):  # P V(j) done, its V stage released: the rest of block j+1's softmax
             online_softmax_finish(acc_S, regs.row_sum, regs.row_scale, m_scaled, args.scale_log2, do_rescale, self.tau,
                                   self.emu_frags, self.poly, self.pv_head_cols, self.p_inline_cvt)
@@ -1033,6 +1047,13 @@ class FlashFwdSm90:
             self.defer_rescale(regs.row_scale, do_rescale)
         else:
             self.maybe_rescale(regs.acc_O, regs.row_scale, do_rescale)
+
+    @cute.jit
+    def wait_pv_release_v(self, pipe_v, state_v):
+        """early_v_release, called by the softmax step after the row maxima (before the rescale decision and the
+        exponentials): wait for the in-flight P V GEMM, then release its V stage to the producer."""
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(state_v)
 
     @cute.jit
     def last_pv(self, tiled_mma_pv, pipe_v, frags: ConsumerFrags, regs: TileRegs, state):

@@ -82,6 +82,7 @@ def online_softmax_step(
     pin_sums: cutlass.Constexpr[bool] = False,
     head_cols: cutlass.Constexpr[int] = 0,
     m_scaled: cute.Tensor = None,
+    pv_done=None,
 ) -> Boolean:
     """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
 
@@ -99,6 +100,12 @@ def online_softmax_step(
     ``m_scaled``); the caller then waits for its in-flight P V, releases the V stage and finishes the block with
     ``online_softmax_finish`` (the other columns, the row sums). ptxas keeps that wait at the top of the block after
     the arms, i.e. after the head exponentials (official FA4's SASS waits after 11 of its 66), not above all of them.
+
+    ``pv_done`` (AttnConfig.early_v_release; not the first block, not with exp_in_branch / head_cols): a callable run once
+    after the row maxima and before the rescale decision: the caller's wait for its in-flight P V GEMM and the release
+    of that GEMM's V stage. ptxas keeps the wait where it is (a few instructions above its default place, the top of the
+    block after the decision) and the release with it, before the block's exponentials; written after the decision, in
+    the exponentials' block, the release is scheduled by ptxas after them (63 of 66), as the default's is.
     """
     s = acc_rows_cols(acc_S)
     n_rows = cute.size(s, mode=[0])
@@ -113,6 +120,8 @@ def online_softmax_step(
         if const_expr(not is_first):
             m = cute.arch.fmax(m, row_max[r])
         new_max[r] = m
+    if const_expr(pv_done is not None):
+        pv_done()
     do_rescale = Boolean(True)
     if const_expr(is_first):
         for r in cutlass.range_constexpr(n_rows):
