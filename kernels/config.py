@@ -86,7 +86,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
-                        p_cvt_asm=(True, False)),
+                        p_cvt_asm=(True, False), bwd_det_two_writers=(False, True)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -183,14 +183,17 @@ class AttnConfig:
     # grid, so no CTA computes the fully masked rows above its diagonal; dQaccum chunk-major (kernels/sm90/bwd.py
     # _set_diag_align). None = DEFAULTS' (on at hd128 causal; absent: off). Left out of to_dict() while None.
     bwd_diag_align: bool | None = None
-    # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90); elsewhere no effect: two dQ writer warps take the Q
-    # tiles in turn, each hands the staging buffer back once its bulk reduction has READ it and waits for the
-    # reduction to COMPLETE only before its semaphore release, so the MMA warps never wait for a completion and two
-    # tiles' completions overlap (kernels/sm90/bwd_wide192.py dq_writer_pair). None = DEFAULTS' (on at (192, 128),
-    # filled only into deterministic configs; absent: off). H200 2026-12-01, 16k tokens, 10 rounds
-    # (results/h200/session_ab/bwd192_det_2w.jsonl), det / default at 1k / 4k / 16k: non-causal 0.923 / 0.898 / 0.905
-    # (one writer 0.823 / 0.791 / 0.798), causal 0.973 / 0.982 / 0.979 (0.876 / 0.854 / 0.831). Left out of to_dict()
-    # while None.
+    # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
+    # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ
+    # it and waits for the reduction to COMPLETE only before its semaphore release, so the MMA warps never wait for a
+    # completion and two tiles' completions overlap (kernels/sm90/bwd.py dq_writer_pair). None = DEFAULTS' (on at
+    # (192, 128) and hd128 causal, filled only into deterministic configs; absent: off). H200 2026-12-01, 16k tokens,
+    # 10 rounds, det / default (two writers vs one): (192, 128) at 1k / 4k / 16k (session_ab/bwd192_det_2w.jsonl)
+    # non-causal 0.923 / 0.898 / 0.905 vs 0.823 / 0.791 / 0.798, causal 0.973 / 0.982 / 0.979 vs 0.876 / 0.854 / 0.831;
+    # hd 64 / 128 at 1k / 2k / 8k (session_ab/bwd_det_2w_sm90.jsonl): hd128 causal 0.970 / 0.948 / 0.915 vs 0.926 /
+    # 0.906 / 0.855; hd128 non-causal 0.934 / 0.929 / 0.906 vs 0.904 / 0.918 / 0.940; hd64 causal 0.919 / 0.923 /
+    # 0.946 vs 0.916 / 0.937 / 0.936; hd64 non-causal 0.881 / 0.877 / 0.893 vs 0.919 / 0.923 / 0.941 (off there).
+    # Left out of to_dict() while None.
     bwd_det_two_writers: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in

@@ -55,13 +55,15 @@ def persistent_grid(sms: int, s_q: int, tile_m: int, heads: int, batch: int) -> 
     return max(1, min(int(sms), -(-int(s_q) // int(tile_m)) * int(heads) * int(batch)))
 
 
+@functools.lru_cache(maxsize=1024)
 def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, group: int = 1) -> AttnConfig:
     """The config the forward compiles for this call: ``persistent`` forced by cfg, or by seqlen_q when None
     (kernels.config.persistent_by_default; by seqlen_q, with DEFAULTS' persistent_tile: persistent_tile_for), normalised
     to True / None so that a non-persistent call's compile cache key
     (and kernel) is the one from before the field existed. ``pack_gqa`` likewise (kernels.config.pack_gqa_by_default):
     True for the packed kernel (never persistent: AttnConfig refuses persistent=True with it), else None (the plain
-    kernel, its key)."""
+    kernel, its key). Memoised (a resolved config is hashable; uncached, a call that changes the config costs ~30-70 us
+    of host time in dataclasses.replace): code that edits DEFAULTS / TUNED at run time calls ``cache_clear()``."""
     if pack_gqa_by_default(cfg, hdim, seqlen_q, group):
         return dataclasses.replace(cfg, pack_gqa=True, persistent=None)
     if cfg.pack_gqa is not None:
@@ -78,6 +80,7 @@ def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnCo
     return resolve_cached(config, ARCH, int(hdim), bool(causal))
 
 
+@functools.lru_cache(maxsize=1024)
 def fwd_kernel_key(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool, qhead_per_kvhead: int = 1,
                    window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> tuple:
     return cache_key("fwd", cfg, dtype, hdim, hdim_v, causal, ARCH, **gqa_extra(qhead_per_kvhead),

@@ -240,14 +240,17 @@ def test_field_reaches_the_kernel_and_is_ignored_elsewhere():
         assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=False).resolve(
             "sm90", 192, causal), 192, 128, causal).det_two_writers
         assert AttnConfig().resolve("sm90", 192, causal).bwd_det_two_writers is None  # not deterministic: hash kept
-        for hd in (64, 128):  # FlashBwdSm90 (hd 64 / 128): opt-in, deterministic only
+        for hd in (64, 128):  # FlashBwdSm90 (hd 64 / 128): deterministic only; the default at hd128 causal
             k = B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=True).resolve(
                 "sm90", hd, causal), hd, hd, causal)
             assert type(k) is bwd.FlashBwdSm90 and k.det_two_writers and k.dq_stages == 1
             assert not B._main_kernel(BFloat16, AttnConfig(bwd_det_two_writers=True).resolve("sm90", hd, causal), hd,
                                       hd, causal).det_two_writers
-            assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True).resolve("sm90", hd, causal), hd, hd,
-                                      causal).det_two_writers
+            default = B._main_kernel(BFloat16, AttnConfig(deterministic=True).resolve("sm90", hd, causal), hd, hd,
+                                     causal)
+            assert default.det_two_writers == (hd == 128 and causal)  # DEFAULTS' pair
+            assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=False).resolve(
+                "sm90", hd, causal), hd, hd, causal).det_two_writers
             k64 = B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=True, bwd_tile_m=64)
                                  .resolve("sm90", hd, causal), hd, hd, causal)
             assert k64.det_two_writers and k64.dq_stages == 2
@@ -337,7 +340,7 @@ def test_sass_sm90(tmp_path, hd, causal):
     from kernels.sm90.sass import count, opcode_counts
 
     two = _sass(tmp_path, "two", "deterministic=True, bwd_det_two_writers=True", causal, hd)
-    one = _sass(tmp_path, "one", "deterministic=True", causal, hd)
+    one = _sass(tmp_path, "one", "deterministic=True, bwd_det_two_writers=False", causal, hd)
     for s in (two, one):
         assert not re.search(r"\b(LDL|STL)\b", s)
     o2, o1 = opcode_counts(two), opcode_counts(one)
@@ -367,7 +370,7 @@ VARIANTS = {
 def test_sass_sm90_variants(tmp_path, name):
     """0 LDL / STL, the two writers' tokens and order (_writer_order against the one-writer kernel of the same call)."""
     two = _sass(tmp_path, "two", None, None, 0, VARIANTS[name])
-    one = _sass(tmp_path, "one", None, None, 0, VARIANTS[name].replace(", bwd_det_two_writers=True", ""))
+    one = _sass(tmp_path, "one", None, None, 0, VARIANTS[name].replace("bwd_det_two_writers=True", "bwd_det_two_writers=False"))
     for s in (two, one):
         assert not re.search(r"\b(LDL|STL)\b", s)
     _writer_order(two, one)

@@ -451,6 +451,24 @@ def _grad_buffer(g, like, name: str):
     return g
 
 
+@functools.lru_cache(maxsize=1024)
+def _call_config(config: AttnConfig, dtype_name: str, d: int, dv_dim: int, causal: bool, group: int, window_left: int,
+                 window_right: int, softcap: float, seqlen_k: int, sm_count: int) -> tuple[AttnConfig, tuple]:
+    """(the config the backward runs, its compile cache key) for one call's canonical arguments, memoised: the
+    per-call rules (backward_config, det_schedule_for_call, _check_supported: a ConfigError is raised, not cached) and
+    the key cost ~130 us of host time per call uncached (dataclasses.replace validates every field). ``config``: an
+    AttnConfig or None, resolved here (resolve_cached: code that edits DEFAULTS / TUNED at run time clears both caches)."""
+    feats = _features(window_left, window_right, softcap)
+    cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0, hdim=d, hdim_v=dv_dim,
+                          features=bool(feats))
+    if cfg.det_schedule in ("rotate", "lpt"):  # where the rotation / lpt run (rotate: a head's CTAs fit the SMs)
+        cfg = det_schedule_for_call(cfg, causal, d, dv_dim, bool(feats), seqlen_k=seqlen_k, sm_count=sm_count)
+    _check_supported(cfg, d, dv_dim, bool(feats), softcap != 0.0)
+    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True, **gqa_extra(group),
+                    **feature_extra(window_left, window_right, softcap))
+    return cfg, key
+
+
 def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=None, dk=None, dv=None,
                        window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
     """Gradients (dq, dk, dv) of softmax(q k^T * scale [causal, bottom-right]) v with our sm90 kernels; with a sliding
@@ -484,21 +502,14 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
-    feats = _features(window_left, window_right, softcap)
-    cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0, hdim=d, hdim_v=dv_dim,
-                          features=bool(feats))
-    if cfg.det_schedule in ("rotate", "lpt"):  # where the rotation / lpt run (rotate: a head's CTAs fit the SMs)
-        cfg = det_schedule_for_call(cfg, causal, d, dv_dim, bool(feats), seqlen_k=sk,
-                                    sm_count=_sm_count(q.device.index if q.device.index is not None else
-                                                       torch.cuda.current_device()))
-    _check_supported(cfg, d, dv_dim, bool(feats), softcap != 0.0)
+    sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
     dtype_name = str(q.dtype).replace("torch.", "")
+    cfg, key = _call_config(config, dtype_name, d, dv_dim, causal, group, window_left, window_right, softcap, sk, sms)
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
-    key = cache_key("bwd", cfg, dtype_name, d, dv_dim, causal, ARCH, tvm_ffi=True, **gqa_extra(group),
-                    **feature_extra(window_left, window_right, softcap))
     kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
-                                              qhead_per_kvhead=group, features=feats))
+                                              qhead_per_kvhead=group,
+                                              features=_features(window_left, window_right, softcap)))
     tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m + kern.get("q_pad_rows", 0)
     n_m = sqp // tile_m * (2 if cfg.two_cta is True else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
