@@ -130,10 +130,11 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
                                 "bwd_det_two_writers": (None,),
-                                "p_cvt_asm": (None, False), "pv_wait_mid": (None, False)}
+                                "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
+                                "early_v_release": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align",
-                  "pv_wait_mid", "bwd_det_two_writers")
+                  "pv_wait_mid", "bwd_det_two_writers", "early_v_release")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -256,6 +257,13 @@ class AttnConfig:
     # 2026-12-01, 16k tokens, 8 rounds, outputs bitwise equal (results/h200/session_ab/fwd_pv_wait_mid.jsonl), speed vs
     # off: (192, 128) causal 1.003 / 1.002 at 8k / 16k; hd64 8k 0.955 causal, 0.965 non-causal (off there).
     pv_wait_mid: bool | None = None
+    # sm90 forward, overlapped main loop (elsewhere no effect): the wait for the in-flight P V GEMM and the release of
+    # its V stage placed after the block's row maxima, before the tau decision and the exponentials (written after the
+    # decision, ptxas schedules the release after 63-65 of the 66 exponentials; official FA4 releases V after 11). The
+    # K release moves up with it (right after the S wait). Same instructions, same arithmetic (bitwise the default's
+    # output). Yields to pv_wait_mid and exp_in_branch (kernels/sm90/fwd.py). None = DEFAULTS' (absent: off); left out of
+    # to_dict() while None or False.
+    early_v_release: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -339,7 +347,7 @@ class AttnConfig:
             raise ConfigError(f"rescale_before_pv=True with arch={arch}: an sm90 (Hopper) forward switch (the O rescale "
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
-        for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid"):
+        for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
@@ -352,7 +360,7 @@ class AttnConfig:
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split", "bwd_diag_align",
-                     "p_cvt_asm", "pv_wait_mid"):
+                     "p_cvt_asm", "pv_wait_mid", "early_v_release"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there

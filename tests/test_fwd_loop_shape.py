@@ -24,7 +24,7 @@ from kernels.config import AttnConfig, ConfigError  # noqa: E402
 from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, instructions, opcode_counts  # noqa: E402
 
 # the sm90 forward's loop-shape switches (None / bool, forward only, sm90 only)
-FIELDS = ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid")
+FIELDS = ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release")
 
 
 
