@@ -86,7 +86,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
-                        p_cvt_asm=(True, False), bwd_det_two_writers=(False, True)),
+                        p_cvt_asm=(True, False), bwd_det_two_writers=(False, True), pv_wait_mid=(True, False)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -253,16 +253,19 @@ class AttnConfig:
     # one-loop causal kernels compile divergent with it: pipeline state in vector registers). Official FA4's loop waits after 11 of its 66 exponentials and releases V there;
     # without this field ours waits before them all (split and non-causal loops) or after them all (exp_in_branch,
     # one-loop causal) and releases V after them all. Same arithmetic (the default's output up to the row-sum rounding).
-    # None = DEFAULTS' (on at (192, 128) causal; absent: off), left out of to_dict() while None or False. H200
-    # 2026-12-01, 16k tokens, 8 rounds, outputs bitwise equal (results/h200/session_ab/fwd_pv_wait_mid.jsonl), speed vs
-    # off: (192, 128) causal 1.003 / 1.002 at 8k / 16k; hd64 8k 0.955 causal, 0.965 non-causal (off there).
+    # None = DEFAULTS' (on at (192, 128) causal and hd128 non-causal; absent: off), left out of to_dict() while None or
+    # False. H200 2026-12-01, 16k tokens, 8 rounds, outputs bitwise equal, speed vs off at 8k / 16k: (192, 128) causal
+    # 1.003 / 1.002 (results/h200/session_ab/fwd_pv_wait_mid.jsonl); hd128 non-causal 1.004 / 1.009, of a bf16 GEMM
+    # 0.925 / 0.927 against 0.921 / 0.915 (official 0.928 / 0.938; session_ab/fwd128nc_evr_mid.jsonl); hd64 8k 0.955
+    # causal, 0.965 non-causal (off there).
     pv_wait_mid: bool | None = None
     # sm90 forward, overlapped main loop (elsewhere no effect): the wait for the in-flight P V GEMM and the release of
     # its V stage placed after the block's row maxima, before the tau decision and the exponentials (written after the
     # decision, ptxas schedules the release after 63-65 of the 66 exponentials; official FA4 releases V after 11). The
     # K release moves up with it (right after the S wait). Same instructions, same arithmetic (bitwise the default's
     # output). Yields to pv_wait_mid and exp_in_branch (kernels/sm90/fwd.py). None = DEFAULTS' (absent: off); left out of
-    # to_dict() while None or False.
+    # to_dict() while None or False. H200 2026-12-01, hd128 non-causal, 8 rounds, outputs bitwise: 0.976 / 0.964 the
+    # default's speed at 8k / 16k (results/h200/session_ab/fwd128nc_evr_mid.jsonl): opt-in, for ablations.
     early_v_release: bool | None = None
 
     def __post_init__(self) -> None:
