@@ -87,8 +87,8 @@ def test_v_released_before_the_exponentials_hd128(tmp_path_factory):
     """hd128 non-causal (the default config: p_cvt_asm's top-tested loop). Default: the wait after the 2 row-scale
     exponentials of the rescale arm, the V release after 65 of the 66. early_v_release: both before every exponential;
     the loop's opcode multiset unchanged (a reordering, no added work); uniform pipeline state; 0 LDL/STL."""
-    base = _kernel_sass(tmp_path_factory, 128, False, False)
-    on = _kernel_sass(tmp_path_factory, 128, False, True)
+    base = _kernel_sass(tmp_path_factory, 128, False, False, pv_wait_mid=False)  # (pv_wait_mid: hd128's default since
+    on = _kernel_sass(tmp_path_factory, 128, False, True, pv_wait_mid=False)  # 2026-12-01; early_v_release yields to it)
     lb, lo = _main_loop(base), _main_loop(on)
     wb, rb, nb = _release_after(lb)
     wo, ro, no = _release_after(lo)

@@ -178,7 +178,7 @@ def test_causal_split_compiles_uniform_loops(tmp_path_factory, hdim):
 @pytest.mark.compile
 @needs_nvdisasm
 @pytest.mark.parametrize("hdim,causal,switches", [
-    (128, False, {}), (192, False, {"rescale_before_pv": True}), (64, False, {}),
+    (128, False, {"pv_wait_mid": False}), (192, False, {"rescale_before_pv": True}), (64, False, {}),
     (128, True, {"causal_split": True}),
     (192, True, {"causal_split": True, "rescale_before_pv": True, "pv_wait_mid": False})])
 def test_exp_in_branch_waits_for_pv_after_the_exponentials(tmp_path_factory, hdim, causal, switches):

@@ -97,8 +97,8 @@ def _vector_state(body) -> int:
 def test_p_conversion_among_the_exponentials_hd128(tmp_path_factory):
     """hd128 non-causal: without it 32 F2FP after the last MUFU.EX2 (header after the rescale branch); p_cvt_asm <= 2 of
     them and <= 12 instructions before the branch; same HGMMA / EX2 / F2FP counts; uniform pipeline state; 0 LDL/STL."""
-    base = _sass(tmp_path_factory, 128, False, p_cvt_asm=False)
-    on = _sass(tmp_path_factory, 128, False, p_cvt_asm=True)
+    base = _sass(tmp_path_factory, 128, False, p_cvt_asm=False, pv_wait_mid=False)  # (pv_wait_mid: the default since
+    on = _sass(tmp_path_factory, 128, False, p_cvt_asm=True, pv_wait_mid=False)  # 2026-12-01, its own loop layout)
     lb, lo = _main_loop(base), _main_loop(on)
     ops_b, ops_o = [o for o, _ in lb], [o for o, _ in lo]
     for name in ("MUFU.EX2", "F2FP"):
