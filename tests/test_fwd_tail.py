@@ -92,9 +92,10 @@ needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm no
 def test_default_loop_converts_p_after_the_exponentials(tmp_path_factory):
     """The one-loop / split / exp_in_branch mask-free loops without rescale_before_pv: the 32 F2FP of P (and the rescale's 64 FMUL) after the
     last exponential (official: 7 instructions there, 2 F2FP)."""
-    one_loop = dict(causal_split=False, rescale_before_pv=False)  # the (192, 128) causal default before 2026-12-01
-    for sw in (one_loop, dict(causal_split=True, rescale_before_pv=False),
-               dict(causal_split=True, exp_in_branch=True, rescale_before_pv=False)):
+    # pv_wait_mid off throughout ((192, 128) causal's default since 2026-12-01: its own loop, tests/test_fwd_pv_wait_mid.py)
+    one_loop = dict(causal_split=False, rescale_before_pv=False, pv_wait_mid=False)  # the default before 2026-12-01
+    for sw in (one_loop, dict(causal_split=True, rescale_before_pv=False, pv_wait_mid=False),
+               dict(causal_split=True, exp_in_branch=True, rescale_before_pv=False, pv_wait_mid=False)):
         tail = _tail(_mask_free_loop(_sass(tmp_path_factory, 192, True, **sw)))
         assert sum(o.startswith("F2FP") for o in tail) == 32 and len(tail) > 100, (sw, len(tail))
 
@@ -105,7 +106,7 @@ def test_default_loop_converts_p_after_the_exponentials(tmp_path_factory):
 def test_split_prepv_has_a_short_tail_and_no_spills(tmp_path_factory, causal):
     """(192, 128), 128 x 128 tile: rescale_before_pv (+ causal_split when causal) interleaves the P conversion with the
     exponentials: <= 16 instructions after the last one, at most 4 F2FP, no FMUL; uniform loop, 0 LDL / STL."""
-    sw = dict(rescale_before_pv=True, tile_m=128, tile_n=128, consumer_regs=240, producer_regs=24)
+    sw = dict(rescale_before_pv=True, tile_m=128, tile_n=128, consumer_regs=240, producer_regs=24, pv_wait_mid=False)
     if causal:
         sw["causal_split"] = True
     sass = _sass(tmp_path_factory, 192, causal, **sw)
