@@ -386,13 +386,16 @@ class FlashBwdSm90:
     dq_chunk_release = False  # writer frees each dQ staging chunk once its own bulk read is done (dq_writer)
     diag_align = False  # causal 80-row Q tiles walked from the K/V tile's diagonal row, dQaccum chunk-major
     det_two_writers = False  # deterministic: two dQ writer warps take the Q tiles in turn (dq_writer_pair)
+    two_cta_dv_first = False  # two_cta: dV issued before the dS^T stores, the barrier and the send (ds_exchange)
+    ds_cta_release = False  # two_cta: the received dS half handed back with a CTA-scope remote arrive (no MEMBAR.GPU)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
                  qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
-                 dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False):
+                 dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False,
+                 ds_cta_release: bool = False, two_cta_dv_first: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -502,6 +505,19 @@ class FlashBwdSm90:
         # COMPLETED, been fenced and released (one buffer at the default tiles: hd64 128 rows, hd128 80 rows, two_cta),
         # so the MMA warps, at their dQ store, wait for a completion; here they wait for a bulk READ only.
         self.det_two_writers = bool(det_two_writers) and self.deterministic
+        # ``ds_cta_release`` (opt-in; two_cta only, ignored elsewhere): the received dS half is handed back to the peer
+        # (its dsempty, dq_dk_two_cta) with the CTA-scope remote arrive of the pipelines' consumer_release
+        # (mbarrier.arrive.shared::cluster, SYNCS.ARRIVE.TRANS64.RED) instead of mbarrier.arrive.release.cluster, which
+        # ptxas compiles to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU + ERRBAR in front of the arrive: a GPU-scope fence in every
+        # MMA thread per Q tile, between the dQ wait and the dQ hand-off. The hand-back orders a READ (the dQ wgmma's,
+        # complete at wait_group) before the peer's bulk-copy overwrite, the same write-after-read release as the TMA
+        # pipelines' empty barriers. docs/BWD_TWO_CTA.md.
+        self.ds_cta_release = bool(ds_cta_release) and self.two_cta
+        # ``two_cta_dv_first`` (opt-in; two_cta at hd 128 only, ignored elsewhere): ds_exchange issues the dV wgmma
+        # before the dsempty wait, the dS^T stmatrix, the fence, the PdS barrier and the send, as the one-CTA kernel does,
+        # so the tensor cores run dV (a quarter of a tile's wgmma work) under them instead of idling. hd 64 (128-row Q
+        # tiles) is left out: ptxas serialised every wgmma there (ds_send's docstring).
+        self.two_cta_dv_first = bool(two_cta_dv_first) and self.two_cta and hdim == 128
         assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2) and not self.diag_align)
 
     def _set_diag_align(self, diag_align: bool) -> None:
@@ -1306,13 +1322,14 @@ class FlashBwdSm90:
             cute.arch.fence_view_async_shared()
             f.pds_bar.arrive_and_wait()
         else:
-            if const_expr(not self.two_cta):
+            if const_expr(not self.two_cta or self.two_cta_dv_first):
                 wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
             self.ds_to_smem(f.st_atom, f.thr_st, f.rdS_acc, f.tSsdS_all[None, None, None, sidx], f.pds_bar,
                             ptrs.mbar_dsempty + sidx, it)
             if const_expr(self.two_cta):
                 self.ds_send(ptrs.sdS, ptrs.sdSp, ptrs.mbar_dsfull, sidx, f.tidx, rank)
-                wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
+                if const_expr(not self.two_cta_dv_first):
+                    wgmma(mma_dKV, f.acc_dV, f.rP, f.tdVrdO[None, None, None, sidx], zero_init=False)  # dV += P^T dO
 
     @cute.jit
     def p_and_ds(self, s: SOperands, pipes: BwdPipes, q_state, do_state, rows: TileRows,
@@ -1557,7 +1574,10 @@ class FlashBwdSm90:
         warpgroup.wait_group(1)  # dV and dQ done
         pipes.pipe_do.consumer_release(do_state)
         # hand sdSp[sidx] back to the peer
-        cute.arch.mbarrier_arrive(ptrs.mbar_dsempty + sidx, rank ^ 1, scope=_CLUSTER)
+        if const_expr(self.ds_cta_release):  # CTA scope: no MEMBAR.ALL.GPU (__init__)
+            cute.arch.mbarrier_arrive(ptrs.mbar_dsempty + sidx, rank ^ 1)
+        else:
+            cute.arch.mbarrier_arrive(ptrs.mbar_dsempty + sidx, rank ^ 1, scope=_CLUSTER)
         self.dq_to_writer(acc_dQ, ptrs.sdQ, f.wg, f.tid, it)
         warpgroup.wait_group(0)
         pipes.pipe_q.consumer_release(q_state)

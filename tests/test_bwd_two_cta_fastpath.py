@@ -1,0 +1,122 @@
+"""FlashBwdSm90 two_cta opt-in switches (CPU, SASS): ``ds_cta_release`` and ``two_cta_dv_first`` (docs/BWD_TWO_CTA.md).
+
+- ``ds_cta_release``: the received dS half goes back to the peer (dsempty) with the CTA-scope remote arrive of the
+  pipelines' consumer_release. The default's ``mbarrier.arrive.release.cluster`` compiles to MEMBAR.ALL.CTA +
+  MEMBAR.ALL.GPU + ERRBAR in every MMA thread once per Q tile; with the switch the only MEMBAR.ALL.GPU left is the
+  kernel-end cluster barrier's (right before UCGABAR_ARV).
+- ``two_cta_dv_first`` (hd 128): the dV wgmma (HGMMA.64x128, register A) is issued before the dS^T stmatrix, the PdS
+  barrier and the DSMEM send (UBLKCP.S.S), as the one-CTA kernel does; the default issues it after the send.
+
+Both: the same HGMMA shapes and counts as the default two_cta kernel, 4 WARPGROUP.DEPBAR (no serialised wgmma), 0
+LDL / STL. Until AttnConfig carries the fields (docs/BWD_TWO_CTA.md, "Plumbing"), the compile subprocess passes the
+kernel arguments by wrapping FlashBwdSm90.__init__.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+bwd = pytest.importorskip("kernels.sm90.bwd")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sass(tmp_path, name, hd, causal, kw):
+    """SASS of the two_cta FlashBwdSm90 main kernel at head dim ``hd`` with extra constructor arguments ``kw``."""
+    from kernels.sm90.sass import disassemble, find_nvdisasm
+
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    dump = tmp_path / name
+    dump.mkdir()
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {ROOT!r})
+        from kernels import AttnConfig
+        import kernels.sm90.bwd as bwd
+        from kernels.sm90.backward import compile_backward
+        init = bwd.FlashBwdSm90.__init__
+        def patched(self, *a, **k):
+            k.update({kw!r})
+            init(self, *a, **k)
+        bwd.FlashBwdSm90.__init__ = patched
+        compile_backward(AttnConfig(two_cta=True), "bfloat16", {hd}, {causal})
+    """)
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
+               CUTE_DSL_NO_CACHE="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=900)
+    cubins = [c for c in glob.glob(str(dump / "*.cubin")) if "bwdFlashBwdSm90" in c]
+    assert len(cubins) == 1, cubins
+    return disassemble(cubins[0])
+
+
+def _ops(sass):
+    from kernels.sm90.sass import instructions
+
+    return [op for _, op, _ in instructions(sass)[0]]
+
+
+def _gpu_membars_outside_cluster_barrier(ops):
+    """MEMBAR.ALL.GPU not followed within 4 instructions by the kernel-end cluster barrier (UCGABAR_ARV)."""
+    return [i for i, op in enumerate(ops) if op == "MEMBAR.ALL.GPU" and "UCGABAR_ARV" not in ops[i + 1:i + 5]]
+
+
+def _first(ops, prefix, start=0):
+    return next(i for i in range(start, len(ops)) if ops[i].startswith(prefix))
+
+
+def test_switches_resolve():
+    """Both switches are two_cta-only (ignored, False, elsewhere); two_cta_dv_first only at hd 128."""
+    import cutlass
+
+    bf16 = cutlass.BFloat16
+    k = bwd.FlashBwdSm90(bf16, 128, True, two_cta=True, ds_cta_release=True, two_cta_dv_first=True)
+    assert k.ds_cta_release and k.two_cta_dv_first
+    k = bwd.FlashBwdSm90(bf16, 128, True, two_cta=False, ds_cta_release=True, two_cta_dv_first=True)
+    assert not k.ds_cta_release and not k.two_cta_dv_first
+    k = bwd.FlashBwdSm90(bf16, 64, False, two_cta=True, ds_cta_release=True, two_cta_dv_first=True)
+    assert k.ds_cta_release and not k.two_cta_dv_first
+    k = bwd.FlashBwdSm90(bf16, 128, False, two_cta=True)
+    assert not k.ds_cta_release and not k.two_cta_dv_first
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_sass_hd128(tmp_path, causal):
+    from kernels.sm90.sass import count, opcode_counts
+
+    base = _sass(tmp_path, "base", 128, causal, {})
+    var = _sass(tmp_path, "var", 128, causal, dict(ds_cta_release=True, two_cta_dv_first=True))
+    ob, ov = opcode_counts(base), opcode_counts(var)
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", var)
+    hgmma = lambda o: {k: v for k, v in o.items() if k.startswith("HGMMA")}
+    assert hgmma(ov) == hgmma(ob)
+    assert count(ov, "WARPGROUP.DEPBAR") == 4
+    # ds_cta_release: the per-tile GPU fence is gone (the default has it), only the kernel-end one is left
+    b_ops, v_ops = _ops(base), _ops(var)
+    assert len(_gpu_membars_outside_cluster_barrier(b_ops)) == 1
+    assert _gpu_membars_outside_cluster_barrier(v_ops) == []
+    assert count(ov, "MEMBAR.ALL.GPU") == count(ob, "MEMBAR.ALL.GPU") - 1
+    # two_cta_dv_first: in the main loop (from the first HGMMA) the dV HGMMA.64x128 comes before the dS^T stmatrix and
+    # the DSMEM send; the default sends first
+    for ops, dv_first in ((v_ops, True), (b_ops, False)):
+        h0 = _first(ops, "HGMMA")
+        dv, st, send = _first(ops, "HGMMA.64x128", h0), _first(ops, "STSM", h0), _first(ops, "UBLKCP", h0)
+        assert (dv < st < send) if dv_first else (st < send < dv), (dv, st, send)
+
+
+@pytest.mark.compile
+def test_sass_hd64_release(tmp_path):
+    """hd 64 (128-row Q tiles): ds_cta_release alone (two_cta_dv_first is ignored there); no spills, wgmma not
+    serialised, the per-tile GPU fence gone."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    var = _sass(tmp_path, "var64", 64, True, dict(ds_cta_release=True, two_cta_dv_first=True))
+    ov = opcode_counts(var)
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", var)
+    assert count(ov, "WARPGROUP.DEPBAR") == 4
+    assert _gpu_membars_outside_cluster_barrier(_ops(var)) == []
