@@ -129,12 +129,14 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
-                                "bwd_det_two_writers": (None,),
+                                "bwd_det_two_writers": (None,), "bwd_two_cta_cta_release": (None, False),
+                                "bwd_two_cta_dv_first": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align",
-                  "pv_wait_mid", "bwd_det_two_writers", "early_v_release")
+                  "pv_wait_mid", "bwd_det_two_writers", "early_v_release", "bwd_two_cta_cta_release",
+                  "bwd_two_cta_dv_first")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -196,6 +198,13 @@ class AttnConfig:
     # 0.946 vs 0.916 / 0.937 / 0.936; hd64 non-causal 0.881 / 0.877 / 0.893 vs 0.919 / 0.923 / 0.941 (off there).
     # Left out of to_dict() while None.
     bwd_det_two_writers: bool | None = None
+    # sm90 backward, two_cta, hd 64 / 128 (FlashBwdSm90); elsewhere no effect. bwd_two_cta_cta_release: each CTA hands
+    # the peer's dS buffer back with a CTA-scope remote arrive instead of a cluster-scope release, which compiled to a
+    # MEMBAR.ALL.GPU in all 256 MMA threads per Q tile. bwd_two_cta_dv_first (hd128 only): the dV wgmma issued before
+    # the dS exchange, as the one-CTA kernel does. Opt-in, GPU-untested (docs/BWD_TWO_CTA.md: the SASS analysis of why
+    # two_cta loses 12-30% at hd 64 / 128). None = off; left out of to_dict() while None or False.
+    bwd_two_cta_cta_release: bool | None = None
+    bwd_two_cta_dv_first: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.

@@ -120,3 +120,28 @@ def test_sass_hd64_release(tmp_path):
     assert not re.search(r"\b(LDL|STL)(\.|\s)", var)
     assert count(ov, "WARPGROUP.DEPBAR") == 4
     assert _gpu_membars_outside_cluster_barrier(_ops(var)) == []
+
+
+def test_config_fields_reach_the_kernel():
+    """AttnConfig.bwd_two_cta_cta_release / bwd_two_cta_dv_first reach FlashBwdSm90 (backward.py _main_kernel), are
+    ignored without two_cta and by the other classes, and stay out of to_dict() while None / False."""
+    from cutlass import BFloat16
+
+    from kernels import AttnConfig
+    from kernels.sm90 import backward as B
+    from kernels.tiles import compiled_config
+
+    for causal in (False, True):
+        on = AttnConfig(two_cta=True, bwd_two_cta_cta_release=True, bwd_two_cta_dv_first=True).resolve(
+            "sm90", 128, causal)
+        k = B._main_kernel(BFloat16, on, 128, 128, causal)
+        assert k.ds_cta_release and k.two_cta_dv_first
+        off = B._main_kernel(BFloat16, AttnConfig(bwd_two_cta_cta_release=True).resolve("sm90", 128, causal), 128,
+                             128, causal)
+        assert not off.ds_cta_release  # one CTA: ignored
+        plain = B._main_kernel(BFloat16, AttnConfig(two_cta=True).resolve("sm90", 128, causal), 128, 128, causal)
+        assert not plain.ds_cta_release and not plain.two_cta_dv_first
+    for name in ("bwd_two_cta_cta_release", "bwd_two_cta_dv_first"):
+        assert name not in AttnConfig().to_dict() and name not in AttnConfig(**{name: False}).to_dict()
+        assert AttnConfig(**{name: True}).to_dict()[name] is True
+        assert name not in compiled_config(AttnConfig(**{name: True}), "sm90", 128, False, "fwd")
