@@ -156,8 +156,6 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):
         # (192, 128): 64 x 128 tiles, dK / dV split by K/V rows (bwd_wide192.py); a softcap stays on FlashBwdWideSm90
         cls, kw = FlashBwd192Sm90, dict(hdim_v=hdim_v)
-        if getattr(cfg, "bwd_det_two_writers", None):  # deterministic: two dQ writer warps (bwd.py dq_writer_pair)
-            kw["det_two_writers"] = True
     if qhead_per_kvhead != 1:
         kw["qhead_per_kvhead"] = qhead_per_kvhead
     if cls is FlashBwdSm90 and cfg.bwd_lpt_heads:  # causal grid longest first (opt-in; the kernel ignores it elsewhere)
@@ -174,8 +172,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["two_cta_dv_first"] = True
     if cls is FlashBwdSm90 and cfg.bwd_diag_align:  # causal 80-row tiles from the diagonal (opt-in; _set_diag_align)
         kw["diag_align"] = True
-    if cls is FlashBwdSm90 and getattr(cfg, "bwd_det_two_writers", None):  # deterministic: two dQ writers (opt-in)
-        kw["det_two_writers"] = True
+    if cls in (FlashBwdSm90, FlashBwd192Sm90) and cfg.bwd_det_two_writers:  # deterministic: two dQ writer warps
+        kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128 causal)
     kw.update(features or {})
     if varlen:
         kw["varlen"] = True
@@ -461,7 +459,8 @@ def _call_config(config: AttnConfig, dtype_name: str, d: int, dv_dim: int, causa
     """(the config the backward runs, its compile cache key) for one call's canonical arguments, memoised: the
     per-call rules (backward_config, det_schedule_for_call, _check_supported: a ConfigError is raised, not cached) and
     the key cost ~130 us of host time per call uncached (dataclasses.replace validates every field). ``config``: an
-    AttnConfig or None, resolved here (resolve_cached: code that edits DEFAULTS / TUNED at run time clears both caches)."""
+    AttnConfig or None, resolved here (resolve_cached): code that edits DEFAULTS / TUNED at run time clears both
+    caches."""
     feats = _features(window_left, window_right, softcap)
     cfg = backward_config(resolve_cached(config, ARCH, d, bool(causal)), softcap != 0.0, hdim=d, hdim_v=dv_dim,
                           features=bool(feats))

@@ -27,8 +27,8 @@ and the postprocess undoes the permutation) and warp 1, the dQ writer, issues on
 1.16-1.29x faster than red.global.add.v2.f32 from the MMA registers (hd 64/128, s 8k, interleaved A/B).
 With ``deterministic=True`` the writer warp adds in a fixed order: an int32 semaphore per (batch, head, Q tile); the
 writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and releases the next
-turn (red.release), so the MMA warps never spin. Opt-in ``det_two_writers`` (AttnConfig.bwd_det_two_writers): warps 1
-and 2 take the Q tiles in turn and free the staging buffer once the reductions have READ it (dq_writer_pair), so the
+turn (red.release), so the MMA warps never spin. ``det_two_writers`` (AttnConfig.bwd_det_two_writers; the default at
+hd128 causal and (192, 128)): warps 1 and 2 take the Q tiles in turn and free the staging buffer once the reductions have READ it (dq_writer_pair), so the
 MMA warps never wait for a reduction's completion, and two tiles' completions overlap.
 For causal, ``det_schedule="spt"`` orders the turns and the grid
 shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles, goes first); ``"naive"`` keeps
@@ -500,7 +500,7 @@ class FlashBwdSm90:
         # DEPBAR.LE SB0, 0x0 -> arrive chunk 1). Not deterministic (its writer waits for all reductions each tile).
         self.dq_chunk_release = bool(dq_chunk_release) and not self.deterministic
         self._set_diag_align(diag_align)
-        # ``det_two_writers`` (AttnConfig.bwd_det_two_writers; opt-in, deterministic only): dq_writer_pair instead of
+        # ``det_two_writers`` (AttnConfig.bwd_det_two_writers; deterministic only): dq_writer_pair instead of
         # dq_writer. dq_writer hands the staging buffer of Q tile i + 1 back only after tile i's reductions have
         # COMPLETED, been fenced and released (one buffer at the default tiles: hd64 128 rows, hd128 80 rows, two_cta),
         # so the MMA warps, at their dQ store, wait for a completion; here they wait for a bulk READ only.

@@ -42,9 +42,9 @@ STL, 4 WARPGROUP.DEPBAR, HGMMA 64x64x16 x 20, 64x128x16 x 4 and 64x192x16 x 4 (A
 Everything else is FlashBwdSm90's: the producer warp (Q + LSE, dO + dPsum in 2-stage TMA pipelines, K + V once), the
 dQ writer warp (bulk reduce-add of each warpgroup's 64 x 96 fp32 chunk: the same tile-blocked dQaccum layout as the
 64 x 64 kernel, so bwd_post is unchanged; ``deterministic`` with SPT / naive turns over the 128-row K/V tiles, or
-non-causal ``det_schedule="rotate"``: bwd.py's rotated walks with arrival-order turns; opt-in ``det_two_writers``
-(AttnConfig.bwd_det_two_writers): two writer warps, the buffer freed after the bulk read, bwd.py dq_writer_pair), the tile
-schedule, causal / seqlen_k / sliding-window masking (the window's tile ranges and element masks), GQA (K/V head
+non-causal ``det_schedule="rotate"``: bwd.py's rotated walks with arrival-order turns; ``det_two_writers`` (default)
+(AttnConfig.bwd_det_two_writers): two writer warps, the buffer freed after the bulk read, bwd.py dq_writer_pair), the
+tile schedule, causal / seqlen_k / sliding-window masking (the window's tile ranges and element masks), GQA (K/V head
 h // g) and the dK / dV epilogue (TMA stores from the K / V tiles' space). Not here: softcap (P^T and P^T (1 - t^2) both
 kept as 16-bit fragments for dS^T, 16 registers more than the plain path, spilled 59-83 LDL and serialised every wgmma
 in two tries; backward.py runs bwd_wide.py's 64 x 64 kernel for it), two_cta and varlen (ConfigErrors, as before).
@@ -107,7 +107,7 @@ class FlashBwd192Sm90(FlashBwdSm90):
         self.cluster = 1
         self._set_det_rotate(det_schedule)  # "rotate": rotated walks (m_block_at) and arrival-order dQ turns
         self.m_rotate = self.det_rotate
-        # AttnConfig.bwd_det_two_writers (opt-in): two dQ writer warps, Q tiles in turn (bwd.py dq_writer_pair)
+        # AttnConfig.bwd_det_two_writers (a default here): two dQ writer warps, Q tiles in turn (bwd.py dq_writer_pair)
         self.det_two_writers = bool(det_two_writers) and self.deterministic
         self.tile_m, self.tile_n = WIDE192_BWD_TILES[(hdim, hdim_v)]
         if tile_m not in (None, self.tile_m):
