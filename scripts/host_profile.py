@@ -1,0 +1,155 @@
+"""Where the host time of a tiny attention call goes (GPU host): each piece of our forward / backward path timed
+alone, against cuDNN (SDPA) and official FA4 on the same tensors.
+
+Two numbers per piece, both microseconds per call over ``n`` calls (median of ``reps`` repetitions):
+- ``enqueue``: the Python loop's time while the GPU is held busy by a spin kernel queued first, so nothing waits for
+  the GPU: pure host cost (Python, allocations, launches);
+- ``wall``: the same loop from an idle GPU to a synchronize: what a training step pays when the GPU keeps up.
+
+Usage: python scripts/host_profile.py [--n 100] [--reps 5] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _time(fn, n: int, reps: int) -> dict:
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    enq, wall = [], []
+    for _ in range(reps):
+        torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU spin: the loop below never waits on the GPU
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        enq.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t0) / n * 1e6)
+    return {"enqueue_us": statistics.median(enq), "wall_us": statistics.median(wall)}
+
+
+def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
+    """name -> zero-argument callable, every piece on the same bf16 tensors."""
+    import torch
+
+    import kernels
+    import kernels.compile_cache
+    from kernels.interface import attention_forward, resolve_config
+    from kernels.sm90 import backward as bwd
+
+    b, s, h, d = shape
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    do = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    out = out.detach()
+    scale = d ** -0.5
+    cfg = resolve_config(None, d, causal)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    bwd.attention_backward(qd, kd, vd, out, do, lse, causal, scale, None)  # compile
+    key = next(key for key in kernels.compile_cache._CACHE if key[0] == "bwd")
+    kern = kernels.compile_cache._CACHE[key]
+    sqp = (s + cfg.bwd_tile_m - 1) // cfg.bwd_tile_m * cfg.bwd_tile_m + kern.get("q_pad_rows", 0)
+    lse2 = torch.empty(b, h, sqp, device="cuda")
+    dpsum = torch.empty(b, h, sqp, device="cuda")
+    dqacc = torch.empty(b, h, sqp, d, device="cuda")
+    sem = torch.empty(b, h, sqp // cfg.bwd_tile_m, device="cuda", dtype=torch.int32)
+    dq, dk, dv = (torch.empty_like(t) for t in (qd, kd, vd))
+    p = {
+        "torch.empty (1 small tensor)": lambda: torch.empty(b, h, sqp, device="cuda"),
+        "bwd pre kernel call": lambda: kern["pre"](out, do, lse, dpsum, lse2, dqacc),
+        "bwd main kernel call": lambda: kern["main"](qd, kd, vd, do, lse2, dpsum, dqacc, dk, dv, sem, scale),
+        "bwd post kernel call": lambda: kern["post"](dqacc, dq, scale),
+        "attention_forward": lambda: attention_forward(qd, kd, vd, causal, scale, cfg),
+        "attention_backward": lambda: bwd.attention_backward(qd, kd, vd, out, do, lse, causal, scale, None),
+        "ours fwd (autograd)": lambda: kernels.attention(q, k, v, causal=causal),
+        "ours fwd+bwd": lambda: kernels.attention(q, k, v, causal=causal).backward(do),
+    }
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+    p["cudnn fwd"] = cudnn
+    p["cudnn fwd+bwd"] = lambda: cudnn().backward(do)
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        def official():
+            o = flash_attn_func(q, k, v, causal=causal)
+            return o[0] if isinstance(o, tuple) else o
+        p["official fwd"] = official
+        p["official fwd+bwd"] = lambda: official().backward(do)
+    except ImportError:
+        pass
+    return p
+
+
+def dlpack_status() -> dict:
+    """How TVM FFI converts torch tensors here (the per-tensor cost of each kernel call depends on it)."""
+    import torch
+
+    st = {"torch": torch.__version__, "torch_has_c_dlpack_exchange_api": hasattr(torch.Tensor, "__c_dlpack_exchange_api__")}
+    try:
+        import tvm_ffi
+
+        st["tvm_ffi"] = getattr(tvm_ffi, "__version__", "?")
+    except ImportError as e:
+        st["tvm_ffi"] = f"missing ({e})"
+    try:
+        import torch_c_dlpack_ext  # noqa: F401
+
+        st["torch_c_dlpack_ext"] = "imported"
+    except Exception as e:  # noqa: BLE001 -- any failure to load the addon is the finding
+        st["torch_c_dlpack_ext"] = f"not loaded ({type(e).__name__}: {e})"
+    return st
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="cProfile of our forward+backward, top 30 by own time")
+    a = ap.parse_args()
+    st = dlpack_status()
+    print(json.dumps(st), flush=True)
+    res = {"dlpack": st, "pieces": {}}
+    for name, fn in pieces().items():
+        r = _time(fn, a.n, a.reps)
+        res["pieces"][name] = r
+        print(f"{name:32s} enqueue {r['enqueue_us']:8.1f} us   wall {r['wall_us']:8.1f} us", flush=True)
+    if a.profile:
+        import cProfile
+        import pstats
+
+        import torch
+
+        fn = pieces()["ours fwd+bwd"]
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(a.n):
+            fn()
+        torch.cuda.synchronize()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(30)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
