@@ -149,18 +149,23 @@ class _Autograd:
         ctx.mark_non_differentiable(lse)  # bwd op's short form)
 
     def backward(self, ctx, dout, dlse):
+        if dout is None:  # eager Function without materialized grads: nothing flowed into out
+            return (None,) * (self.n_tensors + len(ctx.args))
         dq, dk, dv = self.bwd(dout, *ctx.saved_tensors, *ctx.args)
         return (dq, dk, dv) + (None,) * (self.n_tensors - 3 + len(ctx.args))
 
 
-def _eager_function(name: str, fwd_impl, bwd_impl, n_tensors: int) -> type:
+def _eager_function(name: str, fwd_impl, bwd_impl, n_tensors: int, materialize_grads: bool = False) -> type:
     """Eager calls: the ops' own implementations under a plain autograd.Function, without the dispatcher's custom-op
-    layer (about 20 us less host time per forward and per backward; the GPU-tested path of earlier sessions)."""
+    layer (about 20 us less host time per forward and per backward; the GPU-tested path of earlier sessions).
+    ``materialize_grads`` False (the default): the never-used gradient of lse reaches backward as None instead of a
+    zeros tensor that autograd would allocate and fill (a kernel launch) on every backward."""
     grad = _Autograd(n_tensors, bwd_impl)
 
     def forward(ctx, *inputs):
         output = fwd_impl(*inputs)
         grad.setup_context(ctx, inputs, output)
+        ctx.set_materialize_grads(materialize_grads)
         return output
 
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward":

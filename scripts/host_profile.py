@@ -78,6 +78,24 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
         "ours fwd (autograd)": lambda: kernels.attention(q, k, v, causal=causal),
         "ours fwd+bwd": lambda: kernels.attention(q, k, v, causal=causal).backward(do),
     }
+    from kernels import ops
+
+    old_fn = ops._eager_function("_MaterializingAttention", ops._fwd_impl, ops._bwd_impl, 3, materialize_grads=True)
+    p["ours fwd+bwd, lse grad materialized (before)"] = lambda: old_fn.apply(q, k, v, causal, scale, "{}")[0].backward(do)
+    o_keep = kernels.attention(q, k, v, causal=causal)
+    p["ours bwd only (autograd.grad)"] = lambda: torch.autograd.grad(o_keep, (q, k, v), do, retain_graph=True)
+    p["ours _bwd_impl"] = lambda: ops._bwd_impl(do, qd, kd, vd, out, lse, causal, scale, "{}")
+
+    class Ident(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+    p["engine: identity Function fwd+bwd"] = lambda: Ident.apply(q).backward(do)
+    p["engine: view_as fwd+bwd (C++ node)"] = lambda: q.view_as(q).backward(do)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def cudnn():
@@ -86,6 +104,8 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
     p["cudnn fwd"] = cudnn
     p["cudnn fwd+bwd"] = lambda: cudnn().backward(do)
+    o_cudnn = cudnn()
+    p["cudnn bwd only (autograd.grad)"] = lambda: torch.autograd.grad(o_cudnn, (q, k, v), do, retain_graph=True)
     try:
         from flash_attn.cute import flash_attn_func
 
@@ -125,6 +145,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="cProfile of our forward+backward, top 30 by own time")
+    ap.add_argument("--trace", action="store_true", help="torch.profiler tables of ours and cuDNN's forward+backward")
     a = ap.parse_args()
     st = dlpack_status()
     print(json.dumps(st), flush=True)
@@ -147,6 +168,22 @@ def main():
         torch.cuda.synchronize()
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(30)
+    if a.trace:  # torch.profiler: CPU time per op inside the autograd engine, ours vs cuDNN
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        ps = pieces()
+        for name in ("ours fwd+bwd", "cudnn fwd+bwd"):
+            fn = ps[name]
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    fn()
+                torch.cuda.synchronize()
+            print(f"--- trace: {name} (20 calls)")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 
