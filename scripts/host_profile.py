@@ -111,6 +111,26 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
     standin = ops._eager_function("_StandIn", standin_fwd, lambda dout, *a: (dout, dout, dout), 3)
     p["engine: our Function, no kernels, fwd+bwd"] = lambda: standin.apply(q, k, v, causal, scale, "{}")[0].backward(do)
     p["engine: our Function, no kernels, fwd"] = lambda: standin.apply(q, k, v, causal, scale, "{}")
+
+    def single_thread(fn):  # the backward on the calling thread instead of autograd's CUDA device thread
+        def run():
+            with torch.autograd.set_multithreading_enabled(False):
+                return fn()
+        return run
+
+    def gc_off(fn):
+        import gc
+
+        def run():
+            gc.disable()
+            try:
+                return fn()
+            finally:
+                gc.enable()
+        return run
+    ours_fb = p["ours fwd+bwd"]
+    p["ours fwd+bwd, autograd single-threaded"] = single_thread(ours_fb)
+    p["ours fwd+bwd, gc disabled"] = gc_off(ours_fb)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def cudnn():
@@ -120,6 +140,7 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
     p["cudnn fwd"] = cudnn
     p["cudnn fwd+bwd"] = lambda: cudnn().backward(do)
     o_cudnn = cudnn()
+    p["cudnn fwd+bwd, autograd single-threaded"] = single_thread(p["cudnn fwd+bwd"])
     p["cudnn bwd only (autograd.grad)"] = lambda: torch.autograd.grad(o_cudnn, (q, k, v), do, retain_graph=True)
     try:
         from flash_attn.cute import flash_attn_func
@@ -159,6 +180,7 @@ def main():
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None, help="run only the pieces whose name contains this text")
     ap.add_argument("--profile", action="store_true", help="cProfile of our forward+backward, top 30 by own time")
     ap.add_argument("--trace", action="store_true", help="torch.profiler tables of ours and cuDNN's forward+backward")
     a = ap.parse_args()
@@ -166,6 +188,8 @@ def main():
     print(json.dumps(st), flush=True)
     res = {"dlpack": st, "pieces": {}}
     for name, fn in pieces().items():
+        if a.only and a.only not in name:
+            continue
         r = _time(fn, a.n, a.reps)
         res["pieces"][name] = r
         print(f"{name:32s} enqueue {r['enqueue_us']:8.1f} us   wall {r['wall_us']:8.1f} us", flush=True)
