@@ -6,7 +6,9 @@ Two numbers per piece, both microseconds per call over ``n`` calls (median of ``
   the GPU: pure host cost (Python, allocations, launches);
 - ``wall``: the same loop from an idle GPU to a synchronize: what a training step pays when the GPU keeps up.
 
-Usage: python scripts/host_profile.py [--n 100] [--reps 5] [--json out.json]
+Pieces are timed round-robin (one repetition of each in turn, ``reps`` rounds).
+
+Usage: python scripts/host_profile.py [--n 100] [--reps 5] [--only TEXT] [--json out.json] [--trace] [--profile]
 """
 from __future__ import annotations
 
@@ -20,26 +22,68 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _time(fn, n: int, reps: int) -> dict:
+def _time_once(fn, n: int) -> tuple[float, float]:
+    """(enqueue, wall) microseconds per call of one repetition (see the module docstring)."""
     import torch
 
-    for _ in range(5):
+    torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU spin: the loop below never waits on the GPU
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    enq = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
         fn()
     torch.cuda.synchronize()
-    enq, wall = [], []
+    return enq, (time.perf_counter() - t0) / n * 1e6
+
+
+def time_round_robin(fns: dict, n: int, reps: int) -> dict:
+    """Median (enqueue, wall) per piece over ``reps`` rounds, each round timing every piece once in turn, so that
+    the host's drift between rounds reaches all pieces alike (ratios within a round are what to compare)."""
+    import torch
+
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    torch.cuda.synchronize()
+    got = {name: ([], []) for name in fns}
     for _ in range(reps):
-        torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU spin: the loop below never waits on the GPU
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        enq.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t0) / n * 1e6)
-    return {"enqueue_us": statistics.median(enq), "wall_us": statistics.median(wall)}
+        for name, fn in fns.items():
+            e, w = _time_once(fn, n)
+            got[name][0].append(e)
+            got[name][1].append(w)
+    return {name: {"enqueue_us": statistics.median(e), "wall_us": statistics.median(w), "enqueue_rounds": e,
+                   "wall_rounds": w} for name, (e, w) in got.items()}
+
+
+def _ours_ffi_functions() -> list:
+    """The raw TVM FFI functions behind every compiled kernel of ours in this process."""
+    import kernels.compile_cache as cc
+
+    out = []
+    for entry in cc._CACHE.values():
+        objs = entry.values() if isinstance(entry, dict) else (entry if isinstance(entry, tuple) else (entry,))
+        out += [o.__tvm_ffi_object__() for o in objs if hasattr(o, "__tvm_ffi_object__")]
+    return [f for f in out if f is not None]
+
+
+def keep_gil(fn):
+    """``fn`` with TVM FFI told to keep the GIL during our kernel launches (it releases it by default)."""
+    fs = []
+
+    def run():
+        if not fs:  # once, after the pieces' first calls compiled the kernels (outside the timed loops)
+            fs.extend(_ours_ffi_functions())
+        for f in fs:
+            f.release_gil = False
+        try:
+            return fn()
+        finally:
+            for f in fs:
+                f.release_gil = True
+    return run
 
 
 def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
@@ -131,6 +175,8 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
     ours_fb = p["ours fwd+bwd"]
     p["ours fwd+bwd, autograd single-threaded"] = single_thread(ours_fb)
     p["ours fwd+bwd, gc disabled"] = gc_off(ours_fb)
+    p["ours fwd+bwd, TVM FFI keeps the GIL"] = keep_gil(ours_fb)
+    p["ours fwd+bwd, keeps the GIL, single-threaded"] = keep_gil(single_thread(ours_fb))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def cudnn():
@@ -187,12 +233,10 @@ def main():
     st = dlpack_status()
     print(json.dumps(st), flush=True)
     res = {"dlpack": st, "pieces": {}}
-    for name, fn in pieces().items():
-        if a.only and a.only not in name:
-            continue
-        r = _time(fn, a.n, a.reps)
-        res["pieces"][name] = r
-        print(f"{name:32s} enqueue {r['enqueue_us']:8.1f} us   wall {r['wall_us']:8.1f} us", flush=True)
+    fns = {name: fn for name, fn in pieces().items() if not a.only or a.only in name}
+    res["pieces"] = time_round_robin(fns, a.n, a.reps)
+    for name, r in res["pieces"].items():
+        print(f"{name:48s} enqueue {r['enqueue_us']:8.1f} us   wall {r['wall_us']:8.1f} us", flush=True)
     if a.profile:
         import cProfile
         import pstats
