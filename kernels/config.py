@@ -283,6 +283,16 @@ class AttnConfig:
         # reads a plain str attribute instead of calling into the frozen dataclass (Dynamo <= 2.11 cannot)
         changed = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
         object.__setattr__(self, "op_string", json.dumps(changed, sort_keys=True, separators=(",", ":")))
+        # the dataclass hash of the field tuple, computed once: every call looks configs up in memoised tables
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        # pickle / copy rebuild through the constructor, so that the cached hash is this process's (str hashes differ
+        # between processes) and the validation runs again
+        return (_rebuild_config, ({f.name: getattr(self, f.name) for f in fields(self)},))
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -439,6 +449,10 @@ def _init_checking_names(init):
 
 
 AttnConfig.__init__ = _init_checking_names(AttnConfig.__init__)  # AttnConfig(bogus=1): a ConfigError with the list
+
+
+def _rebuild_config(values: dict) -> "AttnConfig":
+    return AttnConfig(**values)
 
 
 @functools.lru_cache(maxsize=1024)

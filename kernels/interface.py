@@ -18,6 +18,7 @@ kernel (``forward_config`` drops the field, so the key is the plain one).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -92,12 +93,12 @@ def get_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: 
     """(kernel object, compiled callable) for a resolved config, compiled once per cache key. ``qhead_per_kvhead``:
     Q heads per K/V head (GQA group; 1 = MHA), a compile-time constant of the kernel and part of the key; so are the
     canonical window bounds (kernels.validate.canonical_window) and softcap when used."""
-    from .sm90.compile import compile_fwd, make_fwd_kernel
-
     key = fwd_kernel_key(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead, window_left, window_right,
                          softcap) + (("tvm_ffi", tvm_ffi),)
 
     def build():
+        from .sm90.compile import compile_fwd, make_fwd_kernel  # the CuTe DSL, imported on the first compile only
+
         try:
             kern = make_fwd_kernel(cfg, dtype, hdim, hdim_v, causal, qhead_per_kvhead, window_left=window_left,
                                    window_right=window_right, softcap=softcap)
@@ -127,8 +128,6 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     NaN-poisoned by a test to prove every element is written. k / v may have h_kv heads dividing q's h (GQA / MQA):
     Q head i reads K/V head i // (h / h_kv), with no repeated K/V in memory.
     """
-    from .sm90.scheduler import L2_BUDGET_BYTES, lpt_group_size
-
     b, s_q, h, d = q.shape
     s_k, d_v = k.shape[1], v.shape[3]
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
@@ -138,22 +137,33 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     persistent = bool(cfg.persistent)
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
+    dev = q.device
     if out is None:
-        out = torch.empty((b, s_q, h, d_v), dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
-    if out.shape != (b, s_q, h, d_v) or out.dtype != q.dtype or not out.is_contiguous():
+        out = torch.empty((b, s_q, h, d_v), dtype=q.dtype, device=dev)
+    elif out.shape != (b, s_q, h, d_v) or out.dtype != q.dtype or not out.is_contiguous():
         raise InputError(f"out: expected a contiguous {(b, s_q, h, d_v)} {q.dtype} tensor, got {tuple(out.shape)} {out.dtype}")
-    if lse.shape != (b, h, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
+    if lse is None:
+        lse = torch.empty((b, h, s_q), dtype=torch.float32, device=dev)
+    elif lse.shape != (b, h, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
     tile_heads = h // group if cfg.pack_gqa else h  # packed GQA: a tile per K/V head
-    l2 = L2_BUDGET_BYTES if cfg.lpt_l2_mb is None else cfg.lpt_l2_mb << 20  # AttnConfig.lpt_l2_mb
-    hb_group = lpt_group_size(tile_heads, b, s_k, d, d_v, q.element_size(), l2) if causal else 1
-    with torch.cuda.device(q.device):
+    hb_group = _lpt_group(tile_heads, b, s_k, d, d_v, q.element_size(), cfg.lpt_l2_mb) if causal else 1
+    index, current = dev.index, torch.cuda.current_device()
+    with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
         if persistent:
-            sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
-            compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group),
-                     persistent_grid(sms, s_q, cfg.tile_m, h, b))
+            sms = _sm_count(current if index is None else index)
+            compiled(q, k, v, out, lse, float(softmax_scale), hb_group, persistent_grid(sms, s_q, cfg.tile_m, h, b))
         else:
-            compiled(q, k, v, out, lse, float(softmax_scale), int(hb_group))
+            compiled(q, k, v, out, lse, float(softmax_scale), hb_group)
     return out, lse
+
+
+@functools.lru_cache(maxsize=4096)
+def _lpt_group(heads: int, batch: int, seqlen_k: int, hdim: int, hdim_v: int, elem_bytes: int,
+               lpt_l2_mb: int | None) -> int:
+    """The causal forward's (head, batch) pairs per L2 group (sm90.scheduler.lpt_group_size; AttnConfig.lpt_l2_mb,
+    None = its L2_BUDGET_BYTES), memoised per call shape (the scheduler module imports the CuTe DSL)."""
+    from .sm90.scheduler import L2_BUDGET_BYTES, lpt_group_size
+
+    l2 = L2_BUDGET_BYTES if lpt_l2_mb is None else lpt_l2_mb << 20
+    return int(lpt_group_size(heads, batch, seqlen_k, hdim, hdim_v, elem_bytes, l2))

@@ -52,6 +52,7 @@ from torch import Tensor
 
 from .config import AttnConfig, ConfigError, resolve_cached
 from .interface import ARCH, _check_arch, attention_forward
+from .sm90.backward import attention_backward, backward_trusted
 from .validate import (InputError, canonical_window, check_cluster, check_devices, check_qkv, check_scale,
                        check_softcap)
 
@@ -118,12 +119,19 @@ def _fwd_fake(q, k, v, causal, softmax_scale, config, window_left=-1, window_rig
 def _bwd_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
               softmax_scale: float, config: str, window_left: int = -1, window_right: int = -1,
               softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
-    from .sm90.backward import attention_backward
-
     if _uses_features(window_left, window_right, softcap):
         return attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal),
                                   window_left=window_left, window_right=window_right, softcap=softcap)
     return attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal))
+
+
+def _bwd_eager(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+               softmax_scale: float, config: str, window_left: int = -1, window_right: int = -1,
+               softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """``_bwd_impl`` for the eager autograd Function, without the backward's input checks: q / k / v / out / lse are
+    what our forward checked and saved, and autograd gives dout out's shape, dtype and device."""
+    return backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, _resolved(config, q.shape[3], causal),
+                            window_left=window_left, window_right=window_right, softcap=softcap)
 
 
 def _grads_fake(dout, q, k, v, *rest):
@@ -202,7 +210,7 @@ def register_pair(fwd_name: str, fwd_impl, fwd_fake, fwd_schema: str, bwd_name: 
 
 
 fwd_op, bwd_op = register_pair("fwd", _fwd_impl, _fwd_fake, FWD_SCHEMA, "bwd", _bwd_impl, BWD_SCHEMA, 3)
-_EagerAttention = _eager_function("_EagerAttention", _fwd_impl, _bwd_impl, 3)
+_EagerAttention = _eager_function("_EagerAttention", _fwd_impl, _bwd_eager, 3)
 
 
 # ---- the public entry ----------------------------------------------------------------------------------------------

@@ -117,6 +117,9 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
         "bwd pre kernel call": lambda: kern["pre"](out, do, lse, dpsum, lse2, dqacc),
         "bwd main kernel call": lambda: kern["main"](qd, kd, vd, do, lse2, dpsum, dqacc, dk, dv, sem, scale),
         "bwd post kernel call": lambda: kern["post"](dqacc, dq, scale),
+        "bwd main kernel call, raw TVM FFI function": (lambda raw: lambda: raw(
+            qd, kd, vd, do, lse2, dpsum, dqacc, dk, dv, sem, scale))(kern["main"].__tvm_ffi_object__()),
+        "backward_trusted": lambda: bwd.backward_trusted(qd, kd, vd, out, do, lse, causal, scale, cfg),
         "attention_forward": lambda: attention_forward(qd, kd, vd, causal, scale, cfg),
         "attention_backward": lambda: bwd.attention_backward(qd, kd, vd, out, do, lse, causal, scale, None),
         "ours fwd (autograd)": lambda: kernels.attention(q, k, v, causal=causal),

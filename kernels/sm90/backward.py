@@ -36,14 +36,19 @@ V load -- but gains only where that kernel signals launch_dependents early; not 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 
+import torch
+
 from ..compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
 from ..config import AttnConfig, ConfigError, resolve_cached, two_cta_by_default
+from ..validate import check_gqa_heads
 
 ARCH = "sm90"
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _cutlass_dtype(dtype_name: str):
@@ -134,9 +139,8 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
 
 
 @functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _sm_count(device_index: int) -> int:
-    import torch
-
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -482,8 +486,14 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
     prove the kernels write every element. k / v (and dk / dv) may have h_kv heads dividing q's h (GQA / MQA): see the
     module docstring.
     """
-    import torch
+    check_backward_inputs(q, k, v, out, dout, lse)
+    return backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq, dk, dv, window_left,
+                            window_right, softcap)
 
+
+def check_backward_inputs(q, k, v, out, dout, lse) -> None:
+    """ValueError unless q / k / v / out / dout are 4-D bf16/fp16 CUDA tensors of matching shapes (k / v with a head
+    count dividing q's) and lse is fp32 (batch, heads, seqlen_q)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
         if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16) or t.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D (batch, seqlen, heads, head_dim) bf16/fp16 CUDA tensor, "
@@ -493,40 +503,56 @@ def attention_backward(q, k, v, out, dout, lse, causal, softmax_scale, config, d
                          f"got {tuple(lse.shape)} {lse.dtype}")
     b, sq, h, d = q.shape
     sk, dv_dim = k.shape[1], v.shape[-1]
-    from ..validate import check_gqa_heads
-
-    group = check_gqa_heads(h, k.shape[2], v.shape[2])
-    h_kv = h // group
+    h_kv = h // check_gqa_heads(h, k.shape[2], v.shape[2])
     for name, t, want in (("k", k, (b, sk, h_kv, d)), ("v", v, (b, sk, h_kv, dv_dim)), ("out", out, (b, sq, h, dv_dim)),
                           ("dout", dout, (b, sq, h, dv_dim))):
         if tuple(t.shape) != want:
             raise ValueError(f"{name}: expected shape {want} (q is {tuple(q.shape)}, v is {tuple(v.shape)}), "
                              f"got {tuple(t.shape)}")
+
+
+def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=None, dk=None, dv=None,
+                     window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
+    """``attention_backward`` without ``check_backward_inputs``: for callers whose tensors passed it already or come
+    from our own forward (the eager autograd backward: q / k / v / out / lse saved by the forward, dout shaped and
+    typed like out by autograd). Same arguments and results."""
+    b, sq, h, d = q.shape
+    sk, dv_dim = k.shape[1], v.shape[-1]
+    group = h // k.shape[2]
+    h_kv = h // group
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
-    sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    dtype_name = str(q.dtype).replace("torch.", "")
+    if window_left != -1 or window_right != -1 or softcap != 0.0:
+        causal, window_left, window_right, softcap = _canonical(causal, window_left, window_right, softcap)
+    else:
+        causal = bool(causal)
+    dev = q.device
+    index = dev.index
+    current = torch.cuda.current_device()
+    sms = _sm_count(current if index is None else index)
+    dtype_name = _DTYPE_NAMES[q.dtype]
     cfg, key = _call_config(config, dtype_name, d, dv_dim, causal, group, window_left, window_right, softcap, sk, sms)
-    q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
-    lse = lse.contiguous()
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and out.is_contiguous()
+            and dout.is_contiguous() and lse.is_contiguous()):
+        q, k, v, out, dout, lse = (t.contiguous() for t in (q, k, v, out, dout, lse))
     kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
                                               qhead_per_kvhead=group,
                                               features=_features(window_left, window_right, softcap)))
     tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m + kern.get("q_pad_rows", 0)
     n_m = sqp // tile_m * (2 if cfg.two_cta is True else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
-    dev = q.device
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dpsum = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dqacc = torch.empty(b, h, sqp, d, device=dev, dtype=torch.float32)
     sem = torch.zeros(b, h, n_m, device=dev, dtype=torch.int32) if cfg.deterministic else \
         torch.empty(b, h, n_m, device=dev, dtype=torch.int32)
-    dq, dk, dv = (_grad_buffer(g, like, name) for g, like, name in ((dq, q, "dq"), (dk, k, "dk"), (dv, v, "dv")))
+    dq = torch.empty_like(q) if dq is None else _grad_buffer(dq, q, "dq")
+    dk = torch.empty_like(k) if dk is None else _grad_buffer(dk, k, "dk")
+    dv = torch.empty_like(v) if dv is None else _grad_buffer(dv, v, "dv")
     # GQA: the main kernel writes dK / dV per Q head into scratch, summed over each group below
     dk_h = dk if group == 1 else torch.empty(b, sk, h, d, device=dev, dtype=k.dtype)
     dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)
-    with torch.cuda.device(q.device):
+    with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
         kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
         kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale))
         kern["post"](dqacc, dq, float(softmax_scale))
