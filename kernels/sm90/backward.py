@@ -139,7 +139,6 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
 
 
 @functools.lru_cache(maxsize=16)
-@functools.lru_cache(maxsize=64)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
