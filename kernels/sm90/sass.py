@@ -60,6 +60,23 @@ def instructions(sass: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]
     return out, labels
 
 
+def steady_state_loops(sass: str) -> list[list[tuple[str, str]]]:
+    """Bodies [(opcode, operands)] of the innermost loops (backward branches) that hold HGMMA and MUFU.EX2 and no EXIT:
+    the attention main loops, one K/V block per iteration (the out-of-line mbarrier retry blocks sit past EXIT and
+    branch back into the loops, so they are not counted as loops of their own)."""
+    ins, labels = instructions(sass)
+    spans = []
+    for a, op, rest in ins:
+        m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
+        if m and labels[m.group(1)] < a:
+            body = [(o, r) for x, o, r in ins if labels[m.group(1)] <= x <= a]
+            ops = [o for o, _ in body]
+            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
+                spans.append((labels[m.group(1)], a, body))
+    inner = [s for s in spans if not any(t is not s and s[0] <= t[0] and t[1] <= s[1] for t in spans)]
+    return [body for _, _, body in sorted(inner, key=lambda s: s[0])]
+
+
 def opcode_counts(sass: str) -> Counter:
     """Counter of full opcodes (with modifiers, e.g. 'MUFU.EX2', 'HGMMA.64x128x16.F32.BF16')."""
     return Counter(m.group(1) for m in _INSN.finditer(sass))
