@@ -1,0 +1,50 @@
+"""kernels.sm90.sass.steady_state_loops on synthetic nvdisasm text: the innermost backward-branch loops that hold
+HGMMA and MUFU.EX2 and no EXIT, in address order (CPU, no compile)."""
+from kernels.sm90.sass import steady_state_loops
+
+
+def _sass(lines):
+    out, a = [], 0
+    for x in lines:
+        if x.endswith(":"):
+            out.append(x)
+        else:
+            out.append(f"        /*{a:04x}*/                   {x} ;")
+            a += 16
+    return "\n".join(out)
+
+
+SASS = _sass([
+    "MOV R1, c[0x0][0x28]",
+    ".L_x_1:",                      # outer loop: holds the inner one, so not counted
+    "IADD3 R2, R2, 0x1, RZ",
+    ".L_x_2:",                      # inner loop 1: HGMMA + MUFU.EX2
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+    "MUFU.EX2 R3, R4",
+    "FFMA R5, R3, R6, R7",
+    "@P0 BRA `(.L_x_2)",
+    "@P1 BRA `(.L_x_1)",
+    ".L_x_3:",                      # a loop without MUFU.EX2: not an attention main loop
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+    "@P0 BRA `(.L_x_3)",
+    ".L_x_4:",                      # inner loop 2
+    "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+    "MUFU.EX2 R3, R4",
+    "@P0 BRA `(.L_x_4)",
+    "EXIT",
+    ".L_x_5:",                      # a retry block past EXIT that branches back: holds EXIT-free ops but no HGMMA
+    "SYNCS.PHASECHK.TRANS64 P0, [UR4], R0",
+    "@!P0 BRA `(.L_x_5)",
+])
+
+
+def test_inner_attention_loops_only_in_address_order():
+    loops = steady_state_loops(SASS)
+    assert [[op for op, _ in body] for body in loops] == [
+        ["HGMMA.64x128x16.F32.BF16", "MUFU.EX2", "FFMA", "BRA"],
+        ["HGMMA.64x64x16.F32.BF16", "MUFU.EX2", "BRA"],
+    ]
+
+
+def test_no_loop_without_both_hgmma_and_ex2():
+    assert steady_state_loops(_sass(["HGMMA.64x128x16.F32.BF16 R1, gdesc[UR4], RZ, !UPT", "MUFU.EX2 R3, R4"])) == []
