@@ -19,11 +19,11 @@ import glob
 import os
 import random
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+import dsl_subprocess  # tests/dsl_subprocess.py
 
 from kernels import AttnConfig
 
@@ -278,7 +278,7 @@ def _sass(tmp_path, name, cfg, causal, hd=192, call=None):
     """) + call + "\n"
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
+    dsl_subprocess.run(code, env, timeout=600)  # a fork of a warm worker: tests/dsl_subprocess.py
     kind = "FlashBwd192Sm90" if hd == 192 else "bwdFlashBwdSm90"
     cubins = [c for c in glob.glob(str(dump / "*.cubin")) if kind in c]
     assert len(cubins) == 1, cubins

@@ -17,6 +17,8 @@ import textwrap
 
 import pytest
 
+import dsl_subprocess  # tests/dsl_subprocess.py
+
 pytestmark = pytest.mark.compile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +59,7 @@ def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=Fal
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
+    dsl_subprocess.run(code, env, timeout=600)  # a fork of a warm worker: tests/dsl_subprocess.py
     cubins = [c for c in glob.glob(str(dump / "*.cubin")) if "FlashBwdSm90" in c or "FlashBwdWideSm90" in c]
     assert len(cubins) == 1, cubins
     return subprocess.run([_nvdisasm(), "-c", cubins[0]], check=True, capture_output=True, text=True).stdout
@@ -147,27 +149,39 @@ def test_two_cta_cluster_in_sass(tmp_path):
         assert sass.count("UBLKRED.G.S.ADD.F32") == 2 and not re.search(r"\bREDG?\.E\.ADD\.F32", sass)
 
 
-@pytest.mark.parametrize("hdim,causal", [(64, False), (64, True), (128, False), (128, True)])
-def test_two_cta_sass_no_spills_async_wgmma_bulk_dq(tmp_path, hdim, causal):
+# (hdim, causal, deterministic): a pairwise cover of the three factors (every pair of their values in some row) instead
+# of the 8-row product; (128, False, False) is also test_two_cta_cluster_in_sass's kernel (compiled once)
+TWO_CTA_SASS = [(128, False, False), (128, True, True), (64, False, True), (64, True, False)]
+
+
+def test_two_cta_sass_cover_is_pairwise():
+    import itertools
+
+    levels = [(64, 128), (False, True), (False, True)]
+    for a, b in itertools.combinations(range(3), 2):
+        assert {(r[a], r[b]) for r in TWO_CTA_SASS} == set(itertools.product(levels[a], levels[b])), (a, b)
+
+
+@pytest.mark.parametrize("hdim,causal,det", TWO_CTA_SASS)
+def test_two_cta_sass_no_spills_async_wgmma_bulk_dq(tmp_path, hdim, causal, det):
     """two_cta (default and deterministic): no spills, the wgmma chains stay asynchronous (ptxas serialised every
     wgmma at hd64 while the dS send sat among in-flight wgmma: 40 WARPGROUP.DEPBAR), and dQ leaves through the
     writer warp's bulk reductions (the MMA warps issue no fp32 global reduction; with deterministic only the writer
     spins on the semaphore)."""
     from kernels.sm90.sass import count, opcode_counts
 
-    for det in (False, True):
-        sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=hdim, two_cta=True)
-        ops = opcode_counts(sass)
-        tag = f"two_cta hd{hdim} causal={causal} det={det}"
-        assert count(ops, "LDL") == 0 and count(ops, "STL") == 0, f"spills: {tag}"
-        assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8, f"serialised wgmma: {tag}"
-        assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass), f"fp32 global reductions from registers: {tag}"
-        assert count(ops, "UBLKRED") == 2 and "UBLKRED.G.S.ADD.F32" in sass, tag
-        assert re.search(r"UBLKCP\.S\.S", sass) and "UTMALDG.4D.MULTICAST" in sass, tag
-        # dQ^T 64 x 32 per warpgroup, K = 128 over the own and the peer's K/V tile
-        assert ops["HGMMA.64x32x16.F32.BF16"] == 16, tag
-        assert bool(re.search(r"LDG\.E\.STRONG\.GPU", sass)) == det, tag  # the writer warp's acquire spin
-        assert bool(re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", sass)) == det, tag  # its release
+    sass = _main_sass(tmp_path, det, 0.0, causal=causal, hdim=hdim, two_cta=True)
+    ops = opcode_counts(sass)
+    tag = f"two_cta hd{hdim} causal={causal} det={det}"
+    assert count(ops, "LDL") == 0 and count(ops, "STL") == 0, f"spills: {tag}"
+    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) <= 8, f"serialised wgmma: {tag}"
+    assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass), f"fp32 global reductions from registers: {tag}"
+    assert count(ops, "UBLKRED") == 2 and "UBLKRED.G.S.ADD.F32" in sass, tag
+    assert re.search(r"UBLKCP\.S\.S", sass) and "UTMALDG.4D.MULTICAST" in sass, tag
+    # dQ^T 64 x 32 per warpgroup, K = 128 over the own and the peer's K/V tile
+    assert ops["HGMMA.64x32x16.F32.BF16"] == 16, tag
+    assert bool(re.search(r"LDG\.E\.STRONG\.GPU", sass)) == det, tag  # the writer warp's acquire spin
+    assert bool(re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", sass)) == det, tag  # its release
 
 
 def test_two_cta_tile_m_64_sass(tmp_path):
@@ -272,7 +286,7 @@ def _bwd_kernels_sass(tmp_path, extra, hdim, causal):
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin,ir", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
+    dsl_subprocess.run(code, env, timeout=600)  # a fork of a warm worker: tests/dsl_subprocess.py
     out = {}
     for kind, cls in (("pre", "FlashBwdPreSm90"), ("main", "FlashBwdSm90"), ("post", "FlashBwdPostSm90")):
         cubins = [c for c in glob.glob(str(dump / "*.cubin")) if f"bwd{cls}" in c or f"bwd_{kind}{cls}" in c]

@@ -16,11 +16,11 @@ from __future__ import annotations
 import glob
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+import dsl_subprocess  # tests/dsl_subprocess.py
 
 bwd = pytest.importorskip("kernels.sm90.bwd")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +48,7 @@ def _sass(tmp_path, name, hd, causal, kw):
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=900)
+    dsl_subprocess.run(code, env, timeout=900)  # a fork of a warm worker: tests/dsl_subprocess.py
     cubins = [c for c in glob.glob(str(dump / "*.cubin")) if "bwdFlashBwdSm90" in c]
     assert len(cubins) == 1, cubins
     return disassemble(cubins[0])

@@ -128,7 +128,7 @@ def test_pairwise_cover_is_complete():
 
 def _sass(cfg, hdim, hdim_v, group, workdir):
     from kernels.sm90.compile import make_fwd_kernel
-    from kernels.sm90.sass import kernel_sass
+    from sass_cache import kernel_sass  # tests/sass_cache.py: one compile per kernel in the session
 
     return kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, False, qhead_per_kvhead=group), workdir)
 

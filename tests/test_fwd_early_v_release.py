@@ -54,7 +54,7 @@ def _kernel_sass(tmp_path_factory, hdim, causal, early_v_release, **switches) ->
     import cutlass
 
     from kernels.sm90.fwd import FlashFwdSm90
-    from kernels.sm90.sass import kernel_sass
+    from sass_cache import kernel_sass  # tests/sass_cache.py: one compile per kernel in the session
 
     key = (hdim, causal, early_v_release, tuple(sorted(switches.items())))
     if key not in _CACHE:

@@ -21,7 +21,8 @@ import pytest
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
-from kernels.sm90.sass import count, find_nvdisasm, fwd_sass, instructions, opcode_counts  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, instructions, opcode_counts  # noqa: E402
+from sass_cache import fwd_sass  # noqa: E402  (tests/sass_cache.py: one compile per kernel in the session)
 
 # the sm90 forward's loop-shape switches (None / bool, forward only, sm90 only)
 FIELDS = ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release")

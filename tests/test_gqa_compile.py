@@ -133,7 +133,7 @@ def test_bwd_gqa_compiles(hdims, causal, group, switches):
 
 # ---- SASS: the group changes the K/V head index only ----------------------------------------------------------------
 def _sass(kern, workdir):
-    from kernels.sm90.sass import kernel_sass
+    from sass_cache import kernel_sass  # tests/sass_cache.py: one compile per kernel in the session
 
     return kernel_sass(kern, workdir)
 

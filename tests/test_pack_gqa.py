@@ -177,7 +177,7 @@ def test_packed_tile_visits_every_visible_block(causal, left, right):
 # ---- compiles and SASS ----------------------------------------------------------------------------------------------
 def _sass(hd, causal, group, pack, workdir, window=(-1, -1), **switches):
     from kernels.sm90.compile import make_fwd_kernel
-    from kernels.sm90.sass import kernel_sass
+    from sass_cache import kernel_sass  # tests/sass_cache.py: one compile per kernel in the session
 
     cfg = AttnConfig(pack_gqa=pack, **switches).resolve("sm90", hd, causal)
     kern = make_fwd_kernel(cfg, "bfloat16", hd, hd, causal, qhead_per_kvhead=group, window_left=window[0],

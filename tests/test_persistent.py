@@ -135,7 +135,7 @@ def test_pairwise_cover_is_complete():
 
 
 def _sass_or_none(kern, workdir):
-    from kernels.sm90.sass import kernel_sass
+    from sass_cache import kernel_sass  # tests/sass_cache.py: one compile per kernel in the session
 
     return kernel_sass(kern, workdir)
 

@@ -255,19 +255,13 @@ def test_compile_cases_are_pairwise_complete():
 
 
 def _sass(tmp_path_factory, hd, hv, causal, window, softcap, dtype, switches):
-    import glob
-
-    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
-    from kernels.sm90.sass import disassemble, find_nvdisasm
+    from kernels.sm90.compile import make_fwd_kernel
+    from sass_cache import kernel_sass  # tests/sass_cache.py: one compile per kernel in the session
 
     c_causal, left, right = canonical_window(causal, window)
     cfg = AttnConfig(**switches).resolve("sm90", hd, c_causal)
     kern = make_fwd_kernel(cfg, dtype, hd, hv, c_causal, window_left=left, window_right=right, softcap=softcap)
-    d = str(tmp_path_factory.mktemp("wsc"))
-    compile_fwd(kern, tvm_ffi=False, dump_dir=d)
-    if find_nvdisasm() is None:
-        return None
-    return disassemble(sorted(glob.glob(os.path.join(d, "*.cubin")))[0])
+    return kernel_sass(kern, str(tmp_path_factory.mktemp("wsc")))  # None without nvdisasm (after the compile)
 
 
 @pytest.mark.compile
@@ -440,9 +434,9 @@ def test_bwd_compile_window_softcap(case):
 
 def _bwd_sass(tmp_path, hd, hv, causal, left, right, softcap):
     import glob
-    import subprocess
-    import sys
     import textwrap
+
+    import dsl_subprocess  # tests/dsl_subprocess.py
 
     from kernels.sm90.sass import disassemble, find_nvdisasm
 
@@ -456,7 +450,7 @@ def _bwd_sass(tmp_path, hd, hv, causal, left, right, softcap):
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(tmp_path),
                CUTE_DSL_NO_CACHE="1")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
+    dsl_subprocess.run(code, env, timeout=600)  # a fork of a warm worker: tests/dsl_subprocess.py
     if find_nvdisasm() is None:
         return None
     cubins = [c for c in glob.glob(str(tmp_path / "*.cubin")) if "FlashBwdSm90" in c or "FlashBwdWideSm90" in c]
