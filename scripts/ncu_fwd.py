@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--causal", type=int, default=0)
+    ap.add_argument("--exp2", type=float, default=None, help="ours: exp2_emu_fraction (default: the table's)")
+    ap.add_argument("--ours-only", action="store_true", help="skip official FA4")
     a = ap.parse_args()
     s, d, causal = a.seqlen, a.hdim, bool(a.causal)
     dv = 128 if d == 192 else d
@@ -31,13 +33,16 @@ def main():
     q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
     scale = 1.0 / math.sqrt(d)
-    calls = {"ours": lambda: kernels.attention(q, k, v, causal=causal, softmax_scale=scale)}
+    cfg = kernels.AttnConfig(exp2_emu_fraction=a.exp2) if a.exp2 is not None else None
+    calls = {"ours": lambda: kernels.attention(q, k, v, causal=causal, softmax_scale=scale, config=cfg)}
     try:
+        if a.ours_only:
+            raise ImportError("--ours-only")
         from flash_attn.cute.interface import flash_attn_func
 
         calls["fa4_official"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
-    except ImportError:
-        print("flash_attn.cute not importable: ours only")
+    except ImportError as e:
+        print(f"ours only ({e})")
     for name, fn in calls.items():
         fn()
         print(f"{name}: ran")
