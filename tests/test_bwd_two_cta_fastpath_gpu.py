@@ -6,12 +6,11 @@ lengths, seqlen_q != seqlen_k, a pair whose second K/V tile is past seqlen_k; an
 two_cta kernel: dK / dV always (each CTA's own sums), dQ with deterministic=True (the same turns and fp32 adds); repeated
 runs of a long causal call (a race on the dS exchange buffer would show as a difference between repeats).
 
-Until AttnConfig carries the fields, the switches reach the kernel through a wrapped FlashBwdSm90.__init__, with the
-compile cache cleared around each use (the cache key is the AttnConfig, which does not see them).
+The switches reach the kernel through their AttnConfig fields (``bwd_two_cta_cta_release``, ``bwd_two_cta_dv_first``),
+so the plumbing in kernels/sm90/backward.py is under test too.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
@@ -22,32 +21,15 @@ from test_bwd_gpu import _cfg, _run_case  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-SWITCHES = dict(ds_cta_release=True, two_cta_dv_first=True)
+SWITCHES = dict(bwd_two_cta_cta_release=True, bwd_two_cta_dv_first=True)
 # (batch, seqlen_q, seqlen_k, heads): odd lengths, one tile, seqlen_k ending inside the pair's first tile, > 4k
 SHAPES = [(2, 1024, 1024, 3), (1, 1000, 1000, 2), (3, 333, 397, 5), (1, 17, 129, 3), (2, 64, 64, 2), (1, 300, 1003, 2),
           (2, 2048, 2048, 2), (1, 4097, 4097, 1)]
 
 
-@contextlib.contextmanager
-def _switches(on: bool):
-    """FlashBwdSm90 built with the switches (on) or as is; compile cache cleared on entry and exit."""
-    import kernels.sm90.bwd as bwd
-    from kernels import compile_cache
-
-    init = bwd.FlashBwdSm90.__init__
-
-    def patched(self, *a, **k):
-        k.update(SWITCHES)
-        init(self, *a, **k)
-
-    compile_cache.clear()
-    if on:
-        bwd.FlashBwdSm90.__init__ = patched
-    try:
-        yield
-    finally:
-        bwd.FlashBwdSm90.__init__ = init
-        compile_cache.clear()
+def _two_cta(on: bool, **kw):
+    """two_cta config with the switches (on) or the default two_cta kernel."""
+    return _cfg(two_cta=True, **(SWITCHES if on else {}), **kw)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -55,8 +37,7 @@ def _switches(on: bool):
 @pytest.mark.parametrize("d", [64, 128])
 def test_accuracy(shape, causal, d):
     b, sq, sk, h = shape
-    with _switches(True):
-        _run_case(b, sq, sk, h, d, causal, torch.bfloat16, _cfg(two_cta=True), seed=11)
+    _run_case(b, sq, sk, h, d, causal, torch.bfloat16, _two_cta(True), seed=11)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -67,7 +48,6 @@ def test_bitwise_equal_to_default_two_cta(d, causal, dtype):
     from kernels.sm90.backward import attention_backward
 
     for det in (True, False):
-        cfg = _cfg(two_cta=True, deterministic=det)
         for b, sq, sk, h in ((2, 2048, 2048, 2), (1, 1000, 1337, 3)):
             g = torch.Generator(device="cuda").manual_seed(5)
             q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g) for s in (sq, sk, sk, sq))
@@ -75,8 +55,7 @@ def test_bitwise_equal_to_default_two_cta(d, causal, dtype):
             out, lse = _forward(q, k, v, causal, scale)
             res = []
             for on in (False, True):
-                with _switches(on):
-                    res.append(attention_backward(q, k, v, out, do, lse, causal, scale, cfg))
+                res.append(attention_backward(q, k, v, out, do, lse, causal, scale, _two_cta(on, deterministic=det)))
             torch.cuda.synchronize()
             names = ("dq", "dk", "dv") if det else ("dk", "dv")
             for name in names:
@@ -94,13 +73,12 @@ def test_repeats_bitwise(d):
     q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     scale = 1.0 / math.sqrt(d)
     out, lse = _forward(q, k, v, True, scale)
-    cfg = _cfg(two_cta=True, deterministic=True)
-    with _switches(True):
-        first = attention_backward(q, k, v, out, do, lse, True, scale, cfg)
-        for _ in range(30):
-            again = attention_backward(q, k, v, out, do, lse, True, scale, cfg)
-            for x, y in zip(first, again):
-                assert torch.equal(x, y)
+    cfg = _two_cta(True, deterministic=True)
+    first = attention_backward(q, k, v, out, do, lse, True, scale, cfg)
+    for _ in range(30):
+        again = attention_backward(q, k, v, out, do, lse, True, scale, cfg)
+        for x, y in zip(first, again):
+            assert torch.equal(x, y)
 
 
 def _forward(q, k, v, causal, scale):
