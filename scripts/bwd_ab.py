@@ -35,10 +35,10 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     if base is not None:  # the backward of another kernels/ tree (fa4lab_base.sm90.backward), its own defaults
         fns["ours_base"] = lambda: base.attention_backward(q, k, v, out, do, lse, causal, scale, None)
     if q.shape[-1] <= 128:  # two_cta off by default at hd 64 / 128
-        fns["ours_2cta"] = ours(two_cta=True)
-        # opt-in two_cta fast paths (docs/BWD_TWO_CTA.md): dS hand-back without MEMBAR.GPU, + dV before the exchange
-        fns["ours_2cta_rel"] = ours(two_cta=True, bwd_two_cta_cta_release=True)
-        fns["ours_2cta_fast"] = ours(two_cta=True, bwd_two_cta_cta_release=True, bwd_two_cta_dv_first=True)
+        fns["ours_2cta"] = ours(two_cta=True)  # the dS hand-back without MEMBAR.GPU (bwd_two_cta_cta_release, default)
+        # docs/BWD_TWO_CTA.md: the cluster-scope (fenced) hand-back, and the opt-in dV before the exchange
+        fns["ours_2cta_fence"] = ours(two_cta=True, bwd_two_cta_cta_release=False)
+        fns["ours_2cta_fast"] = ours(two_cta=True, bwd_two_cta_dv_first=True)
     if (q.shape[-1], v.shape[-1]) == (256, 256):  # hd256: two_cta is the default, so time the one-CTA kernel
         fns["ours_1cta"] = ours(two_cta=False)
     if q.shape[-1] == 64:

@@ -1,15 +1,16 @@
-"""FlashBwdSm90 two_cta opt-in switches (CPU, SASS): ``ds_cta_release`` and ``two_cta_dv_first`` (docs/BWD_TWO_CTA.md).
+"""FlashBwdSm90 two_cta switches (CPU, SASS): ``ds_cta_release`` and ``two_cta_dv_first`` (docs/BWD_TWO_CTA.md),
+set through AttnConfig.bwd_two_cta_cta_release / bwd_two_cta_dv_first.
 
-- ``ds_cta_release``: the received dS half goes back to the peer (dsempty) with the CTA-scope remote arrive of the
-  pipelines' consumer_release. The default's ``mbarrier.arrive.release.cluster`` compiles to MEMBAR.ALL.CTA +
-  MEMBAR.ALL.GPU + ERRBAR in every MMA thread once per Q tile; with the switch the only MEMBAR.ALL.GPU left is the
-  kernel-end cluster barrier's (right before UCGABAR_ARV).
-- ``two_cta_dv_first`` (hd 128): the dV wgmma (HGMMA.64x128, register A) is issued before the dS^T stmatrix, the PdS
-  barrier and the DSMEM send (UBLKCP.S.S), as the one-CTA kernel does; the default issues it after the send.
+- ``ds_cta_release`` (the two_cta default since 2026-12-02; ``bwd_two_cta_cta_release=False`` turns it off): the
+  received dS half goes back to the peer (dsempty) with the CTA-scope remote arrive of the pipelines'
+  consumer_release. The cluster-scope ``mbarrier.arrive.release.cluster`` compiles to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU +
+  ERRBAR in every MMA thread once per Q tile; with the switch the only MEMBAR.ALL.GPU left is the kernel-end cluster
+  barrier's (right before UCGABAR_ARV).
+- ``two_cta_dv_first`` (hd 128, opt-in): the dV wgmma (HGMMA.64x128, register A) is issued before the dS^T stmatrix,
+  the PdS barrier and the DSMEM send (UBLKCP.S.S), as the one-CTA kernel does; the default issues it after the send.
 
-Both: the same HGMMA shapes and counts as the default two_cta kernel, 4 WARPGROUP.DEPBAR (no serialised wgmma), 0
-LDL / STL. Until AttnConfig carries the fields (docs/BWD_TWO_CTA.md, "Plumbing"), the compile subprocess passes the
-kernel arguments by wrapping FlashBwdSm90.__init__.
+Both: the same HGMMA shapes and counts as the fenced two_cta kernel, 4 WARPGROUP.DEPBAR (no serialised wgmma), 0
+LDL / STL.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ bwd = pytest.importorskip("kernels.sm90.bwd")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _sass(tmp_path, name, hd, causal, kw):
-    """SASS of the two_cta FlashBwdSm90 main kernel at head dim ``hd`` with extra constructor arguments ``kw``."""
+def _sass(tmp_path, name, hd, causal, fields):
+    """SASS of the two_cta FlashBwdSm90 main kernel at head dim ``hd`` with the AttnConfig ``fields``."""
     from kernels.sm90.sass import disassemble, find_nvdisasm
 
     if find_nvdisasm() is None:
@@ -37,14 +38,8 @@ def _sass(tmp_path, name, hd, causal, kw):
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
-        import kernels.sm90.bwd as bwd
         from kernels.sm90.backward import compile_backward
-        init = bwd.FlashBwdSm90.__init__
-        def patched(self, *a, **k):
-            k.update({kw!r})
-            init(self, *a, **k)
-        bwd.FlashBwdSm90.__init__ = patched
-        compile_backward(AttnConfig(two_cta=True), "bfloat16", {hd}, {causal})
+        compile_backward(AttnConfig(two_cta=True, **{fields!r}), "bfloat16", {hd}, {causal})
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
@@ -89,14 +84,14 @@ def test_switches_resolve():
 def test_sass_hd128(tmp_path, causal):
     from kernels.sm90.sass import count, opcode_counts
 
-    base = _sass(tmp_path, "base", 128, causal, {})
-    var = _sass(tmp_path, "var", 128, causal, dict(ds_cta_release=True, two_cta_dv_first=True))
+    base = _sass(tmp_path, "base", 128, causal, dict(bwd_two_cta_cta_release=False))  # the fenced release
+    var = _sass(tmp_path, "var", 128, causal, dict(bwd_two_cta_dv_first=True))  # the default release + dv_first
     ob, ov = opcode_counts(base), opcode_counts(var)
     assert not re.search(r"\b(LDL|STL)(\.|\s)", var)
     hgmma = lambda o: {k: v for k, v in o.items() if k.startswith("HGMMA")}
     assert hgmma(ov) == hgmma(ob)
     assert count(ov, "WARPGROUP.DEPBAR") == 4
-    # ds_cta_release: the per-tile GPU fence is gone (the default has it), only the kernel-end one is left
+    # ds_cta_release: the per-tile GPU fence is gone (the fenced kernel has it), only the kernel-end one is left
     b_ops, v_ops = _ops(base), _ops(var)
     assert len(_gpu_membars_outside_cluster_barrier(b_ops)) == 1
     assert _gpu_membars_outside_cluster_barrier(v_ops) == []
@@ -111,11 +106,11 @@ def test_sass_hd128(tmp_path, causal):
 
 @pytest.mark.compile
 def test_sass_hd64_release(tmp_path):
-    """hd 64 (128-row Q tiles): ds_cta_release alone (two_cta_dv_first is ignored there); no spills, wgmma not
-    serialised, the per-tile GPU fence gone."""
+    """hd 64 (128-row Q tiles), the two_cta default (ds_cta_release; two_cta_dv_first is ignored there): no spills,
+    wgmma not serialised, the per-tile GPU fence gone."""
     from kernels.sm90.sass import count, opcode_counts
 
-    var = _sass(tmp_path, "var64", 64, True, dict(ds_cta_release=True, two_cta_dv_first=True))
+    var = _sass(tmp_path, "var64", 64, True, dict(bwd_two_cta_dv_first=True))
     ov = opcode_counts(var)
     assert not re.search(r"\b(LDL|STL)(\.|\s)", var)
     assert count(ov, "WARPGROUP.DEPBAR") == 4
@@ -124,7 +119,8 @@ def test_sass_hd64_release(tmp_path):
 
 def test_config_fields_reach_the_kernel():
     """AttnConfig.bwd_two_cta_cta_release / bwd_two_cta_dv_first reach FlashBwdSm90 (backward.py _main_kernel), are
-    ignored without two_cta and by the other classes, and stay out of to_dict() while None / False."""
+    ignored without two_cta; release is on unless False; both stay out of to_dict() while None (dv_first: or False),
+    and release=True compiles under the default's dict."""
     from cutlass import BFloat16
 
     from kernels import AttnConfig
@@ -140,8 +136,16 @@ def test_config_fields_reach_the_kernel():
                              128, causal)
         assert not off.ds_cta_release  # one CTA: ignored
         plain = B._main_kernel(BFloat16, AttnConfig(two_cta=True).resolve("sm90", 128, causal), 128, 128, causal)
-        assert not plain.ds_cta_release and not plain.two_cta_dv_first
+        assert plain.ds_cta_release and not plain.two_cta_dv_first
+        fenced = B._main_kernel(BFloat16, AttnConfig(two_cta=True, bwd_two_cta_cta_release=False).resolve(
+            "sm90", 128, causal), 128, 128, causal)
+        assert not fenced.ds_cta_release
     for name in ("bwd_two_cta_cta_release", "bwd_two_cta_dv_first"):
-        assert name not in AttnConfig().to_dict() and name not in AttnConfig(**{name: False}).to_dict()
+        assert name not in AttnConfig().to_dict()
         assert AttnConfig(**{name: True}).to_dict()[name] is True
         assert name not in compiled_config(AttnConfig(**{name: True}), "sm90", 128, False, "fwd")
+    assert "bwd_two_cta_dv_first" not in AttnConfig(bwd_two_cta_dv_first=False).to_dict()
+    assert AttnConfig(bwd_two_cta_cta_release=False).to_dict()["bwd_two_cta_cta_release"] is False
+    for tc in (True, None):
+        assert (compiled_config(AttnConfig(two_cta=tc, bwd_two_cta_cta_release=True), "sm90", 128, False, "bwd")
+                == compiled_config(AttnConfig(two_cta=tc), "sm90", 128, False, "bwd"))

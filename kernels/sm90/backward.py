@@ -169,8 +169,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["pdl"] = True
     if cls is FlashBwdSm90 and cfg.bwd_dq_chunk_release:  # dQ staging chunks freed one by one (opt-in; dq_writer)
         kw["dq_chunk_release"] = True
-    if cls is FlashBwdSm90 and cfg.bwd_two_cta_cta_release:  # two_cta: dS hand-back without MEMBAR.GPU (opt-in)
-        kw["ds_cta_release"] = True
+    if cls is FlashBwdSm90 and cfg.bwd_two_cta_cta_release is not False:  # two_cta: dS hand-back without MEMBAR.GPU
+        kw["ds_cta_release"] = True  # (the default since 2026-12-02; False = the cluster-scope release; no-op off two_cta)
     if cls is FlashBwdSm90 and cfg.bwd_two_cta_dv_first:  # two_cta hd128: dV before the dS exchange (opt-in)
         kw["two_cta_dv_first"] = True
     if cls is FlashBwdSm90 and cfg.bwd_diag_align:  # causal 80-row tiles from the diagonal (opt-in; _set_diag_align)
