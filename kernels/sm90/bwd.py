@@ -1347,11 +1347,14 @@ class FlashBwdSm90:
         # Not at 80-row tiles (20 + 20 values): LSE + dPsum spilled 21-24 LDL, LSE alone 1 LDL / 1 STL causal (CPU SASS)
         preload = const_expr(self.hdim == 128 and not self.two_cta and cute.size(acc_S) <= 32
                              and not (self.has_window or self.softcap > 0.0))
-        # 80-row non-causal tiles: LSE alone (20 values, no spills) before S^T is issued. The Nsight Compute source
-        # profile (H200 s8k, 2026-12-02) showed the exponentials' FFMA after each LSE LDS.64 stalled on the load (~7%
-        # of the kernel's warp samples); preloaded, 1.023 / 1.046 / 1.050x at 1k / 8k / 16k
-        # (session_ab/bwd128nc_preload_lse.jsonl). Causal 80-row tiles spilled with it (1 LDL / 1 STL, CPU SASS)
-        preload_lse = const_expr(self.hdim == 128 and not self.two_cta and not self.causal and cute.size(acc_S) == 40
+        # LSE alone, loaded while S^T is issued: hd128 80-row non-causal tiles (20 values) and the hd256 2-CTA kernel
+        # (8), no spills in either. The Nsight Compute source profile (H200 hd128 s8k, 2026-12-02) showed the
+        # exponentials' FFMA after each LSE LDS.64 stalled on the load (~7% of the kernel's warp samples). H200 vs the
+        # late loads: hd128 1.023 / 1.046 / 1.050x at 1k / 8k / 16k (session_ab/bwd128nc_preload_lse.jsonl), hd256
+        # 2-CTA 1.032 / 1.029x at 8k non-causal / causal (bwd256_preload_lse.jsonl). Causal 80-row tiles spilled with
+        # it (1 LDL / 1 STL, CPU SASS); the one-CTA hd256 kernel (window / softcap / varlen / two_cta=False) is untimed
+        preload_lse = const_expr(((self.hdim == 128 and not self.two_cta and not self.causal and cute.size(acc_S) == 40)
+                                  or (self.hdim == 256 and self.two_cta))
                                  and not (self.has_window or self.softcap > 0.0))
         rLSE, rdPsum = tLSE, tdPsum
         if const_expr(preload or preload_lse):
