@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
-from kernels.sm90.sass import count, find_nvdisasm, instructions, opcode_counts  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, opcode_counts, steady_state_loops  # noqa: E402
 from sass_cache import fwd_sass  # noqa: E402  (tests/sass_cache.py: one compile per kernel in the session)
 
 # the sm90 forward's loop-shape switches (None / bool, forward only, sm90 only)
@@ -121,20 +120,8 @@ def _sass(tmp_path_factory, hdim, causal, **switches) -> str:
 
 
 def _loops(sass: str):
-    """The steady-state loops: bodies (lists of (opcode, operands)) of backward branches that hold HGMMA and
-    MUFU.EX2, no EXIT, and no other such loop."""
-    ins, labels = instructions(sass)
-    spans = []
-    for a, op, rest in ins:
-        m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
-        if m and labels[m.group(1)] < a:
-            body = [(o, r) for x, o, r in ins if labels[m.group(1)] <= x <= a]
-            ops = [o for o, _ in body]
-            # (the out-of-line mbarrier retry blocks sit past the kernel's EXIT and branch back into the loops)
-            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
-                spans.append((labels[m.group(1)], a, body))
-    inner = [s for s in spans if not any(t is not s and s[0] <= t[0] and t[1] <= s[1] for t in spans)]
-    return [body for _, _, body in inner]
+    """The steady-state loops (kernels.sm90.sass.steady_state_loops): bodies of (opcode, operands)."""
+    return steady_state_loops(sass)
 
 
 def _ex2_before_pv_wait(body) -> int:

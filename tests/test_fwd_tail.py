@@ -14,14 +14,13 @@ lpt_group_size); None = 32 MB, official FA4 uses 50.
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
-from kernels.sm90.sass import count, find_nvdisasm, instructions, opcode_counts  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, opcode_counts, steady_state_loops  # noqa: E402
 from test_fwd_loop_shape import _sass  # noqa: E402  (one SASS cache for both files)
 from kernels.sm90.scheduler import L2_BUDGET_BYTES, lpt_group_size  # noqa: E402
 
@@ -65,18 +64,10 @@ def test_lpt_l2_mb_is_forward_only_in_the_backward_compiled_config():
 
 # ---- SASS: the tail after the last exponential ----------------------------------------------------------------------
 def _mask_free_loop(sass: str):
-    """Opcodes of the last innermost loop holding HGMMA and MUFU.EX2 (the mask-free one; split: the second)."""
-    ins, labels = instructions(sass)
-    spans = []
-    for a, op, rest in ins:
-        m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
-        if m and labels[m.group(1)] < a:
-            ops = [o for x, o, _ in ins if labels[m.group(1)] <= x <= a]
-            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
-                spans.append((labels[m.group(1)], a, ops))
-    inner = [s for s in spans if not any(t is not s and s[0] <= t[0] and t[1] <= s[1] for t in spans)]
-    assert inner, "no main loop found"
-    return max(inner)[2]
+    """Opcodes of the last steady-state loop (the mask-free one; split: the second)."""
+    loops = steady_state_loops(sass)
+    assert loops, "no main loop found"
+    return [op for op, _ in loops[-1]]
 
 
 def _tail(ops) -> list:

@@ -1352,10 +1352,12 @@ class FlashBwdSm90:
         # exponentials' FFMA after each LSE LDS.64 stalled on the load (~7% of the kernel's warp samples). H200 vs the
         # late loads: hd128 1.023 / 1.046 / 1.050x at 1k / 8k / 16k (session_ab/bwd128nc_preload_lse.jsonl), hd256
         # 2-CTA 1.032 / 1.029x at 8k non-causal / causal (bwd256_preload_lse.jsonl). Causal 80-row tiles spilled with
-        # it (1 LDL / 1 STL, CPU SASS); the one-CTA hd256 kernel (window / softcap / varlen / two_cta=False) is untimed
+        # it (1 LDL / 1 STL, CPU SASS), and so did hd128's deterministic "rotate" kernel (3 LDL / 2 STL) and the opt-in
+        # rotated walk (bwd_rotate_q, 7 LDL); those, and the one-CTA hd256 kernel (window / softcap / varlen /
+        # two_cta=False), keep the late loads
         preload_lse = const_expr(((self.hdim == 128 and not self.two_cta and not self.causal and cute.size(acc_S) == 40)
                                   or (self.hdim == 256 and self.two_cta))
-                                 and not (self.has_window or self.softcap > 0.0))
+                                 and not (self.deterministic or self.m_rotate or self.has_window or self.softcap > 0.0))
         rLSE, rdPsum = tLSE, tdPsum
         if const_expr(preload or preload_lse):
             rLSE = cute.make_rmem_tensor(acc_S.layout, Float32)
