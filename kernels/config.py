@@ -129,7 +129,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
-                                "bwd_det_two_writers": (None,), "bwd_two_cta_cta_release": (None,),
+                                "bwd_det_two_writers": (None,), "bwd_two_cta_cta_release": (None, True),
                                 "bwd_two_cta_dv_first": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False)}
@@ -204,8 +204,8 @@ class AttnConfig:
     # the dS exchange, as the one-CTA kernel does (docs/BWD_TWO_CTA.md: why two_cta loses at hd 64 / 128). H200
     # 2026-12-02, 16k tokens, 12 rounds (session_ab/bwd_two_cta_fast.jsonl), speed vs the fenced release: release
     # 1.05-1.09 at hd128, 1.09 at hd64 (same arithmetic; GPU tests bitwise with both switches), so on by default
-    # (None = on, False = the cluster-scope release; left out of to_dict() while None); dv_first with it 0.91-0.99 of
-    # release alone, so off (None = off; left out of to_dict() while None or False).
+    # (None = on, False = the cluster-scope release; left out of to_dict() while None or True: one kernel); dv_first
+    # 0.91-0.99 of release alone, so off (None = off; left out of to_dict() while None or False).
     bwd_two_cta_cta_release: bool | None = None
     bwd_two_cta_dv_first: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by

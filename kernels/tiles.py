@@ -66,6 +66,4 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     two_cta = two_cta_by_default(r, arch, hdim, 128 if int(hdim) == 192 else hdim)
     d.update(tile_m=tm, tile_n=tn, two_cta=two_cta,
              exp2_emu_fraction=quantized_exp2_fraction(r.exp2_emu_fraction, tm // 8))
-    if d.get("bwd_two_cta_cta_release") is True:  # True is the default (None): one kernel, one dict
-        d.pop("bwd_two_cta_cta_release")
     return d

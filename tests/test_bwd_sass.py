@@ -224,12 +224,9 @@ def test_tile_m_80_sass(tmp_path, causal):
         # non-causal: the 20 LSE values of a Q tile are loaded (10 LDS.64) while its S^T wgmma is issued, before the
         # first wgmma wait, not after it next to the exponentials (bwd.py p_and_ds; 1.02-1.05x on the H200); causal
         # and deterministic kernels keep the late loads (with the preload they spilled)
-        from kernels.sm90.sass import instructions
+        from kernels.sm90.sass import loads_before_first_wgmma_wait
 
-        seq = [op for _, op, _ in instructions(sass)[0]]
-        first_s = next(i for i, op in enumerate(seq) if op.startswith("HGMMA.64x80x16"))
-        first_wait = next(i for i in range(first_s, len(seq)) if seq[i].startswith("WARPGROUP.DEPBAR"))
-        early = sum(op.startswith("LDS.64") for op in seq[:first_wait])
+        early = loads_before_first_wgmma_wait(sass)
         assert early == (0 if causal or det else 10), (causal, det, early)
 
 

@@ -119,8 +119,8 @@ def test_sass_hd64_release(tmp_path):
 
 def test_config_fields_reach_the_kernel():
     """AttnConfig.bwd_two_cta_cta_release / bwd_two_cta_dv_first reach FlashBwdSm90 (backward.py _main_kernel), are
-    ignored without two_cta; release is on unless False; both stay out of to_dict() while None (dv_first: or False),
-    and release=True compiles under the default's dict."""
+    ignored without two_cta; release is on unless False; both stay out of to_dict() while None (release: or True, the
+    default's kernel; dv_first: or False), so release=True compiles under the default's dict."""
     from cutlass import BFloat16
 
     from kernels import AttnConfig
@@ -142,8 +142,9 @@ def test_config_fields_reach_the_kernel():
         assert not fenced.ds_cta_release
     for name in ("bwd_two_cta_cta_release", "bwd_two_cta_dv_first"):
         assert name not in AttnConfig().to_dict()
-        assert AttnConfig(**{name: True}).to_dict()[name] is True
         assert name not in compiled_config(AttnConfig(**{name: True}), "sm90", 128, False, "fwd")
+    assert AttnConfig(bwd_two_cta_dv_first=True).to_dict()["bwd_two_cta_dv_first"] is True
+    assert "bwd_two_cta_cta_release" not in AttnConfig(bwd_two_cta_cta_release=True).to_dict()  # True = the default
     assert "bwd_two_cta_dv_first" not in AttnConfig(bwd_two_cta_dv_first=False).to_dict()
     assert AttnConfig(bwd_two_cta_cta_release=False).to_dict()["bwd_two_cta_cta_release"] is False
     for tc in (True, None):

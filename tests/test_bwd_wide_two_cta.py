@@ -87,18 +87,10 @@ def test_two_cta_wide_sass(tmp_path, causal, deterministic, dtype):
     assert bool(re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", two)) == deterministic, tag
     # LSE: loaded while S^T is issued in the 2-CTA kernel (bwd.py p_and_ds; 1.03x on the H200), after the first wgmma
     # wait in the one-CTA kernel and in deterministic calls
-    assert _lse_loads_before_first_wait(two) == (0 if deterministic else 4), tag
-    assert _lse_loads_before_first_wait(one) == 0, tag
+    from kernels.sm90.sass import loads_before_first_wgmma_wait
 
-
-def _lse_loads_before_first_wait(sass):
-    """LDS.64 issued between the main loop's first HGMMA and the first WARPGROUP.DEPBAR after it."""
-    from kernels.sm90.sass import instructions
-
-    seq = [op for _, op, _ in instructions(sass)[0]]
-    h = next(i for i, op in enumerate(seq) if op.startswith("HGMMA"))
-    w = next(i for i in range(h, len(seq)) if seq[i].startswith("WARPGROUP.DEPBAR"))
-    return sum(op.startswith("LDS.64") for op in seq[h:w])
+    assert loads_before_first_wgmma_wait(two) == (0 if deterministic else 4), tag
+    assert loads_before_first_wgmma_wait(one) == 0, tag
 
 
 @pytest.mark.parametrize("causal,dtype,frac,det_schedule", [(True, "bfloat16", 0.5, "naive"),

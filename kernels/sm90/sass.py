@@ -77,6 +77,15 @@ def steady_state_loops(sass: str) -> list[list[tuple[str, str]]]:
     return [body for _, _, body in sorted(inner, key=lambda s: s[0])]
 
 
+def loads_before_first_wgmma_wait(sass: str, opcode: str = "LDS.64") -> int:
+    """Instructions ``opcode`` between the first kernel function's first HGMMA and the first WARPGROUP.DEPBAR after it:
+    shared-memory loads issued while the first wgmma runs (the backward's LSE preload), not after its wait."""
+    seq = [op for _, op, _ in instructions(sass)[0]]
+    h = next(i for i, op in enumerate(seq) if op.startswith("HGMMA"))
+    w = next(i for i in range(h, len(seq)) if seq[i].startswith("WARPGROUP.DEPBAR"))
+    return sum(op.startswith(opcode) for op in seq[h:w])
+
+
 def opcode_counts(sass: str) -> Counter:
     """Counter of full opcodes (with modifiers, e.g. 'MUFU.EX2', 'HGMMA.64x128x16.F32.BF16')."""
     return Counter(m.group(1) for m in _INSN.finditer(sass))
