@@ -48,3 +48,20 @@ def test_inner_attention_loops_only_in_address_order():
 
 def test_no_loop_without_both_hgmma_and_ex2():
     assert steady_state_loops(_sass(["HGMMA.64x128x16.F32.BF16 R1, gdesc[UR4], RZ, !UPT", "MUFU.EX2 R3, R4"])) == []
+
+
+def test_loads_before_first_wgmma_wait():
+    """LDS.64 counted only between the first HGMMA and the first WARPGROUP.DEPBAR after it."""
+    from kernels.sm90.sass import loads_before_first_wgmma_wait
+
+    sass = _sass([
+        "LDS.64 R8, [R2]",                                        # before any wgmma: not counted
+        "HGMMA.64x80x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+        "LDS.64 R10, [R2+0x8]",
+        "LDS.128 R12, [R2+0x10]",                                 # another width: not counted
+        "LDS.64 R16, [R2+0x20]",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+        "LDS.64 R18, [R2+0x28]",                                  # after the wait
+    ])
+    assert loads_before_first_wgmma_wait(sass) == 2
+    assert loads_before_first_wgmma_wait(sass, "LDS.128") == 1
