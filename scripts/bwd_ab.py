@@ -10,6 +10,7 @@ A session script for kernel work; the committed benchmark is `python run.py swee
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import statistics
@@ -34,6 +35,9 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     fns = {"ours": ours(), "ours_det": ours(deterministic=True)}
     if base is not None:  # the backward of another kernels/ tree (fa4lab_base.sm90.backward), its own defaults
         fns["ours_base"] = lambda: base.attention_backward(q, k, v, out, do, lse, causal, scale, None)
+        base_cfg = importlib.import_module(base.__name__.split(".")[0] + ".config").AttnConfig
+        fns["ours_base_det"] = lambda: base.attention_backward(q, k, v, out, do, lse, causal, scale,
+                                                               base_cfg(deterministic=True))
     if q.shape[-1] <= 128:  # two_cta off by default at hd 64 / 128
         fns["ours_2cta"] = ours(two_cta=True)  # the dS hand-back without MEMBAR.GPU (bwd_two_cta_cta_release, default)
         # docs/BWD_TWO_CTA.md: the cluster-scope (fenced) hand-back, and the opt-in dV before the exchange

@@ -145,7 +145,8 @@ def test_diag_align_sass(tmp_path):
         {k: v for k, v in ops_b.items() if k.startswith("HGMMA")}
     assert count(ops_c, "WARPGROUP") == count(ops_b, "WARPGROUP") and count(ops_c, "MUFU") == count(ops_b, "MUFU")
     loops_c, loops_b = _loop_sizes(cand["main"][0]), _loop_sizes(base["main"][0])
-    assert loops_c and loops_b and abs(loops_c[0] - loops_b[0]) <= 4, (loops_c, loops_b)
+    # (with the LSE preload's views rebuilt per Q tile, bwd.py lse_views_fresh, the bodies differ by 6 instructions)
+    assert loops_c and loops_b and abs(loops_c[0] - loops_b[0]) <= 8, (loops_c, loops_b)
     rounding = re.compile(r"LOP3\.LUT.*0x(?:7|f)ffffff8")
     assert rounding.search(cand["main"][0]) and not rounding.search(base["main"][0])
     nc_c = _bwd_kernels_sass(tmp_path, "bwd_diag_align=True, bwd_lpt_heads=0", 128, False)

@@ -89,7 +89,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from cutlass._mlir.dialects import llvm
 from cutlass._mlir.dialects import nvvm as _nvvm
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.experimental.primitives.nvvm_wrapper import cp_async_bulk_shared_cluster_shared_cta
 
 from ..config import DEFAULTS
@@ -269,6 +269,14 @@ class DkdvDest(NamedTuple):
     head: Any
     batch: Any
     offset_k: Any = 0
+
+
+@dsl_user_op
+def tid_x_volatile(*, loc=None, ip=None) -> Int32:
+    """threadIdx.x through a volatile ``mov`` (has side effects), so LLVM neither merges it with the kernel's other reads
+    of the thread index nor hoists it out of a loop: what is computed from it is computed where it is used."""
+    return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %tid.x;", "=r", has_side_effects=True,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @dsl_user_op
@@ -1294,9 +1302,11 @@ class FlashBwdSm90:
         m_row0 = m_block * self.tile_m
         if const_expr(self.diag_align):
             m_row0 = m_row0 + work.q_base
+        tLSE, tdPsum = f.tSsLSE[None, None, None, sidx], f.tSsdPsum[None, None, None, sidx]
+        if const_expr(self.lse_fresh(cute.size(f.acc_S))):
+            tLSE, tdPsum = self.lse_views_fresh(mmas.mma_S, smem, sidx)
         s_ops = SOperands(mmas.mma_S, f.acc_S, f.acc_dP, f.tSrK, f.tSrV, f.tSrQ[None, None, None, sidx],
-                          f.tSrdO[None, None, None, sidx], f.tScS, f.tSsLSE[None, None, None, sidx],
-                          f.tSsdPsum[None, None, None, sidx], f.rP_acc, f.rdS_acc)
+                          f.tSrdO[None, None, None, sidx], f.tScS, tLSE, tdPsum, f.rP_acc, f.rdS_acc)
         rows = TileRows(work.n_block, f.n_row0, m_row0, work.seqlen_k, f.causal_off, scale_log2)
         if const_expr(self.dq_defer):
             # S^T first, then the end of the previous tile's dQ hand-off while it runs (dq_defer), then p_and_ds
@@ -1310,6 +1320,43 @@ class FlashBwdSm90:
             self.dq_dk_one_cta(mmas, f, ptrs.sdQ, pipes, q_state, do_state, sidx, it)
         else:
             self.dq_dk_two_cta(mmas, f, smem, ptrs, pipes, q_state, do_state, sidx, it, work.rank)
+
+    def lse_preload(self, n_values: int) -> bool:
+        """Whether p_and_ds loads a Q tile's LSE values into registers while its S^T GEMM is issued (``n_values``: S^T
+        accumulator values per thread). The Nsight Compute source profile (H200 hd128 s8k, 2026-12-02) showed the
+        exponentials' FFMA after each LSE LDS.64 stalled on the load (~7% of the kernel's warp samples). H200 vs the
+        late loads: hd128 non-causal 1.023 / 1.046 / 1.050x at 1k / 8k / 16k (session_ab/bwd128nc_preload_lse.jsonl),
+        hd256 2-CTA 1.032 / 1.029x at 8k non-causal / causal (bwd256_preload_lse.jsonl). hd128 80-row tiles (20
+        values; causal through lse_views_fresh: 1.014 / 1.032 / 1.034x at 1k / 8k / 16k, deterministic causal
+        1.008 / 1.010 / 1.007x, session_ab/bwd128c_preload_fresh.jsonl) and the hd256 2-CTA kernel (8, not
+        deterministic). Late loads: hd128's deterministic non-causal kernel (with the preload and lse_views_fresh
+        1.000 / 0.993 / 0.988x in the same run), the opt-in rotated walk (bwd_rotate_q; not timed), the opt-in
+        deterministic causal walks "lpt" and "naive" (5 LDL / 3 STL each even with lse_views_fresh), window / softcap
+        kernels and the one-CTA hd256 kernel (varlen / two_cta=False)."""
+        if self.has_window or self.softcap > 0.0:
+            return False
+        if self.hdim == 256:
+            return self.two_cta and not self.deterministic
+        return (self.hdim == 128 and not self.two_cta and n_values == 40
+                and ((self.causal and self.spt and not self.det_lpt) or not (self.deterministic or self.m_rotate)))
+
+    def lse_fresh(self, n_values: int) -> bool:
+        """Whether the Q-tile step rebuilds the LSE / dPsum views (lse_views_fresh): hd128's causal kernels with the
+        LSE preload (default and deterministic), which spilled without it."""
+        return self.lse_preload(n_values) and self.hdim == 128 and self.causal
+
+    @cute.jit
+    def lse_views_fresh(self, mma_S, smem: BwdSmem, sidx):
+        """Stage ``sidx``'s LSE / dPsum views (as s_fragments' tSsLSE / tSsdPsum) rebuilt in the Q-tile step from a
+        volatile read of the thread index. With the views of the setup, ptxas kept their per-thread offset across the
+        loop and, in the causal hd128 kernel with the LSE preload, spilled it (1 STL before the loop, 1 LDL per Q tile;
+        CPU SASS); rebuilt here, it has none (nor do the deterministic and rotated-walk kernels with the preload, which
+        spilled 3 LDL / 2 STL and 7 LDL with the setup's views)."""
+        thr = mma_S.get_slice(tid_x_volatile() % 128)
+        bcast = cute.make_layout((64, self.tile_m, self.stages), stride=(0, 1, self.lse_stride))
+        tLSE = thr.partition_C(cute.make_tensor(smem.sLSE.iterator, bcast))
+        tdPsum = thr.partition_C(cute.make_tensor(smem.sdPsum.iterator, bcast))
+        return tLSE[None, None, None, sidx], tdPsum[None, None, None, sidx]
 
     @cute.jit
     def ds_exchange(self, mma_dKV, f: MmaFrags, ptrs: DsPtrs, sidx, it, rank):
@@ -1344,20 +1391,11 @@ class FlashBwdSm90:
         # path); only where the registers allow (64-row Q tiles without window / softcap: 16 + 16 values; hd64's
         # 128-row tiles and hd128 causal + window + softcap spill) and where it was run on the GPU (hd128 one-CTA:
         # tests passed, H200 s8k non-causal 0.9% faster, otherwise within noise; not the wide kernels nor two_cta).
-        # Not at 80-row tiles (20 + 20 values): LSE + dPsum spilled 21-24 LDL, LSE alone 1 LDL / 1 STL causal (CPU SASS)
+        # Not at 80-row tiles (20 + 20 values): LSE + dPsum spilled 21-24 LDL (CPU SASS); they preload LSE alone
         preload = const_expr(self.hdim == 128 and not self.two_cta and cute.size(acc_S) <= 32
                              and not (self.has_window or self.softcap > 0.0))
-        # LSE alone, loaded while S^T is issued: hd128 80-row non-causal tiles (20 values) and the hd256 2-CTA kernel
-        # (8), no spills in either. The Nsight Compute source profile (H200 hd128 s8k, 2026-12-02) showed the
-        # exponentials' FFMA after each LSE LDS.64 stalled on the load (~7% of the kernel's warp samples). H200 vs the
-        # late loads: hd128 1.023 / 1.046 / 1.050x at 1k / 8k / 16k (session_ab/bwd128nc_preload_lse.jsonl), hd256
-        # 2-CTA 1.032 / 1.029x at 8k non-causal / causal (bwd256_preload_lse.jsonl). Causal 80-row tiles spilled with
-        # it (1 LDL / 1 STL, CPU SASS), and so did hd128's deterministic "rotate" kernel (3 LDL / 2 STL) and the opt-in
-        # rotated walk (bwd_rotate_q, 7 LDL); those, and the one-CTA hd256 kernel (window / softcap / varlen /
-        # two_cta=False), keep the late loads
-        preload_lse = const_expr(((self.hdim == 128 and not self.two_cta and not self.causal and cute.size(acc_S) == 40)
-                                  or (self.hdim == 256 and self.two_cta))
-                                 and not (self.deterministic or self.m_rotate or self.has_window or self.softcap > 0.0))
+        # LSE alone, loaded while S^T is issued (lse_preload)
+        preload_lse = const_expr(self.lse_preload(cute.size(acc_S)))
         rLSE, rdPsum = tLSE, tdPsum
         if const_expr(preload or preload_lse):
             rLSE = cute.make_rmem_tensor(acc_S.layout, Float32)
