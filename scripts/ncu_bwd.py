@@ -4,7 +4,8 @@
 profiles the two main backward kernels of one shape (16k total tokens, hidden 2048, bf16); always pass
 ``--clock-control none`` to ncu (its default locks the clocks to base, which we never do). ``--kernels N`` instead
 runs each backward N times under torch.profiler and prints every kernel's mean device time (pre, main, post,
-memsets), for the fixed per-call costs at short sequences. A session script for kernel work; the committed
+memsets), for the fixed per-call costs at short sequences. ``--det`` adds our deterministic backward (its main
+kernel is a second FlashBwdSm90 launch in the report). A session script for kernel work; the committed
 benchmarks are the experiments.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main():
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--causal", type=int, default=0)
     ap.add_argument("--kernels", type=int, default=0, help="N calls each under torch.profiler: per-kernel times")
+    ap.add_argument("--det", action="store_true", help="also our deterministic backward (ours_det), after ours")
     a = ap.parse_args()
     s, d, causal = a.seqlen, a.hdim, bool(a.causal)
     b, h = max(1, 16384 // s), 2048 // d
@@ -35,6 +37,9 @@ def main():
     scale = 1.0 / math.sqrt(d)
     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
     calls = {"ours": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, None)}
+    if a.det:
+        det = kernels.AttnConfig(deterministic=True)
+        calls["ours_det"] = lambda: attention_backward(q, k, v, out, do, lse, causal, scale, det)
     try:
         from flash_attn.cute.interface import _flash_attn_bwd
 
