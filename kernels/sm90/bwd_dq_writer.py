@@ -1,0 +1,276 @@
+"""The backward's dQ writer warp (FlashBwdSm90's warp 1): it takes each MMA warpgroup's fp32 dQ chunk from shared
+memory and bulk-reduces it into dQaccum, in semaphore order when deterministic; the deterministic turns (naive,
+shortest-processing-time first, the rotated walks' arrival order) and where each chunk goes. A mixin of FlashBwdSm90
+(kernels/sm90/bwd.py), which holds the configuration these methods read (dq_stages, dq_chunk, deterministic, ...);
+``work`` is bwd.py's BwdWork.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+from .barriers import Bar
+from .mask import m_block_visitors
+
+_BAR_DQ_FULL = int(Bar.BWD_DQ_FULL)  # + w: MMA warpgroup w -> writer warp (chunk w written)
+_BAR_DQ_EMPTY = int(Bar.BWD_DQ_EMPTY)  # + w: writer warp -> MMA warpgroup w (chunk w free again)
+_BAR_DQ_TOKEN = int(Bar.BWD_DQ_TOKEN)  # + h: det_two_writers: writer warp h -> the other one (dq_writer_pair)
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
+    """cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32: add nbytes of fp32 from smem into gmem."""
+    llvm.inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@cute.jit
+def wait_for_turn(sem_ptr: cute.Pointer, turn: Int32) -> None:
+    """Spin (acquire loads, GPU scope) until the dQ tile's semaphore reaches this contributor's turn."""
+    cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+    while cur != turn:
+        cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
+
+
+def rotate_turn_base(n, a, n_tiles, m_tiles):
+    """det_schedule="rotate": the per-CTA part of rotate_turn, (q, rem, base) with q, rem = divmod(N, M) and
+    base = n // M - C(a + 1), where C(x) = q * x + min(x, rem) counts the contributors n' in [0, N) with n' mod M < x.
+    Plain integer arithmetic: the same code runs on Python ints (tests/test_det_schedule.py) and on Int32 in the
+    writer warp (dq_writer)."""
+    q = n_tiles // m_tiles
+    rem = n_tiles - q * m_tiles
+    return q, rem, n // m_tiles - q * (a + 1) - _imin(a + 1, rem)
+
+
+def rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base):
+    """det_schedule="rotate": contributor n's turn on Q tile r (relative to m_block_min) given rotate_turn_base.
+    K/V tile n (a = n mod M) reaches tile r at step s_n = (r - a) mod M; its turn is the number of contributors n' with
+    (s_n', n') < (s_n, n): those with a residue a' in a+1 .. a+s_n (mod M), which arrive earlier, C(r + 1) - C(a + 1)
+    plus N if that range wraps past M - 1 (r < a), and the n // M of its own residue below it (in ``base``).
+    ``min(max(a - r, 0), 1)`` is 1 exactly when r < a: no division per tile."""
+    return base + q * (r + 1) + _imin(r + 1, rem) + n_tiles * _imin(_imax(a - r, 0), 1)
+
+
+def rotate_turn(n, r, n_tiles, m_tiles):
+    """Arrival rank of K/V tile n (of N = n_tiles) at Q tile r (of M = m_tiles) when tile n walks from tile n mod M,
+    ties (n' = n mod M) broken by n': a permutation of 0..N-1 over n at each r (tests/test_det_schedule.py)."""
+    a = n % m_tiles
+    q, rem, base = rotate_turn_base(n, a, n_tiles, m_tiles)
+    return rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base)
+
+
+def _imin(x, y):
+    """min of two integers: Python's on ints, cutlass.min on the kernel's Int32 values."""
+    if isinstance(x, int) and isinstance(y, int):
+        return min(x, y)
+    return cutlass.min(x, y)
+
+
+def _imax(x, y):
+    """max of two integers: Python's on ints, cutlass.max on the kernel's Int32 values."""
+    if isinstance(x, int) and isinstance(y, int):
+        return max(x, y)
+    return cutlass.max(x, y)
+
+
+class BwdDqWriter:
+    """dQ writer warp and deterministic turns, mixed into FlashBwdSm90."""
+
+    # ---------------------------------------------------------------------------------------------
+    @cute.jit
+    def dq_writer(self, mdQaccum, mSem, sdQ_raw, work):
+        """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic).
+        Varlen: dQaccum (h, total_q_pad, d) and the semaphores (h, total_q_pad / tile_m) at the sequence's padded Q
+        tiles (pad_tile + m_block). two_cta: CTA ``rank`` of the pair owns half of each Q tile's rows, its own slot
+        (m_block * 2 + rank: chunks 2 * rank + w of the tile) and semaphore; its turns are counted over the pairs."""
+        lane = cute.arch.lane_idx()
+        mdQ2 = self.dq_accum_rows(mdQaccum, work)
+        causal_off = work.seqlen_k - work.seqlen_q
+        rot = self.det_rotate_base(work)
+        for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
+            m_block = self.m_block_at(m_iter, work)
+            acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
+            for p in cutlass.range_constexpr(self.dq_pieces):
+                # hand-off slot of this piece: dq_pieces per Q tile, dq_stages buffers
+                buf = (((m_iter - work.m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg \
+                    * self.dq_chunk
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    if const_expr(not self.deterministic or p > 0):
+                        # this buffer's previous chunks (dq_stages hand-offs ago) have been read; dq_chunk_release:
+                        # only chunk w (committed num_mma_wg - 1 - w groups before the later hand-offs' ones)
+                        pending = self.num_mma_wg * (self.dq_stages - 1)
+                        if const_expr(self.dq_chunk_release):
+                            pending += self.num_mma_wg - 1 - w
+                        cute.arch.cp_async_bulk_wait_group(pending, read=True)
+                    cute.arch.sync_warp()
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+                if const_expr(self.deterministic and p == 0):
+                    turn = self.det_turn(work, m_block, rot, causal_off)
+                    if lane == 0:
+                        wait_for_turn(sem_ptr, turn)
+                    cute.arch.sync_warp()
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                    if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
+                        bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
+                                            sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                        cute.arch.cp_async_bulk_commit_group()
+            if const_expr(self.deterministic):
+                if lane == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_acq_rel_gpu()
+                    cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+                cute.arch.sync_warp()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def dq_writer_pair(self, mdQaccum, mSem, sdQ_raw, work, half):
+        """``det_two_writers`` (deterministic only): writer warp ``half`` (warp 1 + half) takes the loop steps
+        m_block_min + half, + 2, ... (dq_writer's turns, dQaccum slots, semaphores and bulk reductions, varlen and
+        two_cta included; the MMA warps' hand-off unchanged). Per step: its turn (acquire spin, while the other writer
+        may still be on the previous step), the other writer's token (it has passed the previous step's dQFull, so the
+        two never share a dQFull generation, and has seen its reductions READ the staging buffer), dQFull and the bulk
+        reduce-adds, then as soon as they have READ the buffer: dQEmpty for the next step and this writer's token;
+        only then the wait for the reductions to COMPLETE, the fence and the semaphore release.
+
+        dq_writer frees the buffer of step i + 1 only after step i's release, so the MMA warps, at their dQ store,
+        wait for a completion (one staging buffer at the default tiles; with two, dq_writer's det loop still arrives
+        on dQEmpty only at the top of the next step); here they wait for a read, and the completions of two
+        consecutive steps overlap (one per writer). Buffers: with dq_stages == 2 step i uses buffer i mod 2, i.e.
+        writer h always buffer h; the buffer of step i + 1 was last read by step i - 1 (one buffer: by step i),
+        before the token (or this writer's own wait) that precedes the dQEmpty arrive.
+
+        Bitwise the same dQaccum as dq_writer, by construction: the MMA warps store the same fp32 fragments in the
+        same fragment order, every (Q tile, chunk) is reduced by one bulk reduce-add of the same bytes to the same
+        address, and a CTA issues a tile's reduction only on its turn and releases the turn only after the
+        reduction has completed and been fenced, as before; so each dQaccum element receives the same fp32 adds in
+        the same (turn) order. The two writers of a CTA touch different Q tiles (different addresses), so their
+        overlap orders nothing that the adds depend on. Deadlock-free where dq_writer is: between a step's
+        reductions and its release a writer only arrives on barriers (never blocks), a release never waits on
+        anything but its own completion, and every other wait of the single-writer order is kept or weakened
+        (dQEmpty after the read instead of after the release; a turn no longer after the CTA's previous release)."""
+        m_block_min, m_block_max = work.m_block_min, work.m_block_max
+        lane = cute.arch.lane_idx()
+        mdQ2 = self.dq_accum_rows(mdQaccum, work)
+        causal_off = work.seqlen_k - work.seqlen_q
+        rot = self.det_rotate_base(work)
+        buf = 0  # one staging buffer; two: step i in buffer i mod 2, writer h's steps all in buffer h
+        if const_expr(self.dq_stages > 1):
+            buf = half * (self.num_mma_wg * self.dq_chunk)
+        if half == 0:
+            if m_block_min < m_block_max:  # the first hand-off's buffer
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+        for m_iter in cutlass.range(m_block_min + half, m_block_max, 2, unroll=1):
+            m_block = self.m_block_at(m_iter, work)
+            acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
+            turn = self.det_turn(work, m_block, rot, causal_off)
+            if lane == 0:
+                wait_for_turn(sem_ptr, turn)
+            cute.arch.sync_warp()
+            if m_iter > m_block_min:  # the other writer has passed the previous step's dQFull
+                if half == 0:
+                    cute.arch.barrier(barrier_id=_BAR_DQ_TOKEN + 1, number_of_threads=64)
+                else:
+                    cute.arch.barrier(barrier_id=_BAR_DQ_TOKEN, number_of_threads=64)
+            for w in cutlass.range_constexpr(self.num_mma_wg):
+                cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                if lane == 0:
+                    bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, 0),
+                                        sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                    cute.arch.cp_async_bulk_commit_group()
+            if lane == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
+            if m_iter + 1 < m_block_max:  # the buffer to the MMA warps, the token to the other writer
+                for w in cutlass.range_constexpr(self.num_mma_wg):
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+                if half == 0:
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_TOKEN, number_of_threads=64)
+                else:
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_TOKEN + 1, number_of_threads=64)
+            if lane == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+            cute.arch.sync_warp()
+
+    def dq_accum_rows(self, mdQaccum, work):
+        """This CTA's (head, batch) of dQaccum as one contiguous (padded Q rows, d) tensor (chunks back to back);
+        varlen: the head's (total_q padded, d)."""
+        if const_expr(self.varlen):
+            return mdQaccum[work.head, None, None]
+        return mdQaccum[None, None, work.head, work.batch]
+
+    def dq_slot(self, mSem, work, m_block):
+        """(acc_block, sem_ptr): Q tile ``m_block``'s slot in dQaccum and its semaphore (varlen: the sequence's padded
+        tile; two_cta: the pair's tile m_block * 2 + rank, the CTA's rows)."""
+        acc_block = m_block
+        if const_expr(self.varlen):
+            acc_block = m_block + work.pad_tile
+            sem_ptr = mSem.iterator + cute.crd2idx((work.head, acc_block), mSem.layout)
+        elif const_expr(self.two_cta):
+            acc_block = m_block * self.cluster + work.rank
+            sem_ptr = mSem.iterator + cute.crd2idx((acc_block, work.head, work.batch), mSem.layout)
+        else:
+            sem_ptr = mSem.iterator + cute.crd2idx((m_block, work.head, work.batch), mSem.layout)
+        return acc_block, sem_ptr
+
+    def dq_chunk_gptr(self, mdQ2, work, acc_block, m_block, w: int, p: int):
+        """Where chunk w * dq_pieces + p of a Q tile goes in dQaccum: columns [(w * dq_pieces + p) * dq_n, ...) of
+        slot ``acc_block``; diag_align: chunk-major, chunk w of the tile at Q row q_base + m_block * tile_m."""
+        if const_expr(self.diag_align):
+            return mdQ2.iterator + (w * mdQ2.shape[0] + work.q_base + m_block * self.tile_m) * self.dq_shape[0]
+        return mdQ2.iterator + ((acc_block * self.num_mma_wg + w) * self.dq_pieces + p) * self.dq_chunk
+
+    def det_rotate_base(self, work):
+        """det_rotate: this CTA's (M, q, rem, base) of rotate_turn (M >= 1 guards the divisions); else None."""
+        if const_expr(not self.det_rotate):
+            return None
+        m_tiles = cutlass.max(work.m_block_max - work.m_block_min, Int32(1))
+        return (m_tiles, *rotate_turn_base(work.n_block, work.m_rot, work.num_groups, m_tiles))
+
+    @cute.jit
+    def det_turn(self, work, m_block: Int32, rot, causal_off: Int32) -> Int32:
+        """This CTA's turn on Q tile ``m_block``'s dQ semaphore (deterministic): two_cta, the pair n_block // 2 (turns
+        over the pairs); det_rotate, the arrival order of the rotated walks (``rot``: det_rotate_base); else
+        dq_turn."""
+        n_block, num_groups, mc, tn = work.n_block, work.num_groups, self.cluster, self.tile_n
+        if const_expr(self.two_cta):
+            turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
+        elif const_expr(self.det_rotate):
+            turn = rotate_turn_at(m_block - work.m_block_min, work.m_rot, num_groups, *rot)
+        else:
+            turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
+        return turn
+
+    @cute.jit
+    def dq_turn(self, idx: Int32, m_block: Int32, cols_per_group: cutlass.Constexpr[int], causal_off: Int32,
+                num_groups: Int32) -> Int32:
+        """This contributor's turn on a dQ tile: its K/V group index (naive), or for causal shortest-processing-
+        time first, the reverse over the groups that see this Q tile (the diagonal-most, least-work group first)."""
+        turn = idx
+        if const_expr(self.has_window):
+            # the K/V tiles n_lo .. n_hi-1 visit this Q tile (m_block_visitors inverts their m_block ranges exactly)
+            n_lo, n_hi = m_block_visitors(m_block, self.tile_m, cols_per_group, causal_off, num_groups, self.causal,
+                                          self.window_left, self.window_right)
+            turn = idx - n_lo
+            if const_expr(self.spt):
+                turn = n_hi - 1 - idx
+        elif const_expr(self.spt):
+            g_max = cute.ceil_div((m_block + 1) * self.tile_m + causal_off, cols_per_group)
+            if g_max > num_groups:
+                g_max = num_groups
+            turn = g_max - 1 - idx
+        return turn
