@@ -97,7 +97,7 @@ from .barriers import Bar
 from .bwd_pre import varlen_pad_offset
 from .exp2 import compiled_fraction, emulated_fragments, exp2_poly
 from .gemm import wgmma
-from .mask import bwd_tile_needs_mask, m_block_range_window, m_block_visitors
+from .mask import bwd_tile_needs_mask, m_block_range_window
 # the dQ writer warp and the deterministic turns (bwd_dq_writer.py); the turn helpers and the bulk reduce are
 # re-exported for bwd_wide192.py and the tests
 from .bwd_dq_writer import (_BAR_DQ_EMPTY, _BAR_DQ_FULL, BwdDqWriter, bulk_reduce_add_f32, rotate_turn,  # noqa: F401
