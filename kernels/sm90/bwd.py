@@ -1163,9 +1163,7 @@ class FlashBwdSm90(BwdDqWriter):
         acc_dP = cute.make_rmem_tensor(thr_S.partition_shape_C((64, tm)), Float32)
         # coordinates (local K/V row, local Q row) of each accumulator element, LSE / dPsum broadcast
         tScS = thr_S.partition_C(cute.make_identity_tensor((64, tm)))
-        bcast = cute.make_layout((64, tm, self.stages), stride=(0, 1, self.lse_stride))
-        tSsLSE = thr_S.partition_C(cute.make_tensor(smem.sLSE.iterator, bcast))
-        tSsdPsum = thr_S.partition_C(cute.make_tensor(smem.sdPsum.iterator, bcast))
+        tSsLSE, tSsdPsum = self.lse_dpsum_views(thr_S, smem)
         sdSt = transpose_view(smem.sdS)  # (tn, tm, stages): Q rows contiguous, as the accumulator's columns
         # dS^T fragment -> shared memory with stmatrix (8x8 bf16 matrices, 4 per instruction)
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
@@ -1291,11 +1289,15 @@ class FlashBwdSm90(BwdDqWriter):
         loop and, in the causal hd128 kernel with the LSE preload, spilled it (1 STL before the loop, 1 LDL per Q tile;
         CPU SASS); rebuilt here, it has none (nor do the deterministic and rotated-walk kernels with the preload, which
         spilled 3 LDL / 2 STL and 7 LDL with the setup's views)."""
-        thr = mma_S.get_slice(tid_x_volatile() % 128)
-        bcast = cute.make_layout((64, self.tile_m, self.stages), stride=(0, 1, self.lse_stride))
-        tLSE = thr.partition_C(cute.make_tensor(smem.sLSE.iterator, bcast))
-        tdPsum = thr.partition_C(cute.make_tensor(smem.sdPsum.iterator, bcast))
+        tLSE, tdPsum = self.lse_dpsum_views(mma_S.get_slice(tid_x_volatile() % 128), smem)
         return tLSE[None, None, None, sidx], tdPsum[None, None, None, sidx]
+
+    def lse_dpsum_views(self, thr_S, smem: BwdSmem):
+        """The LSE / dPsum stages broadcast over the K/V rows, partitioned as thread ``thr_S``'s S^T accumulator (one
+        value per accumulator element: its Q row's)."""
+        bcast = cute.make_layout((64, self.tile_m, self.stages), stride=(0, 1, self.lse_stride))
+        return (thr_S.partition_C(cute.make_tensor(smem.sLSE.iterator, bcast)),
+                thr_S.partition_C(cute.make_tensor(smem.sdPsum.iterator, bcast)))
 
     @cute.jit
     def ds_exchange(self, mma_dKV, f: MmaFrags, ptrs: DsPtrs, sidx, it, rank):
