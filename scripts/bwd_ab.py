@@ -48,7 +48,8 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     if q.shape[-1] == 64:
         fns["ours_t128"] = ours(bwd_tile_m=128)
         fns["ours_t128_det"] = ours(bwd_tile_m=128, deterministic=True)
-        # 64-row Q tiles: M = 2N Q tiles per K/V tile's walk, so the spread rotate starts (docs/wip) space the turns
+        # 64-row Q tiles: M = 2N, so the spread rotate starts (docs/wip) put a Q tile's turns 2 steps apart (in time
+        # still one 128-row step: the hand-off's slack does not grow, only its granularity)
         fns["ours_t64_det"] = ours(bwd_tile_m=64, deterministic=True)
     if q.shape[-1] == 128 and v.shape[-1] == 128:  # hd128: 80-row Q tiles (the default; dQ^T) against 64 rows
         fns["ours_t80"] = ours(bwd_tile_m=80)  # the default's kernel again: a same-kernel pair shows the noise
