@@ -1,0 +1,38 @@
+#!/bin/bash
+# The GPU checks of this folder's patches, for one device call each (see README.md's table for what each step asks).
+#
+# Usage on the GPU host, from the repository root, after `source .gpu/boot.sh`:
+#   bash docs/wip/gpu_check.sh det  LOGDIR   # bwd_det_rotate_spread + bwd_det_relaxed_release: A/B, then GPU tests
+#   bash docs/wip/gpu_check.sh n80  LOGDIR   # bwd256_two_cta_n80: GPU tests, then A/B against the 64-row kernel
+#
+# Needs LOGDIR/base: a copy of the kernels/ tree before the patches (made where git is, e.g.
+#   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base; then pass LOGDIR=.gpu_s).
+# Patches are applied with `patch -p1` (the device copy has no .git) and stay applied; each step's log is
+# LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Budget: det ~6 min, n80 ~5 min of device time.
+set -u
+what=${1:?det or n80}
+L=${2:?log folder}
+mkdir -p "$L"
+here=$(cd "$(dirname "$0")" && pwd)
+apply() { patch -p1 --forward -s < "$here/$1" && echo "applied $1" || echo "PATCH FAILED: $1"; }
+step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout "$limit" "$@" > "$L/$name.log" 2>&1;
+         echo "   rc $? ($(date +%T))"; tail -n 3 "$L/$name.log"; }
+case $what in
+  det)
+    apply bwd_det_rotate_spread.patch
+    apply bwd_det_relaxed_release.patch
+    step det_ab 300 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
+      --only ours ours_det ours_base_det --base "$L/base" --out "$L/det_ab.jsonl"
+    step det_ab192 120 python scripts/bwd_ab.py --hdims 192 --causal 0 --seqlens 1024 8192 16384 --repeats 10 \
+      --only ours ours_det ours_base_det --base "$L/base" --out "$L/det_ab192.jsonl"
+    step det_tests 240 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_gpu.py \
+      -k "deterministic_bitwise or det_schedule_rotate" tests/test_bwd_det_two_writers_gpu.py
+    ;;
+  n80)
+    apply bwd256_two_cta_n80.patch
+    step n80_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_two_cta_n80_gpu.py
+    step n80_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
+      --only ours ours_n80 --out "$L/n80_ab.jsonl"
+    ;;
+  *) echo "unknown: $what (det or n80)"; exit 2 ;;
+esac
