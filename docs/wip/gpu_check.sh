@@ -32,7 +32,7 @@ case $what in
     apply bwd256_two_cta_n80.patch
     step n80_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_two_cta_n80_gpu.py
     step n80_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
-      --only ours ours_n80 --out "$L/n80_ab.jsonl"
+      --only ours ours_n80 ours_det ours_n80_det --out "$L/n80_ab.jsonl"
     ;;
   *) echo "unknown: $what (det or n80)"; exit 2 ;;
 esac
