@@ -4,11 +4,12 @@
 # Usage on the GPU host, from the repository root, after `source .gpu/boot.sh`:
 #   bash docs/wip/gpu_check.sh det  LOGDIR   # bwd_det_rotate_spread + bwd_det_relaxed_release: A/B, then GPU tests
 #   bash docs/wip/gpu_check.sh n80  LOGDIR   # bwd256_two_cta_n80: GPU tests, then A/B against the 64-row kernel
+#   bash docs/wip/gpu_check.sh fwd192c LOGDIR  # no patch: (192, 128) causal forward with the tuned 3-warpgroup tile
 #
 # Needs LOGDIR/base: a copy of the kernels/ tree before the patches (made where git is, e.g.
 #   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base; then pass LOGDIR=.gpu_s).
 # Patches are applied with `patch -p1` (the device copy has no .git) and stay applied; each step's log is
-# LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Budget: det ~6 min, n80 ~5 min of device time.
+# LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Budget: det ~6 min, n80 ~5 min, fwd192c ~2 min of device time.
 set -u
 what=${1:?det or n80}
 L=${2:?log folder}
@@ -34,5 +35,12 @@ case $what in
     step n80_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
       --only ours ours_n80 ours_det ours_n80_det --out "$L/n80_ab.jsonl"
     ;;
-  *) echo "unknown: $what (det or n80)"; exit 2 ;;
+  fwd192c)
+    # the non-causal tuned tile (conf/tuned/sm90.yaml) at causal, on top of the causal default's causal_split +
+    # rescale_before_pv (0 LDL / STL in the CPU SASS; with rescale_before_pv it spilled non-causal), and without it
+    step fwd192c_ab 200 python scripts/fwd_ab.py --hdims 192 --causal 1 --seqlens 8192 16384 --repeats 10 --base-rev '' \
+      --cfg w3=tile_m:192,tile_n:80,consumer_regs:160 w3nopv=tile_m:192,tile_n:80,consumer_regs:160,rescale_before_pv:false \
+      --out "$L/fwd192c_ab.jsonl"
+    ;;
+  *) echo "unknown: $what (det, n80 or fwd192c)"; exit 2 ;;
 esac
