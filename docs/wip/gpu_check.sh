@@ -22,8 +22,9 @@ case $what in
   det)
     apply bwd_det_rotate_spread.patch
     apply bwd_det_relaxed_release.patch
+    # ours_t64_det: 64-row Q tiles (hd128: M = 2N, so the spread starts put a Q tile's turns 2 steps apart)
     step det_ab 300 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
-      --only ours ours_det ours_base_det --base "$L/base" --out "$L/det_ab.jsonl"
+      --only ours ours_det ours_base_det ours_t64_det --base "$L/base" --out "$L/det_ab.jsonl"
     step det_ab192 120 python scripts/bwd_ab.py --hdims 192 --causal 0 --seqlens 1024 8192 16384 --repeats 10 \
       --only ours ours_det ours_base_det --base "$L/base" --out "$L/det_ab192.jsonl"
     step det_tests 240 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_gpu.py \
