@@ -2,14 +2,16 @@
 # The GPU checks of this folder's patches, for one device call each (see README.md's table for what each step asks).
 #
 # Usage on the GPU host, from the repository root, after `source .gpu/boot.sh`:
-#   bash docs/wip/gpu_check.sh det  LOGDIR   # bwd_det_rotate_spread + bwd_det_relaxed_release: A/B, then GPU tests
+#   bash docs/wip/gpu_check.sh det  LOGDIR   # bwd_det_rotate_spread + bwd_det_relaxed_release: A/B (~9 min)
+#   bash docs/wip/gpu_check.sh dettest LOGDIR  # the same two patches: bitwise / two-writer GPU tests (~4 min)
 #   bash docs/wip/gpu_check.sh n80  LOGDIR   # bwd256_two_cta_n80: GPU tests, then A/B against the 64-row kernel
 #   bash docs/wip/gpu_check.sh fwd192c LOGDIR  # no patch: (192, 128) causal forward with the tuned 3-warpgroup tile
 #
 # Needs LOGDIR/base: a copy of the kernels/ tree before the patches (made where git is, e.g.
 #   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base; then pass LOGDIR=.gpu_s).
 # Patches are applied with `patch -p1` (the device copy has no .git) and stay applied; each step's log is
-# LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Budget: det ~6 min, n80 ~5 min, fwd192c ~2 min of device time.
+# LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Each group fits one device call (10 min); dettest and fwd192c
+# can share one: `bash docs/wip/gpu_check.sh dettest L; bash docs/wip/gpu_check.sh fwd192c L`.
 set -u
 what=${1:?det or n80}
 L=${2:?log folder}
@@ -23,11 +25,15 @@ case $what in
     apply bwd_det_rotate_spread.patch
     apply bwd_det_relaxed_release.patch
     # ours_t64_det: 64-row Q tiles (hd128: M = 2N, so the spread starts put a Q tile's turns 2 steps apart)
-    step det_ab 300 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
+    step det_ab 400 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
       --only ours ours_det ours_base_det ours_t64_det --base "$L/base" --out "$L/det_ab.jsonl"
     step det_ab192 120 python scripts/bwd_ab.py --hdims 192 --causal 0 --seqlens 1024 8192 16384 --repeats 10 \
       --only ours ours_det ours_base_det --base "$L/base" --out "$L/det_ab192.jsonl"
-    step det_tests 240 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_gpu.py \
+    ;;
+  dettest)
+    apply bwd_det_rotate_spread.patch
+    apply bwd_det_relaxed_release.patch
+    step det_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_gpu.py \
       -k "deterministic_bitwise or det_schedule_rotate" tests/test_bwd_det_two_writers_gpu.py
     ;;
   n80)
