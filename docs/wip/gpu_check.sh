@@ -6,6 +6,7 @@
 #   bash docs/wip/gpu_check.sh dettest LOGDIR  # the same two patches: bitwise / two-writer GPU tests (~4 min)
 #   bash docs/wip/gpu_check.sh n80  LOGDIR   # bwd256_two_cta_n80: GPU tests, then A/B against the 64-row kernel
 #   bash docs/wip/gpu_check.sh fwd192c LOGDIR  # no patch: (192, 128) causal forward with the tuned 3-warpgroup tile
+#   bash docs/wip/gpu_check.sh pre  LOGDIR   # bwd_pre_rows: backward GPU tests, then A/B at short sequences (~5 min)
 #
 # Needs LOGDIR/base: a copy of the kernels/ tree before the patches (made where git is, e.g.
 #   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base; then pass LOGDIR=.gpu_s).
@@ -13,7 +14,7 @@
 # LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Each group fits one device call (10 min); dettest and fwd192c
 # can share one: `bash docs/wip/gpu_check.sh dettest L; bash docs/wip/gpu_check.sh fwd192c L`.
 set -u
-what=${1:?det or n80}
+what=${1:?det, dettest, n80, pre or fwd192c}
 L=${2:?log folder}
 mkdir -p "$L"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,6 +43,12 @@ case $what in
     step n80_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
       --only ours ours_n80 ours_det ours_n80_det --out "$L/n80_ab.jsonl"
     ;;
+  pre)
+    apply bwd_pre_rows.patch
+    step pre_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_gpu.py -k "test_bwd_default"
+    step pre_ab 200 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 2048 8192 --repeats 10 \
+      --only ours ours_base --base "$L/base" --out "$L/pre_ab.jsonl"
+    ;;
   fwd192c)
     # the non-causal tuned tile (conf/tuned/sm90.yaml) at causal, on top of the causal default's causal_split +
     # rescale_before_pv (0 LDL / STL in the CPU SASS; with rescale_before_pv it spilled non-causal), and without it
@@ -49,5 +56,5 @@ case $what in
       --cfg w3=tile_m:192,tile_n:80,consumer_regs:160 w3nopv=tile_m:192,tile_n:80,consumer_regs:160,rescale_before_pv:false \
       --out "$L/fwd192c_ab.jsonl"
     ;;
-  *) echo "unknown: $what (det, n80 or fwd192c)"; exit 2 ;;
+  *) echo "unknown: $what (det, dettest, n80, pre or fwd192c)"; exit 2 ;;
 esac
