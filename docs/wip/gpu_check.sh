@@ -7,6 +7,7 @@
 #   bash docs/wip/gpu_check.sh n80  LOGDIR   # bwd256_two_cta_n80: GPU tests, then A/B against the 64-row kernel
 #   bash docs/wip/gpu_check.sh fwd192c LOGDIR  # no patch: (192, 128) causal forward with the tuned 3-warpgroup tile
 #   bash docs/wip/gpu_check.sh pre  LOGDIR   # bwd_pre_rows: backward GPU tests, then A/B at short sequences (~5 min)
+#   bash docs/wip/gpu_check.sh rot256 LOGDIR # bwd256_det_rotate: hd256 deterministic GPU tests, then A/B (~5 min)
 #
 # Needs LOGDIR/base: a copy of the kernels/ tree before the patches (made where git is, e.g.
 #   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base; then pass LOGDIR=.gpu_s).
@@ -14,7 +15,7 @@
 # LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Each group fits one device call (10 min); dettest and fwd192c
 # can share one: `bash docs/wip/gpu_check.sh dettest L; bash docs/wip/gpu_check.sh fwd192c L`.
 set -u
-what=${1:?det, dettest, n80, pre or fwd192c}
+what=${1:?det, dettest, n80, pre, rot256 or fwd192c}
 L=${2:?log folder}
 mkdir -p "$L"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,6 +50,13 @@ case $what in
     step pre_ab 200 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 2048 8192 --repeats 10 \
       --only ours ours_base --base "$L/base" --out "$L/pre_ab.jsonl"
     ;;
+  rot256)
+    apply bwd256_det_rotate.patch
+    step rot256_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_wide_two_cta_gpu.py \
+      -k "deterministic or switches" tests/test_bwd_gpu.py -k "deterministic_bitwise and 256"
+    step rot256_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 --seqlens 1024 2048 4096 --repeats 10 \
+      --only ours ours_det ours_base_det ours_1cta --base "$L/base" --out "$L/rot256_ab.jsonl"
+    ;;
   fwd192c)
     # the non-causal tuned tile (conf/tuned/sm90.yaml) at causal, on top of the causal default's causal_split +
     # rescale_before_pv (0 LDL / STL in the CPU SASS; with rescale_before_pv it spilled non-causal), and without it
@@ -56,5 +64,5 @@ case $what in
       --cfg w3=tile_m:192,tile_n:80,consumer_regs:160 w3nopv=tile_m:192,tile_n:80,consumer_regs:160,rescale_before_pv:false \
       --out "$L/fwd192c_ab.jsonl"
     ;;
-  *) echo "unknown: $what (det, dettest, n80, pre or fwd192c)"; exit 2 ;;
+  *) echo "unknown: $what (det, dettest, n80, pre, rot256 or fwd192c)"; exit 2 ;;
 esac
