@@ -53,7 +53,7 @@ case $what in
   rot256)
     apply bwd256_det_rotate.patch
     step rot256_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_wide_two_cta_gpu.py \
-      -k "deterministic or switches" tests/test_bwd_gpu.py -k "deterministic_bitwise and 256"
+      tests/test_bwd_gpu.py -k "(deterministic or switches) and 256"
     step rot256_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 --seqlens 1024 2048 4096 --repeats 10 \
       --only ours ours_det ours_base_det ours_1cta --base "$L/base" --out "$L/rot256_ab.jsonl"
     ;;
