@@ -31,26 +31,28 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dtypes=SUPPO
             raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise InputError(f"{name}: expected rank 4 (batch, seqlen, heads, head_dim), got rank {t.dim()} with shape {tuple(t.shape)}")
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
-        raise InputError(f"batch: q, k, v must share batch, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
-    if k.shape[1] != v.shape[1]:
-        raise InputError(f"seqlen_k: k and v must share seqlen, got {k.shape[1]} and {v.shape[1]}")
+    # each attribute read once (this runs on every call of the attention API: host time per call)
+    (qb, qs, qh, qd), (kb, ks, kh, kd), (vb, vs, vh, vd) = q.shape, k.shape, v.shape
+    if qb != kb or kb != vb:
+        raise InputError(f"batch: q, k, v must share batch, got {qb}, {kb}, {vb}")
+    if ks != vs:
+        raise InputError(f"seqlen_k: k and v must share seqlen, got {ks} and {vs}")
     if gqa:
-        check_gqa_heads(q.shape[2], k.shape[2], v.shape[2])
-    elif not (q.shape[2] == k.shape[2] == v.shape[2]):
-        raise InputError(f"heads: q, k, v must share the number of heads, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
-    if min(q.shape[1], k.shape[1]) < 1 or q.shape[0] < 1 or q.shape[2] < 1:
+        check_gqa_heads(qh, kh, vh)
+    elif not (qh == kh == vh):
+        raise InputError(f"heads: q, k, v must share the number of heads, got {qh}, {kh}, {vh}")
+    if min(qs, ks) < 1 or qb < 1 or qh < 1:
         raise InputError(f"shape: batch, seqlen and heads must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    for name, t in named:
-        if t.dtype not in dtypes:
-            raise InputError(f"{name}: dtype {t.dtype} is not supported; supported: {', '.join(str(d) for d in dtypes)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise InputError(f"q, k, v: must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.shape[3] != k.shape[3]:
-        raise InputError(f"head_dim: q and k must share head_dim, got {q.shape[3]} and {k.shape[3]}")
-    pair = (q.shape[3], v.shape[3])
-    if hdim_pairs is not None and pair not in hdim_pairs:
-        raise InputError(f"head_dim: (qk, v) = {pair} is not supported; supported: {list(hdim_pairs)}")
+    qt, kt, vt = q.dtype, k.dtype, v.dtype
+    for name, dt in (("q", qt), ("k", kt), ("v", vt)):
+        if dt not in dtypes:
+            raise InputError(f"{name}: dtype {dt} is not supported; supported: {', '.join(str(d) for d in dtypes)}")
+    if not (qt == kt == vt):
+        raise InputError(f"q, k, v: must share one dtype, got {qt}, {kt}, {vt}")
+    if qd != kd:
+        raise InputError(f"head_dim: q and k must share head_dim, got {qd} and {kd}")
+    if hdim_pairs is not None and (qd, vd) not in hdim_pairs:
+        raise InputError(f"head_dim: (qk, v) = {(qd, vd)} is not supported; supported: {list(hdim_pairs)}")
     for name, t in named:
         if t.stride(-1) != 1:
             raise InputError(f"{name}: last dim (head_dim) must be contiguous (stride 1), got stride {t.stride(-1)}")
