@@ -9,8 +9,9 @@
 #   bash docs/wip/gpu_check.sh pre  LOGDIR   # bwd_pre_rows: backward GPU tests, then A/B at short sequences (~5 min)
 #   bash docs/wip/gpu_check.sh rot256 LOGDIR # bwd256_det_rotate: hd256 deterministic GPU tests, then A/B (~5 min)
 #
-# Needs LOGDIR/base: a copy of the kernels/ tree before the patches (made where git is, e.g.
-#   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base; then pass LOGDIR=.gpu_s).
+# Needs BASE (default LOGDIR/base): a folder holding the kernels/ tree before the patches, made where git is, e.g.
+#   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base
+# then on the device: BASE=.gpu_s/base bash docs/wip/gpu_check.sh det $OUT/r
 # Patches are applied with `patch -p1` (the device copy has no .git) and stay applied; each step's log is
 # LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Each group fits one device call (10 min); dettest and fwd192c
 # can share one: `bash docs/wip/gpu_check.sh dettest L; bash docs/wip/gpu_check.sh fwd192c L`.
@@ -18,6 +19,7 @@ set -u
 what=${1:?det, dettest, n80, pre, rot256 or fwd192c}
 L=${2:?log folder}
 mkdir -p "$L"
+B=${BASE:-$L/base}
 here=$(cd "$(dirname "$0")" && pwd)
 apply() { patch -p1 --forward -s < "$here/$1" && echo "applied $1" || echo "PATCH FAILED: $1"; }
 step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout "$limit" "$@" > "$L/$name.log" 2>&1;
@@ -28,9 +30,9 @@ case $what in
     apply bwd_det_relaxed_release.patch
     # ours_t64_det: 64-row Q tiles (hd128: M = 2N, so the spread starts put a Q tile's turns 2 steps apart)
     step det_ab 400 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
-      --only ours ours_det ours_base_det ours_t64_det --base "$L/base" --out "$L/det_ab.jsonl"
+      --only ours ours_det ours_base_det ours_t64_det --base "$B" --out "$L/det_ab.jsonl"
     step det_ab192 120 python scripts/bwd_ab.py --hdims 192 --causal 0 --seqlens 1024 8192 16384 --repeats 10 \
-      --only ours ours_det ours_base_det --base "$L/base" --out "$L/det_ab192.jsonl"
+      --only ours ours_det ours_base_det --base "$B" --out "$L/det_ab192.jsonl"
     ;;
   dettest)
     apply bwd_det_rotate_spread.patch
@@ -48,14 +50,14 @@ case $what in
     apply bwd_pre_rows.patch
     step pre_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_gpu.py -k "test_bwd_default"
     step pre_ab 200 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 2048 8192 --repeats 10 \
-      --only ours ours_base --base "$L/base" --out "$L/pre_ab.jsonl"
+      --only ours ours_base --base "$B" --out "$L/pre_ab.jsonl"
     ;;
   rot256)
     apply bwd256_det_rotate.patch
     step rot256_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_wide_two_cta_gpu.py \
       tests/test_bwd_gpu.py -k "(deterministic or switches) and 256"
     step rot256_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 --seqlens 1024 2048 4096 --repeats 10 \
-      --only ours ours_det ours_base_det ours_1cta --base "$L/base" --out "$L/rot256_ab.jsonl"
+      --only ours ours_det ours_base_det ours_1cta --base "$B" --out "$L/rot256_ab.jsonl"
     ;;
   fwd192c)
     # the non-causal tuned tile (conf/tuned/sm90.yaml) at causal, on top of the causal default's causal_split +
