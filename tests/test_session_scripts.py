@@ -35,3 +35,18 @@ def test_sampled_round_robin_gives_the_rounds_gpu_state(monkeypatch):
 def test_without_nvml_the_rows_say_not_sampled():
     gpu = dict.fromkeys(bwd_ab.GPU_FIELDS)
     assert bwd_ab.gpu_note(gpu) == ""
+
+
+def test_cta_overhead_fit_recovers_the_model():
+    """scripts/bwd_cta_overhead.py fits t = waves x (c + s x steps): exact on noiseless points, and the side kernels'
+    names (pre / post / memsets) are what it leaves out of the main kernel's time."""
+    import bwd_cta_overhead as probe
+
+    pts = [(steps, 7.75, 7.75 * (4.5 + 2.5 * steps)) for steps in (1, 2, 4, 8, 16)]
+    c, s = probe.fit(pts)
+    assert abs(c - 4.5) < 1e-9 and abs(s - 2.5) < 1e-9
+    for name in ("kernel_cutlass_kernelssm90bwd_preFlashBwdPreSm90_object", "FlashAttentionBackwardPostprocess",
+                 "Memset (Device)"):
+        assert any(k in name for k in probe._SIDE_KERNELS), name
+    for name in ("kernel_cutlass_kernelssm90bwdFlashBwdSm90_object", "FlashAttentionBackwardSm90"):
+        assert not any(k in name for k in probe._SIDE_KERNELS), name

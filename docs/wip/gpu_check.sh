@@ -8,6 +8,7 @@
 #   bash docs/wip/gpu_check.sh fwd192c LOGDIR  # no patch: (192, 128) causal forward with the tuned 3-warpgroup tile
 #   bash docs/wip/gpu_check.sh pre  LOGDIR   # bwd_pre_rows: backward GPU tests, then A/B at short sequences (~5 min)
 #   bash docs/wip/gpu_check.sh rot256 LOGDIR # bwd256_det_rotate: hd256 deterministic GPU tests, then A/B (~5 min)
+#   bash docs/wip/gpu_check.sh probe LOGDIR  # no patch: per-CTA cost vs per-step time of the main kernels (~1 min)
 #
 # Needs BASE (default LOGDIR/base): a folder holding the kernels/ tree before the patches, made where git is, e.g.
 #   mkdir -p .gpu_s/base && git archive HEAD kernels | tar -x -C .gpu_s/base
@@ -16,7 +17,7 @@
 # LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Each group fits one device call (10 min); dettest and fwd192c
 # can share one: `bash docs/wip/gpu_check.sh dettest L; bash docs/wip/gpu_check.sh fwd192c L`.
 set -u
-what=${1:?det, dettest, n80, pre, rot256 or fwd192c}
+what=${1:?det, dettest, n80, pre, rot256, probe or fwd192c}
 L=${2:?log folder}
 mkdir -p "$L"
 B=${BASE:-$L/base}
@@ -59,6 +60,12 @@ case $what in
     step rot256_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 --seqlens 1024 2048 4096 --repeats 10 \
       --only ours ours_det ours_base_det ours_1cta --base "$B" --out "$L/rot256_ab.jsonl"
     ;;
+  probe)
+    # is a persistent backward worth it? (scripts/bwd_cta_overhead.py: per-CTA cost and per-step time, ours and
+    # official, from walks of 1..16 Q tiles at 1024-CTA grids)
+    step probe128 120 python scripts/bwd_cta_overhead.py --hdim 128
+    step probe64 120 python scripts/bwd_cta_overhead.py --hdim 64
+    ;;
   fwd192c)
     # the non-causal tuned tile (conf/tuned/sm90.yaml) at causal, on top of the causal default's causal_split +
     # rescale_before_pv (0 LDL / STL in the CPU SASS; with rescale_before_pv it spilled non-causal), and without it
@@ -66,5 +73,5 @@ case $what in
       --cfg w3=tile_m:192,tile_n:80,consumer_regs:160 w3nopv=tile_m:192,tile_n:80,consumer_regs:160,rescale_before_pv:false \
       --out "$L/fwd192c_ab.jsonl"
     ;;
-  *) echo "unknown: $what (det, dettest, n80, pre, rot256 or fwd192c)"; exit 2 ;;
+  *) echo "unknown: $what (det, dettest, n80, pre, rot256, probe or fwd192c)"; exit 2 ;;
 esac
