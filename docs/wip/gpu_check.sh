@@ -22,7 +22,9 @@ L=${2:?log folder}
 mkdir -p "$L"
 B=${BASE:-$L/base}
 here=$(cd "$(dirname "$0")" && pwd)
-apply() { patch -p1 --forward -s < "$here/$1" && echo "applied $1" || echo "PATCH FAILED: $1"; }
+# files a patch creates are removed first (a device tree keeps untracked files of an earlier call)
+apply() { grep -A1 '^--- /dev/null' "$here/$1" | sed -n 's,^+++ b/,,p' | xargs -r rm -f
+          patch -p1 --forward -s < "$here/$1" && echo "applied $1" || echo "PATCH FAILED: $1"; }
 step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout "$limit" "$@" > "$L/$name.log" 2>&1;
          echo "   rc $? ($(date +%T))"; tail -n 3 "$L/$name.log"; }
 case $what in
