@@ -60,7 +60,7 @@ case $what in
     step rot256_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_wide_two_cta_gpu.py \
       tests/test_bwd_gpu.py -k "(deterministic or switches) and 256"
     step rot256_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 --seqlens 1024 2048 4096 --repeats 10 \
-      --only ours ours_det ours_base_det ours_1cta --base "$B" --out "$L/rot256_ab.jsonl"
+      --only ours ours_det ours_base_det ours_1cta ours_rotq --base "$B" --out "$L/rot256_ab.jsonl"
     ;;
   probe)
     # is a persistent backward worth it? (scripts/bwd_cta_overhead.py: per-CTA cost and per-step time, ours and
