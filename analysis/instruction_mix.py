@@ -28,7 +28,7 @@ GROUPS = {"HGMMA": ("HGMMA",), "MUFU.EX2": ("MUFU.EX2",), "FFMA": ("FFMA",), "FA
           "BAR": ("BAR",), "SYNCS": ("SYNCS",), "UTMALDG": ("UTMALDG",), "VOTE": ("VOTE",), "F2I/FRND": ("F2I", "FRND"),
           "STSM": ("STSM",), "UBLKRED": ("UBLKRED",), "FFMA.SAT": ("FFMA.SAT",), "LEA": ("LEA",)}
 
-# (label, kind, config kwargs, hdim, causal)
+# (label, kind, config kwargs, hdim (or (hdim, hdim_v)), causal)
 CASES = [
     ("fwd hd64 default", "fwd", {}, 64, False),
     ("fwd hd64 exp2 1/16", "fwd", {"exp2_emu_fraction": 0.0625}, 64, False),
@@ -46,6 +46,10 @@ CASES = [
     ("bwd hd128 deterministic", "bwd", {"deterministic": True}, 128, False),
     ("bwd hd128 deterministic naive causal", "bwd", {"deterministic": True, "det_schedule": "naive"}, 128, True),
     ("bwd hd128 two_cta", "bwd", {"two_cta": True}, 128, False),
+    ("bwd hd192x128 default", "bwd", {}, (192, 128), False),
+    ("bwd hd256 default (two_cta)", "bwd", {}, 256, False),
+    ("bwd hd256 one CTA", "bwd", {"two_cta": False}, 256, False),
+    ("bwd hd256 deterministic causal", "bwd", {"deterministic": True}, 256, True),
 ]
 
 _PROGRAM = """
@@ -55,23 +59,27 @@ cfg = AttnConfig(**{cfg!r})
 if {kind!r} == "fwd":
     from kernels.sm90.compile import compile_fwd, make_fwd_kernel
     r = cfg.resolve("sm90", {hdim}, {causal})
-    compile_fwd(make_fwd_kernel(r, "bfloat16", {hdim}, {hdim}, {causal}), tvm_ffi=False, dump_dir={dump!r})
+    compile_fwd(make_fwd_kernel(r, "bfloat16", {hdim}, {hdim_v}, {causal}), tvm_ffi=False, dump_dir={dump!r})
 else:
     from kernels.sm90.backward import compile_backward
-    compile_backward(cfg, "bfloat16", {hdim}, {causal})
+    compile_backward(cfg, "bfloat16", {hdim}, {causal}, hdim_v={hdim_v})
 """
 
 
-def kernel_sass(kind: str, cfg: dict, hdim: int, causal: bool, dump: str) -> str:
-    """Compile one kernel in a fresh process (the DSL dumps its cubin into ``dump``) and return its SASS."""
+def kernel_sass(kind: str, cfg: dict, hdim, causal: bool, dump: str) -> str:
+    """Compile one kernel in a fresh process (the DSL dumps its cubin into ``dump``) and return its SASS (the backward:
+    its main kernel, whichever class the head dim runs)."""
     from kernels.sm90.sass import disassemble
 
-    code = textwrap.dedent(_PROGRAM.format(root=str(ROOT), cfg=cfg, kind=kind, hdim=hdim, causal=causal, dump=dump))
+    hdim, hdim_v = hdim if isinstance(hdim, tuple) else (hdim, hdim)
+    code = textwrap.dedent(_PROGRAM.format(root=str(ROOT), cfg=cfg, kind=kind, hdim=hdim, hdim_v=hdim_v, causal=causal,
+                                           dump=dump))
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=dump, CUTE_DSL_NO_CACHE="1")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=900, capture_output=True)
     cubins = sorted(glob.glob(os.path.join(dump, "*.cubin")))
-    if kind == "bwd":
-        cubins = [c for c in cubins if "FlashBwdSm90" in os.path.basename(c)]
+    if kind == "bwd":  # the main kernel: not the pre- / postprocess
+        cubins = [c for c in cubins if "FlashBwd" in os.path.basename(c)
+                  and not any(k in os.path.basename(c) for k in ("FlashBwdPreSm90", "FlashBwdPostSm90"))]
     if len(cubins) != 1:
         raise RuntimeError(f"expected one cubin for {kind} in {dump}, found {cubins}")
     return disassemble(cubins[0])
