@@ -26,7 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 apply() { grep -A1 '^--- /dev/null' "$here/$1" | sed -n 's,^+++ b/,,p' | xargs -r rm -f
           patch -p1 --forward -s < "$here/$1" && echo "applied $1" || echo "PATCH FAILED: $1"; }
 step() { local name=$1 limit=$2; shift 2; echo "== $name ($(date +%T))"; timeout "$limit" "$@" > "$L/$name.log" 2>&1;
-         echo "   rc $? ($(date +%T))"; tail -n 3 "$L/$name.log"; }
+         local rc=$?; echo "   rc $rc ($(date +%T))"; tail -n 3 "$L/$name.log"; return $rc; }
 case $what in
   det)
     apply bwd_det_rotate_spread.patch
@@ -45,6 +45,9 @@ case $what in
     ;;
   n80)
     apply bwd256_two_cta_n80.patch
+    # one small case first, with a short limit: a new kernel that hangs (a barrier or turn protocol wrong) costs 90 s
+    step n80_smoke 90 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_two_cta_n80_gpu.py \
+      -k "pair_edges and b1-sq150-sk160 and full" || exit 1
     step n80_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_two_cta_n80_gpu.py
     step n80_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
       --only ours ours_n80 ours_det ours_n80_det --out "$L/n80_ab.jsonl"
@@ -57,6 +60,8 @@ case $what in
     ;;
   rot256)
     apply bwd256_det_rotate.patch
+    step rot256_smoke 90 python -m pytest -q -x -p no:cacheprovider -m gpu \
+      "tests/test_bwd_wide_two_cta_gpu.py::test_two_cta_hd256_switches[full-deterministic=True]" || exit 1
     step rot256_tests 300 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_bwd_wide_two_cta_gpu.py \
       tests/test_bwd_gpu.py -k "(deterministic or switches) and 256"
     step rot256_ab 200 python scripts/bwd_ab.py --hdims 256 --causal 0 --seqlens 1024 2048 4096 --repeats 10 \
