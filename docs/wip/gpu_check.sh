@@ -31,6 +31,9 @@ case $what in
   det)
     apply bwd_det_rotate_spread.patch
     apply bwd_det_relaxed_release.patch
+    # the new turn order must not hang: one bitwise case first, 90 s at most
+    step det_smoke 90 python -m pytest -q -x -p no:cacheprovider -m gpu \
+      "tests/test_bwd_gpu.py::test_deterministic_bitwise[False-128-rotate]" || exit 1
     # ours_t64_det: 64-row Q tiles (hd128: M = 2N, so the spread starts put a Q tile's turns 2 steps apart)
     step det_ab 400 python scripts/bwd_ab.py --hdims 128 64 --causal 0 1 --seqlens 1024 8192 16384 --repeats 10 \
       --only ours ours_det ours_base_det ours_t64_det --base "$B" --out "$L/det_ab.jsonl"
