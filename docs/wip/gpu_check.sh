@@ -6,6 +6,7 @@
 #   bash docs/wip/gpu_check.sh dettest LOGDIR  # the same two patches: bitwise / two-writer GPU tests (~4 min)
 #   bash docs/wip/gpu_check.sh n80  LOGDIR   # bwd256_two_cta_n80: GPU tests, then A/B against the 64-row kernel
 #   bash docs/wip/gpu_check.sh fwd192c LOGDIR  # no patch: (192, 128) causal forward with the tuned 3-warpgroup tile
+#   bash docs/wip/gpu_check.sh fwdpers LOGDIR  # no patch: the persistent forward at 4k-16k, never timed there (~4 min)
 #   bash docs/wip/gpu_check.sh pre  LOGDIR   # bwd_pre_rows: backward GPU tests, then A/B at short sequences (~5 min)
 #   bash docs/wip/gpu_check.sh rot256 LOGDIR # bwd256_det_rotate: hd256 deterministic GPU tests, then A/B (~5 min)
 #   bash docs/wip/gpu_check.sh probe LOGDIR  # no patch: per-CTA cost vs per-step time of the main kernels (~1 min)
@@ -17,7 +18,7 @@
 # LOGDIR/<step>.log, the A/B rows LOGDIR/<step>.jsonl. Each group fits one device call (10 min); dettest and fwd192c
 # can share one: `bash docs/wip/gpu_check.sh dettest L; bash docs/wip/gpu_check.sh fwd192c L`.
 set -u
-what=${1:?det, dettest, n80, pre, rot256, probe or fwd192c}
+what=${1:?det, dettest, n80, pre, rot256, probe, fwd192c or fwdpers}
 L=${2:?log folder}
 mkdir -p "$L"
 B=${BASE:-$L/base}
@@ -76,6 +77,13 @@ case $what in
     step probe128 120 python scripts/bwd_cta_overhead.py --hdim 128
     step probe64 120 python scripts/bwd_cta_overhead.py --hdim 64
     ;;
+  fwdpers)
+    # persistent=True was +4-5% at hd128 non-causal against a since-reverted loop (session_ab/fwd_loop_split_persistent)
+    # and was only re-timed at 1k / 2k after the port; at 4k-16k against today's default it was never timed (0 spills
+    # on CPU at hd 64 / 128 / 256, causal both)
+    step fwdpers_ab 300 python scripts/fwd_ab.py --hdims 128 256 64 --causal 0 1 --seqlens 4096 16384 --repeats 10 \
+      --base-rev '' --cfg pers=persistent:true --out "$L/fwdpers_ab.jsonl"
+    ;;
   fwd192c)
     # the non-causal tuned tile (conf/tuned/sm90.yaml) at causal, on top of the causal default's causal_split +
     # rescale_before_pv (0 LDL / STL in the CPU SASS; with rescale_before_pv it spilled non-causal), and without it
@@ -83,5 +91,5 @@ case $what in
       --cfg w3=tile_m:192,tile_n:80,consumer_regs:160 w3nopv=tile_m:192,tile_n:80,consumer_regs:160,rescale_before_pv:false \
       --out "$L/fwd192c_ab.jsonl"
     ;;
-  *) echo "unknown: $what (det, dettest, n80, pre, rot256, probe or fwd192c)"; exit 2 ;;
+  *) echo "unknown: $what (det, dettest, n80, pre, rot256, probe, fwd192c or fwdpers)"; exit 2 ;;
 esac
