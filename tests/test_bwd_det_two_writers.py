@@ -44,7 +44,7 @@ def walks_and_turns(seqlen_q, seqlen_k, causal, schedule, tm=TM):
     for n in range(n_tiles):
         lo = max(0, n * TN - off) // TM if causal else 0
         cnt = m_tiles - lo
-        rot = n % cnt if rotate and cnt > 1 else 0
+        rot = bwd.rotate_start(n, n_tiles, cnt) if rotate and cnt > 1 else 0  # cta_work
         walks[n] = [lo + (i + rot) % cnt for i in range(cnt)] if cnt > 0 else []
         for r, m in enumerate(walks[n]):
             if rotate:

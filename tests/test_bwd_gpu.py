@@ -159,7 +159,7 @@ ROTATE_SHAPES = [(2, 1000, 300, 2), (1, 300, 1000, 3), (2, 17, 600, 1), (1, 700,
                          ids=["64", "128", "192x128"])
 @pytest.mark.parametrize("shape", ROTATE_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_bwd_det_schedule_rotate(hdim, dtype, shape):
-    """det_schedule="rotate" (non-causal deterministic: K/V tile n walks its Q tiles from tile n mod M, dQ turns in
+    """det_schedule="rotate" (non-causal deterministic: K/V tile n walks its Q tiles from tile rotate_start(n), dQ turns in
     arrival order) gives correct gradients, and 20 repeats are bitwise equal; hd128 also with 64-row Q tiles."""
     from kernels.sm90.backward import attention_backward
 

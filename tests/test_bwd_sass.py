@@ -78,6 +78,9 @@ def test_deterministic_ordering_in_sass(tmp_path, tile_m, dq_gemm):
     assert re.search(r"LDG\.E\.STRONG\.GPU", det)
     assert re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", det)
     assert "MEMBAR.ALL.GPU" in det
+    # one GPU fence per release: the fence.acq_rel + relaxed add pattern (a red.release after the fence compiled to
+    # a second MEMBAR.ALL.GPU + ERRBAR per Q tile on the writer warp's critical path)
+    assert len(re.findall(r"MEMBAR\.ALL\.GPU", det)) == len(re.findall(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", det))
     assert not re.search(r"LDG\.E\.STRONG\.GPU", plain)
     assert "REDG.E.ADD.S32" not in plain
 
@@ -234,9 +237,11 @@ def test_tile_m_80_sass(tmp_path, causal):
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_det_schedule_rotate_in_sass(tmp_path, hdim):
     """det_schedule="rotate" (non-causal, deterministic; GPU-untested candidate): the rotated walk and the arrival-order
-    turns are in the machine code -- the deterministic default's non-causal kernel divides nothing, the rotate one
-    divides three times (m_rot = n mod M, and in the writer N // M and n // M of rotate_turn_base: each an I2F +
-    MUFU.RCP reciprocal sequence) -- with the same acquire spin / release add, no spills and no more WARPGROUP.DEPBAR
+    turns are in the machine code -- the deterministic default's non-causal kernel divides nothing, the rotate one has
+    five I2F + MUFU.RCP reciprocal sequences (divisions by M and N, divisions by one divisor sharing one: cta_work's
+    m_rot = rotate_start, n mod M or n M // N; the writer's rotate_turn_base and first turn; and, in the writer's
+    loop, the next step's turn ceil((r + 1) N / M), computed while the step's reductions are in flight) -- with the
+    same acquire spin / release add, no spills and no more WARPGROUP.DEPBAR
     than the default's (hd64: 0 LDL/STL, 4 DEPBAR both; hd128 (80-row tiles) likewise on the CPU build of
     2026-12-01)."""
     from kernels.sm90.sass import count, opcode_counts
@@ -247,7 +252,12 @@ def test_det_schedule_rotate_in_sass(tmp_path, hdim):
     assert count(ops_rot, "LDL") == 0 and count(ops_rot, "STL") == 0
     depbar = lambda s: len(re.findall(r"WARPGROUP\.DEPBAR", s))
     assert depbar(rot) <= depbar(spt) <= 8
-    assert count(ops_spt, "MUFU.RCP") == 0 and count(ops_rot, "MUFU.RCP") == 3
+    assert count(ops_spt, "MUFU.RCP") == 0 and count(ops_rot, "MUFU.RCP") == 5
+    # the next turn's division sits between the step's bulk reductions and the wait for their completion
+    lines = rot.splitlines()
+    last_red = max(i for i, l in enumerate(lines) if "UBLKRED.G.S.ADD.F32" in l)
+    release = next(i for i in range(last_red, len(lines)) if "REDG.E.ADD.S32.STRONG.GPU" in lines[i])
+    assert any("MUFU.RCP" in l for l in lines[last_red:release])
     for sass in (spt, rot):
         assert re.search(r"LDG\.E\.STRONG\.GPU", sass) and re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", sass)
         assert "UBLKRED.G.S.ADD.F32" in sass and not re.search(r"REDG\.E\.ADD\.F32", sass)

@@ -1,9 +1,10 @@
 """det_schedule="rotate" (deterministic backward, non-causal): the dQ turn formula, its schedule, its fallbacks (CPU).
 
-K/V tile n (of N) walks the M Q tiles of its head starting at tile n mod M (kernels/sm90/bwd.py m_block_at); at each Q
-tile the contributors add their dQ in arrival order of those walks, ties (K/V tiles equal mod M) broken by n
-(rotate_turn). A simulation checks that the closed form is that arrival rank for every (N, M) up to 24 x 24, that
-CTAs in lockstep then never wait (max(M, N) steps in all, against M + N - 1 in K/V tile order), and why the
+K/V tile n (of N) walks the M Q tiles of its head starting at tile floor(n M / N) when N <= M, else n mod M
+(rotate_start; kernels/sm90/bwd.py m_block_at); at each Q tile the contributors add their dQ in arrival order of those
+walks, ties (K/V tiles equal mod M) broken by n (rotate_turn). A simulation checks that the closed form is that arrival
+rank for every (N, M) up to 24 x 24, that CTAs in lockstep then never wait (max(M, N) steps in all, against M + N - 1
+in K/V tile order), that spread starts hide a turn hand-off of up to M / N steps (starts n mod M: one step), and why the
 backward falls back to "spt" when a head has more K/V tiles than there are SMs (the rotated order makes a CTA wait for
 CTAs launched after it: with fewer resident slots than K/V tiles it can deadlock; K/V tile order never does).
 """
@@ -19,12 +20,27 @@ from kernels.config import DET_SCHEDULES, ConfigError
 bwd = pytest.importorskip("kernels.sm90.bwd")
 
 
+def start(n: int, n_tiles: int, m_tiles: int) -> int:
+    """The first Q tile of K/V tile n's walk, written out: spread over the M tiles when N <= M, else n mod M."""
+    return n * m_tiles // n_tiles if n_tiles <= m_tiles else n % m_tiles
+
+
+def test_rotate_start():
+    for n_tiles, m_tiles in itertools.product(range(1, 30), range(1, 30)):
+        starts = [bwd.rotate_start(n, n_tiles, m_tiles) for n in range(n_tiles)]
+        assert starts == [start(n, n_tiles, m_tiles) for n in range(n_tiles)]
+        assert all(0 <= a < m_tiles for a in starts)
+        if n_tiles <= m_tiles:  # distinct and increasing: consecutive arrivals at a Q tile >= 1 step apart
+            assert all(b > a for a, b in zip(starts, starts[1:]))
+    assert [bwd.rotate_start(n, 8, 13) for n in range(8)] == [0, 1, 3, 4, 6, 8, 9, 11]  # hd128 1k: 1.6 steps
+
+
 def arrival_ranks(n_tiles: int, m_tiles: int) -> list[dict[int, int]]:
     """ranks[r][n]: the place of K/V tile n among the contributors of Q tile r, ordered by (step of arrival, n)."""
     arrivals = [[] for _ in range(m_tiles)]
     for n in range(n_tiles):
         for s in range(m_tiles):
-            arrivals[(n % m_tiles + s) % m_tiles].append((s, n))
+            arrivals[(start(n, n_tiles, m_tiles) + s) % m_tiles].append((s, n))
     return [{n: i for i, (_, n) in enumerate(sorted(a))} for a in arrivals]
 
 
@@ -48,20 +64,20 @@ def test_rotate_turn_larger_shapes(n_tiles, m_tiles):
 
 
 def test_rotate_turn_split_matches_the_kernel_call():
-    """dq_writer computes rotate_turn_base once per CTA with a = m_rot (n mod M; 0 when M == 1) and rotate_turn_at per
-    Q tile: the split gives rotate_turn."""
+    """dq_writer computes rotate_turn_base once per CTA with a = m_rot (rotate_start; 0 when M == 1) and
+    rotate_turn_at per Q tile: the split gives rotate_turn."""
     for n_tiles, m_tiles in itertools.product(range(1, 13), range(1, 13)):
         for n in range(n_tiles):
-            m_rot = n % m_tiles if m_tiles > 1 else 0  # cta_work
-            q, rem, base = bwd.rotate_turn_base(n, m_rot, n_tiles, m_tiles)
+            m_rot = bwd.rotate_start(n, n_tiles, m_tiles) if m_tiles > 1 else 0  # cta_work
+            rot = bwd.rotate_turn_base(n, m_rot, n_tiles, m_tiles)
             for r in range(m_tiles):
-                assert bwd.rotate_turn_at(r, m_rot, n_tiles, m_tiles, q, rem, base) == bwd.rotate_turn(
+                assert bwd.rotate_turn_at(r, m_rot, n_tiles, m_tiles, *rot) == bwd.rotate_turn(
                     n, r, n_tiles, m_tiles)
 
 
-def walk(n: int, m_tiles: int, rotate: bool) -> list[int]:
-    start = n % m_tiles if rotate else 0
-    return [(start + s) % m_tiles for s in range(m_tiles)]
+def walk(n: int, m_tiles: int, rotate: bool, n_tiles: int) -> list[int]:
+    a = start(n, n_tiles, m_tiles) if rotate else 0
+    return [(a + s) % m_tiles for s in range(m_tiles)]
 
 
 def turn(n: int, r: int, n_tiles: int, m_tiles: int, rotate: bool) -> int:
@@ -83,7 +99,7 @@ def simulate(n_tiles: int, m_tiles: int, rotate: bool, slots: int | None = None,
             resident.append(pending.pop(0))
         moved = []
         for h, n in resident:
-            r = walk(n, m_tiles, rotate)[step[(h, n)]]
+            r = walk(n, m_tiles, rotate, n_tiles)[step[(h, n)]]
             if sem[(h, r)] == turn(n, r, n_tiles, m_tiles, rotate):
                 moved.append((h, n, r))
         if not moved:
@@ -103,6 +119,39 @@ def test_lockstep_rounds(n_tiles, m_tiles):
     adds one at a time): no wait at all when N <= M."""
     assert simulate(n_tiles, m_tiles, rotate=False) == m_tiles + n_tiles - 1
     assert simulate(n_tiles, m_tiles, rotate=True) == max(m_tiles, n_tiles)
+
+
+def hop_makespan(n_tiles: int, m_tiles: int, hop: float, spread: bool) -> float:
+    """Lockstep model with a turn hand-off: one step per Q tile per CTA (time 1), and a CTA's add at a Q tile may start
+    only ``hop`` after the previous contributor's (the writer's bulk-reduce completion, fence and release, then the
+    next CTA's acquire). Returns the time of the last add, one head, all CTAs resident."""
+    a = [start(n, n_tiles, m_tiles) if spread else n % m_tiles for n in range(n_tiles)]
+    order = [sorted(range(n_tiles), key=lambda n: ((r - a[n]) % m_tiles, n)) for r in range(m_tiles)]
+    done, t = {}, [0.0] * n_tiles
+    for s in range(m_tiles):  # a predecessor at a Q tile arrived at an earlier step (N <= M: distinct starts)
+        for n in sorted(range(n_tiles), key=lambda n: -a[n]):
+            r = (a[n] + s) % m_tiles
+            i = order[r].index(n)
+            ready = t[n] + 1.0
+            if i > 0:
+                ready = max(ready, done[(r, order[r][i - 1])] + hop)
+            t[n] = done[(r, n)] = ready
+    return max(t)
+
+
+@pytest.mark.parametrize("n_tiles,m_tiles", [(8, 13), (64, 103), (128, 205), (32, 64)])
+def test_spread_starts_hide_the_turn_hand_off(n_tiles, m_tiles):
+    """hd128 (80-row Q tiles under 128-key tiles: M = 1.6 N) and (192, 128) (M = 2 N): with starts n mod M consecutive
+    contributors at a Q tile arrive one step apart, so a hand-off longer than a step accumulates along the walk
+    ((N - 1) (hop - 1) extra); spread starts (gaps of floor / ceil(M / N) steps) absorb a hand-off of up to M / N
+    steps at the next larger gap: at most ``hop`` extra in all, whatever N."""
+    for hop in (1.25, 1.5):  # a hand-off a quarter / half step longer than the step
+        assert hop <= m_tiles / n_tiles
+        spread = hop_makespan(n_tiles, m_tiles, hop, spread=True)
+        assert m_tiles - 1e-9 <= spread <= m_tiles + hop
+        assert hop_makespan(n_tiles, m_tiles, hop, spread=False) >= m_tiles + (n_tiles - 1) * (hop - 1) - 1e-9
+    for sp in (True, False):  # a hand-off within a step: no wait either way
+        assert hop_makespan(n_tiles, m_tiles, 1.0, spread=sp) == pytest.approx(m_tiles)
 
 
 @pytest.mark.parametrize("n_tiles,m_tiles", [(4, 4), (6, 4), (3, 5), (8, 8), (9, 3)])

@@ -33,9 +33,10 @@ MMA warps never wait for a reduction's completion, and two tiles' completions ov
 For causal, ``det_schedule="spt"`` orders the turns and the grid
 shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles, goes first); ``"naive"`` keeps
 K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (the default since 2026-12-01;
-non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n walks its Q tiles from tile n mod M
-(m_rotate's walk) and each Q tile's turns follow that walk's arrival order (rotate_turn), so CTAs in lockstep never wait
-for each other instead of each waiting one dQ add for the previous K/V tile. ``"lpt"`` (opt-in; causal, one CTA, no
+non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n of N walks its M Q tiles from tile
+floor(n M / N) (N <= M; else n mod M: rotate_start, m_rotate's walk) and each Q tile's turns follow that walk's arrival
+order (rotate_turn), so CTAs in lockstep never wait for each other instead of each waiting one dQ add for the previous
+K/V tile, and consecutive turns at a Q tile are M / N steps apart. ``"lpt"`` (opt-in; causal, one CTA, no
 window / varlen; elsewhere "rotate"'s rules): the grid launches the longest K/V tile first (``lpt_heads`` heads
 interleaved, the non-deterministic causal grid), each K/V tile walks its Q tiles from the last one down to its diagonal
 (m_block_at) and the turns go in K/V tile order, so a CTA only ever waits for CTAs launched before it (_set_det_lpt).
@@ -100,8 +101,8 @@ from .gemm import wgmma
 from .mask import bwd_tile_needs_mask, m_block_range_window
 # the dQ writer warp and the deterministic turns (bwd_dq_writer.py); the turn helpers and the bulk reduce are
 # re-exported for bwd_wide192.py and the tests
-from .bwd_dq_writer import (_BAR_DQ_EMPTY, _BAR_DQ_FULL, BwdDqWriter, bulk_reduce_add_f32, rotate_turn,  # noqa: F401
-                            rotate_turn_at, rotate_turn_base, wait_for_turn)
+from .bwd_dq_writer import (_BAR_DQ_EMPTY, _BAR_DQ_FULL, BwdDqWriter, bulk_reduce_add_f32, rotate_start,  # noqa: F401
+                            rotate_turn, rotate_turn_at, rotate_turn_base, wait_for_turn)
 
 _CLUSTER = _nvvm.MemScopeKind.CLUSTER
 
@@ -868,7 +869,10 @@ class FlashBwdSm90(BwdDqWriter):
         if const_expr(self.m_rotate):
             count = m_block_max - m_block_min
             if count > 1:
-                m_rot = n_block % count
+                if const_expr(self.det_rotate):  # the arrival-order turns' walk (rotate_start: spread when N <= M)
+                    m_rot = rotate_start(n_block, num_groups, count)
+                else:
+                    m_rot = n_block % count
         if const_expr(self.diag_align):  # tiles from the diagonal row (_set_diag_align): tile m at q_base + m * tile_m
             q_base = n_block * self.tile_n - (seqlen_k - seqlen_q)
             if q_base < 0:

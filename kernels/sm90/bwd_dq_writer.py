@@ -43,31 +43,47 @@ def wait_for_turn(sem_ptr: cute.Pointer, turn: Int32) -> None:
         cur = cute.arch.load(sem_ptr, Int32, sem="acquire", scope="gpu")
 
 
+def rotate_start(n, n_tiles, m_tiles):
+    """det_schedule="rotate": the Q tile (relative to m_block_min) that K/V tile n of N walks first among M. N <= M:
+    floor(n M / N), so that the walks reach each Q tile M / N steps apart (hd128: 80-row Q tiles under 128-key tiles,
+    1.6 steps; (192, 128): 2) and a dQ turn hand-off (bulk-reduce completion, fence, release, the next CTA's acquire)
+    has that long before the next CTA needs it; N > M: n mod M (ties broken by n). Integer arithmetic without a
+    branch: the same code runs on Python ints (tests/test_det_schedule.py) and on Int32 in the kernel."""
+    spread = _imin(_imax(m_tiles - n_tiles + 1, 0), 1)  # 1 when N <= M
+    return spread * (n * m_tiles // n_tiles) + (1 - spread) * (n % m_tiles)
+
+
 def rotate_turn_base(n, a, n_tiles, m_tiles):
-    """det_schedule="rotate": the per-CTA part of rotate_turn, (q, rem, base) with q, rem = divmod(N, M) and
-    base = n // M - C(a + 1), where C(x) = q * x + min(x, rem) counts the contributors n' in [0, N) with n' mod M < x.
-    Plain integer arithmetic: the same code runs on Python ints (tests/test_det_schedule.py) and on Int32 in the
-    writer warp (dq_writer)."""
+    """det_schedule="rotate": the per-CTA part of rotate_turn, (q, rem, base, spread, n) for rotate_turn_at.
+    N > M (starts a = n mod M): q, rem = divmod(N, M) and base = n // M - C(a + 1), where C(x) = q * x + min(x, rem)
+    counts the contributors n' in [0, N) with n' mod M < x. N <= M (``spread``, starts floor(n M / N), distinct and
+    increasing in n): rotate_turn_at needs only n."""
     q = n_tiles // m_tiles
     rem = n_tiles - q * m_tiles
-    return q, rem, n // m_tiles - q * (a + 1) - _imin(a + 1, rem)
+    spread = _imin(_imax(m_tiles - n_tiles + 1, 0), 1)
+    return q, rem, n // m_tiles - q * (a + 1) - _imin(a + 1, rem), spread, n
 
 
-def rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base):
+def rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base, spread, n):
     """det_schedule="rotate": contributor n's turn on Q tile r (relative to m_block_min) given rotate_turn_base.
-    K/V tile n (a = n mod M) reaches tile r at step s_n = (r - a) mod M; its turn is the number of contributors n' with
-    (s_n', n') < (s_n, n): those with a residue a' in a+1 .. a+s_n (mod M), which arrive earlier, C(r + 1) - C(a + 1)
-    plus N if that range wraps past M - 1 (r < a), and the n // M of its own residue below it (in ``base``).
-    ``min(max(a - r, 0), 1)`` is 1 exactly when r < a: no division per tile."""
-    return base + q * (r + 1) + _imin(r + 1, rem) + n_tiles * _imin(_imax(a - r, 0), 1)
+    K/V tile n (start a = rotate_start) reaches tile r at step s_n = (r - a) mod M; its turn is the number of
+    contributors n' with (s_n', n') < (s_n, n). Starts n mod M (N > M): those with a residue a' in a+1 .. a+s_n
+    (mod M), C(r + 1) - C(a + 1) plus N if that range wraps past M - 1 (r < a), and the n // M of its own residue below
+    it (in ``base``). Starts floor(n' M / N) (N <= M): the starts in a+1 .. r (a <= r) or a+1 .. M-1 and 0 .. r
+    (r < a), i.e. S(r) - (n + 1) (+ N when r < a) with S(r) = ceil((r + 1) N / M) starts <= r.
+    ``min(max(a - r, 0), 1)`` is 1 exactly when r < a."""
+    wrap = n_tiles * _imin(_imax(a - r, 0), 1)
+    by_residue = base + q * (r + 1) + _imin(r + 1, rem)
+    by_spread = ((r + 1) * n_tiles + m_tiles - 1) // m_tiles - (n + 1)
+    return spread * by_spread + (1 - spread) * by_residue + wrap
 
 
 def rotate_turn(n, r, n_tiles, m_tiles):
-    """Arrival rank of K/V tile n (of N = n_tiles) at Q tile r (of M = m_tiles) when tile n walks from tile n mod M,
-    ties (n' = n mod M) broken by n': a permutation of 0..N-1 over n at each r (tests/test_det_schedule.py)."""
-    a = n % m_tiles
-    q, rem, base = rotate_turn_base(n, a, n_tiles, m_tiles)
-    return rotate_turn_at(r, a, n_tiles, m_tiles, q, rem, base)
+    """Arrival rank of K/V tile n (of N = n_tiles) at Q tile r (of M = m_tiles) when tile n walks from
+    rotate_start(n), ties (equal starts, N > M) broken by n': a permutation of 0..N-1 over n at each r
+    (tests/test_det_schedule.py)."""
+    a = rotate_start(n, n_tiles, m_tiles)
+    return rotate_turn_at(r, a, n_tiles, m_tiles, *rotate_turn_base(n, a, n_tiles, m_tiles))
 
 
 def _imin(x, y):
@@ -98,6 +114,11 @@ class BwdDqWriter:
         mdQ2 = self.dq_accum_rows(mdQaccum, work)
         causal_off = work.seqlen_k - work.seqlen_q
         rot = self.det_rotate_base(work)
+        # deterministic: each step's turn is computed during the previous step's reductions (rotate_turn_at divides),
+        # not between the previous release and this step's acquire
+        turn = Int32(0)
+        if const_expr(self.deterministic):
+            turn = self.det_turn(work, self.m_block_at(work.m_block_min, work), rot, causal_off)
         for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
@@ -116,7 +137,6 @@ class BwdDqWriter:
                     cute.arch.sync_warp()
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
-                    turn = self.det_turn(work, m_block, rot, causal_off)
                     if lane == 0:
                         wait_for_turn(sem_ptr, turn)
                     cute.arch.sync_warp()
@@ -127,10 +147,13 @@ class BwdDqWriter:
                                             sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                         cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):
+                if m_iter + 1 < work.m_block_max:
+                    turn = self.det_turn(work, self.m_block_at(m_iter + 1, work), rot, causal_off)
                 if lane == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     cute.arch.fence_acq_rel_gpu()
-                    cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+                    # the fence above and this relaxed add make a release (one MEMBAR.GPU; red.release would add a second)
+                    cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -172,10 +195,11 @@ class BwdDqWriter:
             if m_block_min < m_block_max:  # the first hand-off's buffer
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+        # each step's turn is computed during this writer's previous step's reductions (rotate_turn_at divides)
+        turn = self.det_turn(work, self.m_block_at(m_block_min + half, work), rot, causal_off)
         for m_iter in cutlass.range(m_block_min + half, m_block_max, 2, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
-            turn = self.det_turn(work, m_block, rot, causal_off)
             if lane == 0:
                 wait_for_turn(sem_ptr, turn)
             cute.arch.sync_warp()
@@ -200,10 +224,13 @@ class BwdDqWriter:
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_TOKEN, number_of_threads=64)
                 else:
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_TOKEN + 1, number_of_threads=64)
+            if m_iter + 2 < m_block_max:
+                turn = self.det_turn(work, self.m_block_at(m_iter + 2, work), rot, causal_off)
             if lane == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 cute.arch.fence_acq_rel_gpu()
-                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+                # the fence above and this relaxed add make a release (one MEMBAR.GPU; red.release would add a second)
+                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
             cute.arch.sync_warp()
 
     def dq_accum_rows(self, mdQaccum, work):
