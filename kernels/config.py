@@ -114,8 +114,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 # deterministic backward dQ schedules (AttnConfig.det_schedule). "rotate" (the default since 2026-12-01; H200: det /
 # default 0.91-0.95 at hd 64 / 128 non-causal 1k-16k, against spt's 0.74-0.93; results/h200/session_ab/bwd_det_rotate):
 # non-causal K/V tile n walks its Q tiles from tile n mod M, dQ turns in arrival order (kernels/sm90/bwd.py
-# rotate_turn); causal runs "spt"; so do two_cta, varlen, windows, hd256, and calls whose K/V tiles per head exceed the
-# SM count (a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call). "lpt" (opt-in):
+# rotate_turn; hd256 in 2-CTA pairs: pair g from tile g mod M, turns over the pairs); causal runs "spt"; so do two_cta
+# at hd 64 / 128, varlen, windows, and calls whose K/V tiles per head exceed the SM count (half of it for hd256 pairs;
+# a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call). "lpt" (opt-in):
 # causal hd 64 / 128 one-CTA calls launch the longest K/V tile first (max(8, bwd_lpt_heads) heads interleaved), walk Q
 # tiles from the last one down, dQ turns in K/V tile order (no residency bound); other calls as "rotate". H200
 # 2026-12-01, 16k tokens, 10 rounds (results/h200/session_ab/bwd_det_lpt.jsonl), det / default at 1k / 2k / 8k: lpt
@@ -169,8 +170,9 @@ class AttnConfig:
     # FA4's grid), the K/V tiles of g consecutive (batch, head)s interleaved. None = DEFAULTS' bwd_lpt_heads (sm90 causal:
     # hd64 1, hd128 4; resolve() fills only a nonzero value); left out of to_dict() while None.
     bwd_lpt_heads: int | None = None
-    # sm90 backward, non-causal, not deterministic, one CTA, no window: K/V tile n walks its Q tiles from tile n mod
-    # their count (hd64 always does); True turns it on at hd128 too. Opt-in; left out of to_dict() while False.
+    # sm90 backward, non-causal, not deterministic, no window: K/V tile n walks its Q tiles from tile n mod their count
+    # (hd64 always does); True turns it on at hd128 too, and at hd256 (one CTA, or pair p from tile p mod the count in
+    # 2-CTA clusters). Opt-in; left out of to_dict() while False.
     bwd_rotate_q: bool = False
     # sm90 backward (hd 64 / 128 FlashBwdSm90, not varlen; elsewhere no effect): programmatic dependent launch -- the
     # main kernel starts (K / V / Q loads) while the preprocess finishes and waits (griddepcontrol.wait) before it

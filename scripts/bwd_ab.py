@@ -45,6 +45,8 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_2cta_fast"] = ours(two_cta=True, bwd_two_cta_dv_first=True)
     if (q.shape[-1], v.shape[-1]) == (256, 256):  # hd256: two_cta is the default, so time the one-CTA kernel
         fns["ours_1cta"] = ours(two_cta=False)
+        if not causal:  # the pairs' rotated Q-tile walks without determinism (AttnConfig.bwd_rotate_q)
+            fns["ours_rotq"] = ours(bwd_rotate_q=True)
     if q.shape[-1] == 64:
         fns["ours_t128"] = ours(bwd_tile_m=128)
         fns["ours_t128_det"] = ours(bwd_tile_m=128, deterministic=True)

@@ -220,7 +220,8 @@ def _repeat_dq(cfg, causal, repeats, d=128):
 
 
 VARIANTS = {"spt": dict(), "naive": dict(det_schedule="naive"), "two_cta": dict(two_cta=True),
-            "tile128": dict(bwd_tile_m=128), "tile80": dict(bwd_tile_m=80), "rotate": dict(det_schedule="rotate")}
+            "tile128": dict(bwd_tile_m=128), "tile80": dict(bwd_tile_m=80), "rotate": dict(det_schedule="rotate"),
+            "one_cta": dict(two_cta=False)}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -233,8 +234,10 @@ def test_deterministic_bitwise(causal, hdim, variant):
         pytest.skip("bwd_tile_m=80 is a hd128 option")
     if variant == "two_cta" and hdim in NO_TWO_CTA:
         pytest.skip("no two_cta at (192, 128) (a ConfigError, test_bwd_switches)")
-    if variant == "rotate" and (causal or hdim == 256):
-        pytest.skip("det_schedule='rotate' runs the spt kernel there (causal, hd256: backward.det_schedule_for_call)")
+    if variant == "rotate" and causal:
+        pytest.skip("det_schedule='rotate' runs the spt kernel there (causal: backward.det_schedule_for_call)")
+    if variant == "one_cta" and hdim != 256:
+        pytest.skip("two_cta=False is the default there (the 'spt' variant)")
     n_diff = _repeat_dq(_cfg(deterministic=True, **VARIANTS[variant]), causal, 200, d=hdim)
     assert n_diff == 0, f"deterministic backward differed in {n_diff}/200 repeats"
 

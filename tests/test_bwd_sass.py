@@ -234,7 +234,7 @@ def test_tile_m_80_sass(tmp_path, causal):
         assert early == ((5 if causal else 0) if det else 10), (causal, det, early)
 
 
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 128, 256])  # 256: the one-CTA wide kernel (two_cta=False)
 def test_det_schedule_rotate_in_sass(tmp_path, hdim):
     """det_schedule="rotate" (non-causal, deterministic; GPU-untested candidate): the rotated walk and the arrival-order
     turns are in the machine code -- the deterministic default's non-causal kernel divides nothing, the rotate one has

@@ -23,20 +23,23 @@ pytestmark = pytest.mark.compile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _main_sass(tmp_path, two_cta, causal, deterministic=False, dtype="bfloat16", frac=0.0, det_schedule="spt"):
-    """SASS of the hd256 backward main kernel for one config (compiled in a subprocess, DSL cache off)."""
+def _main_sass(tmp_path, two_cta, causal, deterministic=False, dtype="bfloat16", frac=0.0, det_schedule="spt",
+               extra=""):
+    """SASS of the hd256 backward main kernel for one config (compiled in a subprocess, DSL cache off); ``extra``:
+    more AttnConfig keyword arguments as source text."""
     from kernels.sm90.sass import disassemble, find_nvdisasm
 
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
-    dump = tmp_path / f"t{int(two_cta)}_c{int(causal)}_d{int(deterministic)}_{dtype}_{frac}_{det_schedule}"
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", extra)
+    dump = tmp_path / f"t{int(two_cta)}_c{int(causal)}_d{int(deterministic)}_{dtype}_{frac}_{det_schedule}{tag}"
     dump.mkdir()
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
         compile_backward(AttnConfig(two_cta={two_cta}, deterministic={deterministic}, exp2_emu_fraction={frac},
-                                    det_schedule={det_schedule!r}), {dtype!r}, 256, {causal}, hdim_v=256)
+                                    det_schedule={det_schedule!r}, {extra}), {dtype!r}, 256, {causal}, hdim_v=256)
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
@@ -250,3 +253,38 @@ def test_two_cta_default_compile_keys(monkeypatch):
         assert k256 != B.compile_backward(AttnConfig(two_cta=False), "bfloat16", 256, causal)
         assert (B.compile_backward(AttnConfig(), "bfloat16", 256, causal, softcap=20.0)
                 == B.compile_backward(AttnConfig(two_cta=False), "bfloat16", 256, causal, softcap=20.0))
+
+
+def test_two_cta_wide_rotate_sass(tmp_path):
+    """det_schedule="rotate" at hd256 in pairs (non-causal): the pair's rotated walk and arrival-order turns are in the
+    machine code -- spt's non-causal kernel divides nothing, rotate's in rotate_start (spread starts) and in the
+    writer's arrival-order turns (I2F + MUFU.RCP sequences: 4 on the CPU build of 2026-12-02, session 30) -- with the same GEMMs, the same
+    semaphore spin / release, no spills and no more WARPGROUP.DEPBAR."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    spt = _main_sass(tmp_path, True, False, True, det_schedule="spt")
+    rot = _main_sass(tmp_path, True, False, True, det_schedule="rotate")
+    o_spt, o_rot = opcode_counts(spt), opcode_counts(rot)
+    assert count(o_rot, "LDL") == 0 and count(o_rot, "STL") == 0
+    assert _depbar(rot) <= _depbar(spt)
+    assert count(o_spt, "MUFU.RCP") == 0 and count(o_rot, "MUFU.RCP") == 4, (count(o_spt, "MUFU.RCP"),
+                                                                             count(o_rot, "MUFU.RCP"))
+    hg = lambda o: {k: v for k, v in o.items() if k.startswith("HGMMA")}
+    assert hg(o_rot) == hg(o_spt)
+    for sass in (spt, rot):
+        assert re.search(r"LDG\.E\.STRONG\.GPU", sass) and re.search(r"REDG\.E\.ADD\.S32\.STRONG\.GPU", sass)
+
+
+def test_two_cta_wide_rotate_q_sass(tmp_path):
+    """AttnConfig.bwd_rotate_q at hd256 (pairs, non-causal, not deterministic): the rotated walk's start (pair mod M,
+    one division: MUFU.RCP) is in the SASS, the default's divides nothing; same GEMMs, no spills, no semaphores."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    base = opcode_counts(_main_sass(tmp_path, True, False, False))
+    rotq = opcode_counts(_main_sass(tmp_path, True, False, False, extra="bwd_rotate_q=True"))
+    assert count(base, "MUFU.RCP") == 0 and count(rotq, "MUFU.RCP") >= 1
+    assert count(rotq, "LDL") == 0 and count(rotq, "STL") == 0
+    assert {k: v for k, v in rotq.items() if k.startswith("HGMMA")} == {k: v for k, v in base.items()
+                                                                          if k.startswith("HGMMA")}
+    assert not any(k.startswith("REDG.E.ADD.S32") for k in rotq)
+

@@ -58,6 +58,7 @@ def _sid(switch):
 
 
 @pytest.mark.parametrize("switch", [dict(deterministic=True), dict(deterministic=True, det_schedule="naive"),
+                                    dict(deterministic=True, det_schedule="spt"), dict(bwd_rotate_q=True),
                                     dict(exp2_emu_fraction=0.5), dict(exp2_emu_fraction=1.0),
                                     dict(deterministic=True, exp2_emu_fraction=0.5)], ids=_sid)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -67,7 +68,7 @@ def test_two_cta_hd256_switches(switch, causal):
     _run_case(1, 256, 256, 3, 256, causal, dtype, _cfg(**switch), seed=2)
 
 
-@pytest.mark.parametrize("schedule", ["spt", "naive"])
+@pytest.mark.parametrize("schedule", ["spt", "naive", "rotate"])  # rotate: the pairs' rotated walks (non-causal)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_two_cta_hd256_deterministic_bitwise(causal, schedule):
     """deterministic two_cta: dq / dk / dv bitwise equal over 200 repeats (each CTA's head-dim half of a Q tile has

@@ -203,12 +203,14 @@ def test_det_schedule_for_call():
         assert _call(*hd, det=False) == "spt"  # nothing to order: the non-deterministic kernel's key
     assert _call(64, varlen=True) == "spt"
     assert _call(64, two_cta=True) == "spt" and _call(128, two_cta=True) == "spt"
-    assert _call(256) == "spt"  # hd256: 2-CTA by default; its one-CTA kernel (bwd_wide.py) has no rotation either
-    from kernels.sm90.backward import backward_config, det_schedule_for_call
-
-    one_cta_256 = backward_config(AttnConfig(deterministic=True, det_schedule="rotate", two_cta=False).resolve(
-        "sm90", 256, False), hdim=256, hdim_v=256)
-    assert det_schedule_for_call(one_cta_256, False, 256, 256).det_schedule == "spt"
+    # hd256: the 2-CTA pairs (its default, two_cta=None -> True) and the one-CTA kernel rotate too, 64-row K/V tiles;
+    # pairs only while a head's CTAs fit half the SMs (cluster placement), one CTA while they fit one per SM
+    assert _call(256, two_cta=None) == "rotate" and _call(256, two_cta=True) == "rotate" and _call(256) == "rotate"
+    assert _call(256, causal=True, two_cta=None) == "spt" and _call(256, features=True) == "spt"
+    assert _call(256, two_cta=True, seqlen_k=66 * 64, sm_count=132) == "rotate"
+    assert _call(256, two_cta=True, seqlen_k=66 * 64 + 1, sm_count=132) == "spt"
+    assert _call(256, seqlen_k=132 * 64, sm_count=132) == "rotate"
+    assert _call(256, seqlen_k=132 * 64 + 1, sm_count=132) == "spt"
     # a head's K/V tiles (128 rows) must fit one per SM: 132 SMs hold 16896 keys
     assert _call(64, seqlen_k=132 * 128, sm_count=132) == "rotate"
     assert _call(64, seqlen_k=132 * 128 + 1, sm_count=132) == "spt"
@@ -245,7 +247,15 @@ def test_kernel_flags():
     assert k192.det_rotate and k192.m_rotate
     assert not FlashBwd192Sm90(bf, 192, False, deterministic=True, hdim_v=128).m_rotate
     assert not FlashBwd192Sm90(bf, 192, True, deterministic=True, det_schedule="rotate", hdim_v=128).m_rotate
-    wide = FlashBwdWideSm90(bf, 256, False, deterministic=True, det_schedule="rotate")
-    assert not wide.det_rotate and not wide.m_rotate
+    from kernels.sm90.bwd_wide_two_cta import FlashBwdWideTwoCtaSm90
+
+    for cls in (FlashBwdWideSm90, FlashBwdWideTwoCtaSm90):  # hd256, one CTA and pairs
+        wide = cls(bf, 256, False, deterministic=True, det_schedule="rotate")
+        assert wide.det_rotate and wide.m_rotate and not wide.spt, cls
+        for kw in (dict(), dict(det_schedule="rotate", deterministic=False)):
+            assert not cls(bf, 256, False, **{"deterministic": True, **kw}).m_rotate, (cls, kw)
+        assert not cls(bf, 256, True, deterministic=True, det_schedule="rotate").m_rotate
+        rq = cls(bf, 256, False, rotate_q=True)  # AttnConfig.bwd_rotate_q: rotated walks, no determinism
+        assert rq.m_rotate and not rq.det_rotate and not cls(bf, 256, True, rotate_q=True).m_rotate
     with pytest.raises(ValueError, match="rotate"):
         FlashBwdSm90(bf, 64, False, deterministic=True, det_schedule="rot")

@@ -111,8 +111,9 @@ def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False
 def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int, features: bool = False,
                           varlen: bool = False, seqlen_k: int | None = None, sm_count: int | None = None) -> AttnConfig:
     """``det_schedule="rotate"`` where the backward has it, else ``"spt"`` (the same kernel and cache key as spt's): the
-    rotation runs deterministic, non-causal, one-CTA ((64, 64), (128, 128), (192, 128)), without a window, softcap or
-    varlen, and -- given ``seqlen_k`` and ``sm_count`` -- only while a head's K/V tiles (CTAs) fit one per SM. Its dQ
+    rotation runs deterministic, non-causal, one-CTA ((64, 64), (128, 128), (192, 128), (256, 256)) or at hd256 in
+    2-CTA pairs, without a window, softcap or varlen, and -- given ``seqlen_k`` and ``sm_count`` -- only while a head's
+    K/V tiles (CTAs) fit one per SM (2-CTA: half the SMs). Its dQ
     turns make a CTA wait for CTAs of its head launched after it (K/V tile n - 1 reaches tile n's first Q tile after n
     does), so all of a head's CTAs must be resident at once (tests/test_det_schedule.py: with fewer slots than K/V tiles
     the rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool).
@@ -130,11 +131,18 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
             return cfg
         cfg = dataclasses.replace(cfg, det_schedule="rotate")
 
+    from .bwd_wide import WIDE_BWD_TILES
+
     tiles = {(d, d): t for d, t in BWD_TILES.items()} | dict(WIDE192_BWD_TILES)
-    rotate = (cfg.deterministic and not causal and not features and not varlen and cfg.two_cta is not True
-              and (hdim, hdim_v) in tiles)
+    tiles[(256, 256)] = WIDE_BWD_TILES[(256, 256)]
+    wide256 = (hdim, hdim_v) == (256, 256)  # one CTA or 2-CTA pairs (bwd_wide.py / bwd_wide_two_cta.py)
+    rotate = (cfg.deterministic and not causal and not features and not varlen
+              and (cfg.two_cta is not True or wide256) and (hdim, hdim_v) in tiles)
     if rotate and seqlen_k is not None and sm_count is not None:
-        rotate = -(-int(seqlen_k) // tiles[(hdim, hdim_v)][1]) <= sm_count
+        # 2-CTA pairs: at most half the SMs' worth of CTAs, so that the head's clusters are resident at once however
+        # the GPU places 2-CTA clusters
+        slots = sm_count // 2 if cfg.two_cta is True else sm_count
+        rotate = -(-int(seqlen_k) // tiles[(hdim, hdim_v)][1]) <= slots
     return cfg if rotate else dataclasses.replace(cfg, det_schedule="spt")
 
 
@@ -163,8 +171,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["qhead_per_kvhead"] = qhead_per_kvhead
     if cls is FlashBwdSm90 and cfg.bwd_lpt_heads:  # causal grid longest first (opt-in; the kernel ignores it elsewhere)
         kw["lpt_heads"] = cfg.bwd_lpt_heads
-    if cls is FlashBwdSm90 and cfg.bwd_rotate_q:  # hd128 non-causal rotated Q-tile walks (opt-in; hd64's default)
-        kw["rotate_q"] = True
+    if cfg.bwd_rotate_q and (cls is FlashBwdSm90 or (issubclass(cls, FlashBwdWideSm90) and hdim == 256)):
+        kw["rotate_q"] = True  # hd128 / hd256 non-causal rotated Q-tile walks (opt-in; hd64's default)
     if cls is FlashBwdSm90 and cfg.bwd_pdl and not varlen:  # programmatic dependent launch (opt-in; _build's launches)
         kw["pdl"] = True
     if cls is FlashBwdSm90 and cfg.bwd_dq_chunk_release:  # dQ staging chunks freed one by one (opt-in; dq_writer)

@@ -33,7 +33,8 @@ MMA warps never wait for a reduction's completion, and two tiles' completions ov
 For causal, ``det_schedule="spt"`` orders the turns and the grid
 shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles, goes first); ``"naive"`` keeps
 K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (the default since 2026-12-01;
-non-causal, one CTA, no window / varlen; causal runs ``"spt"``): K/V tile n of N walks its M Q tiles from tile
+non-causal, one CTA -- or hd256's 2-CTA pairs, as one contributor each --, no window / varlen; causal runs
+``"spt"``): K/V tile n of N walks its M Q tiles from tile
 floor(n M / N) (N <= M; else n mod M: rotate_start, m_rotate's walk) and each Q tile's turns follow that walk's arrival
 order (rotate_turn), so CTAs in lockstep never wait for each other instead of each waiting one dQ add for the previous
 K/V tile, and consecutive turns at a Q tile are M / N steps apart. ``"lpt"`` (opt-in; causal, one CTA, no
@@ -864,15 +865,7 @@ class FlashBwdSm90(BwdDqWriter):
             seqlen_q = mQ.shape[0]
             seqlen_k = mK.shape[0]
         n_block, num_groups, rank, m_block_min, m_block_max = self.tile_schedule(bidx, seqlen_q, seqlen_k)
-        m_rot = Int32(0)
         q_base = 0
-        if const_expr(self.m_rotate):
-            count = m_block_max - m_block_min
-            if count > 1:
-                if const_expr(self.det_rotate):  # the arrival-order turns' walk (rotate_start: spread when N <= M)
-                    m_rot = rotate_start(n_block, num_groups, count)
-                else:
-                    m_rot = n_block % count
         if const_expr(self.diag_align):  # tiles from the diagonal row (_set_diag_align): tile m at q_base + m * tile_m
             q_base = n_block * self.tile_n - (seqlen_k - seqlen_q)
             if q_base < 0:
@@ -882,8 +875,28 @@ class FlashBwdSm90(BwdDqWriter):
             m_block_max = Int32(0)
             if q_base < seqlen_q:
                 m_block_max = (seqlen_q - q_base + self.tile_m - 1) // self.tile_m
-        return BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q, seqlen_k,
-                       offset_q, offset_k, pad_tile, m_rot, q_base)
+        return self.with_m_rot(BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q,
+                                       seqlen_k, offset_q, offset_k, pad_tile, Int32(0), q_base))
+
+    @cute.jit
+    def with_m_rot(self, work: BwdWork) -> BwdWork:
+        """``work`` with its rotated walk's first Q tile (m_rotate; cta_work and the wide kernels, which build their
+        BwdWork themselves): the K/V group index (two_cta: the pair, whose two CTAs walk together) modulo the Q-tile
+        count; deterministic (det_rotate), rotate_start's spread starts, which the writer's arrival-order turns
+        (bwd_dq_writer.py rotate_turn) assume."""
+        if const_expr(not self.m_rotate):
+            return work
+        count = work.m_block_max - work.m_block_min
+        group = work.n_block
+        if const_expr(self.cluster > 1):
+            group = work.n_block // self.cluster
+        m_rot = Int32(0)
+        if count > 1:
+            if const_expr(self.det_rotate):
+                m_rot = rotate_start(group, work.num_groups, count)
+            else:
+                m_rot = group % count
+        return work._replace(m_rot=m_rot)
 
     @cute.jit
     def m_block_at(self, m_iter, work: BwdWork):

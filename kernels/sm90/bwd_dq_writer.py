@@ -266,7 +266,10 @@ class BwdDqWriter:
         if const_expr(not self.det_rotate):
             return None
         m_tiles = cutlass.max(work.m_block_max - work.m_block_min, Int32(1))
-        return (m_tiles, *rotate_turn_base(work.n_block, work.m_rot, work.num_groups, m_tiles))
+        group = work.n_block
+        if const_expr(self.cluster > 1):  # two_cta (hd256): the pair walks and takes turns as one contributor
+            group = work.n_block // self.cluster
+        return (m_tiles, *rotate_turn_base(group, work.m_rot, work.num_groups, m_tiles))
 
     @cute.jit
     def det_turn(self, work, m_block: Int32, rot, causal_off: Int32) -> Int32:
@@ -274,10 +277,10 @@ class BwdDqWriter:
         over the pairs); det_rotate, the arrival order of the rotated walks (``rot``: det_rotate_base); else
         dq_turn."""
         n_block, num_groups, mc, tn = work.n_block, work.num_groups, self.cluster, self.tile_n
-        if const_expr(self.two_cta):
-            turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
-        elif const_expr(self.det_rotate):
+        if const_expr(self.det_rotate):  # (two_cta at hd256 too: ``rot`` is the pair's)
             turn = rotate_turn_at(m_block - work.m_block_min, work.m_rot, num_groups, *rot)
+        elif const_expr(self.two_cta):
+            turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
         else:
             turn = self.dq_turn(n_block, m_block, tn, causal_off, num_groups)
         return turn

@@ -86,7 +86,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
-                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
+                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                 rotate_q: bool = False):
         self._set_gqa(qhead_per_kvhead)  # K/V head of a Q head: load() in bwd.py
         hdim_v = hdim if hdim_v is None else hdim_v
         if (hdim, hdim_v) not in WIDE_BWD_TILES:
@@ -99,6 +100,12 @@ class FlashBwdWideSm90(FlashBwdSm90):
         self.hdim, self.hdim_v = hdim, hdim_v
         self.two_cta = False
         self.cluster = 1
+        # det_schedule "rotate" (deterministic, non-causal, no window): rotated walks (m_block_at, with_m_rot) and
+        # arrival-order dQ turns, as the narrow kernels (FlashBwdWideTwoCtaSm90 sets its own)
+        self._set_det_rotate(det_schedule)
+        # ``rotate_q`` (AttnConfig.bwd_rotate_q, opt-in): the rotated walk without determinism (non-causal, no window),
+        # so that a head's CTAs do not all reduce into the same dQ tile at once
+        self.m_rotate = self.det_rotate or (rotate_q and not causal and not deterministic and not self.has_window)
         self.tile_m, self.tile_n = WIDE_BWD_TILES[(hdim, hdim_v)]
         if tile_m not in (None, self.tile_m):
             raise ValueError(f"bwd_tile_m={tile_m}: the hdim {hdim} backward supports {self.tile_m}")
@@ -219,7 +226,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
 
-        work = BwdWork(n_block, head, batch, m_block_min, m_block_max, num_n_blocks, rank, seqlen_q, seqlen_k)
+        work = self.with_m_rot(BwdWork(n_block, head, batch, m_block_min, m_block_max, num_n_blocks, rank, seqlen_q,
+                                       seqlen_k))
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
@@ -232,13 +240,13 @@ class FlashBwdWideSm90(FlashBwdSm90):
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma_wide(mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, sQ, sK, sV, sdO, sP, sdS,
                           sLSE, sdPsum, storage.sdQ.data_ptr(), pipe_q, pipe_do, pipe_kv, tidx - 128, n_block,
-                          head, batch, m_block_min, m_block_max, seqlen_q, seqlen_k, softmax_scale, scale_log2)
+                          head, batch, m_block_min, m_block_max, seqlen_q, seqlen_k, softmax_scale, scale_log2, work)
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
     def mma_wide(self, mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, sQ, sK, sV, sdO, sP, sdS,
                  sLSE, sdPsum, sdQ_raw, pipe_q, pipe_do, pipe_kv, tidx, n_block, head, batch, m_block_min,
-                 m_block_max, seqlen_q, seqlen_k, softmax_scale, scale_log2):
+                 m_block_max, seqlen_q, seqlen_k, softmax_scale, scale_log2, work):
         tm, tn, d, dv, hm = self.tile_m, self.tile_n, self.hdim, self.hdim_v, self.half_m
         qst, dost, pieces = self.q_stages, self.do_stages, self.dq_pieces
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -273,6 +281,8 @@ class FlashBwdWideSm90(FlashBwdSm90):
             qi = q_state.index
             di = do_state.index
             it = m_block - m_block_min
+            if const_expr(self.m_rotate):  # ``m_block`` is the loop step: its tile (m_block_at); ``it`` stays the step
+                m_block = self.m_block_at(m_block, work)
             m_row0 = m_block * tm + wg * hm  # this warpgroup's first Q row
             s_ops = SOperands(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, qi],
                               tSrdO[None, None, None, di], tScS, tSsLSE[None, None, None, qi],

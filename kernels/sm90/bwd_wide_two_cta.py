@@ -92,7 +92,8 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = True,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
-                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
+                 qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                 rotate_q: bool = False):
         hdim_v = hdim if hdim_v is None else hdim_v
         if not two_cta:
             raise ValueError("two_cta=False: FlashBwdWideTwoCtaSm90 is the 2-CTA kernel (FlashBwdWideSm90 is the "
@@ -106,6 +107,11 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
             raise ValueError("two_cta=True: not supported with a sliding window or softcap (use two_cta=False)")
         self.two_cta = True
         self.cluster = 2
+        # det_schedule "rotate" (deterministic, non-causal): each pair walks its Q tiles from rotate_start(pair, pairs, M),
+        # dQ turns in arrival order over the pairs (bwd_dq_writer.py det_rotate_base / det_turn)
+        self.det_rotate = det_schedule == "rotate" and self.deterministic and not self.causal
+        # rotate_q (AttnConfig.bwd_rotate_q, opt-in): the pairs' rotated walks without determinism
+        self.m_rotate = self.det_rotate or (rotate_q and not self.causal and not self.deterministic)
         self.stages = 1  # dS exchange buffers (bwd.py's shared_setup initialises this many dsfull / dsempty)
         tm, tn, d, dv = self.tile_m, self.tile_n, hdim, hdim_v
         assert tm == 64 and tn == 64 and self.atom_qk == 64
@@ -213,7 +219,8 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
         sP, sdS, sdSp = get(storage.sP, sPdS_layout), get(storage.sdS, sPdS_layout), get(storage.sdSp, sPdS_layout)
         smem = BwdSmem(sQ, sdO, sK, sV, sLSE, sdPsum, sdS=sdS, sKp=sKp, sdSp=sdSp, sdKs=sK, sdVs=sV)
 
-        work = BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q, seqlen_k)
+        work = self.with_m_rot(BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q,
+                                       seqlen_k))
         ptrs = DsPtrs(storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
                       storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr())
         if warp_idx < 4:
@@ -294,6 +301,8 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
             qi = q_state.index
             di = do_state.index
             it = m_block - work.m_block_min
+            if const_expr(self.m_rotate):  # ``m_block`` is the loop step: its tile (m_block_at); ``it`` stays the step
+                m_block = self.m_block_at(m_block, work)
             m_row0 = m_block * tm + wg * hm  # this warpgroup's first Q row
             s_ops = SOperands(mma_S, acc_S, acc_dP, tSrK, tSrV, tSrQ[None, None, None, qi],
                               tSrdO[None, None, None, di], tScS, tSsLSE[None, None, None, qi],
