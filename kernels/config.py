@@ -101,9 +101,13 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
     # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
     # (two_cta_by_default). hd64 / 128 two_cta is slower: off there; (192, 128) has no 2-CTA mode.
+    # bwd_two_cta_n80 (80-row K/V tiles per CTA, kernels/sm90/bwd_wide_two_cta80.py): H200 2026-12-02, one process,
+    # 10 rounds (results/h200/session_ab/bwd256_two_cta_n80.jsonl): 1.026 / 1.056x the 64-row pairs at 1k (non-causal
+    # / causal), 1.110 / 1.151 at 8k, 1.110 / 1.146 at 16k; deterministic it is slower (0.77-0.88 of the default,
+    # against 0.87-0.97 for the 64-row pairs), so backward_config picks it for non-deterministic 2-CTA calls only.
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True, rescale_before_pv=False,
-                        p_cvt_asm=(True, True)),
+                        p_cvt_asm=(True, True), bwd_two_cta_n80=True),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
     ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
     ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
@@ -131,13 +135,13 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
                                 "bwd_det_two_writers": (None,), "bwd_two_cta_cta_release": (None, True),
-                                "bwd_two_cta_dv_first": (None, False),
+                                "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align",
                   "pv_wait_mid", "bwd_det_two_writers", "early_v_release", "bwd_two_cta_cta_release",
-                  "bwd_two_cta_dv_first")
+                  "bwd_two_cta_dv_first", "bwd_two_cta_n80")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -210,6 +214,11 @@ class AttnConfig:
     # 0.91-0.99 of release alone, so off (None = off; left out of to_dict() while None or False).
     bwd_two_cta_cta_release: bool | None = None
     bwd_two_cta_dv_first: bool | None = None
+    # sm90 backward, hd256 with two_cta: 80-row K/V tiles per CTA (kernels/sm90/bwd_wide_two_cta80.py: swapped dK / dV
+    # / dQ GEMMs, dQ reduced from registers, deterministic turns through the exchange warp). None = the per-call
+    # default (kernels/sm90/backward.py backward_config: on for non-deterministic 2-CTA calls without bwd_rotate_q,
+    # DEFAULTS' bwd_two_cta_n80); False = the 64-row pairs; left out of to_dict() while None or False.
+    bwd_two_cta_n80: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.

@@ -47,6 +47,9 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_1cta"] = ours(two_cta=False)
         if not causal:  # the pairs' rotated Q-tile walks without determinism (AttnConfig.bwd_rotate_q)
             fns["ours_rotq"] = ours(bwd_rotate_q=True)
+        # 80-row K/V tiles (bwd_wide_two_cta80.py; the non-deterministic default) against the 64-row pair kernel
+        fns["ours_n64"] = ours(two_cta=True, bwd_two_cta_n80=False)
+        fns["ours_n80_det"] = ours(two_cta=True, bwd_two_cta_n80=True, deterministic=True)
     if q.shape[-1] == 64:
         fns["ours_t128"] = ours(bwd_tile_m=128)
         fns["ours_t128_det"] = ours(bwd_tile_m=128, deterministic=True)

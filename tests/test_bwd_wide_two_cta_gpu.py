@@ -22,9 +22,11 @@ pytestmark = pytest.mark.gpu
 
 
 def _cfg(**kw):
+    """The 64-row pair kernel (bwd_two_cta_n80=False: the 80-row kernel, the non-deterministic default since session 30,
+    has its own tests in test_bwd_two_cta_n80_gpu.py)."""
     from kernels import AttnConfig
 
-    return AttnConfig(two_cta=True, **kw)
+    return AttnConfig(two_cta=True, **{"bwd_two_cta_n80": False, **kw})
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -89,6 +91,11 @@ def test_two_cta_hd256_nondeterministic_reorders(capsys):
                          ids=["g2-causal-sq17", "mqa-full-sq129-sk300", "g2-causal-sq300"])
 def test_two_cta_hd256_gqa(b, sq, sk, hq, hkv, causal):
     """GQA / MQA with two_cta: the CTA of Q head i loads K/V head i // g, the peer's K half included."""
+    gqa_case(b, sq, sk, hq, hkv, causal, _cfg())
+
+
+def gqa_case(b, sq, sk, hq, hkv, causal, cfg):
+    """One hd256 GQA / MQA backward with ``cfg`` against the fp64 reference (NaN-poisoned preallocated outputs)."""
     from kernels.sm90.backward import attention_backward
 
     dtype = torch.bfloat16
@@ -101,8 +108,7 @@ def test_two_cta_hd256_gqa(b, sq, sk, hq, hkv, causal):
     ref = grads_at_dtype(q.double(), k.double(), v.double(), do.double(), causal, scale, torch.float64)[1:]
     pt = grads_at_dtype(q, k, v, do, causal, scale, dtype)[1:]
     poisoned = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    ours = attention_backward(q, k, v, out64.to(dtype), do, lse.float().contiguous(), causal, scale, _cfg(),
-                              *poisoned)
+    ours = attention_backward(q, k, v, out64.to(dtype), do, lse.float().contiguous(), causal, scale, cfg, *poisoned)
     torch.cuda.synchronize()
     assert all(o.data_ptr() == p.data_ptr() for o, p in zip(ours, poisoned)), "preallocated outputs not used"
     for name, x, r, p in zip(("dq", "dk", "dv"), ours, ref, pt):

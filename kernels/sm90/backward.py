@@ -44,7 +44,7 @@ import math
 import torch
 
 from ..compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
-from ..config import AttnConfig, ConfigError, resolve_cached, two_cta_by_default
+from ..config import DEFAULTS, AttnConfig, ConfigError, resolve_cached, two_cta_by_default
 from ..validate import check_gqa_heads
 
 ARCH = "sm90"
@@ -78,6 +78,13 @@ def _check_supported(cfg: AttnConfig, hdim: int, hdim_v: int, features: bool = F
         if cfg.bwd_tile_m != tm:
             raise ConfigError(f"bwd_tile_m={cfg.bwd_tile_m} at hdim {hdim}: the sm90 backward supports {tm} there "
                               "(64 x 64 tiles, the warpgroups split the head dim)")
+    if cfg.bwd_two_cta_n80 and ((hdim, hdim_v) != (256, 256) or cfg.two_cta is not True or features):
+        raise ConfigError(f"bwd_two_cta_n80=True at (head_dim, head_dim_v)=({hdim}, {hdim_v}), two_cta={cfg.two_cta}, "
+                          f"window/softcap={bool(features)}: the 80-row K/V tile backward exists at hdim 256 with "
+                          "two_cta, without window or softcap (kernels/sm90/bwd_wide_two_cta80.py)")
+    if cfg.bwd_two_cta_n80 and cfg.bwd_rotate_q:
+        raise ConfigError("bwd_two_cta_n80=True with bwd_rotate_q=True: the 80-row K/V tile backward walks its Q tiles "
+                          "in order; pass bwd_two_cta_n80=False for the rotated walks")
     if features and cfg.two_cta is True:
         raise ConfigError("two_cta=True with window_size/softcap: the sm90 backward's 2-CTA mode does not support a "
                           "sliding window or softcap; use two_cta=False")
@@ -97,14 +104,21 @@ def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False
     """The config the backward runs for a resolved ``cfg`` at (hdim, hdim_v): ``two_cta=None`` replaced by the per-call
     decision (kernels.config.two_cta_by_default: on at hd256 without a window (``features``), softcap or varlen; a
     forced value stays), so that checks, kernel choice and cache keys see a bool; 80-row Q tiles (hd128's default) have
-    no softcap or variable-length kernel, so those calls take 64-row tiles (an explicit ``bwd_tile_m=80`` too).
-    ``hdim`` None: the config's bwd_tile_m is looked at only, two_cta None read as False."""
+    no softcap or variable-length kernel, so those calls take 64-row tiles (an explicit ``bwd_tile_m=80`` too);
+    ``bwd_two_cta_n80=None`` becomes True on hd256 2-CTA calls that are not deterministic and not bwd_rotate_q (80-row
+    K/V tiles, DEFAULTS). ``hdim`` None: the config's bwd_tile_m is looked at only, two_cta None read as False."""
     updates = {}
     if cfg.two_cta is None:
         updates["two_cta"] = hdim is not None and two_cta_by_default(cfg, ARCH, hdim, hdim_v, features or softcap,
                                                                      varlen)
     if cfg.bwd_tile_m == 80 and (softcap or varlen):
         updates["bwd_tile_m"] = 64
+    two_cta = updates.get("two_cta", cfg.two_cta)
+    if (cfg.bwd_two_cta_n80 is None and two_cta is True and hdim is not None
+            and DEFAULTS.get((ARCH, int(hdim)), {}).get("bwd_two_cta_n80")
+            and (int(hdim), int(hdim if hdim_v is None else hdim_v)) == (256, 256)
+            and not (cfg.deterministic or cfg.bwd_rotate_q or features or softcap or varlen)):
+        updates["bwd_two_cta_n80"] = True  # 80-row K/V tiles (DEFAULTS: faster, but not deterministic)
     return dataclasses.replace(cfg, **updates) if updates else cfg
 
 
@@ -163,6 +177,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     cls = FlashBwdWideSm90 if (hdim, hdim_v) in WIDE_BWD_TILES else FlashBwdSm90
     if cls is FlashBwdWideSm90 and cfg.two_cta is True:  # hd256 in 2-CTA clusters
         from .bwd_wide_two_cta import FlashBwdWideTwoCtaSm90 as cls
+        if cfg.bwd_two_cta_n80:  # 80-row K/V tiles (backward_config's default without determinism; _check_supported)
+            from .bwd_wide_two_cta80 import FlashBwdWide80TwoCtaSm90 as cls
     kw = dict(hdim_v=hdim_v) if issubclass(cls, FlashBwdWideSm90) else {}
     if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):
         # (192, 128): 64 x 128 tiles, dK / dV split by K/V rows (bwd_wide192.py); a softcap stays on FlashBwdWideSm90

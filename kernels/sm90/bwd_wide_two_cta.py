@@ -89,6 +89,9 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
     constants inside; the producer, writer warp, tile schedule, pipelines, P^T / dS^T computation and dK / dV
     epilogue are FlashBwdSm90's / FlashBwdWideSm90's."""
 
+    dq_turns_in_exchange = False  # the exchange warp grants and releases the deterministic dQ turns (bwd_wide_two_cta80)
+    has_writer = True  # warp 1 bulk-reduces dQ from the staging buffer (bwd_wide_two_cta80: the MMA warps reduce it)
+
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = True,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
                  det_schedule: str = "spt", tile_m: int | None = None, hdim_v: int | None = None,
@@ -221,8 +224,11 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
 
         work = self.with_m_rot(BwdWork(n_block, head, batch, m_block_min, m_block_max, num_groups, rank, seqlen_q,
                                        seqlen_k))
-        ptrs = DsPtrs(storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
-                      storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr())
+        sdQ_ptr = None
+        if const_expr(self.has_writer):
+            sdQ_ptr = storage.sdQ.data_ptr()
+        ptrs = DsPtrs(storage.sdS.data_ptr(), storage.sdSp.data_ptr(), sdQ_ptr, storage.mbar_dsfull.data_ptr(),
+                      storage.mbar_dsempty.data_ptr())
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
@@ -232,17 +238,26 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
                 gKp = cute.local_tile(mKp[None, None, head_kv, batch], (self.tile_n, self.hdim // 2), (None, rank))
                 self.load(BwdGmem(mQ, mK, mV, mdO, mLSE, mdPsum),
                           TwoCtaTma(tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_Kp, gKp), smem, pipes, work)
-            if warp_idx == 1:
-                self.dq_writer(mdQaccum, mSem, storage.sdQ.data_ptr(), work)
+            if const_expr(self.has_writer):
+                if warp_idx == 1:
+                    self.dq_writer(mdQaccum, mSem, sdQ_ptr, work)
             if warp_idx == 2:
-                self.exchange(pipes.pipe_do, ptrs, work)
+                self.exchange(pipes.pipe_do, ptrs, work, mSem)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.mma_two_cta(mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, smem, sP, ptrs, pipes, work,
-                             tidx - 128, softmax_scale, scale_log2)
+            self.mma_pair(mdQaccum, mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, smem, sP, ptrs, pipes,
+                          work, tidx - 128, softmax_scale, scale_log2)
         # no CTA may leave while its peer can still multicast into it, send it dS or arrive on its barriers
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
+
+    @cute.jit
+    def mma_pair(self, mdQaccum, mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, smem: BwdSmem, sP,
+                 ptrs: DsPtrs, pipes: BwdPipes, work: BwdWork, tidx, softmax_scale, scale_log2):
+        """The MMA warpgroups' role (mma_two_cta: dQ leaves through the writer warp; FlashBwdWide80TwoCtaSm90 overrides
+        it with its own loop, which reduces dQ into ``mdQaccum`` itself)."""
+        self.mma_two_cta(mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, smem, sP, ptrs, pipes, work, tidx,
+                         softmax_scale, scale_log2)
 
     @cute.jit
     def load_kv(self, tma: TwoCtaTma, pipe_kv, tKsK, tKgK, tVsV, tVgV, sKp, gK, n_block):
@@ -336,7 +351,7 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
         self.dkdv_epilogue(acc_dK, acc_dV, mma_dK, mma_dV, dest, pds_bar, wg, tid, tidx, softmax_scale, work.seqlen_k)
 
     @cute.jit
-    def exchange(self, pipe_do, ptrs: DsPtrs, work: BwdWork):
+    def exchange(self, pipe_do, ptrs: DsPtrs, work: BwdWork, mSem=None):
         """Warp 2, the pair's bookkeeping, per Q tile: once both MMA warpgroups have stored and fenced dS^T (named
         barrier BWD_DS_SEND), one lane expects the peer's dS tile on this CTA's dsfull and sends this CTA's tile into
         the peer's receive buffer (one bulk copy shared::cta -> shared::cluster, completing on the peer's dsfull); once
@@ -345,12 +360,13 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
         256 MMA threads' count). In the MMA warps these branches (the send in ``if tidx == 0`` or elect_one, the
         lane-predicated multicast release, the remote arrivals) tipped ptxas into serialising every wgmma of the kernel
         in some configs (causal bf16: 48 WARPGROUP.DEPBAR instead of 4, C7520 "compiler-inserted WG.AR in divergent
-        path"; CPU SASS)."""
+        path"; CPU SASS). ``dq_turns_in_exchange`` (FlashBwdWide80TwoCtaSm90, deterministic): then also this CTA's
+        dQ turn on the Q tile's semaphore ``mSem`` (dq_turn_grant)."""
         peer = work.rank ^ 1
         lane = cute.arch.lane_idx()
         mma_warps = self.num_mma_threads // 32
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
-        for _ in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
+        for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
             cute.arch.barrier(barrier_id=int(Bar.BWD_DS_SEND), number_of_threads=self.num_mma_threads + 32)
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(ptrs.mbar_dsfull, self.bytes_ds)
@@ -361,6 +377,8 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
                 cute.arch.mbarrier_arrive(pipe_do.consumer_get_barrier(do_state), lane, mma_warps)
             if lane == self.cluster:
                 cute.arch.mbarrier_arrive(ptrs.mbar_dsempty, peer, self.num_mma_threads, scope=_CLUSTER)
+            if const_expr(self.dq_turns_in_exchange):
+                self.dq_turn_grant(mSem, work, m_block)
             do_state.advance()
 
     @cute.jit
