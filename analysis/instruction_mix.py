@@ -47,7 +47,8 @@ CASES = [
     ("bwd hd128 deterministic naive causal", "bwd", {"deterministic": True, "det_schedule": "naive"}, 128, True),
     ("bwd hd128 two_cta", "bwd", {"two_cta": True}, 128, False),
     ("bwd hd192x128 default", "bwd", {}, (192, 128), False),
-    ("bwd hd256 default (two_cta)", "bwd", {}, 256, False),
+    ("bwd hd256 default (two_cta with 80-row K/V tiles)", "bwd", {}, 256, False),
+    ("bwd hd256 two_cta 64-row tiles", "bwd", {"two_cta": True, "bwd_two_cta_n80": False}, 256, False),
     ("bwd hd256 one CTA", "bwd", {"two_cta": False}, 256, False),
     ("bwd hd256 deterministic causal", "bwd", {"deterministic": True}, 256, True),
 ]
