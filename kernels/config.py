@@ -666,6 +666,19 @@ def two_cta_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, hdim_v: i
     return bool(DEFAULTS[(arch, int(hdim))]["two_cta"])
 
 
+def two_cta_n80_by_default(cfg: "AttnConfig", arch: str, hdim: int, hdim_v: int | None, two_cta: bool,
+                           features: bool = False) -> bool:
+    """Whether an sm90 backward call runs the 2-CTA pairs with 80-row K/V tiles (kernels/sm90/bwd_wide_two_cta80.py):
+    ``cfg.bwd_two_cta_n80`` when set, otherwise DEFAULTS' ``bwd_two_cta_n80`` for 2-CTA calls (``two_cta`` decided)
+    at (256, 256) that are not deterministic and not bwd_rotate_q, without window / softcap / varlen (``features``)."""
+    if cfg.bwd_two_cta_n80 is not None:
+        return bool(cfg.bwd_two_cta_n80)
+    hdim_v = hdim if hdim_v is None else hdim_v
+    if not two_cta or (int(hdim), int(hdim_v)) != (256, 256) or cfg.deterministic or cfg.bwd_rotate_q or features:
+        return False
+    return bool(DEFAULTS.get((normalize_arch(arch), int(hdim)), {}).get("bwd_two_cta_n80", False))
+
+
 # pack_gqa=None packs a GQA group's Q heads into one tile when the per-head Q tile would be partly padding, at the head
 # dims whose packed kernel is GPU-tested. H200 (hd128, 32 Q / 4 K/V heads, seqlen_k 8k, batch 16, 10 rounds, one
 # process; results/h200/session_ab/fwd_pack_gqa_sq.jsonl): packed / per-head 3.3-3.8x at seqlen_q 1-32, 1.83x at 64,

@@ -11,7 +11,8 @@ counts as supported and K/V rows are 128). sm100 has no backward kernel here: it
 """
 from __future__ import annotations
 
-from .config import AttnConfig, ConfigError, normalize_arch, quantized_exp2_fraction, two_cta_by_default
+from .config import (AttnConfig, ConfigError, normalize_arch, quantized_exp2_fraction, two_cta_by_default,
+                     two_cta_n80_by_default)
 
 SM100_BWD_TILE = (128, 128)  # FA4 paper (B200): 128 x 128 backward tiles; no sm100 kernel in this package
 SM90_BWD_TILE_N = 128  # K/V rows per CTA when the kernel module cannot be imported (two 64-row MMA warpgroups)
@@ -37,6 +38,8 @@ def bwd_tile(arch: str, hdim: int, causal: bool = False, cfg: AttnConfig | None 
         raise ConfigError(f"hdim={hdim}: the {arch} backward supports head dims {sorted(table)}")
     r = (cfg or AttnConfig()).resolve(arch, hdim, causal)
     tile_n = table[int(hdim)][1] if table is not None else SM90_BWD_TILE_N
+    if two_cta_n80_by_default(r, arch, hdim, hdim, two_cta_by_default(r, arch, hdim, hdim)):
+        tile_n = 80  # hd256 2-CTA pairs with 80-row K/V tiles (kernels/sm90/bwd_wide_two_cta80.py)
     return int(r.bwd_tile_m), int(tile_n)
 
 
@@ -66,4 +69,6 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     two_cta = two_cta_by_default(r, arch, hdim, 128 if int(hdim) == 192 else hdim)
     d.update(tile_m=tm, tile_n=tn, two_cta=two_cta,
              exp2_emu_fraction=quantized_exp2_fraction(r.exp2_emu_fraction, tm // 8))
+    if two_cta_n80_by_default(r, arch, hdim, 128 if int(hdim) == 192 else hdim, two_cta):
+        d["bwd_two_cta_n80"] = True  # only where it runs: every other config's dict is as before the field existed
     return d

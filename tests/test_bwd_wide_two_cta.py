@@ -26,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _main_sass(tmp_path, two_cta, causal, deterministic=False, dtype="bfloat16", frac=0.0, det_schedule="spt",
                extra=""):
     """SASS of the hd256 backward main kernel for one config (compiled in a subprocess, DSL cache off); ``extra``:
-    more AttnConfig keyword arguments as source text."""
+    more AttnConfig keyword arguments as source text. two_cta: the 64-row pairs (bwd_two_cta_n80=False; the 80-row
+    kernel, the non-deterministic default, has tests/test_bwd_two_cta_n80.py)."""
     from kernels.sm90.sass import disassemble, find_nvdisasm
 
     if find_nvdisasm() is None:
@@ -39,7 +40,8 @@ def _main_sass(tmp_path, two_cta, causal, deterministic=False, dtype="bfloat16",
         from kernels import AttnConfig
         from kernels.sm90.backward import compile_backward
         compile_backward(AttnConfig(two_cta={two_cta}, deterministic={deterministic}, exp2_emu_fraction={frac},
-                                    det_schedule={det_schedule!r}, {extra}), {dtype!r}, 256, {causal}, hdim_v=256)
+                                    det_schedule={det_schedule!r}, bwd_two_cta_n80=False, {extra}), {dtype!r}, 256,
+                         {causal}, hdim_v=256)
     """)
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=str(dump),
                CUTE_DSL_NO_CACHE="1")
@@ -182,21 +184,25 @@ def test_two_cta_wide_config_plumbing():
 
 def test_two_cta_wide_compiles_distinct():
     """compile_backward builds the three kernels for hd256 two_cta (plain and deterministic), distinct from the
-    one-CTA ones; the default config (two_cta=None) gets the 2-CTA kernels (the same compiled objects)."""
+    one-CTA ones; the default config (two_cta=None) gets the 2-CTA kernels (the same compiled objects): the 80-row
+    pairs without determinism, the 64-row pairs with it."""
     from kernels import AttnConfig
     from kernels.sm90.backward import compile_backward
 
-    two = compile_backward(AttnConfig(two_cta=True), "bfloat16", 256, False)
+    two = compile_backward(AttnConfig(two_cta=True, bwd_two_cta_n80=False), "bfloat16", 256, False)
     det = compile_backward(AttnConfig(two_cta=True, deterministic=True), "float16", 256, True)
     one = compile_backward(AttnConfig(two_cta=False), "bfloat16", 256, False)
     assert set(two) >= {"pre", "main", "post"} and set(det) >= {"pre", "main", "post"}
     assert two["main"] is not one["main"] and two["tile_m"] == 64 and two["tile_n"] == 64
-    assert compile_backward(AttnConfig(), "bfloat16", 256, False)["main"] is two["main"]
+    n80 = compile_backward(AttnConfig(), "bfloat16", 256, False)
+    assert n80["main"] is compile_backward(AttnConfig(two_cta=True), "bfloat16", 256, False)["main"]
+    assert n80["main"] is not two["main"] and n80["tile_n"] == 80
+    assert compile_backward(AttnConfig(deterministic=True), "float16", 256, True)["main"] is det["main"]
 
 
 def test_two_cta_default_kernel_choice():
     """two_cta=None (the default): backward_config decides it per call before the checks and the kernel choice; hd256
-    runs FlashBwdWideTwoCtaSm90, hd256 with a softcap / window the one-CTA FlashBwdWideSm90, varlen never 2-CTA, the
+    runs FlashBwdWide80TwoCtaSm90 (FlashBwdWideTwoCtaSm90 when deterministic), hd256 with a softcap / window the one-CTA FlashBwdWideSm90, varlen never 2-CTA, the
     other head dims their one-CTA kernels; a forced two_cta=False at hd256 runs the one-CTA kernel."""
     import cutlass
 
@@ -206,6 +212,7 @@ def test_two_cta_default_kernel_choice():
     from kernels.sm90.bwd_wide import FlashBwdWideSm90
     from kernels.sm90.bwd_wide192 import FlashBwd192Sm90
     from kernels.sm90.bwd_wide_two_cta import FlashBwdWideTwoCtaSm90
+    from kernels.sm90.bwd_wide_two_cta80 import FlashBwdWide80TwoCtaSm90
 
     bf = cutlass.BFloat16
     for causal in (False, True):
@@ -213,7 +220,9 @@ def test_two_cta_default_kernel_choice():
         cfg = backward_config(r, hdim=256, hdim_v=256)
         assert cfg.two_cta is True and cfg.bwd_tile_m == 64
         _check_supported(cfg, 256, 256)
-        assert type(_main_kernel(bf, cfg, 256, 256, causal)) is FlashBwdWideTwoCtaSm90
+        assert type(_main_kernel(bf, cfg, 256, 256, causal)) is FlashBwdWide80TwoCtaSm90  # 80-row K/V tiles
+        det = backward_config(AttnConfig(deterministic=True).resolve("sm90", 256, causal), hdim=256, hdim_v=256)
+        assert type(_main_kernel(bf, det, 256, 256, causal)) is FlashBwdWideTwoCtaSm90  # deterministic: 64 rows
         for feats, softcap in ((dict(softcap=20.0), True), (dict(window_left=128), False)):
             f = backward_config(r, softcap, hdim=256, hdim_v=256, features=True)
             assert f.two_cta is False

@@ -242,12 +242,15 @@ def test_peaks_come_from_the_one_hardware_table():
 def test_backward_tiles_are_the_kernels():
     """The roofline's backward tile is whatever kernels/tiles.py reads from the kernel package (no copy here)."""
     from analysis import roofline as rl
+    from kernels import AttnConfig
     from kernels.tiles import bwd_tile
 
     for hd in (64, 128, 256, 192):
         p = rl.predict("h200", hd, False, None, dict(hdim_v=128 if hd == 192 else hd), mode="bwd", calib={})
         assert p.tile == bwd_tile("sm90", hd, False)
-    assert bwd_tile("sm90", 256, True) == (64, 64)  # kernels/sm90/bwd_wide.py
+    assert bwd_tile("sm90", 256, True) == (64, 80)  # the 2-CTA pairs' 80-row K/V tiles (bwd_wide_two_cta80.py)
+    assert bwd_tile("sm90", 256, True, AttnConfig(deterministic=True)) == (64, 64)  # the 64-row pairs
+    assert bwd_tile("sm90", 256, True, AttnConfig(two_cta=False)) == (64, 64)  # kernels/sm90/bwd_wide.py
     hdims = {r["hdim"] for r in rl.table(gpus=("h200",), modes=("bwd",), calib={})}
     assert hdims == {"64", "128", "192/128", "256"}
 

@@ -44,7 +44,7 @@ import math
 import torch
 
 from ..compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
-from ..config import DEFAULTS, AttnConfig, ConfigError, resolve_cached, two_cta_by_default
+from ..config import AttnConfig, ConfigError, resolve_cached, two_cta_by_default, two_cta_n80_by_default
 from ..validate import check_gqa_heads
 
 ARCH = "sm90"
@@ -113,11 +113,9 @@ def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False
                                                                      varlen)
     if cfg.bwd_tile_m == 80 and (softcap or varlen):
         updates["bwd_tile_m"] = 64
-    two_cta = updates.get("two_cta", cfg.two_cta)
-    if (cfg.bwd_two_cta_n80 is None and two_cta is True and hdim is not None
-            and DEFAULTS.get((ARCH, int(hdim)), {}).get("bwd_two_cta_n80")
-            and (int(hdim), int(hdim if hdim_v is None else hdim_v)) == (256, 256)
-            and not (cfg.deterministic or cfg.bwd_rotate_q or features or softcap or varlen)):
+    if (cfg.bwd_two_cta_n80 is None and hdim is not None
+            and two_cta_n80_by_default(cfg, ARCH, hdim, hdim_v, updates.get("two_cta", cfg.two_cta) is True,
+                                       features or softcap or varlen)):
         updates["bwd_two_cta_n80"] = True  # 80-row K/V tiles (DEFAULTS: faster, but not deterministic)
     return dataclasses.replace(cfg, **updates) if updates else cfg
 
