@@ -103,8 +103,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # (two_cta_by_default). hd64 / 128 two_cta is slower: off there; (192, 128) has no 2-CTA mode.
     # bwd_two_cta_n80 (80-row K/V tiles per CTA, kernels/sm90/bwd_wide_two_cta80.py): H200 2026-12-02, one process,
     # 10 rounds (results/h200/session_ab/bwd256_two_cta_n80.jsonl): 1.026 / 1.056x the 64-row pairs at 1k (non-causal
-    # / causal), 1.110 / 1.151 at 8k, 1.110 / 1.146 at 16k; deterministic it is slower (0.77-0.88 of the default,
-    # against 0.87-0.97 for the 64-row pairs), so backward_config picks it for non-deterministic 2-CTA calls only.
+    # / causal), 1.110 / 1.151 at 8k, 1.110 / 1.146 at 16k. Deterministic too since 2026-12-03 (dQ turns polled by
+    # warp 1 instead of the exchange warp, the pairs' rotated walks): H200, one process, 10 rounds
+    # (results/h200/session_ab/bwd256_n80_det.jsonl), det / default 0.944-0.976 non-causal, 0.931-0.956 causal at
+    # 1k-16k, 1.04-1.10x the 64-row pairs' deterministic kernel. backward_config picks it for every 2-CTA call but
+    # bwd_rotate_q.
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True, rescale_before_pv=False,
                         p_cvt_asm=(True, True), bwd_two_cta_n80=True),
@@ -670,11 +673,11 @@ def two_cta_n80_by_default(cfg: "AttnConfig", arch: str, hdim: int, hdim_v: int 
                            features: bool = False) -> bool:
     """Whether an sm90 backward call runs the 2-CTA pairs with 80-row K/V tiles (kernels/sm90/bwd_wide_two_cta80.py):
     ``cfg.bwd_two_cta_n80`` when set, otherwise DEFAULTS' ``bwd_two_cta_n80`` for 2-CTA calls (``two_cta`` decided)
-    at (256, 256) that are not deterministic and not bwd_rotate_q, without window / softcap / varlen (``features``)."""
+    at (256, 256) that are not bwd_rotate_q, without window / softcap / varlen (``features``)."""
     if cfg.bwd_two_cta_n80 is not None:
         return bool(cfg.bwd_two_cta_n80)
     hdim_v = hdim if hdim_v is None else hdim_v
-    if not two_cta or (int(hdim), int(hdim_v)) != (256, 256) or cfg.deterministic or cfg.bwd_rotate_q or features:
+    if not two_cta or (int(hdim), int(hdim_v)) != (256, 256) or cfg.bwd_rotate_q or features:
         return False
     return bool(DEFAULTS.get((normalize_arch(arch), int(hdim)), {}).get("bwd_two_cta_n80", False))
 

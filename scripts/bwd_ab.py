@@ -38,6 +38,9 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         base_cfg = importlib.import_module(base.__name__.split(".")[0] + ".config").AttnConfig
         fns["ours_base_det"] = lambda: base.attention_backward(q, k, v, out, do, lse, causal, scale,
                                                                base_cfg(deterministic=True))
+        if (q.shape[-1], v.shape[-1]) == (256, 256):  # the base tree's deterministic 80-row K/V tile pairs
+            fns["ours_base_n80_det"] = lambda: base.attention_backward(
+                q, k, v, out, do, lse, causal, scale, base_cfg(two_cta=True, bwd_two_cta_n80=True, deterministic=True))
     if q.shape[-1] <= 128:  # two_cta off by default at hd 64 / 128
         fns["ours_2cta"] = ours(two_cta=True)  # the dS hand-back without MEMBAR.GPU (bwd_two_cta_cta_release, default)
         # docs/BWD_TWO_CTA.md: the cluster-scope (fenced) hand-back, and the opt-in dV before the exchange
@@ -50,6 +53,8 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         # 80-row K/V tiles (bwd_wide_two_cta80.py; the non-deterministic default) against the 64-row pair kernel
         fns["ours_n64"] = ours(two_cta=True, bwd_two_cta_n80=False)
         fns["ours_n80_det"] = ours(two_cta=True, bwd_two_cta_n80=True, deterministic=True)
+        fns["ours_n80_det_spt"] = ours(two_cta=True, bwd_two_cta_n80=True, deterministic=True, det_schedule="spt")
+        fns["ours_n64_det"] = ours(two_cta=True, bwd_two_cta_n80=False, deterministic=True)
     if q.shape[-1] == 64:
         fns["ours_t128"] = ours(bwd_tile_m=128)
         fns["ours_t128_det"] = ours(bwd_tile_m=128, deterministic=True)

@@ -78,12 +78,9 @@ def test_bwd_wide_compiles(det, frac, causal, hdims, dtype):
     if hdims == (192, 128):  # kernels/sm90/bwd_wide192.py: 64 x 128 tiles, S^T 64 x 64 per warpgroup (8 fragments)
         assert (out["tile_m"], out["tile_n"]) == (64, 128)
         groups = out["tile_m"] // 8
-    elif not det:  # hd256 default: 2-CTA pairs with 80-row K/V tiles (bwd_wide_two_cta80.py), S_w 64 x 40
+    else:  # hd256 default, deterministic too: 2-CTA pairs with 80-row K/V tiles (bwd_wide_two_cta80.py), S_w 64 x 40
         assert (out["tile_m"], out["tile_n"]) == (64, 80)
         groups = 40 // 8
-    else:  # hd256 deterministic: the 64-row pairs
-        assert (out["tile_m"], out["tile_n"]) == (64, 64)
-        groups = out["tile_m"] // 2 // 8  # each warpgroup's S^T covers half of the Q rows: 4 fragments per thread
     assert out["exp2_fraction_compiled"] == round(frac * groups) / groups
 
 

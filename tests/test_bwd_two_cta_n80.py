@@ -5,6 +5,7 @@ and Q tile, no bulk reduction, no writer warp), the dS tile sent to the peer, no
 deterministic turns; plus the config plumbing and the shared-memory plan."""
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -62,7 +63,7 @@ def test_n80_sass(tmp_path, causal, dtype):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_n80_deterministic_sass(tmp_path, causal):
     """deterministic: the same 8 fp32 reductions per thread, one semaphore release (red.release.gpu after a GPU fence)
-    and acquire polls (the exchange warp's), wgmma chains still asynchronous, no spills."""
+    and acquire polls (warp 1's dq_turns), wgmma chains still asynchronous, no spills."""
     from kernels.sm90.sass import opcode_counts
 
     plain = opcode_counts(_sass(tmp_path, causal, "bfloat16"))
@@ -94,11 +95,12 @@ def test_n80_config_plumbing():
     main = _main_kernel(cutlass.BFloat16, on, 256, 256, False)
     assert type(main) is FlashBwdWide80TwoCtaSm90 and main.tile_n == 80 and main.tile_m == 64
     assert main.post_layout() == dict(chunks=4, transposed=True, dq_shape=(64, 64))
-    # the default: 80-row tiles for non-deterministic 2-CTA calls; the 64-row pairs when deterministic, with
-    # bwd_rotate_q or bwd_two_cta_n80=False; one CTA (window / softcap / varlen: two_cta off) never
-    assert resolved().bwd_two_cta_n80 is True
-    assert type(_main_kernel(cutlass.BFloat16, resolved(), 256, 256, False)) is FlashBwdWide80TwoCtaSm90
-    for kw in (dict(deterministic=True), dict(bwd_rotate_q=True), dict(bwd_two_cta_n80=False)):
+    # the default: 80-row tiles for 2-CTA calls, deterministic ones too; the 64-row pairs with bwd_rotate_q or
+    # bwd_two_cta_n80=False; one CTA (window / softcap / varlen: two_cta off) never
+    for kw in (dict(), dict(deterministic=True)):
+        assert resolved(**kw).bwd_two_cta_n80 is True, kw
+        assert type(_main_kernel(cutlass.BFloat16, resolved(**kw), 256, 256, False)) is FlashBwdWide80TwoCtaSm90, kw
+    for kw in (dict(bwd_rotate_q=True), dict(bwd_two_cta_n80=False), dict(bwd_two_cta_n80=False, deterministic=True)):
         cfg = resolved(**kw)
         assert not cfg.bwd_two_cta_n80, kw
         assert type(_main_kernel(cutlass.BFloat16, cfg, 256, 256, False)) is FlashBwdWideTwoCtaSm90, kw
@@ -111,8 +113,11 @@ def test_n80_config_plumbing():
     det = resolved(bwd_two_cta_n80=True, deterministic=True)
     _check_supported(det, 256, 256)
     det_main = _main_kernel(cutlass.BFloat16, det, 256, 256, True)
-    assert det_main.deterministic and det_main.dq_turns_in_exchange and det_main.spt  # causal: spt turns and launch
-    assert not main.dq_turns_in_exchange and not FlashBwdWideTwoCtaSm90.dq_turns_in_exchange
+    assert det_main.deterministic and det_main.dq_turn_warp and det_main.spt  # causal: spt turns and launch
+    assert not det_main.m_rotate and not det_main.det_rotate
+    rot_main = _main_kernel(cutlass.BFloat16, dataclasses.replace(det, det_schedule="rotate"), 256, 256, False)
+    assert rot_main.det_rotate and rot_main.m_rotate  # non-causal "rotate": the pairs' rotated walks
+    assert not main.dq_turn_warp and not FlashBwdWideTwoCtaSm90.dq_turn_warp and not main.m_rotate
     with pytest.raises(ConfigError, match="bwd_two_cta_n80"):
         _check_supported(resolved(bwd_two_cta_n80=True, two_cta=False), 256, 256)
     with pytest.raises(ConfigError, match="bwd_two_cta_n80"):

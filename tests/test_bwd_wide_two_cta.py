@@ -185,24 +185,26 @@ def test_two_cta_wide_config_plumbing():
 def test_two_cta_wide_compiles_distinct():
     """compile_backward builds the three kernels for hd256 two_cta (plain and deterministic), distinct from the
     one-CTA ones; the default config (two_cta=None) gets the 2-CTA kernels (the same compiled objects): the 80-row
-    pairs without determinism, the 64-row pairs with it."""
+    pairs, deterministic too (the 64-row pairs with bwd_two_cta_n80=False)."""
     from kernels import AttnConfig
     from kernels.sm90.backward import compile_backward
 
     two = compile_backward(AttnConfig(two_cta=True, bwd_two_cta_n80=False), "bfloat16", 256, False)
-    det = compile_backward(AttnConfig(two_cta=True, deterministic=True), "float16", 256, True)
+    det = compile_backward(AttnConfig(two_cta=True, deterministic=True, bwd_two_cta_n80=False), "float16", 256, True)
     one = compile_backward(AttnConfig(two_cta=False), "bfloat16", 256, False)
     assert set(two) >= {"pre", "main", "post"} and set(det) >= {"pre", "main", "post"}
     assert two["main"] is not one["main"] and two["tile_m"] == 64 and two["tile_n"] == 64
     n80 = compile_backward(AttnConfig(), "bfloat16", 256, False)
     assert n80["main"] is compile_backward(AttnConfig(two_cta=True), "bfloat16", 256, False)["main"]
     assert n80["main"] is not two["main"] and n80["tile_n"] == 80
-    assert compile_backward(AttnConfig(deterministic=True), "float16", 256, True)["main"] is det["main"]
+    det80 = compile_backward(AttnConfig(deterministic=True), "float16", 256, True)
+    assert det80["main"] is not det["main"] and det80["tile_n"] == 80
+    assert det80["main"] is compile_backward(AttnConfig(two_cta=True, deterministic=True), "float16", 256, True)["main"]
 
 
 def test_two_cta_default_kernel_choice():
     """two_cta=None (the default): backward_config decides it per call before the checks and the kernel choice; hd256
-    runs FlashBwdWide80TwoCtaSm90 (FlashBwdWideTwoCtaSm90 when deterministic), hd256 with a softcap / window the one-CTA FlashBwdWideSm90, varlen never 2-CTA, the
+    runs FlashBwdWide80TwoCtaSm90 (deterministic too), hd256 with a softcap / window the one-CTA FlashBwdWideSm90, varlen never 2-CTA, the
     other head dims their one-CTA kernels; a forced two_cta=False at hd256 runs the one-CTA kernel."""
     import cutlass
 
@@ -222,7 +224,7 @@ def test_two_cta_default_kernel_choice():
         _check_supported(cfg, 256, 256)
         assert type(_main_kernel(bf, cfg, 256, 256, causal)) is FlashBwdWide80TwoCtaSm90  # 80-row K/V tiles
         det = backward_config(AttnConfig(deterministic=True).resolve("sm90", 256, causal), hdim=256, hdim_v=256)
-        assert type(_main_kernel(bf, det, 256, 256, causal)) is FlashBwdWideTwoCtaSm90  # deterministic: 64 rows
+        assert type(_main_kernel(bf, det, 256, 256, causal)) is FlashBwdWide80TwoCtaSm90  # deterministic: 80 rows too
         for feats, softcap in ((dict(softcap=20.0), True), (dict(window_left=128), False)):
             f = backward_config(r, softcap, hdim=256, hdim_v=256, features=True)
             assert f.two_cta is False

@@ -186,11 +186,11 @@ def test_config_accepts_rotate_and_names_it_in_errors():
 
 
 def _call(hdim=64, hdim_v=None, causal=False, det=True, features=False, varlen=False, two_cta=False, seqlen_k=None,
-          sm_count=None):
+          sm_count=None, **kw):
     from kernels.sm90.backward import backward_config, det_schedule_for_call
 
     hdim_v = hdim if hdim_v is None else hdim_v
-    cfg = AttnConfig(deterministic=det, det_schedule="rotate", two_cta=two_cta).resolve("sm90", hdim, causal)
+    cfg = AttnConfig(deterministic=det, det_schedule="rotate", two_cta=two_cta, **kw).resolve("sm90", hdim, causal)
     cfg = backward_config(cfg, varlen=varlen, hdim=hdim, hdim_v=hdim_v, features=features)
     return det_schedule_for_call(cfg, causal, hdim, hdim_v, features, varlen, seqlen_k, sm_count).det_schedule
 
@@ -203,12 +203,15 @@ def test_det_schedule_for_call():
         assert _call(*hd, det=False) == "spt"  # nothing to order: the non-deterministic kernel's key
     assert _call(64, varlen=True) == "spt"
     assert _call(64, two_cta=True) == "spt" and _call(128, two_cta=True) == "spt"
-    # hd256: the 2-CTA pairs (its default, two_cta=None -> True) and the one-CTA kernel rotate too, 64-row K/V tiles;
-    # pairs only while a head's CTAs fit half the SMs (cluster placement), one CTA while they fit one per SM
+    # hd256: the 2-CTA pairs (its default, two_cta=None -> True; 64-row K/V tiles pinned here) and the one-CTA kernel
+    # rotate too; pairs only while a head's CTAs fit half the SMs, one CTA while they fit one per SM
     assert _call(256, two_cta=None) == "rotate" and _call(256, two_cta=True) == "rotate" and _call(256) == "rotate"
     assert _call(256, causal=True, two_cta=None) == "spt" and _call(256, features=True) == "spt"
-    assert _call(256, two_cta=True, seqlen_k=66 * 64, sm_count=132) == "rotate"
-    assert _call(256, two_cta=True, seqlen_k=66 * 64 + 1, sm_count=132) == "spt"
+    assert _call(256, two_cta=True, bwd_two_cta_n80=False, seqlen_k=66 * 64, sm_count=132) == "rotate"
+    assert _call(256, two_cta=True, bwd_two_cta_n80=False, seqlen_k=66 * 64 + 1, sm_count=132) == "spt"
+    # 80-row K/V tiles (bwd_two_cta_n80, hd256's default, deterministic too): 80 keys per CTA, half the SMs
+    assert _call(256, two_cta=True, seqlen_k=66 * 80, sm_count=132) == "rotate"
+    assert _call(256, two_cta=True, seqlen_k=66 * 80 + 1, sm_count=132) == "spt"
     assert _call(256, seqlen_k=132 * 64, sm_count=132) == "rotate"
     assert _call(256, seqlen_k=132 * 64 + 1, sm_count=132) == "spt"
     # a head's K/V tiles (128 rows) must fit one per SM: 132 SMs hold 16896 keys

@@ -249,7 +249,8 @@ def test_backward_tiles_are_the_kernels():
         p = rl.predict("h200", hd, False, None, dict(hdim_v=128 if hd == 192 else hd), mode="bwd", calib={})
         assert p.tile == bwd_tile("sm90", hd, False)
     assert bwd_tile("sm90", 256, True) == (64, 80)  # the 2-CTA pairs' 80-row K/V tiles (bwd_wide_two_cta80.py)
-    assert bwd_tile("sm90", 256, True, AttnConfig(deterministic=True)) == (64, 64)  # the 64-row pairs
+    assert bwd_tile("sm90", 256, True, AttnConfig(deterministic=True)) == (64, 80)  # deterministic too
+    assert bwd_tile("sm90", 256, True, AttnConfig(bwd_two_cta_n80=False)) == (64, 64)  # the 64-row pairs
     assert bwd_tile("sm90", 256, True, AttnConfig(two_cta=False)) == (64, 64)  # kernels/sm90/bwd_wide.py
     hdims = {r["hdim"] for r in rl.table(gpus=("h200",), modes=("bwd",), calib={})}
     assert hdims == {"64", "128", "192/128", "256"}

@@ -147,12 +147,18 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
 
     tiles = {(d, d): t for d, t in BWD_TILES.items()} | dict(WIDE192_BWD_TILES)
     tiles[(256, 256)] = WIDE_BWD_TILES[(256, 256)]
+    if cfg.bwd_two_cta_n80:  # 80-row K/V tiles per CTA (bwd_wide_two_cta80.py)
+        from .bwd_wide_two_cta80 import TILE_N80
+
+        tiles[(256, 256)] = (tiles[(256, 256)][0], TILE_N80)
     wide256 = (hdim, hdim_v) == (256, 256)  # one CTA or 2-CTA pairs (bwd_wide.py / bwd_wide_two_cta.py)
     rotate = (cfg.deterministic and not causal and not features and not varlen
               and (cfg.two_cta is not True or wide256) and (hdim, hdim_v) in tiles)
     if rotate and seqlen_k is not None and sm_count is not None:
         # 2-CTA pairs: at most half the SMs' worth of CTAs, so that the head's clusters are resident at once however
-        # the GPU places 2-CTA clusters
+        # the GPU places 2-CTA clusters. 80-row pairs (H200, session_ab/bwd256_n80_det.jsonl), det / default rotated
+        # at 1k / 2k / 4k (13 / 26 / 52 CTAs a head) 0.976 / 0.974 / 0.944, in K/V order 0.894 / 0.906 / 0.940; from
+        # 8k (103 CTAs a head) this rule runs K/V order (0.947-0.953; rotated there was not timed)
         slots = sm_count // 2 if cfg.two_cta is True else sm_count
         rotate = -(-int(seqlen_k) // tiles[(hdim, hdim_v)][1]) <= slots
     return cfg if rotate else dataclasses.replace(cfg, det_schedule="spt")
@@ -175,7 +181,7 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     cls = FlashBwdWideSm90 if (hdim, hdim_v) in WIDE_BWD_TILES else FlashBwdSm90
     if cls is FlashBwdWideSm90 and cfg.two_cta is True:  # hd256 in 2-CTA clusters
         from .bwd_wide_two_cta import FlashBwdWideTwoCtaSm90 as cls
-        if cfg.bwd_two_cta_n80:  # 80-row K/V tiles (backward_config's default without determinism; _check_supported)
+        if cfg.bwd_two_cta_n80:  # 80-row K/V tiles (backward_config's 2-CTA default; _check_supported)
             from .bwd_wide_two_cta80 import FlashBwdWide80TwoCtaSm90 as cls
     kw = dict(hdim_v=hdim_v) if issubclass(cls, FlashBwdWideSm90) else {}
     if (hdim, hdim_v) in WIDE192_BWD_TILES and not (features or {}).get("softcap"):

@@ -589,14 +589,15 @@ class FlashBwdSm90(BwdDqWriter):
             batch = lin // nh
         return bidx, head, batch
 
-    def _set_det_rotate(self, det_schedule: str) -> None:
+    def _set_det_rotate(self, det_schedule: str, pairs: bool = False) -> None:
         """det_schedule="rotate" (after _set_schedule / _set_features, two_cta and varlen known): deterministic
-        non-causal one-CTA kernels without a window walk rotated (m_rotate) with arrival-order dQ turns (rotate_turn);
-        everything else runs the "spt" schedule (causal SPT, K/V tile order otherwise). The turns assume that a head's
-        CTAs are co-resident (a CTA waits for CTAs launched after it): backward.py det_schedule_for_call runs "spt" when
-        a head has more K/V tiles than the GPU has SMs."""
-        self.det_rotate = (det_schedule == "rotate" and self.deterministic and not self.causal and not self.two_cta
-                           and not self.has_window and not self.varlen)
+        non-causal one-CTA kernels without a window walk rotated (m_rotate) with arrival-order dQ turns (rotate_turn),
+        and ``pairs`` (hd256's 2-CTA kernels, bwd_wide_two_cta*.py) their pairs, one contributor each; everything else
+        runs the "spt" schedule (causal SPT, K/V tile order otherwise). The turns assume that a head's CTAs are
+        co-resident (a CTA waits for CTAs launched after it): backward.py det_schedule_for_call runs "spt" when a head
+        has more K/V tiles than the GPU holds at once."""
+        self.det_rotate = (det_schedule == "rotate" and self.deterministic and not self.causal
+                           and (pairs or not self.two_cta) and not self.has_window and not self.varlen)
 
     def _set_features(self, window_left: int, window_right: int, softcap: float) -> None:
         """Sliding window and softcap (compile-time; the defaults -1, -1, 0.0 compile the plain kernel). Canonical

@@ -89,7 +89,7 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
     constants inside; the producer, writer warp, tile schedule, pipelines, P^T / dS^T computation and dK / dV
     epilogue are FlashBwdSm90's / FlashBwdWideSm90's."""
 
-    dq_turns_in_exchange = False  # the exchange warp grants and releases the deterministic dQ turns (bwd_wide_two_cta80)
+    dq_turn_warp = False  # warp 1 grants and releases the deterministic dQ turns (bwd_wide_two_cta80's dq_turns)
     has_writer = True  # warp 1 bulk-reduces dQ from the staging buffer (bwd_wide_two_cta80: the MMA warps reduce it)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = True,
@@ -112,7 +112,7 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
         self.cluster = 2
         # det_schedule "rotate" (deterministic, non-causal): each pair walks its Q tiles from rotate_start(pair, pairs, M),
         # dQ turns in arrival order over the pairs (bwd_dq_writer.py det_rotate_base / det_turn)
-        self.det_rotate = det_schedule == "rotate" and self.deterministic and not self.causal
+        self._set_det_rotate(det_schedule, pairs=True)
         # rotate_q (AttnConfig.bwd_rotate_q, opt-in): the pairs' rotated walks without determinism
         self.m_rotate = self.det_rotate or (rotate_q and not self.causal and not self.deterministic)
         self.stages = 1  # dS exchange buffers (bwd.py's shared_setup initialises this many dsfull / dsempty)
@@ -241,8 +241,11 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
             if const_expr(self.has_writer):
                 if warp_idx == 1:
                     self.dq_writer(mdQaccum, mSem, sdQ_ptr, work)
+            if const_expr(self.dq_turn_warp):
+                if warp_idx == 1:
+                    self.dq_turns(mSem, work)
             if warp_idx == 2:
-                self.exchange(pipes.pipe_do, ptrs, work, mSem)
+                self.exchange(pipes.pipe_do, ptrs, work)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.mma_pair(mdQaccum, mdK, mdV, tma_dK, tma_dV, mma_S, mma_dK, mma_dV, mma_dQ, smem, sP, ptrs, pipes,
@@ -351,7 +354,7 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
         self.dkdv_epilogue(acc_dK, acc_dV, mma_dK, mma_dV, dest, pds_bar, wg, tid, tidx, softmax_scale, work.seqlen_k)
 
     @cute.jit
-    def exchange(self, pipe_do, ptrs: DsPtrs, work: BwdWork, mSem=None):
+    def exchange(self, pipe_do, ptrs: DsPtrs, work: BwdWork):
         """Warp 2, the pair's bookkeeping, per Q tile: once both MMA warpgroups have stored and fenced dS^T (named
         barrier BWD_DS_SEND), one lane expects the peer's dS tile on this CTA's dsfull and sends this CTA's tile into
         the peer's receive buffer (one bulk copy shared::cta -> shared::cluster, completing on the peer's dsfull); once
@@ -360,8 +363,7 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
         256 MMA threads' count). In the MMA warps these branches (the send in ``if tidx == 0`` or elect_one, the
         lane-predicated multicast release, the remote arrivals) tipped ptxas into serialising every wgmma of the kernel
         in some configs (causal bf16: 48 WARPGROUP.DEPBAR instead of 4, C7520 "compiler-inserted WG.AR in divergent
-        path"; CPU SASS). ``dq_turns_in_exchange`` (FlashBwdWide80TwoCtaSm90, deterministic): then also this CTA's
-        dQ turn on the Q tile's semaphore ``mSem`` (dq_turn_grant)."""
+        path"; CPU SASS)."""
         peer = work.rank ^ 1
         lane = cute.arch.lane_idx()
         mma_warps = self.num_mma_threads // 32
@@ -377,8 +379,6 @@ class FlashBwdWideTwoCtaSm90(FlashBwdWideSm90):
                 cute.arch.mbarrier_arrive(pipe_do.consumer_get_barrier(do_state), lane, mma_warps)
             if lane == self.cluster:
                 cute.arch.mbarrier_arrive(ptrs.mbar_dsempty, peer, self.num_mma_threads, scope=_CLUSTER)
-            if const_expr(self.dq_turns_in_exchange):
-                self.dq_turn_grant(mSem, work, m_block)
             do_state.advance()
 
     @cute.jit

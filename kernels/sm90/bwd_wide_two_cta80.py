@@ -25,14 +25,16 @@ Shared memory (bf16 / fp16): Q 2 x (32 KB + LSE), dO 32 KB + dPsum, K + V 80 KB,
 3 x 10 KB = 226 KB + mbarriers, of 227 KB: no room for dQ staging. Registers per MMA thread (of 240): dK^T + dV^T 160,
 S + dP 40 (dead before dQ's 32 are live).
 
-``deterministic``: the same reductions, in turn: each CTA of a pair owns a semaphore per Q tile (turns over the pairs,
-the 64-row kernel's spt / naive orders: dq_slot, det_turn), the exchange warp polls the turn after its hand-backs and
-lets the MMA warps through a named barrier to their reductions, then fences and releases (dq_turn_grant).
+``deterministic``: the same reductions, in turn: each CTA of a pair owns a semaphore per Q tile (turns over the pairs:
+dq_slot, det_turn; causal spt, non-causal det_schedule "rotate" with the pairs' rotated walks and arrival-order turns
+as in the 64-row kernel, else K/V order). Warp 1 (no writer here) polls the next Q tile's turn while the MMA warps
+compute it, lets them through a named barrier to their reductions, then fences and releases (dq_turns).
 
 Status (H200, 2026-12-02, one process, 10 rounds; results/h200/session_ab/bwd256_two_cta_n80.jsonl): 1.03 / 1.06x the
 64-row pair kernel at 1k (non-causal / causal), 1.11 / 1.15x at 8k and 16k; tests/test_bwd_two_cta_n80_gpu.py passed.
-Deterministic it is slower than the 64-row pairs (0.77-0.88 of the default against 0.87-0.97), so it is the default
-only without determinism (backward_config). Not here: (192, 128), window, softcap, varlen (ConfigErrors upstream).
+Deterministic (H200, 2026-12-03, 10 rounds; results/h200/session_ab/bwd256_n80_det.jsonl): det / default 0.944-0.976
+non-causal, 0.931-0.956 causal at 1k-16k, 1.04-1.10x the 64-row pairs' deterministic kernel (the exchange warp polling
+the turns, as before, read 0.74-0.83), so it is the deterministic default too (backward_config). Not here: (192, 128), window, softcap, varlen (ConfigErrors upstream).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ from .gemm import wgmma
 
 TILE_N80 = 80  # K/V rows per CTA
 _HALF_N = TILE_N80 // 2  # K/V rows of a warpgroup's S / dP tile
-# deterministic dQ turns between the exchange warp and the MMA warps: the writer warp's dQ barriers, free here (no writer)
+# deterministic dQ turns between warp 1 (dq_turns) and the MMA warps: the writer warp's dQ barriers, free here (no writer)
 _BAR_TURN = int(Bar.BWD_DQ_FULL)
 _BAR_TURN_DONE = int(Bar.BWD_DQ_EMPTY)
 
@@ -97,9 +99,11 @@ class FlashBwdWide80TwoCtaSm90(FlashBwdWideTwoCtaSm90):
         self.two_cta = True
         self.cluster = 2
         self.stages = 1  # dS exchange buffers (shared_setup)
-        self.dq_turns_in_exchange = self.deterministic  # (dq_turn_grant)
-        # no rotated walks here (the loops below take Q tiles in order; det_schedule "rotate" runs the spt / naive turns)
-        self.det_rotate = self.m_rotate = False
+        self.dq_turn_warp = self.deterministic  # warp 1 grants the dQ turns (dq_turns)
+        # det_schedule "rotate" (deterministic, non-causal): the pairs' rotated walks (with_m_rot, m_block_at) and
+        # arrival-order turns, as FlashBwdWideTwoCtaSm90's; no rotate_q without determinism (backward.py ConfigError)
+        self._set_det_rotate(det_schedule, pairs=True)
+        self.m_rotate = self.det_rotate
         self.tile_n = TILE_N80
         tm, tn, d, dv = self.tile_m, self.tile_n, hdim, hdim_v
         assert tm == 64 and self.atom_qk == 64
@@ -221,6 +225,8 @@ class FlashBwdWide80TwoCtaSm90(FlashBwdWideTwoCtaSm90):
             qi = q_state.index
             di = do_state.index
             it = m_block - work.m_block_min
+            if const_expr(self.m_rotate):  # ``m_block`` is the loop step: its tile (m_block_at); ``it`` stays the step
+                m_block = self.m_block_at(m_block, work)
             pipes.pipe_q.consumer_wait(q_state)
             wgmma(mma_S, acc_S, tSrQ[None, None, None, qi], tSrK, zero_init=True)
             pipes.pipe_do.consumer_wait(do_state)
@@ -247,10 +253,10 @@ class FlashBwdWide80TwoCtaSm90(FlashBwdWideTwoCtaSm90):
             wgmma(mma_dKV, acc_dK, tdKrQ[None, None, None, qi], tdKrdS, zero_init=False, fence=False)  # dK^T += Q^T dS
             warpgroup.wait_group(1)  # dV and dQ done: the exchange warp hands back the dO stage and the peer's dS
             cute.arch.barrier_arrive(barrier_id=int(Bar.BWD_DS_READ), number_of_threads=self.num_mma_threads + 32)
-            if const_expr(self.deterministic):  # this CTA's turn on the Q tile's dQ (the exchange warp polled it)
+            if const_expr(self.deterministic):  # this CTA's turn on the Q tile's dQ (warp 1 polled it: dq_turns)
                 cute.arch.barrier(barrier_id=_BAR_TURN, number_of_threads=self.num_mma_threads + 32)
             self.dq_reduce(acc_dQ, mdQ2, m_block * self.cluster + rank, wg, tid)
-            if const_expr(self.deterministic):  # reductions issued: the exchange warp releases the turn
+            if const_expr(self.deterministic):  # reductions issued: warp 1 releases the turn
                 cute.arch.barrier_arrive(barrier_id=_BAR_TURN_DONE, number_of_threads=self.num_mma_threads + 32)
             warpgroup.wait_group(0)
             pipes.pipe_q.consumer_release(q_state)
@@ -289,24 +295,29 @@ class FlashBwdWide80TwoCtaSm90(FlashBwdWideTwoCtaSm90):
             red_add_v4_f32(base + j * 512, acc_dQ[4 * j], acc_dQ[4 * j + 1], acc_dQ[4 * j + 2], acc_dQ[4 * j + 3])
 
     @cute.jit
-    def dq_turn_grant(self, mSem, work: BwdWork, m_block):
-        """deterministic (the exchange warp, after its dO / dS hand-backs of Q tile m_block): lane 0 polls this CTA's
-        turn on the tile's semaphore (its own per CTA of the pair, turns over the pairs: dq_slot / det_turn), the MMA
-        warps are let through to their reductions (named barrier _BAR_TURN), and once they have issued them
-        (_BAR_TURN_DONE, a release by each arriving thread) lane 0 fences and adds 1 (release, GPU scope): FA3's
-        barrier-then-one-thread-fence-and-increment. The MMA warps wait on a named barrier, never on global memory."""
+    def dq_turns(self, mSem, work: BwdWork):
+        """deterministic, warp 1: per Q tile of the walk, lane 0 polls this CTA's turn on the tile's semaphore (its own
+        per CTA of the pair, turns over the pairs: dq_slot / det_turn) while the MMA warps compute the tile, lets them
+        through to their reductions (named barrier _BAR_TURN) and once they have issued them (_BAR_TURN_DONE, a
+        release by each arriving thread) fences and adds 1 (release, GPU scope): FA3's barrier-then-one-thread-fence-
+        and-increment. The MMA warps wait on a named barrier, never on global memory, and the exchange warp's hand-backs
+        to the peer never wait for a turn."""
         lane = cute.arch.lane_idx()
-        _, sem_ptr = self.dq_slot(mSem, work, m_block)
-        turn = self.det_turn(work, m_block, None, work.seqlen_k - work.seqlen_q)
-        if lane == 0:
-            wait_for_turn(sem_ptr, turn)
-        cute.arch.sync_warp()
-        cute.arch.barrier_arrive(barrier_id=_BAR_TURN, number_of_threads=self.num_mma_threads + 32)
-        cute.arch.barrier(barrier_id=_BAR_TURN_DONE, number_of_threads=self.num_mma_threads + 32)
-        if lane == 0:
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
-        cute.arch.sync_warp()
+        rot = self.det_rotate_base(work)
+        causal_off = work.seqlen_k - work.seqlen_q
+        for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
+            m_block = self.m_block_at(m_iter, work)
+            _, sem_ptr = self.dq_slot(mSem, work, m_block)
+            turn = self.det_turn(work, m_block, rot, causal_off)
+            if lane == 0:
+                wait_for_turn(sem_ptr, turn)
+            cute.arch.sync_warp()
+            cute.arch.barrier_arrive(barrier_id=_BAR_TURN, number_of_threads=self.num_mma_threads + 32)
+            cute.arch.barrier(barrier_id=_BAR_TURN_DONE, number_of_threads=self.num_mma_threads + 32)
+            if lane == 0:
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+            cute.arch.sync_warp()
 
     @cute.jit
     def dkdv_epilogue_t(self, acc_dK, acc_dV, mma_dKV, dest: DkdvDest, pds_bar, wg, tid, tidx, softmax_scale,
