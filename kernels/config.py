@@ -74,8 +74,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # at 8k/16k causal. The current port (2026-11-30, results/h200/session_ab/fwd_persistent_port.jsonl): hd64 1k
     # 1.047x / 1.048x (non-causal / causal), hd64 2k 1.015x / 0.95x, hd128 1k 0.94x / 0.95x, hd128 2k 1.04x
     # non-causal (p20-p80 spreads up to +-8%; the hd128 causal 2k pair ran one kernel twice and read 0.94x: noise
-    # ~+-7% at these short calls). Only hd64 <= 1k gained in both: the default runs it there; everything else
-    # stays opt-in (AttnConfig(persistent=True)) until a longer measurement; hd 192/256 were not measured.
+    # ~+-7% at these short calls). Only hd64 <= 1k gained in both: the default runs it there. hd128 non-causal since
+    # 2026-12-03 up to 16k: persistent / one-tile 1.110 / 1.057 / 1.027 / 1.012 / 1.006 at 1k / 2k / 4k / 8k / 16k,
+    # 12 rounds, outputs bitwise (session_ab/fwd128_persistent_1k16k.jsonl, fwd128_persistent_2k8k.jsonl; 16k read
+    # 1.007 in fwd_persistent_long.jsonl). Causal stays one tile per CTA (0.70-0.99 at 4k / 16k); hd 192 / 256
+    # measured 1.00 at 4k / 16k (hd256), so they stay opt-in (AttnConfig(persistent=True)).
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
                        bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False, rescale_before_pv=False,
                        bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
@@ -84,7 +87,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=80, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
+                        bwd_tile_m=80, persistent_max_seqlen=(16384, 0), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
                         p_cvt_asm=(True, False), bwd_det_two_writers=(False, True), pv_wait_mid=(True, False)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same

@@ -32,7 +32,7 @@ def test_field_validates_and_stays_out_of_dicts_while_none():
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
-@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 1024), (128, False, 0),
+@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 1024), (128, False, 16384),
                                                (128, True, 0), (192, False, 0), (192, True, 0), (256, False, 0),
                                                (256, True, 0)])
 def test_default_rule_is_the_table(hdim, causal, bound):
