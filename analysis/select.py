@@ -97,7 +97,9 @@ SHAPE = ["mode", "hdim", "hdim_v", "causal", "seqlen_q", "seqlen_k", "batch", "h
 
 def ratio_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The per-round ratio rows of round-robin jobs measured on a GPU (metric time_ratio, status ok), ``hdim_v``
-    filled, each (experiment, shape) from its latest compare job only (``latest_round_robin_job``)."""
+    filled, each (experiment, shape, entry) from the latest compare job that timed that entry (``latest_round_robin_job``
+    per entry: a ratio row holds ours and the entry timed in the same rounds, so a re-run that left a peer out keeps
+    that peer's ratio from the job before)."""
     need = {"metric", "status", "backend", "baseline", "value"}
     if df is None or df.empty or not need <= set(df.columns):
         return pd.DataFrame()
@@ -110,13 +112,14 @@ def ratio_rows(df: pd.DataFrame) -> pd.DataFrame:
     d["hdim_v"] = d["hdim_v"].fillna(d["hdim"]) if "hdim_v" in d else d["hdim"]
     if "variant" not in d:
         d["variant"] = None
-    return latest_round_robin_job(d)
+    return latest_round_robin_job(d, per_entry=True)
 
 
-def latest_round_robin_job(d: pd.DataFrame) -> pd.DataFrame:
+def latest_round_robin_job(d: pd.DataFrame, per_entry: bool = False) -> pd.DataFrame:
     """Per (experiment, shape), keep the round-robin rows of its latest compare job only (a job: one ``job_key`` and
     ``run_id``; latest: the newest row ``time``), so a re-run replaces an older round-robin run of the same cells
-    instead of being pooled with it (the kernel may have changed in between). Other rows are kept as they are."""
+    instead of being pooled with it (the kernel may have changed in between). ``per_entry``: per (experiment, shape,
+    backend, variant, baseline) instead (ratio rows). Other rows are kept as they are."""
     if d is None or d.empty or "time" not in d:
         return d
     is_rr = round_robin_rows(d).to_numpy()
@@ -125,7 +128,7 @@ def latest_round_robin_job(d: pd.DataFrame) -> pd.DataFrame:
     none = pd.Series([""] * len(d), index=d.index)
     job = d.get("job_key", none).astype(str) + "/" + d.get("run_id", none).astype(str)
     shape = d.get("experiment", none).astype(str)
-    for c in SHAPE:
+    for c in SHAPE + (["backend", "variant", "baseline", "baseline_variant"] if per_entry else []):
         shape = shape + "|" + (d[c].astype(str) if c in d else none)
     t = pd.to_datetime(d["time"], errors="coerce", utc=True)
     rr = pd.DataFrame({"shape": shape, "job": job, "t": t})[is_rr]

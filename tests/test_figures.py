@@ -238,6 +238,24 @@ def test_round_robin_rows_replace_separately_timed_ones_cell_by_cell():
     assert sorted(zip(d["kind"], d["seqlen_q"])) == [("attn", 16), ("compare", 8)]
 
 
+def test_ratio_rows_keep_each_entry_from_its_latest_job():
+    """A re-run compare job that left a peer out replaces the ratios it timed and keeps the left-out peer's ratio from
+    the job before; the figures' timed rows still come from the shape's latest job alone."""
+    base = dict(kind="attn", status="ok", gpu_name=GPU, mode="bwd", hdim=128, hdim_v=128, causal=False, seqlen_q=8192,
+                seqlen_k=8192, batch=2, heads=16, baseline="fa4", baseline_variant="default", experiment="bwd_peers")
+    old = dict(base, job_key="j", run_id="old", time="2026-12-01T00:00:00Z")
+    new = dict(base, job_key="j2", run_id="new", time="2026-12-03T00:00:00Z")
+    rows = [dict(old, metric="time_ratio", backend="fa4_official", variant="peer", value=1.10),
+            dict(old, metric="time_ratio", backend="flex", variant="peer", value=1.60),
+            dict(new, metric="time_ratio", backend="fa4_official", variant="peer", value=1.02),
+            dict(old, metric="time_ms", backend="flex", variant="peer", value=2.0, tflops=300.0, rr_entries="fa4,flex"),
+            dict(new, metric="time_ms", backend="fa4", variant="default", value=1.0, tflops=600.0,
+                 rr_entries="fa4,fa4_official")]
+    rr = S.ratio_rows(pd.DataFrame(rows)).set_index("backend")["value"]
+    assert rr.to_dict() == {"fa4_official": 1.02, "flex": 1.60}
+    assert list(S.attn_times(pd.DataFrame(rows))["backend"]) == ["fa4"]  # one shape, one job
+
+
 def test_numerics_figure_counts_nan_outputs_as_failures(tmp_path):
     rows = []
     for tau, ratio, nan in ((0.0, 0.5, 0.0), (8.0, 0.6, 0.0), (20.0, None, 12.0)):
