@@ -221,8 +221,8 @@ class AttnConfig:
     bwd_two_cta_cta_release: bool | None = None
     bwd_two_cta_dv_first: bool | None = None
     # sm90 backward, hd256 with two_cta: 80-row K/V tiles per CTA (kernels/sm90/bwd_wide_two_cta80.py: swapped dK / dV
-    # / dQ GEMMs, dQ reduced from registers, deterministic turns through the exchange warp). None = the per-call
-    # default (kernels/sm90/backward.py backward_config: on for non-deterministic 2-CTA calls without bwd_rotate_q,
+    # / dQ GEMMs, dQ reduced from registers, deterministic turns polled by warp 1). None = the per-call default
+    # (kernels/sm90/backward.py backward_config: on for 2-CTA calls without bwd_rotate_q, deterministic ones too,
     # DEFAULTS' bwd_two_cta_n80); False = the 64-row pairs; left out of to_dict() while None or False.
     bwd_two_cta_n80: bool | None = None
     # forward only: grid = min(SM count, tiles), each CTA walks tiles (kernels/sm90/fwd.py). None = decided per call by

@@ -105,8 +105,8 @@ def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False
     decision (kernels.config.two_cta_by_default: on at hd256 without a window (``features``), softcap or varlen; a
     forced value stays), so that checks, kernel choice and cache keys see a bool; 80-row Q tiles (hd128's default) have
     no softcap or variable-length kernel, so those calls take 64-row tiles (an explicit ``bwd_tile_m=80`` too);
-    ``bwd_two_cta_n80=None`` becomes True on hd256 2-CTA calls that are not deterministic and not bwd_rotate_q (80-row
-    K/V tiles, DEFAULTS). ``hdim`` None: the config's bwd_tile_m is looked at only, two_cta None read as False."""
+    ``bwd_two_cta_n80=None`` becomes True on hd256 2-CTA calls that are not bwd_rotate_q (80-row K/V tiles,
+    DEFAULTS). ``hdim`` None: the config's bwd_tile_m is looked at only, two_cta None read as False."""
     updates = {}
     if cfg.two_cta is None:
         updates["two_cta"] = hdim is not None and two_cta_by_default(cfg, ARCH, hdim, hdim_v, features or softcap,
@@ -116,7 +116,7 @@ def backward_config(cfg: AttnConfig, softcap: bool = False, varlen: bool = False
     if (cfg.bwd_two_cta_n80 is None and hdim is not None
             and two_cta_n80_by_default(cfg, ARCH, hdim, hdim_v, updates.get("two_cta", cfg.two_cta) is True,
                                        features or softcap or varlen)):
-        updates["bwd_two_cta_n80"] = True  # 80-row K/V tiles (DEFAULTS: faster, but not deterministic)
+        updates["bwd_two_cta_n80"] = True  # 80-row K/V tiles (DEFAULTS: faster, deterministic too)
     return dataclasses.replace(cfg, **updates) if updates else cfg
 
 
