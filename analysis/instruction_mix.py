@@ -50,7 +50,9 @@ CASES = [
     ("bwd hd256 default (two_cta with 80-row K/V tiles)", "bwd", {}, 256, False),
     ("bwd hd256 two_cta 64-row tiles", "bwd", {"two_cta": True, "bwd_two_cta_n80": False}, 256, False),
     ("bwd hd256 one CTA", "bwd", {"two_cta": False}, 256, False),
-    ("bwd hd256 deterministic causal", "bwd", {"deterministic": True}, 256, True),
+    ("bwd hd256 deterministic causal (80-row K/V tile pairs)", "bwd", {"deterministic": True}, 256, True),
+    ("bwd hd256 deterministic rotate (80-row K/V tile pairs)", "bwd", {"deterministic": True}, 256, False),
+    ("bwd hd256 deterministic causal 64-row pairs", "bwd", {"deterministic": True, "bwd_two_cta_n80": False}, 256, True),
 ]
 
 _PROGRAM = """
