@@ -200,13 +200,17 @@ def test_two_cta_tile_m_64(causal):
     assert n_diff == 0, f"deterministic two_cta bwd_tile_m=64 differed in {n_diff}/50 repeats"
 
 
-def _repeat_dq(cfg, causal, repeats, d=128):
+def _repeat_dq(cfg, causal, repeats, d=128, heads=None, kv_heads=None):
+    """How many of ``repeats`` backward calls differ from the first (2 x 2048 tokens; ``heads`` Q heads, default
+    1024 // d, and ``kv_heads`` K/V heads, default the same: fewer is GQA)."""
     from kernels.sm90.backward import attention_backward
 
     d, dv = d if isinstance(d, tuple) else (d, d)
-    b, s, h = 2, 2048, max(1, 1024 // d)
+    b, s, h = 2, 2048, heads or max(1, 1024 // d)
+    hk = kv_heads or h
     g = torch.Generator(device="cuda").manual_seed(7)
-    q, k, v, do = (torch.randn(b, s, h, e, device="cuda", dtype=torch.bfloat16, generator=g) for e in (d, d, dv, dv))
+    q, k, v, do = (torch.randn(b, s, n, e, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for n, e in ((h, d), (hk, d), (hk, dv), (h, dv)))
     scale = 1.0 / math.sqrt(d)
     with torch.no_grad():
         out32, lse = attention_at_dtype(q.float(), k.float(), v.float(), causal, scale)
