@@ -5,7 +5,7 @@ profiles the two main backward kernels of one shape (16k total tokens, hidden 20
 ``--clock-control none`` to ncu (its default locks the clocks to base, which we never do). ``--kernels N`` instead
 runs each backward N times under torch.profiler and prints every kernel's mean device time (pre, main, post,
 memsets), for the fixed per-call costs at short sequences. ``--det`` adds our deterministic backward (its main
-kernel is a second FlashBwdSm90 launch in the report). A session script for kernel work; the committed
+kernel is a second FlashBwdSm90 launch in the report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the non-deterministic rotated walk after it. A session script for kernel work; the committed
 benchmarks are the experiments.
 """
 from __future__ import annotations
@@ -30,6 +30,9 @@ def main():
     ap.add_argument("--causal", type=int, default=0)
     ap.add_argument("--kernels", type=int, default=0, help="N calls each under torch.profiler: per-kernel times")
     ap.add_argument("--det", action="store_true", help="also our deterministic backward (ours_det), after ours")
+    ap.add_argument("--naive", action="store_true", help="also the deterministic K/V-order walk (ours_det_naive)")
+    ap.add_argument("--rotq", action="store_true",
+                    help="also the non-deterministic rotated Q-tile walk (ours_rotq, AttnConfig.bwd_rotate_q), last")
     a = ap.parse_args()
     s, d, causal = a.seqlen, a.hdim, bool(a.causal)
     b, h = max(1, 16384 // s), 2048 // d
@@ -40,6 +43,12 @@ def main():
     if a.det:
         det = kernels.AttnConfig(deterministic=True)
         calls["ours_det"] = lambda: attention_backward(q, k, v, out, do, lse, causal, scale, det)
+    if a.naive:
+        naive = kernels.AttnConfig(deterministic=True, det_schedule="naive")
+        calls["ours_det_naive"] = lambda: attention_backward(q, k, v, out, do, lse, causal, scale, naive)
+    if a.rotq:
+        rotq = kernels.AttnConfig(bwd_rotate_q=True)
+        calls["ours_rotq"] = lambda: attention_backward(q, k, v, out, do, lse, causal, scale, rotq)
     try:
         from flash_attn.cute.interface import _flash_attn_bwd
 
