@@ -1293,12 +1293,13 @@ class FlashBwdSm90(BwdDqWriter):
         if self.hdim == 256:
             return self.two_cta and not self.deterministic
         return (self.hdim == 128 and not self.two_cta and n_values == 40
-                and ((self.causal and self.spt and not self.det_lpt) or not (self.deterministic or self.m_rotate)))
+                and ((self.causal and self.spt and not self.det_lpt) or not (self.deterministic or self.m_rotate)
+                     or (self.det_two_writers and not self.causal)))
 
     def lse_fresh(self, n_values: int) -> bool:
         """Whether the Q-tile step rebuilds the LSE / dPsum views (lse_views_fresh): hd128's causal kernels with the
         LSE preload (default and deterministic), which spilled without it."""
-        return self.lse_preload(n_values) and self.hdim == 128 and self.causal
+        return self.lse_preload(n_values) and self.hdim == 128 and (self.causal or self.deterministic)
 
     @cute.jit
     def lse_views_fresh(self, mma_S, smem: BwdSmem, sidx):
