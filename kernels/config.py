@@ -89,7 +89,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=80, persistent_max_seqlen=(16384, 0), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
-                        p_cvt_asm=(True, False), bwd_det_two_writers=(False, True), pv_wait_mid=(True, False)),
+                        p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -202,7 +202,10 @@ class AttnConfig:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ
     # it and waits for the reduction to COMPLETE only before its semaphore release, so the MMA warps never wait for a
     # completion and two tiles' completions overlap (kernels/sm90/bwd.py dq_writer_pair). None = DEFAULTS' (on at
-    # (192, 128) and hd128 causal, filled only into deterministic configs; absent: off). H200 2026-12-01, 16k tokens,
+    # (192, 128) and hd128, filled only into deterministic configs; absent: off). hd128 non-causal since 2026-12-03,
+    # where two writers also take the LSE preload (bwd.py lse_preload): H200, 16k tokens, 10 rounds, det / default at
+    # 8k / 16k / 32k (session_ab/bwd128nc_det_2w_preload.jsonl) 0.966 / 0.951 / 0.932 against two writers without the
+    # preload 0.932 / 0.926 / 0.912 and one writer 0.931 / 0.924 / 0.927. H200 2026-12-01, 16k tokens,
     # 10 rounds, det / default (two writers vs one): (192, 128) at 1k / 4k / 16k (session_ab/bwd192_det_2w.jsonl)
     # non-causal 0.923 / 0.898 / 0.905 vs 0.823 / 0.791 / 0.798, causal 0.973 / 0.982 / 0.979 vs 0.876 / 0.854 / 0.831;
     # hd 64 / 128 at 1k / 2k / 8k (session_ab/bwd_det_2w_sm90.jsonl): hd128 causal 0.970 / 0.948 / 0.915 vs 0.926 /

@@ -1284,8 +1284,11 @@ class FlashBwdSm90(BwdDqWriter):
         hd256 2-CTA 1.032 / 1.029x at 8k non-causal / causal (bwd256_preload_lse.jsonl). hd128 80-row tiles (20
         values; causal through lse_views_fresh: 1.014 / 1.032 / 1.034x at 1k / 8k / 16k, deterministic causal
         1.008 / 1.010 / 1.007x, session_ab/bwd128c_preload_fresh.jsonl) and the hd256 2-CTA kernel (8, not
-        deterministic). Late loads: hd128's deterministic non-causal kernel (with the preload and lse_views_fresh
-        1.000 / 0.993 / 0.988x in the same run), the opt-in rotated walk (bwd_rotate_q; not timed), the opt-in
+        deterministic). hd128 deterministic non-causal with two dQ writers (the default since 2026-12-03, through
+        lse_views_fresh): 1.036 / 1.027 / 1.022x two writers without it at 8k / 16k / 32k
+        (session_ab/bwd128nc_det_2w_preload.jsonl). Late loads: hd128's deterministic non-causal kernel with one
+        writer (with the preload and lse_views_fresh 1.000 / 0.993 / 0.988x: its MMA warps then wait at the dQ staging
+        store for the writer's completion, fence and release instead), the opt-in rotated walk (bwd_rotate_q; not timed), the opt-in
         deterministic causal walks "lpt" and "naive" (5 LDL / 3 STL each even with lse_views_fresh), window / softcap
         kernels and the one-CTA hd256 kernel (varlen / two_cta=False)."""
         if self.has_window or self.softcap > 0.0:
@@ -1297,8 +1300,8 @@ class FlashBwdSm90(BwdDqWriter):
                      or (self.det_two_writers and not self.causal)))
 
     def lse_fresh(self, n_values: int) -> bool:
-        """Whether the Q-tile step rebuilds the LSE / dPsum views (lse_views_fresh): hd128's causal kernels with the
-        LSE preload (default and deterministic), which spilled without it."""
+        """Whether the Q-tile step rebuilds the LSE / dPsum views (lse_views_fresh): hd128's causal and deterministic
+        kernels with the LSE preload, which spilled without it."""
         return self.lse_preload(n_values) and self.hdim == 128 and (self.causal or self.deterministic)
 
     @cute.jit
