@@ -93,6 +93,25 @@ def _round_robin(df, mode, backend, variant=None, invert=False) -> tuple[pd.Data
     return _pivot(cells), rr
 
 
+def same_kernel_table(df: pd.DataFrame, mode: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rounds' own noise per cell: for an entry of ours that compiled our default's kernel (e.g. one_cta where
+    two_cta is off), timed round-robin against the default in the same job, the p20-p80 range of the per-round
+    speed ratio (entry / default; an A/A pair, so 1.00 by construction up to noise). Returns the table and its rows."""
+    from analysis.ablation_figs import kernel_ids
+
+    rr = ratio_rows(df)
+    if rr.empty or not {"p20", "p80"} <= set(rr.columns):
+        return pd.DataFrame(), rr
+    rr = rr[(rr["backend"] == "fa4") & (rr["baseline"] == "fa4") & (rr["mode"] == mode)
+            & rr["variant"].notna() & (rr["variant"] != "default")]
+    rr = rr[pd.Series(kernel_ids(rr), index=rr.index) == rr.get("baseline_compiled_hash")]
+    cells: dict[tuple, dict] = {}
+    for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
+        lo, hi = 1 / pd.to_numeric(g["p80"]).max(), 1 / pd.to_numeric(g["p20"]).min()  # t ratios -> speed
+        cells.setdefault(_key(h, hv, c), {})[int(s)] = f"{lo:.2f}-{hi:.2f}{cell_flags(g)}"
+    return _pivot(cells), rr
+
+
 def switch_table(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per (mode, head dim, causal, switch) x seqlen: the speedup the switch gives (> 1: faster with it), the median
     over rounds of the per-round ratio of the variant without it (or, for two_cta / deterministic, with it) against
@@ -197,6 +216,10 @@ def results_block(df: pd.DataFrame) -> str:
     for variant, caption in BWD_VARIANTS:
         t, rows = _round_robin(df, "bwd", "fa4", variant, invert=True)
         _section(parts, caption, t, rows, marks)
+    t, rows = same_kernel_table(df, "bwd")
+    _section(parts, "Backward, the rounds' noise: an entry compiling our default's kernel / our default, p20-p80 of "
+                    "the per-round speed ratio (an A/A pair in the same rounds as the tables above; a ratio inside "
+                    "its cell's range is no measured difference):", t, rows, marks)
     t, rows = switch_table(df)
     _section(parts, "Ablations, speedup of each switch (round-robin against our full config in one job, median over "
                     "rounds; > 1: faster with the switch; noise: the same spread of kernels identical to the full "

@@ -240,7 +240,7 @@ def test_field_reaches_the_kernel_and_is_ignored_elsewhere():
         assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=False).resolve(
             "sm90", 192, causal), 192, 128, causal).det_two_writers
         assert AttnConfig().resolve("sm90", 192, causal).bwd_det_two_writers is None  # not deterministic: hash kept
-        for hd in (64, 128):  # FlashBwdSm90 (hd 64 / 128): deterministic only; the default at hd128 causal
+        for hd in (64, 128):  # FlashBwdSm90 (hd 64 / 128): deterministic only; the default at hd128
             k = B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=True).resolve(
                 "sm90", hd, causal), hd, hd, causal)
             assert type(k) is bwd.FlashBwdSm90 and k.det_two_writers and k.dq_stages == 1
@@ -248,7 +248,7 @@ def test_field_reaches_the_kernel_and_is_ignored_elsewhere():
                                       hd, causal).det_two_writers
             default = B._main_kernel(BFloat16, AttnConfig(deterministic=True).resolve("sm90", hd, causal), hd, hd,
                                      causal)
-            assert default.det_two_writers == (hd == 128 and causal)  # DEFAULTS' pair
+            assert default.det_two_writers == (hd == 128)  # DEFAULTS' pair
             assert not B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=False).resolve(
                 "sm90", hd, causal), hd, hd, causal).det_two_writers
             k64 = B._main_kernel(BFloat16, AttnConfig(deterministic=True, bwd_det_two_writers=True, bwd_tile_m=64)

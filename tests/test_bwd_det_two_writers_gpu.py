@@ -1,5 +1,5 @@
 """GPU checks of AttnConfig.bwd_det_two_writers (deterministic sm90 backward, kernels/sm90/bwd.py dq_writer_pair; on by
-default at (192, 128), opt-in at hd 64 / 128 -- the tests at the end): two dQ writer warps take the Q tiles in
+default at (192, 128) and hd128, opt-in at hd64 -- the tests at the end): two dQ writer warps take the Q tiles in
 turn, each frees the staging buffer once its bulk reduction has read it and waits for the completion only before its
 semaphore release. Accuracy by the DESIGN.md
 rule (tests/test_bwd_gpu.py's _run_case: fp64 reference, NaN-poisoned outputs), causal and non-causal ("rotate" runs
@@ -92,7 +92,7 @@ def test_bwd_det_two_writers_window():
     assert all(torch.equal(x, y) for x, y in zip(a, ref))
 
 
-# ---- FlashBwdSm90 (hd 64 / 128; opt-in) ------------------------------------------------------------------------------
+# ---- FlashBwdSm90 (hd64 opt-in, hd128 default) -----------------------------------------------------------------------
 # (batch, seqlen_q, seqlen_k, heads): odd lengths (an odd number of Q tiles per CTA: writer 0 takes the last), seqlen_q
 # != seqlen_k both ways, one Q tile (writer 1 idle), a many-wave 4k call
 SM90_SHAPES = [(2, 1024, 1024, 4), (2, 1000, 1337, 3), (3, 333, 397, 2), (1, 17, 129, 2), (2, 64, 64, 2),
@@ -153,7 +153,8 @@ def test_sm90_two_writers_variants_bitwise(name, extra, kw, hd):
                 again = attention_backward(q, k, v, out, do, lse, causal, scale,
                                            _cfg(deterministic=True, bwd_det_two_writers=True, **extra), **kw)
                 assert all(torch.equal(a, c) for a, c in zip(two, again))
-            one = attention_backward(q, k, v, out, do, lse, causal, scale, _cfg(deterministic=True, **extra), **kw)
+            one = attention_backward(q, k, v, out, do, lse, causal, scale,
+                                     _cfg(deterministic=True, bwd_det_two_writers=False, **extra), **kw)
             for n, x, r in zip(("dq", "dk", "dv"), two, one):
                 assert torch.equal(x, r), f"{name} hd{hd} causal={causal} {n}: differs from the one-writer kernel"
 
@@ -169,7 +170,7 @@ def test_sm90_two_writers_varlen_bitwise():
         (lens, q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, window, cap,
          kw) = _bwd_setup(*case, config=AttnConfig(deterministic=True, bwd_det_two_writers=True))
         two = attention_backward_varlen(q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, cfg, **kw)
-        one_cfg = dataclasses.replace(cfg, bwd_det_two_writers=None)
+        one_cfg = dataclasses.replace(cfg, bwd_det_two_writers=False)
         one = attention_backward_varlen(q, k, v, out, do, lse, cu_q, cu_k, max_q, max_k, c_causal, scale, one_cfg,
                                         **kw)
         for n, x, r in zip(("dq", "dk", "dv"), two, one):

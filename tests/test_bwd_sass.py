@@ -246,8 +246,9 @@ def test_det_schedule_rotate_in_sass(tmp_path, hdim):
     2026-12-01)."""
     from kernels.sm90.sass import count, opcode_counts
 
-    spt = _main_sass(tmp_path, True, 0.0, causal=False, hdim=hdim)
-    rot = _main_sass(tmp_path, True, 0.0, causal=False, hdim=hdim, det_schedule="rotate")
+    one = "bwd_det_two_writers=False"  # the one-writer loop (dq_writer; hd128's default has two: dq_writer_pair)
+    spt = _main_sass(tmp_path, True, 0.0, causal=False, hdim=hdim, extra=one)
+    rot = _main_sass(tmp_path, True, 0.0, causal=False, hdim=hdim, det_schedule="rotate", extra=one)
     ops_spt, ops_rot = opcode_counts(spt), opcode_counts(rot)
     assert count(ops_rot, "LDL") == 0 and count(ops_rot, "STL") == 0
     depbar = lambda s: len(re.findall(r"WARPGROUP\.DEPBAR", s))

@@ -93,3 +93,23 @@ def test_switch_table_from_round_robin_ablation_rows():
     assert t.loc[("fwd", "pingpong"), "noise"] == "0.80-1.00"  # the identical kernel's p20/p80, as a speedup
     assert t.loc[("bwd", "2-CTA (on)"), "noise"] == "not measured"
     assert "Ablations, speedup of each switch" in results_block(pd.DataFrame(rows))
+
+
+def test_same_kernel_table_gives_the_a_a_pairs_spread_only():
+    import pandas as pd
+
+    from analysis.readme import results_block, same_kernel_table
+
+    base = dict(metric="time_ratio", status="ok", backend="fa4", baseline="fa4", mode="bwd", hdim=128, hdim_v=128,
+                causal=False, seqlen_q=8192, seqlen_k=8192, batch=4, heads=16, n=10, throttled_share=0.1, git_sha="abc",
+                gpu_name="NVIDIA H200", experiment="bwd_peers", kind="attn", baseline_compiled_hash="DEF",
+                job_key="j", run_id="r", time="2026-12-03T12:00:00+00:00")
+    rows = [dict(base, variant="one_cta", value=1.0, p20=0.95, p80=1.04, compiled_hash="DEF"),  # the default's kernel
+            dict(base, variant="deterministic", value=1.05, p20=1.02, p80=1.08, compiled_hash="DET"),  # another one
+            dict(base, variant="default", value=1.0, p20=1.0, p80=1.0, compiled_hash="DEF")]  # the baseline itself
+    t, used = same_kernel_table(pd.DataFrame(rows), "bwd")
+    assert list(used["variant"]) == ["one_cta"]
+    assert t.set_index(["hdim", "causal"]).loc[("128", "no"), "8k"] == "0.96-1.05"  # speed = 1 / time ratio (0.95-1.04)
+    assert "the rounds' noise" in results_block(pd.DataFrame(rows))
+    t, used = same_kernel_table(pd.DataFrame(rows[1:]), "bwd")
+    assert t.empty and used.empty

@@ -204,7 +204,7 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     if cls is FlashBwdSm90 and cfg.bwd_diag_align:  # causal 80-row tiles from the diagonal (opt-in; _set_diag_align)
         kw["diag_align"] = True
     if cls in (FlashBwdSm90, FlashBwd192Sm90) and cfg.bwd_det_two_writers:  # deterministic: two dQ writer warps
-        kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128 causal)
+        kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128)
     kw.update(features or {})
     if varlen:
         kw["varlen"] = True

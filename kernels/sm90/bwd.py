@@ -28,8 +28,8 @@ and the postprocess undoes the permutation) and warp 1, the dQ writer, issues on
 With ``deterministic=True`` the writer warp adds in a fixed order: an int32 semaphore per (batch, head, Q tile); the
 writer whose turn it is (acquire spin) issues its reductions, waits for them to complete, fences and releases the next
 turn (red.release), so the MMA warps never spin. ``det_two_writers`` (AttnConfig.bwd_det_two_writers; the default at
-hd128 causal and (192, 128)): warps 1 and 2 take the Q tiles in turn and free the staging buffer once the reductions have READ it (dq_writer_pair), so the
-MMA warps never wait for a reduction's completion, and two tiles' completions overlap.
+hd128 and (192, 128)): warps 1 and 2 take the Q tiles in turn and free the staging buffer once the reductions have
+READ it (dq_writer_pair), so the MMA warps never wait for a reduction's completion, and two tiles' completions overlap.
 For causal, ``det_schedule="spt"`` orders the turns and the grid
 shortest-processing-time first (the K/V tile on the diagonal, with the fewest Q tiles, goes first); ``"naive"`` keeps
 K/V tile order for both (the paper's baseline schedule). ``"rotate"`` (the default since 2026-12-01;
@@ -1286,9 +1286,10 @@ class FlashBwdSm90(BwdDqWriter):
         1.008 / 1.010 / 1.007x, session_ab/bwd128c_preload_fresh.jsonl) and the hd256 2-CTA kernel (8, not
         deterministic). hd128 deterministic non-causal with two dQ writers (the default since 2026-12-03, through
         lse_views_fresh): 1.036 / 1.027 / 1.022x two writers without it at 8k / 16k / 32k
-        (session_ab/bwd128nc_det_2w_preload.jsonl). Late loads: hd128's deterministic non-causal kernel with one
-        writer (with the preload and lse_views_fresh 1.000 / 0.993 / 0.988x: its MMA warps then wait at the dQ staging
-        store for the writer's completion, fence and release instead), the opt-in rotated walk (bwd_rotate_q; not timed), the opt-in
+        (session_ab/bwd128nc_det_2w_preload.jsonl; varlen keeps the late loads: not GPU-tested with it). Late loads:
+        hd128's deterministic non-causal kernel with one writer (with the preload and lse_views_fresh 1.000 / 0.993 /
+        0.988x: its MMA warps then wait at the dQ staging store for the writer's completion, fence and release
+        instead), the opt-in rotated walk (bwd_rotate_q; not timed), the opt-in
         deterministic causal walks "lpt" and "naive" (5 LDL / 3 STL each even with lse_views_fresh), window / softcap
         kernels and the one-CTA hd256 kernel (varlen / two_cta=False)."""
         if self.has_window or self.softcap > 0.0:
@@ -1297,7 +1298,7 @@ class FlashBwdSm90(BwdDqWriter):
             return self.two_cta and not self.deterministic
         return (self.hdim == 128 and not self.two_cta and n_values == 40
                 and ((self.causal and self.spt and not self.det_lpt) or not (self.deterministic or self.m_rotate)
-                     or (self.det_two_writers and not self.causal)))
+                     or (self.det_two_writers and not self.causal and not self.varlen)))
 
     def lse_fresh(self, n_values: int) -> bool:
         """Whether the Q-tile step rebuilds the LSE / dPsum views (lse_views_fresh): hd128's causal and deterministic
