@@ -81,7 +81,7 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_pdl"] = ours(bwd_pdl=True)
         # the dQ writer frees each warpgroup's staging chunk after its own bulk read (AttnConfig.bwd_dq_chunk_release)
         fns["ours_dqrel"] = ours(bwd_dq_chunk_release=True)
-    # K/V tile order turns (non-causal: every walk from Q tile 0, hd128 with the LSE preload; causal: diagonal first)
+    # K/V tile order turns (non-causal: every walk from Q tile 0; causal: the diagonal-most K/V tile first)
     fns["ours_det_naive"] = ours(deterministic=True, det_schedule="naive")
     if causal:
         if q.shape[-1] in (64, 128) and q.shape[-1] == v.shape[-1]:

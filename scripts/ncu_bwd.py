@@ -5,8 +5,9 @@ profiles the two main backward kernels of one shape (16k total tokens, hidden 20
 ``--clock-control none`` to ncu (its default locks the clocks to base, which we never do). ``--kernels N`` instead
 runs each backward N times under torch.profiler and prints every kernel's mean device time (pre, main, post,
 memsets), for the fixed per-call costs at short sequences. ``--det`` adds our deterministic backward (its main
-kernel is a second FlashBwdSm90 launch in the report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the non-deterministic rotated walk after it. A session script for kernel work; the committed
-benchmarks are the experiments.
+kernel is a second FlashBwdSm90 launch in the report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the
+non-deterministic rotated walk after it. A session script for kernel work; the committed benchmarks are the
+experiments.
 """
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ def test_same_kernel_table_gives_the_a_a_pairs_spread_only():
             dict(base, variant="default", value=1.0, p20=1.0, p80=1.0, compiled_hash="DEF")]  # the baseline itself
     t, used = same_kernel_table(pd.DataFrame(rows), "bwd")
     assert list(used["variant"]) == ["one_cta"]
-    assert t.set_index(["hdim", "causal"]).loc[("128", "no"), "8k"] == "0.96-1.05"  # speed = 1 / time ratio (0.95-1.04)
+    assert t.set_index(["hdim", "causal"]).loc[("128", "no"), "8k"] == "0.96-1.05"  # speed: 1 / (0.95-1.04)
     assert "the rounds' noise" in results_block(pd.DataFrame(rows))
     t, used = same_kernel_table(pd.DataFrame(rows[1:]), "bwd")
     assert t.empty and used.empty
