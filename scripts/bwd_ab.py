@@ -230,6 +230,30 @@ def host_overhead(n: int = 200, profile: bool = False) -> dict:
     return res
 
 
+def kernel_split(fns: dict, n: int = 10) -> dict:
+    """Device time per call of each kernel a backend launches (torch.profiler's CUDA activity over ``n`` calls after a
+    warm-up; the L2 is not flushed): {backend: [(kernel name, us per call, launches per call), ...]}, longest first.
+    Shows whether a backend's time is in its main kernel or in the pre / post passes (dPsum, dQ zeroing / convert)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+        acc = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                t, c = acc.get(e.name, (0.0, 0))
+                acc[e.name] = (t + e.device_time_total, c + 1)  # device_time_total: us
+        out[name] = sorted(((k[:90], t / n, c / n) for k, (t, c) in acc.items()), key=lambda r: -r[1])
+    return out
+
+
 def main():
     import torch
 
@@ -242,6 +266,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--host", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="also print each backend's device time per kernel "
+                    "(torch.profiler; kernel_split) and add it to the rows as `kernels`")
     ap.add_argument("--profile", action="store_true", help="with --host: cProfile of our forward+backward calls")
     ap.add_argument("--base", help="a folder holding an older kernels/ tree: adds the variant ours_base")
     ap.add_argument("--hold-us", type=float, default=500.0,
@@ -278,6 +304,10 @@ def main():
                 print(f"hd{hdim} s{s} causal={int(causal)} GPU during the rounds:{gpu_note(gpu) or ' not sampled'}")
                 flops = attention_flops(batch, heads, s, s, hdim, hdim_v, causal, "bwd")
                 t_ours = times["ours"]
+                split = kernel_split(fns) if a.kernels else {}
+                for name, ks in split.items():
+                    print(f"hd{hdim} s{s} causal={int(causal)} {name:17s} kernels: " + "; ".join(
+                        f"{k} {t:.1f} us x{c:g}" for k, t, c in ks), flush=True)
                 for name, t in times.items():
                     med = statistics.median(t)
                     ratios = sorted(b / x for b, x in zip(t_ours, t))  # speed of `name` relative to ours, per round
@@ -285,6 +315,8 @@ def main():
                                ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=statistics.median(ratios),
                                p20=ratios[len(ratios) // 5], p80=ratios[(4 * len(ratios)) // 5], n=len(t),
                                gpu=torch.cuda.get_device_name(), hold_us=a.hold_us, **gpu)
+                    if name in split:
+                        row["kernels"] = [dict(name=k, us=t, launches=c) for k, t, c in split[name]]
                     rows.append(row)
                     print(f"hd{hdim} s{s} causal={int(causal)} {name:17s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
                           f"  speed/ours {row['speed_vs_ours']:.3f} [{row['p20']:.3f}, {row['p80']:.3f}]", flush=True)
