@@ -139,13 +139,13 @@ PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (None,),
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
-                                "bwd_pdl": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
+                                "bwd_pdl": (None,), "bwd_persistent": (None,), "bwd_dq_chunk_release": (None,), "bwd_diag_align": (None,),
                                 "bwd_det_two_writers": (None,), "bwd_two_cta_cta_release": (None, True),
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
-OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_dq_chunk_release", "bwd_diag_align",
+OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align",
                   "pv_wait_mid", "bwd_det_two_writers", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80")
 CLUSTER_M_VALUES = (1, 2)
@@ -189,6 +189,12 @@ class AttnConfig:
     # reads LSE / dPsum / dQaccum; the postprocess likewise after the main kernel (kernels/sm90/bwd.py _set_pdl).
     # None = DEFAULTS' bwd_pdl (absent: off; resolve() fills only True). Opt-in; left out of to_dict() while None.
     bwd_pdl: bool | None = None
+    # sm90 backward (hd 64 / 128 FlashBwdSm90, one CTA, not deterministic, not varlen, no PDL; elsewhere no effect):
+    # persistent main kernel -- grid min(SM count, K/V tiles), each CTA walks K/V tiles c, c + grid, ... in the launch
+    # order, its pipelines carried from tile to tile, so the next tile's first Q / dO loads run under this tile's last
+    # steps and epilogue and no CTA start (barrier init, descriptor prefetch) is paid per tile (kernels/sm90/bwd.py
+    # _set_persistent). None = DEFAULTS' (absent: off). Left out of to_dict() while None.
+    bwd_persistent: bool | None = None
     # sm90 backward (hd 64 / 128 FlashBwdSm90, not deterministic; elsewhere no effect): the dQ writer warp frees each MMA
     # warpgroup's staging chunk as soon as that chunk's bulk reduction has read it, instead of after every chunk of the
     # buffer has been (kernels/sm90/bwd.py dq_writer). None = DEFAULTS' (absent: off). Left out of to_dict() while None.
@@ -404,7 +410,7 @@ class AttnConfig:
             updates["exp2_emu_fraction"] = d["exp2_emu"][1 if causal else 0]
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
-        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_dq_chunk_release", "causal_split", "bwd_diag_align",
+        for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release", "causal_split", "bwd_diag_align",
                      "p_cvt_asm", "pv_wait_mid", "early_v_release"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:

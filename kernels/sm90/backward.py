@@ -195,6 +195,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["rotate_q"] = True  # hd128 / hd256 non-causal rotated Q-tile walks (opt-in; hd64's default)
     if cls is FlashBwdSm90 and cfg.bwd_pdl and not varlen:  # programmatic dependent launch (opt-in; _build's launches)
         kw["pdl"] = True
+    if cls is FlashBwdSm90 and cfg.bwd_persistent and not varlen:  # persistent grid (opt-in; bwd.py _set_persistent)
+        kw["persistent"] = True
     if cls is FlashBwdSm90 and cfg.bwd_dq_chunk_release:  # dQ staging chunks freed one by one (opt-in; dq_writer)
         kw["dq_chunk_release"] = True
     if cls is FlashBwdSm90 and cfg.bwd_two_cta_cta_release is not False:  # two_cta: dS hand-back without MEMBAR.GPU
@@ -277,11 +279,16 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     opts = "--enable-tvm-ffi" if tvm_ffi else ""
     scale = cutlass.Float32(1.0)
     c_pre = cute.compile(pre, o, do, lse, dpsum, lse2, dqacc, stream, options=opts)
-    c_main = cute.compile(main, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale, stream, options=opts)
+    if main.persistent:  # grid (num_ctas,): the caller passes min(SM count, K/V tiles x heads x batch)
+        c_main = cute.compile(main.call_persistent, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale,
+                              cutlass.Int32(1), stream, options=opts)
+    else:
+        c_main = cute.compile(main, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale, stream, options=opts)
     c_post = cute.compile(post, dqacc, dq, scale, stream, options=opts)
     # q_pad_rows: Q rows padded beyond a multiple of tile_m (diag_align: one more tile, r0 + 80 k <= seqlen_q + 79)
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
-                tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0)
+                tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0,
+                persistent=main.persistent)
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
@@ -581,7 +588,11 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
     dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)
     with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
         kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
-        kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale))
+        if kern.get("persistent"):  # one CTA per SM at most, each walking K/V tiles (bwd.py _set_persistent)
+            tiles = -(-sk // kern["tile_n"]) * h * b
+            kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale), min(sms, tiles))
+        else:
+            kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale))
         kern["post"](dqacc, dq, float(softmax_scale))
         if group > 1:  # Q head i belongs to K/V head i // group: heads (j*group .. j*group+group-1) -> j
             torch.sum(dk_h.view(b, sk, h_kv, group, d), dim=3, out=dk)

@@ -326,6 +326,7 @@ class FlashBwdSm90(BwdDqWriter):
     ds_split = 0  # S^T values per thread exponentiated before the wait for dP^T (0: all of them; p_ds_plain)
     dq_defer = False  # the dQ hand-off's fence and arrive under the next tile's S^T GEMM (m_block_step)
     m_rotate = False  # each CTA walks its Q tiles from its own starting tile (m_block_at)
+    persistent = False  # grid min(SM count, K/V tiles), each CTA walks several K/V tiles (_set_persistent)
     m_desc = False  # each CTA walks its Q tiles from the last one down (m_block_at; det_schedule="lpt")
     det_lpt = False  # deterministic causal: longest K/V tile first, descending walks, K/V tile order turns
     det_rotate = False  # deterministic dQ turns in the rotated walk's arrival order (det_schedule="rotate")
@@ -344,7 +345,7 @@ class FlashBwdSm90(BwdDqWriter):
                  qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
                  dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False,
-                 ds_cta_release: bool = False, two_cta_dv_first: bool = False):
+                 ds_cta_release: bool = False, two_cta_dv_first: bool = False, persistent: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -468,6 +469,7 @@ class FlashBwdSm90(BwdDqWriter):
         # tiles) is left out: ptxas serialised every wgmma there (ds_send's docstring).
         self.two_cta_dv_first = bool(two_cta_dv_first) and self.two_cta and hdim == 128
         assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2) and not self.diag_align)
+        self._set_persistent(persistent)
 
     def _set_diag_align(self, diag_align: bool) -> None:
         """``diag_align`` (AttnConfig.bwd_diag_align; opt-in): with 80-row Q tiles against 128-row K/V tiles, the
@@ -487,6 +489,19 @@ class FlashBwdSm90(BwdDqWriter):
         self.diag_align = (bool(diag_align) and self.causal and not self.deterministic and not self.two_cta
                            and not self.varlen and not self.has_window and self.softcap == 0.0 and self.dq_transposed
                            and self.tile_n % self.tile_m != 0 and not self.m_rotate and type(self) is FlashBwdSm90)
+
+    def _set_persistent(self, persistent: bool) -> None:
+        """``persistent`` (AttnConfig.bwd_persistent; opt-in): launched through ``call_persistent`` with grid (num_ctas,)
+        (the caller's min(SM count, K/V tiles)), CTA c walks the K/V tiles c, c + num_ctas, ... of the one-tile launch's
+        order (blockIdx x fastest, then head, then batch; lpt_heads' regrouping applied to that rank), every role's
+        pipeline states and the dQ hand-off count carried from tile to tile (roles_persistent): the producer loads the
+        next tile's first Q / dO stages while the MMA warps finish this tile, and a CTA's setup (shared-memory
+        barriers, descriptor prefetch, operand fragments) is paid once per SM instead of once per K/V tile. K / V (and
+        the dK / dV staging that aliases them) are handed back to the producer only after the epilogue's TMA store has
+        read them. This class only (hd 64 / 128), one CTA, not deterministic (its turns assume one K/V tile per CTA
+        launch order), not varlen, no PDL; ignored elsewhere."""
+        self.persistent = (bool(persistent) and type(self) is FlashBwdSm90
+                           and not (self.two_cta or self.deterministic or self.varlen or self.pdl))
 
     def _set_pdl(self, pdl: bool) -> None:
         """``pdl`` (AttnConfig.bwd_pdl; opt-in, the plain launch, not varlen): programmatic dependent launch of this
@@ -569,12 +584,15 @@ class FlashBwdSm90(BwdDqWriter):
             self.lpt_heads = max(int(lpt_heads), DET_LPT_HEADS)
 
     @cute.jit
-    def launch_order(self, bidx: Int32, head: Int32, batch: Int32):
+    def launch_order(self, bidx: Int32, head: Int32, batch: Int32, dims=None):
         """(bidx, head, batch) of this CTA's work: its block index, or with ``lpt_heads`` g > 1 the launch rank (x
         fastest) regrouped so that g consecutive (batch, head)s' K/V tiles alternate (a last, smaller group takes what
-        is left)."""
+        is left). ``dims``: the one-tile launch's grid (roles_persistent), else this launch's."""
         if const_expr(self.lpt_heads > 1):
-            nx, nh, nb = cute.arch.grid_dim()
+            if const_expr(dims is None):
+                nx, nh, nb = cute.arch.grid_dim()
+            else:
+                nx, nh, nb = dims
             g = self.lpt_heads
             rank = bidx + nx * (head + nh * batch)
             group = rank // (nx * g)
@@ -720,6 +738,24 @@ class FlashBwdSm90(BwdDqWriter):
             use_pdl=self.pdl)
 
     @cute.jit
+    def call_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                        mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
+                        mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
+                        softmax_scale: Float32, num_ctas: Int32, stream: cuda.CUstream):
+        """Persistent launch (``persistent=True``, _set_persistent): ``__call__``'s tensors, grid (num_ctas,); the caller
+        passes min(SM count, K/V tiles x heads x batch) (kernels/sm90/backward.py)."""
+        assert self.persistent, "call_persistent needs FlashBwdSm90(persistent=True)"
+        mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem = self._kernel_views(
+            mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
+        mma_S, mma_dKV, mma_dQ, loads, atoms, (tdK, tdV, tma_dK, tma_dV) = self._host_setup(
+            mQ, mK, mV, mdO, mLSE, mdPsum, mdK, mdV)
+        self.kernel(*loads, *atoms, mdQaccum, tdK, tdV, tma_dK, tma_dV, mSem, mma_S, mma_dKV, mma_dQ,
+                    self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sdS_layout,
+                    self.sdSp_layout, self.sdKV_layout, Float32(softmax_scale), self.score_scale(softmax_scale)).launch(
+            grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], cluster=[1, 1, 1], stream=stream,
+            min_blocks_per_mp=1)
+
+    @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                     mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
                     mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor, mCuSeqlensQ: cute.Tensor,
@@ -825,9 +861,11 @@ class FlashBwdSm90(BwdDqWriter):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, head, batch = cute.arch.block_idx()
-        if const_expr(self.lpt_heads > 1):
-            bidx, head, batch = self.launch_order(bidx, head, batch)
-        work = self.cta_work(mQ, mK, bidx, head, batch, mCuSeqlensQ, mCuSeqlensK)
+        work = None
+        if const_expr(not self.persistent):  # (persistent: each role takes its tiles' work, roles_persistent)
+            if const_expr(self.lpt_heads > 1):
+                bidx, head, batch = self.launch_order(bidx, head, batch)
+            work = self.cta_work(mQ, mK, bidx, head, batch, mCuSeqlensQ, mCuSeqlensK)
 
         if warp_idx == 0:
             for atom in (tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum):
@@ -839,7 +877,9 @@ class FlashBwdSm90(BwdDqWriter):
         gm = BwdGmem(mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
         tma = BwdTma(tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dK, tma_dV)
         mmas = BwdMmas(mma_S, mma_dKV, mma_dQ)
-        if const_expr(self.varlen):
+        if const_expr(self.persistent):
+            self.roles_persistent(gm, tma, mmas, smem, storage, pipes, warp_idx, tidx, softmax_scale, scale_log2)
+        elif const_expr(self.varlen):
             if bidx * self.tile_n < work.seqlen_k:  # the whole CTA leaves when its K/V tile starts past its sequence
                 self.roles(gm, tma, mmas, smem, storage, pipes, work, warp_idx, tidx, softmax_scale, scale_log2)
         else:
@@ -968,6 +1008,60 @@ class FlashBwdSm90(BwdDqWriter):
             ptrs = DsPtrs(storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
                           storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr())
             self.mma(gm, tma, mmas, smem, ptrs, pipes, work, tidx - 128, softmax_scale, scale_log2)
+
+    @cute.jit
+    def tile_work(self, t, gm: BwdGmem) -> BwdWork:
+        """Persistent: the BwdWork of tile ``t`` of the one-tile launch's order (block x = K/V tile fastest, then head,
+        then batch; lpt_heads regroups that rank as launch_order does)."""
+        nx = cute.ceil_div(gm.mK.shape[0], self.tile_n)
+        nh = gm.mQ.shape[2]
+        nb = gm.mQ.shape[3]
+        bidx = t % nx
+        hb = t // nx
+        head = hb % nh
+        batch = hb // nh
+        if const_expr(self.lpt_heads > 1):
+            bidx, head, batch = self.launch_order(bidx, head, batch, (nx, nh, nb))
+        return self.cta_work(gm.mQ, gm.mK, bidx, head, batch, None, None)
+
+    @cute.jit
+    def roles_persistent(self, gm: BwdGmem, tma: BwdTma, mmas: BwdMmas, smem: BwdSmem, storage, pipes: BwdPipes,
+                         warp_idx, tidx, softmax_scale, scale_log2):
+        """roles for ``persistent`` (_set_persistent): every role walks the tiles bx, bx + grid, ... itself, its
+        pipeline states (producer, MMA) and dQ hand-off count (writer, MMA: ``step0``, the Q tiles of earlier tiles)
+        carried from tile to tile."""
+        num_tiles = cute.ceil_div(gm.mK.shape[0], self.tile_n) * gm.mQ.shape[2] * gm.mQ.shape[3]
+        bx, _, _ = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+                do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
+                for t in cutlass.range(bx, num_tiles, gx, unroll=1):
+                    kv_state, q_state, do_state = self.load(gm, tma, smem, pipes, self.tile_work(t, gm),
+                                                            (kv_state, q_state, do_state))
+            if warp_idx == 1:
+                step0 = Int32(0)
+                for t in cutlass.range(bx, num_tiles, gx, unroll=1):
+                    work = self.tile_work(t, gm)
+                    self.dq_writer(gm.mdQaccum, gm.mSem, storage.sdQ.data_ptr(), work, step0)
+                    step0 = step0 + (work.m_block_max - work.m_block_min)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            ptrs = DsPtrs(storage.sdS.data_ptr(), storage.sdSp.data_ptr(), storage.sdQ.data_ptr(),
+                          storage.mbar_dsfull.data_ptr(), storage.mbar_dsempty.data_ptr())
+            f = self.mma_fragments(mmas, smem, self.tile_work(bx, gm), tidx - 128)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            step0 = Int32(0)
+            for t in cutlass.range(bx, num_tiles, gx, unroll=1):
+                work = self.tile_work(t, gm)
+                kv_state, q_state, do_state = self.mma_tile(gm, tma, mmas, smem, ptrs, pipes, work, f, softmax_scale,
+                                                            scale_log2, (kv_state, q_state, do_state), step0)
+                step0 = step0 + (work.m_block_max - work.m_block_min)
     @cute.jit
     def tile_schedule(self, bidx, seqlen_q, seqlen_k):
         """This CTA's K/V tile and Q-tile range: (n_block, num_groups, rank, m_block_min, m_block_max). A group is a
@@ -1030,10 +1124,11 @@ class FlashBwdSm90(BwdDqWriter):
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
-    def load(self, gm: BwdGmem, tma: BwdTma, smem: BwdSmem, pipes: BwdPipes, work: BwdWork):
+    def load(self, gm: BwdGmem, tma: BwdTma, smem: BwdSmem, pipes: BwdPipes, work: BwdWork, states=None):
         """Producer warp: K / V once (load_kv), then per Q tile Q + LSE and dO + dPsum. Varlen: Q / dO / K / V tiles
         start at the sequence's first row (rows past its end are the next sequence's or TMA zero fill: masked by
-        seqlen_k, or LSE +inf / dPsum 0 for Q rows), LSE / dPsum tiles at the sequence's padded tile slot."""
+        seqlen_k, or LSE +inf / dPsum 0 for Q rows), LSE / dPsum tiles at the sequence's padded tile slot.
+        ``states`` (persistent): the producer states (kv, q, do) carried from the previous tile, returned advanced."""
         mc = self.cluster
         gK, gV, gQ, gdO, gLSE, gdPsum = self.load_tiles(gm, work)
         rank = work.rank
@@ -1047,11 +1142,16 @@ class FlashBwdSm90(BwdDqWriter):
         if const_expr(self.two_cta):
             mask = dict(mcast_mask=cutlass.Int16((1 << mc) - 1))
 
-        self.load_kv(tma, pipes.pipe_kv, tKsK, tKgK, tVsV, tVgV, smem.sKp, gK, work.n_block)
-
         pipe_q, pipe_do = pipes.pipe_q, pipes.pipe_do
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
+        kv_state = None
+        if const_expr(states is None):
+            self.load_kv(tma, pipes.pipe_kv, tKsK, tKgK, tVsV, tVgV, smem.sKp, gK, work.n_block)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+            do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
+        else:
+            kv_state, q_state, do_state = states
+            self.load_kv(tma, pipes.pipe_kv, tKsK, tKgK, tVsV, tVgV, smem.sKp, gK, work.n_block, kv_state=kv_state)
+
         for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             pipe_q.producer_acquire(q_state)
@@ -1072,6 +1172,9 @@ class FlashBwdSm90(BwdDqWriter):
             do_state.advance()
         if const_expr(self.pdl):  # no-op after the loop's wait; a CTA without Q tiles must wait too (_set_pdl)
             cute.arch.griddepcontrol_wait()
+        if const_expr(states is not None):
+            kv_state.advance()
+        return kv_state, q_state, do_state
 
     @staticmethod
     def _tma_part(atom, s, g, crd=0, n=1):
@@ -1115,9 +1218,11 @@ class FlashBwdSm90(BwdDqWriter):
         return gK, gV, gQ, gdO, gLSE, gdPsum
 
     @cute.jit
-    def load_kv(self, tma: BwdTma, pipe_kv, tKsK, tKgK, tVsV, tVgV, sKp, gK, n_block):
-        """K and V of this CTA's tile once, on one barrier (two_cta: and the peer's K tile into sKp)."""
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+    def load_kv(self, tma: BwdTma, pipe_kv, tKsK, tKgK, tVsV, tVgV, sKp, gK, n_block, kv_state=None):
+        """K and V of this CTA's tile once, on one barrier (two_cta: and the peer's K tile into sKp); persistent
+        (``kv_state`` carried): once the MMA warps have released the previous tile's (its dK / dV store has read them)."""
+        if const_expr(kv_state is None):
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe_kv.producer_acquire(kv_state)
         bar = pipe_kv.producer_get_barrier(kv_state)
         cute.copy(tma.tma_K, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
@@ -1148,6 +1253,34 @@ class FlashBwdSm90(BwdDqWriter):
                         work.batch, work.offset_k)
         self.dkdv_epilogue(f.acc_dK, f.acc_dV, mmas.mma_dKV, mmas.mma_dKV, dest, f.pds_bar, f.wg, f.tid, f.tidx,
                            softmax_scale, work.seqlen_k)
+
+    @cute.jit
+    def mma_tile(self, gm: BwdGmem, tma: BwdTma, mmas: BwdMmas, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes,
+                 work: BwdWork, f: MmaFrags, softmax_scale, scale_log2, states, step0):
+        """Persistent MMA warpgroups, one K/V tile: ``mma``'s loop and epilogue with the fragments of the CTA's first
+        tile (``f``; this tile's first K/V row and dK / dV zeroed here), the consumer states ``states`` (kv, q, do)
+        carried and returned, ``step0`` the dQ hand-offs before this tile; then K / V back to the producer once the
+        epilogue's dK / dV store has read them (the staging aliases sK / sV)."""
+        kv_state, q_state, do_state = states
+        f = f._replace(n_row0=work.n_block * self.tile_n + f.wg * 64, causal_off=work.seqlen_k - work.seqlen_q)
+        f.acc_dK.fill(0.0)
+        f.acc_dV.fill(0.0)
+        pipes.pipe_kv.consumer_wait(kv_state)
+        for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
+            self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2, step0)
+            q_state.advance()
+            do_state.advance()
+        if const_expr(self.dq_defer):
+            if work.m_block_min < work.m_block_max:  # the last tile's dQ
+                self.dq_publish(f.wg)
+        dest = DkdvDest(smem.sdKs, smem.sdVs, tma.tma_dK, tma.tma_dV, gm.mdK, gm.mdV, work.n_block, work.head,
+                        work.batch, work.offset_k)
+        self.dkdv_epilogue(f.acc_dK, f.acc_dV, mmas.mma_dKV, mmas.mma_dKV, dest, f.pds_bar, f.wg, f.tid, f.tidx,
+                           softmax_scale, work.seqlen_k)
+        f.pds_bar.arrive_and_wait()  # thread 0's store has read sK / sV (dkdv_store's wait)
+        pipes.pipe_kv.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state, q_state, do_state
 
     # ---- operand fragments of an MMA warpgroup (built once per CTA) -----------------------------------
     @cute.jit
@@ -1247,11 +1380,15 @@ class FlashBwdSm90(BwdDqWriter):
     # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
     @cute.jit
     def m_block_step(self, mmas: BwdMmas, f: MmaFrags, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes, q_state,
-                     do_state, m_block, work: BwdWork, scale_log2):
+                     do_state, m_block, work: BwdWork, scale_log2, step0=None):
         """One Q tile: P^T and dS^T (p_and_ds), dV and the dS^T exchange (ds_exchange), then dQ (handed to the writer
-        warp) and dK (dq_dk_one_cta / dq_dk_two_cta), which release the Q and dO stages."""
+        warp) and dK (dq_dk_one_cta / dq_dk_two_cta), which release the Q and dO stages. ``step0`` (persistent): the
+        dQ hand-offs of the CTA's earlier K/V tiles, so the staging buffers alternate across tiles as the writer's."""
         sidx = q_state.index
-        it = m_block - work.m_block_min
+        step = m_block - work.m_block_min
+        it = step
+        if const_expr(step0 is not None):
+            it = step + step0
         if const_expr(self.m_rotate or self.m_desc):  # ``m_block`` is the loop step: its tile (m_block_at); ``it``
             m_block = self.m_block_at(m_block, work)  # stays the step
         m_row0 = m_block * self.tile_m
@@ -1267,7 +1404,7 @@ class FlashBwdSm90(BwdDqWriter):
             # S^T first, then the end of the previous tile's dQ hand-off while it runs (dq_defer), then p_and_ds
             pipes.pipe_q.consumer_wait(q_state)
             wgmma(mmas.mma_S, f.acc_S, f.tSrK, s_ops.tSrQ, zero_init=True)
-            if it > 0:
+            if step > 0:
                 self.dq_publish(f.wg)
         self.p_and_ds(s_ops, pipes, q_state, do_state, rows, self.dq_defer)
         self.ds_exchange(mmas.mma_dKV, f, ptrs, sidx, it, work.rank)

@@ -105,11 +105,13 @@ class BwdDqWriter:
 
     # ---------------------------------------------------------------------------------------------
     @cute.jit
-    def dq_writer(self, mdQaccum, mSem, sdQ_raw, work):
+    def dq_writer(self, mdQaccum, mSem, sdQ_raw, work, step0=None):
         """Warp 1: bulk-reduce each warpgroup's fp32 dQ chunk into dQaccum (in semaphore order if deterministic).
         Varlen: dQaccum (h, total_q_pad, d) and the semaphores (h, total_q_pad / tile_m) at the sequence's padded Q
         tiles (pad_tile + m_block). two_cta: CTA ``rank`` of the pair owns half of each Q tile's rows, its own slot
-        (m_block * 2 + rank: chunks 2 * rank + w of the tile) and semaphore; its turns are counted over the pairs."""
+        (m_block * 2 + rank: chunks 2 * rank + w of the tile) and semaphore; its turns are counted over the pairs.
+        ``step0`` (persistent, one call per K/V tile): the hand-offs of the CTA's earlier tiles, for the staging buffer
+        index."""
         lane = cute.arch.lane_idx()
         mdQ2 = self.dq_accum_rows(mdQaccum, work)
         causal_off = work.seqlen_k - work.seqlen_q
@@ -124,8 +126,10 @@ class BwdDqWriter:
             acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
             for p in cutlass.range_constexpr(self.dq_pieces):
                 # hand-off slot of this piece: dq_pieces per Q tile, dq_stages buffers
-                buf = (((m_iter - work.m_block_min) * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg \
-                    * self.dq_chunk
+                step = m_iter - work.m_block_min
+                if const_expr(step0 is not None):
+                    step = step + step0
+                buf = ((step * self.dq_pieces + p) % self.dq_stages) * self.num_mma_wg * self.dq_chunk
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     if const_expr(not self.deterministic or p > 0):
                         # this buffer's previous chunks (dq_stages hand-offs ago) have been read; dq_chunk_release:
