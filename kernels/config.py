@@ -193,7 +193,10 @@ class AttnConfig:
     # persistent main kernel -- grid min(SM count, K/V tiles), each CTA walks K/V tiles c, c + grid, ... in the launch
     # order, its pipelines carried from tile to tile, so the next tile's first Q / dO loads run under this tile's last
     # steps and epilogue and no CTA start (barrier init, descriptor prefetch) is paid per tile (kernels/sm90/bwd.py
-    # _set_persistent). None = DEFAULTS' (absent: off). Left out of to_dict() while None.
+    # _set_persistent). None = DEFAULTS' (absent: off). Left out of to_dict() while None. H200 2026-12-03, 16k tokens,
+    # 8 rounds (results/h200/session_ab/bwd_persistent_ab.jsonl), speed vs the one-tile grid at 1k / 2k / 8k: non-causal
+    # hd128 0.997 / 0.996 / 0.991, hd64 1.008 / 1.003 / 1.007; causal hd128 0.986 / 0.801 / 0.718, hd64 0.797 / 0.879 /
+    # 0.955 (the static round robin balances unequal causal tiles worse than the hardware's block scheduler). Off.
     bwd_persistent: bool | None = None
     # sm90 backward (hd 64 / 128 FlashBwdSm90, not deterministic; elsewhere no effect): the dQ writer warp frees each MMA
     # warpgroup's staging chunk as soon as that chunk's bulk reduction has read it, instead of after every chunk of the
