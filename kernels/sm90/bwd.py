@@ -1244,8 +1244,15 @@ class FlashBwdSm90(BwdDqWriter):
         pipes.pipe_kv.consumer_wait(kv_state)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        self.mma_walk(gm, tma, mmas, smem, ptrs, pipes, work, f, q_state, do_state, softmax_scale, scale_log2)
+
+    @cute.jit
+    def mma_walk(self, gm: BwdGmem, tma: BwdTma, mmas: BwdMmas, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes,
+                 work: BwdWork, f: MmaFrags, q_state, do_state, softmax_scale, scale_log2, step0=None):
+        """One K/V tile's Q-tile steps (m_block_step) and its dK / dV epilogue; returns the advanced consumer states
+        (``step0``: m_block_step's, persistent)."""
         for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
-            self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2)
+            self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2, step0)
             q_state.advance()
             do_state.advance()
         if const_expr(self.dq_defer):
@@ -1255,6 +1262,7 @@ class FlashBwdSm90(BwdDqWriter):
                         work.batch, work.offset_k)
         self.dkdv_epilogue(f.acc_dK, f.acc_dV, mmas.mma_dKV, mmas.mma_dKV, dest, f.pds_bar, f.wg, f.tid, f.tidx,
                            softmax_scale, work.seqlen_k)
+        return q_state, do_state
 
     @cute.jit
     def mma_tile(self, gm: BwdGmem, tma: BwdTma, mmas: BwdMmas, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes,
@@ -1268,17 +1276,8 @@ class FlashBwdSm90(BwdDqWriter):
         f.acc_dK.fill(0.0)
         f.acc_dV.fill(0.0)
         pipes.pipe_kv.consumer_wait(kv_state)
-        for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
-            self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2, step0)
-            q_state.advance()
-            do_state.advance()
-        if const_expr(self.dq_defer):
-            if work.m_block_min < work.m_block_max:  # the last tile's dQ
-                self.dq_publish(f.wg)
-        dest = DkdvDest(smem.sdKs, smem.sdVs, tma.tma_dK, tma.tma_dV, gm.mdK, gm.mdV, work.n_block, work.head,
-                        work.batch, work.offset_k)
-        self.dkdv_epilogue(f.acc_dK, f.acc_dV, mmas.mma_dKV, mmas.mma_dKV, dest, f.pds_bar, f.wg, f.tid, f.tidx,
-                           softmax_scale, work.seqlen_k)
+        q_state, do_state = self.mma_walk(gm, tma, mmas, smem, ptrs, pipes, work, f, q_state, do_state, softmax_scale,
+                                          scale_log2, step0)
         f.pds_bar.arrive_and_wait()  # thread 0's store has read sK / sV (dkdv_store's wait)
         pipes.pipe_kv.consumer_release(kv_state)
         kv_state.advance()
