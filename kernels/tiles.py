@@ -54,7 +54,8 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     d = r.to_dict()
     if mode == "fwd":
         for k in ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads",
-                  "bwd_rotate_q", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align", "bwd_det_two_writers",
+                  "bwd_rotate_q", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align",
+                  "bwd_det_two_writers",
                   "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80"):  # backward-only fields
             d.pop(k, None)
         d["exp2_emu_fraction"] = quantized_exp2_fraction(r.exp2_emu_fraction, r.tile_n // 8)

@@ -64,7 +64,8 @@ def _loops(sass: str) -> list[tuple[int, int]]:
 
 def _loop_around_all_loads(sass: str) -> bool:
     """Whether one loop spans every TMA load of the kernel (K / V, Q / LSE, dO / dPsum): the persistent producer's
-    tile loop. (Each UTMALDG also sits in its own small issue loop; the default's K / V loads precede its Q-tile loop.)"""
+    tile loop. (Each UTMALDG also sits in its own small issue loop; the default's K / V loads precede its Q-tile
+    loop.)"""
     from kernels.sm90.sass import instructions
 
     ins, _ = instructions(sass)

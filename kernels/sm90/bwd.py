@@ -491,9 +491,10 @@ class FlashBwdSm90(BwdDqWriter):
                            and self.tile_n % self.tile_m != 0 and not self.m_rotate and type(self) is FlashBwdSm90)
 
     def _set_persistent(self, persistent: bool) -> None:
-        """``persistent`` (AttnConfig.bwd_persistent; opt-in): launched through ``call_persistent`` with grid (num_ctas,)
-        (the caller's min(SM count, K/V tiles)), CTA c walks the K/V tiles c, c + num_ctas, ... of the one-tile launch's
-        order (blockIdx x fastest, then head, then batch; lpt_heads' regrouping applied to that rank), every role's
+        """``persistent`` (AttnConfig.bwd_persistent; opt-in): launched through ``call_persistent`` with grid
+        (num_ctas,) (the caller's min(SM count, K/V tiles)), CTA c walks the K/V tiles c, c + num_ctas, ... of the
+        one-tile launch's order (blockIdx x fastest, then head, then batch; lpt_heads' regrouping applied to that
+        rank), every role's
         pipeline states and the dQ hand-off count carried from tile to tile (roles_persistent): the producer loads the
         next tile's first Q / dO stages while the MMA warps finish this tile, and a CTA's setup (shared-memory
         barriers, descriptor prefetch, operand fragments) is paid once per SM instead of once per K/V tile. K / V (and
@@ -744,8 +745,8 @@ class FlashBwdSm90(BwdDqWriter):
                         mLSE: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor,
                         mdK: cute.Tensor, mdV: cute.Tensor, mSem: cute.Tensor,
                         softmax_scale: Float32, num_ctas: Int32, stream: cuda.CUstream):
-        """Persistent launch (``persistent=True``, _set_persistent): ``__call__``'s tensors, grid (num_ctas,); the caller
-        passes min(SM count, K/V tiles x heads x batch) (kernels/sm90/backward.py)."""
+        """Persistent launch (``persistent=True``, _set_persistent): ``__call__``'s tensors, grid (num_ctas,); the
+        caller passes min(SM count, K/V tiles x heads x batch) (kernels/sm90/backward.py)."""
         assert self.persistent, "call_persistent needs FlashBwdSm90(persistent=True)"
         mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem = self._kernel_views(
             mQ, mK, mV, mdO, mLSE, mdPsum, mdQaccum, mdK, mdV, mSem)
@@ -1064,6 +1065,7 @@ class FlashBwdSm90(BwdDqWriter):
                 kv_state, q_state, do_state = self.mma_tile(gm, tma, mmas, smem, ptrs, pipes, work, f, softmax_scale,
                                                             scale_log2, (kv_state, q_state, do_state), step0)
                 step0 = step0 + (work.m_block_max - work.m_block_min)
+
     @cute.jit
     def tile_schedule(self, bidx, seqlen_q, seqlen_k):
         """This CTA's K/V tile and Q-tile range: (n_block, num_groups, rank, m_block_min, m_block_max). A group is a
@@ -1222,7 +1224,7 @@ class FlashBwdSm90(BwdDqWriter):
     @cute.jit
     def load_kv(self, tma: BwdTma, pipe_kv, tKsK, tKgK, tVsV, tVgV, sKp, gK, n_block, kv_state=None):
         """K and V of this CTA's tile once, on one barrier (two_cta: and the peer's K tile into sKp); persistent
-        (``kv_state`` carried): once the MMA warps have released the previous tile's (its dK / dV store has read them)."""
+        (``kv_state`` carried): once the MMA warps have released the previous tile's (its dK / dV store read them)."""
         if const_expr(kv_state is None):
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe_kv.producer_acquire(kv_state)
