@@ -2,7 +2,7 @@
 official FA4 (and cuDNN with --cudnn).
 
 ``python scripts/fwd_ab.py [--base-rev REV] [--hdims 64 128 256] [--seqlens 4096 8192 16384] [--causal 0 1]
-[--repeats 20] [--cfg NAME=field:value,field:value ...] [--out rows.jsonl] [--batch B] [--heads H] [--kv-heads H_KV]
+[--repeats 20] [--cfg NAME=field:value,field:value ...] [--base-cfg NAME=...] [--out rows.jsonl] [--batch B] [--heads H] [--kv-heads H_KV]
 [--seqlen-k S_K] [--gemm N]``
 
 Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16;
@@ -13,6 +13,8 @@ visible (query, key) pairs (kernels/flops.py). Packed GQA against the per-Q-head
   ours             AttnConfig() of this working tree
   ours_base        AttnConfig() of the kernels/ package at ``--base-rev`` (git archive into a temp dir, imported as a
                    separate package, so both kernels run in this process; '' skips it)
+  NAME (base)      every --base-cfg: AttnConfig fields of the --base-rev tree (e.g. its persistent kernel against
+                   this tree's: --cfg pers=persistent:true --base-cfg pers_base=persistent:true)
   fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
   sdpa_cudnn       with --cudnn
   gemm             with --gemm N: a bf16 N x N x N torch.matmul (cuBLAS) timed in the same rounds; every variant's
@@ -85,7 +87,7 @@ def _parse_cfg(spec: str):
     return name, kw
 
 
-def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
+def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra: dict | None = None):
     import torch
 
     from kernels import AttnConfig
@@ -115,6 +117,9 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool):
         iface, cmod = base
         bcfg = iface.resolve_config(cmod.AttnConfig(), hdim, causal)
         fns["ours_base"] = lambda: iface.attention_forward(q, k, v, causal, scale, bcfg, out=out, lse=lse)[0]
+        for name, kw in (base_extra or {}).items():  # --base-cfg: AttnConfig fields of the base tree
+            c = iface.resolve_config(cmod.AttnConfig(**kw), hdim, causal)
+            fns[name] = lambda c=c: iface.attention_forward(q, k, v, causal, scale, c, out=out, lse=lse)[0]
     try:
         from flash_attn.cute import flash_attn_func
 
@@ -183,6 +188,7 @@ def main():
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of this tree")
+    ap.add_argument("--base-cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of --base-rev's tree")
     ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--hold-us", type=float, default=500.0,
@@ -212,7 +218,8 @@ def main():
                 k = torch.randn(batch, s_k, kv_heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
                 v = torch.randn(batch, s_k, kv_heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
                 scale = 1.0 / math.sqrt(hdim)
-                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn)
+                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn,
+                                     dict(_parse_cfg(x) for x in a.base_cfg))
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)

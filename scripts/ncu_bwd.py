@@ -4,9 +4,10 @@
 profiles the two main backward kernels of one shape (16k total tokens, hidden 2048, bf16); always pass
 ``--clock-control none`` to ncu (its default locks the clocks to base, which we never do). ``--kernels N`` instead
 runs each backward N times under torch.profiler and prints every kernel's mean device time (pre, main, post,
-memsets), for the fixed per-call costs at short sequences. ``--det`` adds our deterministic backward (its main
-kernel is a second FlashBwdSm90 launch in the report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the
-non-deterministic rotated walk after it. A session script for kernel work; the committed benchmarks are the
+memsets), for the fixed per-call costs at short sequences. ``--t64`` adds our backward with 64-row Q tiles (official's
+tile at hd128 causal), ``--det`` our deterministic backward (its main kernel is a second FlashBwdSm90 launch in the
+report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the non-deterministic rotated walk after it.
+A session script for kernel work; the committed benchmarks are the
 experiments.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main():
     ap.add_argument("--kernels", type=int, default=0, help="N calls each under torch.profiler: per-kernel times")
     ap.add_argument("--det", action="store_true", help="also our deterministic backward (ours_det), after ours")
     ap.add_argument("--naive", action="store_true", help="also the deterministic K/V-order walk (ours_det_naive)")
+    ap.add_argument("--t64", action="store_true", help="also our backward with 64-row Q tiles (ours_t64), after ours")
     ap.add_argument("--rotq", action="store_true",
                     help="also the non-deterministic rotated Q-tile walk (ours_rotq, AttnConfig.bwd_rotate_q), last")
     a = ap.parse_args()
@@ -41,6 +43,9 @@ def main():
     scale = 1.0 / math.sqrt(d)
     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
     calls = {"ours": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, None)}
+    if a.t64:
+        t64 = kernels.AttnConfig(bwd_tile_m=64)
+        calls["ours_t64"] = lambda: attention_backward(q, k, v, out, do, lse, causal, scale, t64)
     if a.det:
         det = kernels.AttnConfig(deterministic=True)
         calls["ours_det"] = lambda: attention_backward(q, k, v, out, do, lse, causal, scale, det)

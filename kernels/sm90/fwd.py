@@ -103,7 +103,7 @@ from .barriers import Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
-from .scheduler import tile_at, tile_coords
+from .scheduler import snake_tile, tile_at, tile_coords
 from .softmax import apply_softcap, finalize, online_softmax_finish, online_softmax_step, rescale_o, store_p_asm
 
 LOG2_E = math.log2(math.e)
@@ -643,7 +643,8 @@ class FlashFwdSm90:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 for tile in cutlass.range(bx, num_tiles, gx, unroll=1):
-                    m_block, head, bidx = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
+                    m_block, head, bidx = tile_at(self.walk_tile(tile, bx, gx, num_tiles), m_blocks, heads, batch,
+                                                  hb_group, self.causal)
                     n_block_min, n_block_max, _, _ = self.tile_blocks(m_block, seqlen_q, seqlen_k)
                     state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
                                                pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
@@ -659,7 +660,8 @@ class FlashFwdSm90:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             for t in cutlass.range(bx, num_tiles, gx, unroll=1):
-                m_block, head, bidx = tile_at(t, m_blocks, heads, batch, hb_group, self.causal)
+                m_block, head, bidx = tile_at(self.walk_tile(t, bx, gx, num_tiles), m_blocks, heads, batch, hb_group,
+                                              self.causal)
                 n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(
                     m_block, seqlen_q, seqlen_k)
                 tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
@@ -669,6 +671,13 @@ class FlashFwdSm90:
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def walk_tile(self, t, bx, gx, num_tiles):
+        """The tile number of persistent step ``t`` (CTA ``bx`` of ``gx``): causal snakes over the rounds
+        (scheduler.snake_tile: the tiles' lengths differ), non-causal takes ``t`` itself (every tile the same length)."""
+        if const_expr(self.causal):
+            return snake_tile(t, bx, gx, num_tiles)
+        return t
 
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,

@@ -7,7 +7,8 @@ the Q tiles with the most K blocks (the last m_blocks) go first. Heads are taken
 within a group the order is m_block descending, then (head, batch).
 Persistent (AttnConfig.persistent): grid = min(SM count, tiles); CTA c walks tiles c, c + grid, c + 2 grid, ... of the
 same order (``tile_at``; non-causal: m_block fastest, then head, then batch), a static round robin that for causal
-hands out the longest tiles first.
+hands out the longest tiles first, every odd full round in reverse CTA order (``snake_tile``): without it CTA 0 takes
+the longest tile of every round and CTA grid - 1 the shortest.
 """
 from __future__ import annotations
 
@@ -71,3 +72,16 @@ def tile_at(tile: Int32, m_blocks: Int32, heads: Int32, batch: Int32, hb_group: 
     bidx = hb // heads
     head = hb - bidx * heads
     return m_block, head, bidx
+
+
+@cute.jit
+def snake_tile(t: Int32, bx: Int32, gx: Int32, num_tiles: Int32) -> Int32:
+    """Persistent causal: the tile CTA ``bx`` of ``gx`` computes at its step ``t`` = bx + k gx of the static round
+    robin. Rounds are slices of the longest-first order; an odd round that is full runs in reverse CTA order (the CTA
+    that took one round's longest tile takes the next round's shortest), a partial last round keeps the plain order,
+    so every tile below ``num_tiles`` is computed exactly once."""
+    k = (t - bx) // gx
+    tile = t
+    if k % 2 == 1 and (k + 1) * gx <= num_tiles:
+        tile = k * gx + (gx - 1 - bx)
+    return tile
