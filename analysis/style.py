@@ -58,13 +58,16 @@ def save_png(plt, fig, out, note: str = "", bottom: float = 0.0) -> Path:
 
 
 def write_png(fig, out, dpi: int, **savefig_kw) -> Path:
-    """``fig`` as an RGB PNG (the figures are opaque: no alpha channel), deflate-optimised: lossless and ~12% smaller
-    than matplotlib's RGBA file (the committed figures travel with every GPU run)."""
+    """``fig`` as a PNG of 256 colours (an adaptive palette, no dithering: the plots' lines, markers and text keep their
+    colours; anti-aliased edges snap to the nearest of the 256), deflate-optimised: about 2.5x smaller than the RGB
+    file (the committed figures travel with every GPU run)."""
     import io
 
     from PIL import Image
 
     buf = io.BytesIO()
     fig.savefig(buf, dpi=dpi, format="png", **savefig_kw)
-    Image.open(buf).convert("RGB").save(out, format="PNG", optimize=True)
+    rgb = Image.open(buf).convert("RGB")
+    rgb.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(out, format="PNG",
+                                                                                            optimize=True)
     return Path(out)
