@@ -25,10 +25,11 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #   persistent_max_seqlen : (non-causal, causal) longest seqlen_q at which AttnConfig.persistent=None runs the
 #                   persistent forward (0 = never); not a config field: kernels/interface.py attention_forward applies it
 #                   per call (kernels.config.persistent_by_default)
-#   persistent_tile : (non-causal, causal) tile_m / consumer_regs / producer_regs that a call made persistent BY THE
-#                   SEQUENCE LENGTH runs instead of the table's (None: the table's); not a field: kernels/interface.py
-#                   forward_config applies it when the config's three values are the resolved defaults (pass
-#                   persistent=True to keep the table's tiles). H200 2026-12-01, hd64 causal 1k, 16k tokens, 8 rounds,
+#   persistent_tile : (non-causal, causal) fields that a call made persistent BY THE SEQUENCE LENGTH runs instead of
+#                   the resolved ones (None: none): a dict, or ((max_seqlen, dict), ...) where the first bound >= seqlen_q
+#                   applies (none past the last); not a field: kernels/interface.py forward_config applies it when the
+#                   config's tile_m / consumer_regs / producer_regs are the resolved defaults (pass persistent=True to
+#                   keep the resolved config). H200 2026-12-01, hd64 causal 1k, 16k tokens, 8 rounds,
 #                   outputs bitwise (results/h200/session_ab/fwd64_t128.jsonl): 128-row persistent / 192-row persistent
 #                   1.094 (128-row one-tile-per-CTA 0.933); non-causal 1k 0.962, 2k 0.85-0.90: only hd64 causal <= 1k
 #   two_cta       : whether AttnConfig.two_cta=None runs the 2-CTA backward at this head dim; not filled in by resolve():
@@ -80,16 +81,21 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # 1.007 in fwd_persistent_long.jsonl). Causal stays one tile per CTA (0.70-0.99 at 4k / 16k); hd 192 / 256
     # measured 1.00 at 4k / 16k (hd256), so they stay opt-in (AttnConfig(persistent=True)).
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128, persistent_max_seqlen=(1024, 1024), two_cta=False, rescale_before_pv=False,
+                       bwd_tile_m=128, persistent_max_seqlen=(1024, 4096), two_cta=False, rescale_before_pv=False,
                        bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
-                       persistent_tile=(None, dict(tile_m=128, consumer_regs=240, producer_regs=24))),  # H200 s8k: 1.19x (non-causal) / 1.20x (causal) the speed of 64-row tiles
+                       # causal <= 1k: 128-row tiles (H200 s8k: 1.19x / 1.20x the speed of 64-row tiles), plain round
+                       # robin; 2k-4k: the table's 192-row tiles, snake order (AttnConfig.persistent_snake)
+                       persistent_tile=(None, ((1024, dict(tile_m=128, consumer_regs=240, producer_regs=24)),
+                                               (4096, dict(persistent_snake=True))))),
     # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=80, persistent_max_seqlen=(16384, 0), two_cta=False, rescale_before_pv=False,
+                        bwd_tile_m=80, persistent_max_seqlen=(16384, 1024), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
-                        p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False)),
+                        p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False),
+                        # causal <= 1k persistent without exp_in_branch (the persistent kernel spills with it)
+                        persistent_tile=(None, ((1024, dict(exp_in_branch=None)),))),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -144,12 +150,12 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_det_two_writers": (None,), "bwd_two_cta_cta_release": (None, True),
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
-                                "early_v_release": (None, False)}
+                                "early_v_release": (None, False), "persistent_snake": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align",
                   "pv_wait_mid", "bwd_det_two_writers", "early_v_release", "bwd_two_cta_cta_release",
-                  "bwd_two_cta_dv_first", "bwd_two_cta_n80")
+                  "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -243,6 +249,14 @@ class AttnConfig:
     # the sequence length (DEFAULTS' persistent_max_seqlen; persistent_by_default), True / False force it. Not filled in
     # by resolve(), and left out of to_dict() (so of config_hash and the compile cache key) while None.
     persistent: bool | None = None
+    # sm90 forward, persistent and causal (elsewhere no effect): the static round robin's odd full rounds run in reverse
+    # CTA order (kernels/sm90/scheduler.py snake_tile), so the CTA that took one round's longest tile takes the next
+    # round's shortest. None = off, except where a call is made persistent by its length and DEFAULTS' persistent_tile
+    # turns it on (hd64 causal 2k-4k). Left out of to_dict() while None or False. H200 2026-12-03, causal, 16k tokens,
+    # 12 rounds, outputs bitwise (results/h200/session_ab/fwd_pers_snake.jsonl), speed vs the one-tile kernel at 1k /
+    # 2k / 4k / 8k: snake hd64 (192-row tiles) 0.936 / 1.073 / 1.044 / 0.999, plain round robin 0.968 / 1.037 / 0.997 /
+    # 0.978; hd128 snake 1.006 / 0.908 / 0.837 / 0.806, plain 1.095 / 1.001 / 0.927 / 0.893.
+    persistent_snake: bool | None = None
     # forward only: CTAs per thread-block cluster along the Q tiles (1 or 2). 2: the two CTAs of a cluster compute the
     # adjacent Q tiles 2i, 2i+1 of one (head, batch) and share every K/V tile load by TMA multicast (FA3's 2x1 cluster;
     # non-causal, not varlen, not persistent, no window: kernels/validate.py check_cluster). Opt-in (not in DEFAULTS);
@@ -653,12 +667,15 @@ def persistent_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, causal
 PERSISTENT_TILE_FIELDS = ("tile_m", "consumer_regs", "producer_regs")
 
 
-def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool) -> "AttnConfig":
+def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int = 1) -> "AttnConfig":
     """A resolved config made persistent by the sequence length (``cfg.persistent`` None): DEFAULTS' persistent_tile
-    for (arch, hdim, causal) in place of the table's tile_m / register split, when ``cfg`` holds the table's values for
-    all three (a config that chose its own keeps them; so does ``persistent=True``, which forces the table's tiles)."""
+    for (arch, hdim, causal) and ``seqlen_q`` in place of the resolved fields it names, when ``cfg`` holds the table's
+    tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
+    resolved config)."""
     arch = normalize_arch(arch)
     tile = for_causal(DEFAULTS.get((arch, int(hdim)), {}).get("persistent_tile", (None, None)), causal)
+    if isinstance(tile, tuple):  # ((max_seqlen, fields), ...): the first bound >= seqlen_q
+        tile = next((t for bound, t in tile if int(seqlen_q) <= bound), None)
     if not tile or cfg.persistent is not None:
         return cfg
     table = table_defaults(arch, hdim, causal)

@@ -71,7 +71,7 @@ def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, grou
         cfg = dataclasses.replace(cfg, pack_gqa=None)
     want = True if persistent_by_default(cfg, ARCH, hdim, causal, seqlen_q) else None
     if want and cfg.persistent is None:  # persistent by the sequence length: DEFAULTS' persistent_tile, if any
-        cfg = persistent_tile_for(cfg, ARCH, hdim, causal)
+        cfg = persistent_tile_for(cfg, ARCH, hdim, causal, seqlen_q)
     return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 
 

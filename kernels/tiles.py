@@ -64,7 +64,8 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     tm = r.bwd_tile_m if normalize_arch(arch) == "sm90" else tm
     for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
               "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
-              "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "bwd_tile_m"):  # forward-only; bwd_tile_m -> tile_m
+              "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
+              "bwd_tile_m"):  # forward-only; bwd_tile_m -> tile_m
         d.pop(k, None)
     # two_cta=None: what the backward runs for a plain call at this head dim (2-CTA at sm90 hd256; hdim 192 is (192, 128))
     two_cta = two_cta_by_default(r, arch, hdim, 128 if int(hdim) == 192 else hdim)

@@ -32,8 +32,8 @@ def test_field_validates_and_stays_out_of_dicts_while_none():
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
-@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 1024), (128, False, 16384),
-                                               (128, True, 0), (192, False, 0), (192, True, 0), (256, False, 0),
+@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 4096), (128, False, 16384),
+                                               (128, True, 1024), (192, False, 0), (192, True, 0), (256, False, 0),
                                                (256, True, 0)])
 def test_default_rule_is_the_table(hdim, causal, bound):
     assert persistent_max_seqlen("sm90", hdim, causal) == bound
@@ -55,7 +55,7 @@ def test_forward_config_normalises_the_cache_key():
     base = AttnConfig().resolve("sm90", 64, True)
     on = forward_config(base, 64, True, 1024)
     assert on.persistent is True
-    off = forward_config(base, 64, True, 1025)
+    off = forward_config(base, 64, True, 4097)
     forced_off = forward_config(AttnConfig(persistent=False).resolve("sm90", 64, True), 64, True, 512)
     assert off == forced_off == base  # persistent None: the key (and kernel) of before the field existed
     key = fwd_kernel_key(off, "bfloat16", 64, 64, True)
@@ -66,9 +66,10 @@ def test_forward_config_normalises_the_cache_key():
 
 
 def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides():
-    """DEFAULTS' persistent_tile (sm90 hd64 causal: 128-row tiles at 240 / 24 registers) runs where the sequence
-    length makes a call persistent and the config holds the table's tile_m / register split; persistent=True, another
-    tile or a non-causal call keep their own."""
+    """DEFAULTS' persistent_tile runs where the sequence length makes a call persistent and the config holds the
+    table's tile_m / register split: sm90 hd64 causal <= 1k 128-row tiles at 240 / 24 registers, 1025-4096 the table's
+    tiles in snake order (persistent_snake); hd128 causal <= 1k without exp_in_branch (the persistent kernel spills
+    with it). persistent=True, another tile or a non-causal call keep their own."""
     from kernels.config import persistent_tile_for
     from kernels.interface import forward_config
 
@@ -76,18 +77,41 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     assert (base.tile_m, base.consumer_regs, base.producer_regs) == (192, 160, 32)
     short = forward_config(base, 64, True, 1024)
     assert (short.tile_m, short.consumer_regs, short.producer_regs, short.persistent) == (128, 240, 24, True)
-    assert forward_config(base, 64, True, 1025) == base  # past the bound: the table's one-tile kernel
+    assert not short.persistent_snake
+    mid = forward_config(base, 64, True, 1025)
+    assert (mid.tile_m, mid.persistent, mid.persistent_snake) == (192, True, True)
+    assert forward_config(base, 64, True, 4096).persistent_snake
+    assert forward_config(base, 64, True, 4097) == base  # past the bound: the table's one-tile kernel
     forced = AttnConfig(persistent=True).resolve("sm90", 64, True)
-    assert forward_config(forced, 64, True, 1024).tile_m == 192  # forced persistent: the table's tiles
+    got = forward_config(forced, 64, True, 1024)
+    assert got.tile_m == 192 and not got.persistent_snake  # forced persistent: the resolved config
     own = AttnConfig(consumer_regs=168, producer_regs=24).resolve("sm90", 64, True)
     assert forward_config(own, 64, True, 1024).tile_m == 192  # a register split of its own: kept
     nc = AttnConfig().resolve("sm90", 64, False)
     assert forward_config(nc, 64, False, 1024).tile_m == 192  # non-causal: no persistent_tile
-    for hdim in (128, 192, 256):
+    c128 = AttnConfig().resolve("sm90", 128, True)
+    assert c128.exp_in_branch
+    p128 = forward_config(c128, 128, True, 1024)
+    assert p128.persistent and p128.exp_in_branch is None and p128.tile_m == 128
+    assert p128 == forward_config(AttnConfig(persistent=True).resolve("sm90", 128, True), 128, True, 1024)
+    assert forward_config(c128, 128, True, 1025) == c128
+    for hdim in (192, 256):
         for causal in (False, True):
             r = AttnConfig().resolve("sm90", hdim, causal)
-            assert persistent_tile_for(r, "sm90", hdim, causal) == r
-    assert all(k in ("tile_m", "consumer_regs", "producer_regs") for k in DEFAULTS[("sm90", 64)]["persistent_tile"][1])
+            assert persistent_tile_for(r, "sm90", hdim, causal, 1024) == r
+    assert persistent_tile_for(AttnConfig().resolve("sm90", 128, False), "sm90", 128, False, 1024).persistent is None
+    for hdim in (64, 128):  # every persistent_tile entry names fields of AttnConfig and runs the resolved tile rules
+        rules = DEFAULTS[("sm90", hdim)]["persistent_tile"][1]
+        assert all(hasattr(AttnConfig(), k) for _, fields in rules for k in fields)
+
+
+def test_persistent_snake_field_stays_out_of_dicts_while_off():
+    assert "persistent_snake" not in AttnConfig().to_dict()
+    assert "persistent_snake" not in AttnConfig(persistent_snake=False).to_dict()
+    assert AttnConfig(persistent_snake=True).to_dict()["persistent_snake"] is True
+    assert AttnConfig(persistent_snake=True).config_hash() != AttnConfig().config_hash()
+    with pytest.raises(ConfigError):
+        AttnConfig(persistent_snake=1)
 
 
 def test_persistent_with_varlen_is_a_config_error():

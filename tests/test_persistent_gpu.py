@@ -81,7 +81,9 @@ def test_persistent_matches_reference(hdims, causal):
     ({"intra_wg_overlap": False}, 128, 128, (-1, -1), 0.0, 1),
     ({"pingpong": False}, 64, 64, (-1, -1), 0.0, 1),
     ({}, 128, 128, (200, -1), 30.0, 4),  # window + softcap + GQA 4:1
-], ids=["hd128", "hd64", "hd256", "no_overlap", "no_pingpong", "window_cap_gqa"])
+    ({"persistent_snake": True}, 64, 64, (-1, -1), 0.0, 1),  # causal: odd full rounds in reverse CTA order
+    ({"persistent_snake": True}, 128, 128, (-1, -1), 0.0, 1),
+], ids=["hd128", "hd64", "hd256", "no_overlap", "no_pingpong", "window_cap_gqa", "snake64", "snake128"])
 def test_few_ctas_walk_many_tiles(monkeypatch, sms, causal, case):
     """A grid of 1 or 3 CTAs (the SM count patched) walks every tile (dozens per CTA)."""
     import kernels.interface as iface
@@ -95,8 +97,11 @@ def test_few_ctas_walk_many_tiles(monkeypatch, sms, causal, case):
 def test_default_rule_runs_the_persistent_kernel_at_short_seqlen():
     from kernels.compile_cache import compile_records
 
-    _run({}, 2, 1000, 1000, 4, 4, 64, 64, True)  # hd64 causal: persistent up to 1024
-    _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # past the bound: the one-tile kernel
-    keys = [str(r.key) for r in compile_records() if r.key[0] == "fwd"]
-    assert any("('persistent', True)" in k and "('tile_m', 128)" in k for k in keys)  # DEFAULTS' persistent_tile
+    _run({}, 2, 1000, 1000, 4, 4, 64, 64, True)  # hd64 causal <= 1024: persistent, 128-row tiles, round robin
+    _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # 1025-4096: persistent, the table's 192-row tiles, snake order
+    _run({}, 1, 4100, 4100, 2, 2, 64, 64, True)  # past the bound: the one-tile kernel
+    _run({}, 2, 1000, 1000, 4, 4, 128, 128, True)  # hd128 causal <= 1024: persistent without exp_in_branch
+    keys = [str(r.key) for r in compile_records() if r.key[0] == "fwd"]  # (which config each call takes:
+    assert any("('persistent', True)" in k and "('tile_m', 128)" in k for k in keys)  # test_persistent.py, CPU)
+    assert any("('persistent_snake', True)" in k for k in keys)
     assert any("persistent" not in k for k in keys)

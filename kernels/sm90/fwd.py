@@ -67,7 +67,8 @@ K/V loads overlap this tile's epilogue. Where shared memory allows (all but hd25
 after the tile's last QK^T (the next Q loads under the last PV and the epilogue) and the O store is waited for only
 before the next epilogue writes the buffer (it runs under the next tile's main loop) and at exit; otherwise O shares
 Q's buffer and the next Q waits for the O store to have read it. The tile-independent wgmma views are built once per
-CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS).
+CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS). ``persistent_snake``
+(causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile).
 Thread-block cluster ``cluster_m`` = 2 (compile-time; FA3's 2x1 cluster, non-causal only): the CTAs of a cluster compute
 the adjacent Q tiles 2i, 2i+1 of one (head, batch) -- grid x rounded up to even, launched with cluster (2, 1, 1) -- and
 visit the same K/V blocks, so every K/V tile is loaded once per cluster: each CTA's producer issues the TMA for its half
@@ -176,7 +177,7 @@ class FlashFwdSm90:
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
-                 pv_wait_mid: bool = False, early_v_release: bool = False):
+                 pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -222,6 +223,7 @@ class FlashFwdSm90:
         if persistent and varlen:
             raise ValueError("persistent=True with varlen=True: the variable-length forward has one tile per CTA")
         self.persistent = bool(persistent)  # grid = num_ctas, tiles walked per CTA: launched through call_persistent
+        self.snake = self.persistent and causal and bool(persistent_snake)  # odd full rounds in reverse CTA order
         if isinstance(cluster_m, bool) or cluster_m not in (1, 2):
             raise ValueError(f"cluster_m={cluster_m!r}: must be 1 or 2 (CTAs per cluster along the Q tiles)")
         if cluster_m > 1:
@@ -673,9 +675,9 @@ class FlashFwdSm90:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     def walk_tile(self, t, bx, gx, num_tiles):
-        """The tile number of persistent step ``t`` (CTA ``bx`` of ``gx``): causal snakes over the rounds
-        (scheduler.snake_tile: the tiles' lengths differ), non-causal takes ``t`` itself (every tile the same length)."""
-        if const_expr(self.causal):
+        """The tile number of persistent step ``t`` (CTA ``bx`` of ``gx``): ``t`` itself, or with persistent_snake
+        (causal) odd full rounds in reverse CTA order (scheduler.snake_tile)."""
+        if const_expr(self.snake):
             return snake_tile(t, bx, gx, num_tiles)
         return t
 

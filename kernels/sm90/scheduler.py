@@ -7,8 +7,8 @@ the Q tiles with the most K blocks (the last m_blocks) go first. Heads are taken
 within a group the order is m_block descending, then (head, batch).
 Persistent (AttnConfig.persistent): grid = min(SM count, tiles); CTA c walks tiles c, c + grid, c + 2 grid, ... of the
 same order (``tile_at``; non-causal: m_block fastest, then head, then batch), a static round robin that for causal
-hands out the longest tiles first, every odd full round in reverse CTA order (``snake_tile``): without it CTA 0 takes
-the longest tile of every round and CTA grid - 1 the shortest.
+hands out the longest tiles first; with AttnConfig.persistent_snake every odd full round in reverse CTA order
+(``snake_tile``), else CTA 0 takes the longest tile of every round and CTA grid - 1 the shortest.
 """
 from __future__ import annotations
 
