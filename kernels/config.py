@@ -78,7 +78,10 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # ~+-7% at these short calls). Only hd64 <= 1k gained in both: the default runs it there. hd128 non-causal since
     # 2026-12-03 up to 16k: persistent / one-tile 1.110 / 1.057 / 1.027 / 1.012 / 1.006 at 1k / 2k / 4k / 8k / 16k,
     # 12 rounds, outputs bitwise (session_ab/fwd128_persistent_1k16k.jsonl, fwd128_persistent_2k8k.jsonl; 16k read
-    # 1.007 in fwd_persistent_long.jsonl). Causal stays one tile per CTA (0.70-0.99 at 4k / 16k); hd 192 / 256
+    # 1.007 in fwd_persistent_long.jsonl). Causal since 2026-12-03 (session_ab/fwd_pers_snake.jsonl,
+    # fwd_pers_default16k.jsonl; 16k tokens, 12-16 rounds, outputs bitwise): hd128 <= 1k, plain round robin, 1.091-1.095x
+    # the one-tile kernel (2k 1.001, 4k / 8k 0.93 / 0.89: one tile); hd64 1025-4096 with the table's 192-row tiles in
+    # snake order (persistent_snake), 1.073-1.074 / 1.042-1.044x at 2k / 4k (8k 0.999: one tile). hd 192 / 256
     # measured 1.00 at 4k / 16k (hd256), so they stay opt-in (AttnConfig(persistent=True)).
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
                        bwd_tile_m=128, persistent_max_seqlen=(1024, 4096), two_cta=False, rescale_before_pv=False,

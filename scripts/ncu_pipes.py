@@ -1,7 +1,8 @@
 """Pipe utilization, issue rate and stall reasons from Nsight Compute raw CSV exports, one column per file.
 
 ``ncu --import rep.ncu-rep --page raw --csv > a.csv`` per report, then
-``python scripts/ncu_pipes.py a.csv b.csv [--labels A B] [--out table.csv]``: the first profiled kernel of each file,
+``python scripts/ncu_pipes.py a.csv b.csv [--labels A B] [--all] [--out table.csv]``: the first profiled kernel of each
+file (``--all``: every kernel of each file, in the report's order; then one label per kernel),
 the metrics below (duration, tensor / MUFU (xu) / FMA / ALU pipe share of peak, issue-active share, the stall reasons
 per issued instruction). Used for the hd64 forward exp2 profile (README, issue 11.4).
 """
@@ -25,21 +26,26 @@ STALLS = ("wait", "long_scoreboard", "short_scoreboard", "barrier", "mio_throttl
           "math_pipe_throttle", "gmma")
 
 
-def first_kernel(path: str) -> dict:
-    """{metric: (value, unit)} of the first kernel row of a raw CSV export (row 0 names, row 1 units)."""
+def kernels(path: str) -> list[dict]:
+    """{metric: (value, unit)} of every kernel row of a raw CSV export (row 0 names, row 1 units)."""
     rows = list(csv.reader(open(path, newline="")))
     if len(rows) < 3:
         raise SystemExit(f"{path}: no kernel rows (is it `ncu --page raw --csv` output?)")
-    names, units, vals = rows[0], rows[1], rows[2]
-    return {n: (v, u) for n, u, v in zip(names, units, vals)}
+    names, units = rows[0], rows[1]
+    return [{n: (v, u) for n, u, v in zip(names, units, vals)} for vals in rows[2:]]
+
+
+def first_kernel(path: str) -> dict:
+    """{metric: (value, unit)} of the first kernel row of a raw CSV export."""
+    return kernels(path)[0]
 
 
 def number(v: str) -> float:
     return float(v.replace(",", ""))
 
 
-def table(paths: list[str]) -> list[tuple[str, list[float]]]:
-    ks = [first_kernel(p) for p in paths]
+def table(paths: list[str], every: bool = False) -> list[tuple[str, list[float]]]:
+    ks = [k for p in paths for k in kernels(p)] if every else [first_kernel(p) for p in paths]
     out = []
     for label, m in list(METRICS.items()) + [(f"stall_{s}", STALL.format(s)) for s in STALLS]:
         vals = []
@@ -56,11 +62,12 @@ def main(argv=None) -> int:
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--labels", nargs="*")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--all", action="store_true", help="every kernel of each file (one label per kernel)")
     a = ap.parse_args(argv)
-    labels = a.labels or a.csv
-    if len(labels) != len(a.csv):
-        raise SystemExit("--labels: one per CSV file")
-    t = table(a.csv)
+    t = table(a.csv, a.all)
+    labels = a.labels or (a.csv if not a.all else [f"{p}#{i}" for p in a.csv for i in range(len(kernels(p)))])
+    if len(labels) != len(t[0][1]):
+        raise SystemExit(f"--labels: one per {'kernel' if a.all else 'CSV file'} ({len(t[0][1])})")
     w = csv.writer(open(a.out, "w", newline="") if a.out else sys.stdout)
     w.writerow(["metric", *labels])
     for name, vals in t:
