@@ -268,3 +268,28 @@ def test_snake_tile_balances_longest_first_tiles():
     plain = heaviest(lambda t, b: t)
     snake = heaviest(lambda t, b: f(t, b, grid, len(work)))
     assert plain == 272 and snake == 258
+
+
+@pytest.mark.compile
+def test_snake_default_kernel_has_no_spills_and_differs_from_the_plain_walk(tmp_path):
+    """hd64 causal at 2k (the default there: persistent, 192-row tiles, persistent_snake): no local memory, one tile
+    loop around every wgmma and the O store; the snake is in the machine code (its SASS differs from the plain walk's,
+    by a handful of integer instructions: same HGMMA count)."""
+    pytest.importorskip("cutlass")
+    from kernels.interface import forward_config
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, find_nvdisasm, opcode_counts
+
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    cfg = forward_config(AttnConfig().resolve("sm90", 64, True), 64, True, 2048)
+    assert cfg.persistent and cfg.persistent_snake and cfg.tile_m == 192
+    snake = _sass_or_none(make_fwd_kernel(cfg, "bfloat16", 64, 64, True), str(tmp_path / "snake"))
+    plain_cfg = cfg.__class__(**{**cfg.to_dict(), "persistent_snake": None})
+    plain = _sass_or_none(make_fwd_kernel(plain_cfg, "bfloat16", 64, 64, True), str(tmp_path / "plain"))
+    c, p = opcode_counts(snake), opcode_counts(plain)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0
+    tile_loops = [b for b in outer_loops(snake) if any(op.startswith("UTMASTG") for op in b)]
+    assert len(tile_loops) == 1 and sum(op.startswith("HGMMA") for op in tile_loops[0]) == count(c, "HGMMA")
+    assert count(c, "HGMMA") == count(p, "HGMMA")
+    assert snake != plain and sum(c.values()) > sum(p.values())
