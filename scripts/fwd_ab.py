@@ -2,8 +2,8 @@
 official FA4 (and cuDNN with --cudnn).
 
 ``python scripts/fwd_ab.py [--base-rev REV] [--hdims 64 128 256] [--seqlens 4096 8192 16384] [--causal 0 1]
-[--repeats 20] [--cfg NAME=field:value,field:value ...] [--base-cfg NAME=...] [--out rows.jsonl] [--batch B] [--heads H] [--kv-heads H_KV]
-[--seqlen-k S_K] [--gemm N]``
+[--repeats 20] [--cfg NAME=field:value,field:value ...] [--base-cfg NAME=...] [--out rows.jsonl] [--batch B]
+[--heads H] [--kv-heads H_KV] [--seqlen-k S_K] [--gemm N]``
 
 Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16;
 ``--batch`` / ``--heads`` fix those instead, ``--kv-heads`` gives K/V fewer heads (GQA / MQA: Q head i reads K/V head
@@ -188,7 +188,8 @@ def main():
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of this tree")
-    ap.add_argument("--base-cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of --base-rev's tree")
+    ap.add_argument("--base-cfg", nargs="*", default=[],
+                    help="NAME=field:value,... extra variants of --base-rev's tree")
     ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--hold-us", type=float, default=500.0,
@@ -202,6 +203,7 @@ def main():
     a = ap.parse_args()
     base = load_base(a.base_rev) if a.base_rev else None
     extra = dict(_parse_cfg(s) for s in a.cfg)
+    base_extra = dict(_parse_cfg(s) for s in a.base_cfg)
     rows = []
     for s in a.seqlens:
         for hdim in a.hdims:
@@ -218,8 +220,7 @@ def main():
                 k = torch.randn(batch, s_k, kv_heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
                 v = torch.randn(batch, s_k, kv_heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
                 scale = 1.0 / math.sqrt(hdim)
-                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn,
-                                     dict(_parse_cfg(x) for x in a.base_cfg))
+                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
