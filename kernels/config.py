@@ -96,9 +96,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=80, persistent_max_seqlen=(16384, 1024), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
-                        p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False),
-                        # causal <= 1k persistent without exp_in_branch (the persistent kernel spills with it)
-                        persistent_tile=(None, ((1024, dict(exp_in_branch=None)),))),
+                        p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -674,12 +672,19 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     """A resolved config made persistent by the sequence length (``cfg.persistent`` None): DEFAULTS' persistent_tile
     for (arch, hdim, causal) and ``seqlen_q`` in place of the resolved fields it names, when ``cfg`` holds the table's
     tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
-    resolved config)."""
+    resolved config); and without DEFAULTS' exp_in_branch, as resolve() leaves it out for persistent=True."""
     arch = normalize_arch(arch)
-    tile = for_causal(DEFAULTS.get((arch, int(hdim)), {}).get("persistent_tile", (None, None)), causal)
+    if cfg.persistent is not None:
+        return cfg
+    d = DEFAULTS.get((arch, int(hdim)), {})
+    if cfg.exp_in_branch and d.get("exp_in_branch", (0, 0))[int(causal)]:
+        # resolve()'s rule for persistent=True: the DEFAULTS exp_in_branch is not filled in (the persistent kernel
+        # spills with it); a config made persistent by its length drops it likewise
+        cfg = dataclasses.replace(cfg, exp_in_branch=None)
+    tile = for_causal(d.get("persistent_tile", (None, None)), causal)
     if isinstance(tile, tuple):  # ((max_seqlen, fields), ...): the first bound >= seqlen_q
         tile = next((t for bound, t in tile if int(seqlen_q) <= bound), None)
-    if not tile or cfg.persistent is not None:
+    if not tile:
         return cfg
     table = table_defaults(arch, hdim, causal)
     if any(getattr(cfg, k) != table[k] for k in PERSISTENT_TILE_FIELDS):

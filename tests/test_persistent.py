@@ -68,8 +68,8 @@ def test_forward_config_normalises_the_cache_key():
 def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides():
     """DEFAULTS' persistent_tile runs where the sequence length makes a call persistent and the config holds the
     table's tile_m / register split: sm90 hd64 causal <= 1k 128-row tiles at 240 / 24 registers, 1025-4096 the table's
-    tiles in snake order (persistent_snake); hd128 causal <= 1k without exp_in_branch (the persistent kernel spills
-    with it). persistent=True, another tile or a non-causal call keep their own."""
+    tiles in snake order (persistent_snake); hd128 causal <= 1k without DEFAULTS' exp_in_branch (the persistent
+    kernel spills with it; resolve() leaves it out for persistent=True alike). persistent=True, another tile or a non-causal call keep their own."""
     from kernels.config import persistent_tile_for
     from kernels.interface import forward_config
 
@@ -95,12 +95,16 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     assert p128.persistent and p128.exp_in_branch is None and p128.tile_m == 128
     assert p128 == forward_config(AttnConfig(persistent=True).resolve("sm90", 128, True), 128, True, 1024)
     assert forward_config(c128, 128, True, 1025) == c128
+    own128 = forward_config(AttnConfig(tile_m=64).resolve("sm90", 128, True), 128, True, 1024)
+    assert own128.persistent and own128.tile_m == 64 and own128.exp_in_branch is None  # own tile: no exp_in_branch
+    kept = forward_config(AttnConfig(exp_in_branch=False).resolve("sm90", 128, True), 128, True, 1024)
+    assert kept.persistent and kept.exp_in_branch is False  # a value the config chose stays
     for hdim in (192, 256):
         for causal in (False, True):
             r = AttnConfig().resolve("sm90", hdim, causal)
             assert persistent_tile_for(r, "sm90", hdim, causal, 1024) == r
     assert persistent_tile_for(AttnConfig().resolve("sm90", 128, False), "sm90", 128, False, 1024).persistent is None
-    for hdim in (64, 128):  # every persistent_tile entry names fields of AttnConfig and runs the resolved tile rules
+    for hdim in (64,):  # every persistent_tile entry names fields of AttnConfig
         rules = DEFAULTS[("sm90", hdim)]["persistent_tile"][1]
         assert all(hasattr(AttnConfig(), k) for _, fields in rules for k in fields)
 
