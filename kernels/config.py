@@ -100,11 +100,14 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
-    # causal: causal_split + rescale_before_pv (the mask-free loop converts P among the exponentials: 11 instructions
-    # after the last one instead of 110). H200 2026-12-01, 16k tokens, one process, 8 rounds, outputs bitwise equal on
-    # those inputs (results/h200/session_ab/fwd192c_splitpv.jsonl): 1.012 / 1.015x the one-loop kernel at 8k / 16k.
+    # causal: causal_split (the mask-free loop converts P among the exponentials: 11 instructions after the last one
+    # instead of 110). H200 2026-12-01, 16k tokens, one process, 8 rounds, outputs bitwise equal on those inputs
+    # (results/h200/session_ab/fwd192c_splitpv.jsonl): with rescale_before_pv 1.012 / 1.015x the one-loop kernel at 8k
+    # / 16k. rescale_before_pv off since 2026-12-03: its unconditional O rescale costs 66 FMUL per block in the
+    # mask-free loop (session_ab/fwd192_ncu.txt); H200, one process, 12 rounds (session_ab/fwd192c_variants.jsonl):
+    # 1.032 / 1.037 / 1.039x the kernel with it at 4k / 8k / 16k (official / ours 0.998 / 0.998 / 0.997).
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=(False, True),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
                         causal_split=(False, True), p_cvt_asm=(True, False), pv_wait_mid=(False, True),
                         bwd_det_two_writers=(True, True)),
     # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10

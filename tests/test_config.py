@@ -227,9 +227,7 @@ def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
             d = AttnConfig().resolve("sm90", hd, causal)
-            if (hd, causal) == (192, True):  # the table's one True (with causal_split; 2026-12-01): its own hash
-                assert d.rescale_before_pv is True and d.to_dict()["rescale_before_pv"] is True
-                continue
+            # (192, 128) causal ran it from 2026-12-01 to 2026-12-03 (with causal_split); every default is off now
             assert d.rescale_before_pv is False and "rescale_before_pv" not in d.to_dict()
             for mode in ("fwd", "bwd") if hd != 192 else ("fwd",):
                 assert "rescale_before_pv" not in compiled_config(None, "sm90", hd, causal, mode)
@@ -288,14 +286,13 @@ def test_rescale_before_pv_is_a_table_field_a_tuned_true_applies(monkeypatch, re
     from kernels.config import TUNED_FIELDS, table_defaults
 
     assert "rescale_before_pv" in TUNED_FIELDS["fwd"] and "rescale_before_pv" not in TUNED_FIELDS["bwd"]
-    assert all(row["rescale_before_pv"] is False for key, row in DEFAULTS.items() if key != ("sm90", 192))
-    assert DEFAULTS[("sm90", 192)]["rescale_before_pv"] == (False, True)  # (non-causal, causal)
-    assert table_defaults("sm90", 192, True, tuned=False)["rescale_before_pv"] is True
-    assert table_defaults("sm90", 192, False, tuned=False)["rescale_before_pv"] is False
+    assert all(row["rescale_before_pv"] is False for row in DEFAULTS.values())  # ((192, 128) causal: off since 12-03)
+    for causal in (False, True):
+        assert table_defaults("sm90", 192, causal, tuned=False)["rescale_before_pv"] is False
     monkeypatch.setattr(C, "TUNED", {("sm90", 192, False): {"rescale_before_pv": True}})
     C.resolve_cached.cache_clear()
     request.addfinalizer(C.resolve_cached.cache_clear)
     assert AttnConfig().resolve("sm90", 192, False).rescale_before_pv is True
-    assert AttnConfig().resolve("sm90", 192, True).rescale_before_pv is True  # the table's, no tuned entry
+    assert AttnConfig().resolve("sm90", 192, True).rescale_before_pv is False  # the table's, no tuned entry
     assert AttnConfig(rescale_before_pv=False).resolve("sm90", 192, False).rescale_before_pv is False
     assert AttnConfig(intra_wg_overlap=False).resolve("sm90", 192, False).rescale_before_pv is False

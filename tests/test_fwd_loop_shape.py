@@ -30,14 +30,15 @@ FIELDS = ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_
 
 # ---- config (no compile) --------------------------------------------------------------------------------------------
 def test_causal_split_is_the_default_at_192_causal_only_and_leaves_other_hashes_unchanged():
-    """DEFAULTS' causal_split (H200: with rescale_before_pv 1.012-1.015x at (192, 128) causal 8k / 16k): resolve()
-    fills True there and leaves None (left out of to_dict(), the hash from before the field) everywhere else."""
+    """DEFAULTS' causal_split (H200: with rescale_before_pv 1.012-1.015x at (192, 128) causal 8k / 16k; that field
+    off there since 2026-12-03): resolve() fills True there and leaves None (left out of to_dict(), the hash from
+    before the field) everywhere else."""
     name = "causal_split"
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
             r = AttnConfig().resolve("sm90", hd, causal)
             if (hd, causal) == (192, True):
-                assert r.causal_split is True and r.rescale_before_pv is True and r.to_dict()[name] is True
+                assert r.causal_split is True and r.rescale_before_pv is False and r.to_dict()[name] is True
                 off = AttnConfig(causal_split=False).resolve("sm90", hd, causal)
                 assert off.causal_split is False and name not in off.to_dict() and off.config_hash() != r.config_hash()
                 continue

@@ -1,0 +1,89 @@
+"""Where a kernel's warps stall, per SASS line and per opcode, from an Nsight Compute source-page export.
+
+``ncu --import rep.ncu-rep --page source --csv --print-source sass > src.csv`` (every profiled kernel of the report,
+one section each), then ``python scripts/ncu_source_top.py src.csv [--top 12] [--labels A B ...]``: per kernel, its
+total warp-stall samples and executed instructions, the ``--top`` SASS lines by samples (share of the kernel's samples,
+the line's largest stall reason) and the opcodes (first mnemonic, predicate stripped) by samples with their executed
+instructions. A session script for kernel work, like scripts/ncu_pipes.py.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import sys
+
+
+def sections(path: str) -> list[tuple[str, list[dict]]]:
+    """[(kernel name, [row dict, ...]), ...] of a source-page CSV export: each section is a "Kernel Name" line, a
+    header line, then one line per SASS instruction."""
+    out, name, header = [], None, None
+    for row in csv.reader(open(path, newline="")):
+        if not row:
+            continue
+        if row[0] == "Kernel Name":
+            name, header = row[1], None
+            out.append((name, []))
+        elif header is None and name is not None:
+            header = row
+        elif header is not None:
+            out[-1][1].append(dict(zip(header, row)))
+    return out
+
+
+def _num(v: str) -> float:
+    try:
+        return float(v.replace(",", ""))
+    except (ValueError, AttributeError):
+        return 0.0
+
+
+def opcode(source: str) -> str:
+    """The mnemonic of a SASS line ("@!P0 BRA 0x..." -> "BRA", "HGMMA.64x128x16.F32.BF16 ..." -> "HGMMA")."""
+    parts = source.split()
+    if parts and parts[0].startswith("@"):
+        parts = parts[1:]
+    return parts[0].split(".")[0] if parts else "?"
+
+
+def summary(rows: list[dict], top: int) -> list[str]:
+    stalls = [k for k in (rows[0] if rows else {}) if k.startswith("stall_") and "Not Issued" not in k]
+    total = sum(_num(r["Warp Stall Sampling (All Samples)"]) for r in rows) or 1.0
+    insts = sum(_num(r["Instructions Executed"]) for r in rows)
+    lines = [f"  {len(rows)} SASS lines, {total:.0f} samples, {insts / 1e6:.2f}M instructions executed"]
+    for r in sorted(rows, key=lambda r: -_num(r["Warp Stall Sampling (All Samples)"]))[:top]:
+        s = _num(r["Warp Stall Sampling (All Samples)"])
+        why = max(stalls, key=lambda k: _num(r[k])) if stalls else ""
+        lines.append(f"  {100 * s / total:6.2f}%  {r['Source'].strip()[:64]:64s} {why}")
+    by_op = collections.defaultdict(lambda: [0.0, 0.0, collections.Counter()])
+    for r in rows:
+        acc = by_op[opcode(r["Source"])]
+        acc[0] += _num(r["Warp Stall Sampling (All Samples)"])
+        acc[1] += _num(r["Instructions Executed"])
+        for k in stalls:
+            acc[2][k] += _num(r[k])
+    lines.append("  by opcode: share of samples, instructions executed, top two stall reasons")
+    for op, (s, n, why) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]:
+        reasons = ", ".join(f"{k[6:]} {100 * v / total:.1f}%" for k, v in why.most_common(2) if v)
+        lines.append(f"  {100 * s / total:6.2f}%  {op:12s} {n / 1e6:8.3f}M  {reasons}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--labels", nargs="*", default=[])
+    a = ap.parse_args(argv)
+    secs = sections(a.csv)
+    if not secs:
+        raise SystemExit(f"{a.csv}: no 'Kernel Name' sections (is it `ncu --page source --csv` output?)")
+    for i, (name, rows) in enumerate(secs):
+        label = a.labels[i] if i < len(a.labels) else f"kernel {i}"
+        print(f"== {label}: {name[:90]}")
+        print("\n".join(summary(rows, a.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
