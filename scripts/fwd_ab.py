@@ -16,6 +16,8 @@ visible (query, key) pairs (kernels/flops.py). Packed GQA against the per-Q-head
   NAME (base)      every --base-cfg: AttnConfig fields of the --base-rev tree (e.g. its persistent kernel against
                    this tree's: --cfg pers=persistent:true --base-cfg pers_base=persistent:true)
   fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
+  fa4_official_lse with --official-lse: official called as the sweep's backend calls it (return_lse=True);
+  ours_alloc       with --official-lse: ours through kernels.attention (its own output allocation, as the sweep)
   sdpa_cudnn       with --cudnn
   gemm             with --gemm N: a bf16 N x N x N torch.matmul (cuBLAS) timed in the same rounds; every variant's
                    row gains ``of_gemm`` (its TFLOP/s over the GEMM's, per round; median and [p20, p80]): issue 11's
@@ -87,8 +89,11 @@ def _parse_cfg(spec: str):
     return name, kw
 
 
-def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra: dict | None = None):
+def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra: dict | None = None,
+              official_lse: bool = False):
     import torch
+
+    import kernels
 
     from kernels import AttnConfig
     from kernels.config import ConfigError
@@ -127,6 +132,10 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra
             r = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
             return r[0] if isinstance(r, tuple) else r
         fns["fa4_official"] = official
+        if official_lse:  # the sweep's call (experiments/backends/fa4_official.py): return_lse=True, out allocated
+            fns["fa4_official_lse"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
+                                                              return_lse=True)[0]
+            fns["ours_alloc"] = lambda: kernels.attention(q, k, v, causal=causal, softmax_scale=scale)
     except ImportError:
         print("flash_attn.cute not importable: no fa4_official", flush=True)
     if cudnn:
@@ -192,6 +201,8 @@ def main():
                     help="NAME=field:value,... extra variants of --base-rev's tree")
     ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
     ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--official-lse", action="store_true",
+                    help="also official FA4 as the sweep calls it (return_lse=True) and ours through kernels.attention")
     ap.add_argument("--hold-us", type=float, default=500.0,
                     help="GPU spin before each timed call, so only device time is timed (the sweeps' bench.hold_us)")
     ap.add_argument("--batch", type=int, default=None, help="batch (default 16384 // seqlen)")
@@ -220,7 +231,7 @@ def main():
                 k = torch.randn(batch, s_k, kv_heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
                 v = torch.randn(batch, s_k, kv_heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
                 scale = 1.0 / math.sqrt(hdim)
-                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra)
+                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra, a.official_lse)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
