@@ -105,7 +105,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # (results/h200/session_ab/fwd192c_splitpv.jsonl): with rescale_before_pv 1.012 / 1.015x the one-loop kernel at 8k
     # / 16k. rescale_before_pv off since 2026-12-03: its unconditional O rescale costs 66 FMUL per block in the
     # mask-free loop (session_ab/fwd192_ncu.txt); H200, one process, 12 rounds (session_ab/fwd192c_variants.jsonl):
-    # 1.032 / 1.037 / 1.039x the kernel with it at 4k / 8k / 16k (official / ours 0.998 / 0.998 / 0.997).
+    # 1.032 / 1.037 / 1.039x the kernel with it at 4k / 8k / 16k (paper grid: ours / official 1.02-1.03).
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
                         causal_split=(False, True), p_cvt_asm=(True, False), pv_wait_mid=(False, True),

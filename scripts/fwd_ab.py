@@ -15,9 +15,11 @@ visible (query, key) pairs (kernels/flops.py). Packed GQA against the per-Q-head
                    separate package, so both kernels run in this process; '' skips it)
   NAME (base)      every --base-cfg: AttnConfig fields of the --base-rev tree (e.g. its persistent kernel against
                    this tree's: --cfg pers=persistent:true --base-cfg pers_base=persistent:true)
-  fa4_official     flash_attn.cute.flash_attn_func (skipped when flash-attn-4 is not installed)
-  fa4_official_lse with --official-lse: official called as the sweep's backend calls it (return_lse=True);
-  ours_alloc       with --official-lse: ours through kernels.attention (its own output allocation, as the sweep)
+  fa4_official     flash_attn.cute.flash_attn_func(..., return_lse=True) (as the sweep's backend; skipped when
+                   flash-attn-4 is not installed)
+  fa4_official_nolse  with --official-nolse: official without return_lse (its kernel without the LSE store; this
+                   script's fa4_official until 2026-12-03)
+  ours_alloc       with --official-nolse: ours through kernels.attention (its own output allocation, as the sweep)
   sdpa_cudnn       with --cudnn
   gemm             with --gemm N: a bf16 N x N x N torch.matmul (cuBLAS) timed in the same rounds; every variant's
                    row gains ``of_gemm`` (its TFLOP/s over the GEMM's, per round; median and [p20, p80]): issue 11's
@@ -90,7 +92,7 @@ def _parse_cfg(spec: str):
 
 
 def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra: dict | None = None,
-              official_lse: bool = False):
+              official_nolse: bool = False):
     import torch
 
     import kernels
@@ -128,13 +130,16 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra
     try:
         from flash_attn.cute import flash_attn_func
 
-        def official():
-            r = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
-            return r[0] if isinstance(r, tuple) else r
-        fns["fa4_official"] = official
-        if official_lse:  # the sweep's call (experiments/backends/fa4_official.py): return_lse=True, out allocated
-            fns["fa4_official_lse"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
-                                                              return_lse=True)[0]
+        # return_lse=True: official writes LSE as ours always does, and as the sweep's backend calls it
+        # (experiments/backends/fa4_official.py). Without it official compiles a kernel without the LSE store, which
+        # ran 0.960x at (192, 128) non-causal 16k on the H200 (session_ab/fwd192nc_harness.jsonl); this script called
+        # it that way until 2026-12-03.
+        fns["fa4_official"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)[0]
+        if official_nolse:
+            def official_nolse():
+                r = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+                return r[0] if isinstance(r, tuple) else r
+            fns["fa4_official_nolse"] = official_nolse
             fns["ours_alloc"] = lambda: kernels.attention(q, k, v, causal=causal, softmax_scale=scale)
     except ImportError:
         print("flash_attn.cute not importable: no fa4_official", flush=True)
@@ -201,8 +206,8 @@ def main():
                     help="NAME=field:value,... extra variants of --base-rev's tree")
     ap.add_argument("--only", nargs="*", help="variant names to keep (ours is always kept)")
     ap.add_argument("--cudnn", action="store_true")
-    ap.add_argument("--official-lse", action="store_true",
-                    help="also official FA4 as the sweep calls it (return_lse=True) and ours through kernels.attention")
+    ap.add_argument("--official-nolse", action="store_true",
+                    help="also official FA4 without return_lse (no LSE store) and ours through kernels.attention")
     ap.add_argument("--hold-us", type=float, default=500.0,
                     help="GPU spin before each timed call, so only device time is timed (the sweeps' bench.hold_us)")
     ap.add_argument("--batch", type=int, default=None, help="batch (default 16384 // seqlen)")
@@ -231,7 +236,7 @@ def main():
                 k = torch.randn(batch, s_k, kv_heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
                 v = torch.randn(batch, s_k, kv_heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
                 scale = 1.0 / math.sqrt(hdim)
-                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra, a.official_lse)
+                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra, a.official_nolse)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
