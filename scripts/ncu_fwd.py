@@ -49,7 +49,9 @@ def main():
             raise ImportError("--ours-only")
         from flash_attn.cute.interface import flash_attn_func
 
-        calls["fa4_official"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+        # return_lse=True: official's kernel with the LSE store, as ours always has (scripts/fwd_ab.py; until
+        # 2026-12-03 this script profiled official's kernel without it)
+        calls["fa4_official"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
     except ImportError as e:
         print(f"ours only ({e})")
     for name, fn in calls.items():
