@@ -4,7 +4,9 @@
 one section each), then ``python scripts/ncu_source_top.py src.csv [--top 12] [--labels A B ...]``: per kernel, its
 total warp-stall samples and executed instructions, the ``--top`` SASS lines by samples (share of the kernel's samples,
 the line's largest stall reason) and the opcodes (first mnemonic, predicate stripped) by samples with their executed
-instructions. A session script for kernel work, like scripts/ncu_pipes.py.
+instructions; ``--regions N``: the N runs of lines with one execution count that execute the most (what a warp issues
+per steady-state loop iteration: session_ab/fwd192_ncu.txt's per-block counts). A session script for kernel work,
+like scripts/ncu_pipes.py.
 """
 from __future__ import annotations
 
@@ -69,11 +71,36 @@ def summary(rows: list[dict], top: int) -> list[str]:
     return lines
 
 
+def hot_regions(rows: list[dict], n: int = 4) -> list[str]:
+    """The ``n`` runs of consecutive SASS lines with one execution count that execute the most instructions (the
+    steady-state loop's blocks): per run its execution count, lines, instructions and sample share. The lines of the
+    runs executed within 1% of the largest count sum to the instructions a warp issues per loop iteration."""
+    total = sum(_num(r["Warp Stall Sampling (All Samples)"]) for r in rows) or 1.0
+    runs: list[list] = []  # [executions, lines, samples, opcode counter]
+    for r in rows:
+        n_exec = _num(r["Instructions Executed"])
+        if not runs or runs[-1][0] != n_exec:
+            runs.append([n_exec, 0, 0.0, collections.Counter()])
+        runs[-1][1] += 1
+        runs[-1][2] += _num(r["Warp Stall Sampling (All Samples)"])
+        runs[-1][3][opcode(r["Source"])] += 1
+    out = ["  hottest runs of equal execution count: executions x lines, samples, HGMMA / MUFU / FMUL / FFMA lines"]
+    for n_exec, lines, s, ops in sorted(runs, key=lambda x: -x[0] * x[1])[:n]:
+        out.append(f"  {n_exec / 1e3:9.1f}k x {lines:4d} = {n_exec * lines / 1e6:7.2f}M  {100 * s / total:5.1f}%  "
+                   f"{ops['HGMMA']} / {ops['MUFU']} / {ops['FMUL']} / {ops['FFMA']}")
+    top = max((x[0] for x in runs), default=0)
+    out.append(f"  lines executed {top / 1e3:.1f}k times, within 1% (the innermost loop's iterations; a branch taken "
+               f"nearly always included): {sum(x[1] for x in runs if x[0] >= 0.99 * top)}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--labels", nargs="*", default=[])
+    ap.add_argument("--regions", type=int, default=0, metavar="N",
+                    help="also the N hottest runs of lines with one execution count (instructions per loop iteration)")
     a = ap.parse_args(argv)
     secs = sections(a.csv)
     if not secs:
@@ -82,6 +109,8 @@ def main(argv=None) -> int:
         label = a.labels[i] if i < len(a.labels) else f"kernel {i}"
         print(f"== {label}: {name[:90]}")
         print("\n".join(summary(rows, a.top)))
+        if a.regions:
+            print("\n".join(hot_regions(rows, a.regions)))
     return 0
 
 

@@ -53,3 +53,14 @@ def test_cli_labels_and_bad_file(tmp_path, capsys):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(SystemExit, match="no 'Kernel Name' sections"):
         ncu_source_top.main([str(bad)])
+
+
+def test_hot_regions_count_a_loop_iteration(tmp_path):
+    """Runs of one execution count, the hottest first; the loop's lines = those within 1% of the top count."""
+    rows = [dict(Source=src, **{"Instructions Executed": str(n), "Warp Stall Sampling (All Samples)": "1"})
+            for src, n in [("MOV R1, R2", 10), ("HGMMA.64x128x16 R24", 1000), ("FMUL R1, R1, R2", 1000),
+                           ("MUFU.EX2 R1, R1", 995), ("MUFU.EX2 R2, R2", 995), ("EXIT", 10)]]
+    out = ncu_source_top.hot_regions(rows, 2)
+    assert "1.0k x    2 =    0.00M" in out[1] and out[1].endswith("1 / 0 / 1 / 0")  # HGMMA + FMUL, 1000 each
+    assert "1.0k x    2" in out[2] and out[2].endswith("0 / 2 / 0 / 0")  # the two MUFU at 995
+    assert out[-1].endswith(": 4")  # 2 + 2 lines: the 995 run is within 1% of 1000; the 10-count lines are not
