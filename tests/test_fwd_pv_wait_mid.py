@@ -90,10 +90,11 @@ def _f2fp_after_last_ex2(body) -> int:
 def test_pv_wait_among_the_exponentials_192_causal(tmp_path_factory):
     """(192, 128) causal with causal_split + rescale_before_pv (the default from 2026-12-01 to 2026-12-03; the default
     since runs without rescale_before_pv: test_pv_wait_mid_192_causal_default), mask-free loop. pv_wait_mid=False
-    (the default before 2026-12-01): the P V wait after the 2 row-scale exponentials of the rescale arm, i.e. before all 64 of the block,
-    and the V stage released after all but one. pv_wait_mid (the default since): 16 more static EX2 (the head quarter of both rows in both arms), the wait after both arms' head
-    exponentials and before >= 32 of the rest, the V release before >= 32 as well; P's conversions among the
-    exponentials (<= 4 F2FP after the last); same HGMMA; uniform pipeline state; 0 LDL/STL."""
+    (the default before 2026-12-01): the P V wait after the 2 row-scale exponentials of the rescale arm, i.e. before
+    all 64 of the block, and the V stage released after all but one. pv_wait_mid (the default since): 16 more static
+    EX2 (the head quarter of both rows in both arms), the wait after both arms' head exponentials and before >= 32 of
+    the rest, the V release before >= 32 as well; P's conversions among the exponentials (<= 4 F2FP after the last);
+    same HGMMA; uniform pipeline state; 0 LDL/STL."""
     base = _sass(tmp_path_factory, 192, True, pv_wait_mid=False, rescale_before_pv=True)
     on = _sass(tmp_path_factory, 192, True, rescale_before_pv=True)  # resolves to pv_wait_mid=True (the hash test above)
     lb, lo = _main_loop(base), _main_loop(on)
@@ -117,8 +118,8 @@ def test_pv_wait_among_the_exponentials_192_causal(tmp_path_factory):
 def test_pv_wait_mid_other_head_dims(tmp_path_factory, hdim, causal, extra):
     """hd64 causal (split: pv_wait_mid implies causal_split, the one-loop causal kernels turn divergent with it,
     pipeline state in vector registers), the non-causal defaults (hd64 192 x 128 tiles at 160 registers, (192, 128)
-    128 x 128, hd256 tile_n 80; p_cvt_asm's top-tested loop): the wait and the V release among the exponentials, <= 4 F2FP after
-    the last, uniform pipeline state, 0 LDL/STL."""
+    128 x 128, hd256 tile_n 80; p_cvt_asm's top-tested loop): the wait and the V release among the exponentials,
+    <= 4 F2FP after the last, uniform pipeline state, 0 LDL/STL."""
     on = _sass(tmp_path_factory, hdim, causal, pv_wait_mid=True, **extra)
     assert _spills(on) == 0
     body = _main_loop(on)
