@@ -15,6 +15,8 @@ import collections
 import csv
 import sys
 
+from ncu_pipes import number
+
 
 def sections(path: str) -> list[tuple[str, list[dict]]]:
     """[(kernel name, [row dict, ...]), ...] of a source-page CSV export: each section is a "Kernel Name" line, a
@@ -34,8 +36,9 @@ def sections(path: str) -> list[tuple[str, list[dict]]]:
 
 
 def _num(v: str) -> float:
+    """ncu_pipes.number, with 0 for a cell that holds no number ("-", empty)."""
     try:
-        return float(v.replace(",", ""))
+        return number(v)
     except (ValueError, AttributeError):
         return 0.0
 
