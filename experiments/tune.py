@@ -357,6 +357,7 @@ def winner_entry(t: dict, results: list[dict], seqlens, rows_path: Path, rows: l
     """The tuned-file entry of search ``t`` (None: the default stays). Only candidates the defaults table can carry
     compete: pingpong is an AttnConfig field default, not a table field. ``results`` are the candidates of the round
     that decides: the final round when ``search`` (the search's results) is given, else the search."""
+    from kernels.config import table_context
     from kernels.tuning import pick_winner
 
     table_ok = [c for c in results if c["config"].get("pingpong", True) is True]
@@ -374,7 +375,9 @@ def winner_entry(t: dict, results: list[dict], seqlens, rows_path: Path, rows: l
         if s is not None:
             evidence["final_round"].update(search_speedup_median=_per_seqlen(s, seqlens, "median"),
                                            search_speedup_p20=_per_seqlen(s, seqlens, "p20"))
-    evidence.update(rows=_repo_relative(rows_path), gpu=", ".join(gpus) or None, git_sha=", ".join(shas[:3]) or None)
+    evidence.update(rows=_repo_relative(rows_path), gpu=", ".join(gpus) or None, git_sha=", ".join(shas[:3]) or None,
+                    # the table defaults under the entry: kernels/config.py skips it once they change (STALE_TUNED)
+                    table_context=table_context(t["arch"], t["hdim"], t["causal"], t["direction"]))
     return {"hdim": t["hdim"], "causal": t["causal"], "direction": t["direction"],
             "config": {k: w["config"][k] for k in fields_of(t["direction"])  # a plan saved before a field existed
                        if k != "pingpong" and k in w["config"]},                # lacks it: the default stays
@@ -430,6 +433,7 @@ def run_tune(cfg: dict, out=None, results_root: Path | None = None, tuned_dir: P
     device = "cuda" if cuda_available() else "cpu"
     results_root = Path(results_root or default_root(cfg))
     searches = targets(cfg)
+    _print_stale(searches, out)
     bench = {k: v for k, v in dict(cfg.get("bench") or {}).items() if k in ("warmup", "repeats", "flush_l2")}
     plans = [(t, make_jobs(t, shapes_for(t, seqlens, tokens, hidden), backend, bench)) for t in searches]
     path = _rows_path(cfg, device, backend, results_root)
@@ -463,6 +467,20 @@ def run_tune(cfg: dict, out=None, results_root: Path | None = None, tuned_dir: P
     rows = read_rows(path)
     _report(plans, rows, seqlens, path, device, backend, cfg, out, tuned_dir)
     return code
+
+
+def _print_stale(searches, out) -> None:
+    """The tuned entries that kernels/config.py left out (STALE_TUNED: their table defaults changed since they were
+    measured), and whether this run's searches re-measure them."""
+    from kernels.config import STALE_TUNED
+
+    searched = {(t["arch"], t["hdim"], t["causal"], t["direction"]) for t in searches}
+    for (arch, h, c, d), changed in sorted(STALE_TUNED.items()):
+        diff = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        todo = ("this run re-measures it" if (arch, h, c, d) in searched else
+                f"`python run.py tune arch={arch} hdim={h} causal={str(c).lower()} direction={d}` re-measures it")
+        print(f"tune: stale tuned entry {arch} {d} hdim {h} {'causal' if c else 'non-causal'} (not applied; the table "
+              f"changed: {diff}); {todo}", file=out)
 
 
 def _print_plan(plans, finals, n_final, done, device, compile_s, compile_src, budget, seqlens, path, out) -> None:

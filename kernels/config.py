@@ -410,8 +410,9 @@ class AttnConfig:
                 raise ConfigError(f"{name}={v!r}: must be None (per-arch default) or an int in [{lo}, {hi}], a multiple of {mult}")
 
     # ---- resolution, identity ---------------------------------------------------------------
-    def resolve(self, arch: str = "sm90", hdim: int = 128, causal: bool = False) -> "AttnConfig":
-        """Fill every ``None`` field from the defaults table for (arch, hdim, causal)."""
+    def resolve(self, arch: str = "sm90", hdim: int = 128, causal: bool = False, *, tuned: bool = True) -> "AttnConfig":
+        """Fill every ``None`` field from the defaults table for (arch, hdim, causal) (``tuned``: with the tuned file's
+        entry over the table, as every call runs; False: the table alone)."""
         arch = normalize_arch(arch)
         key = (arch, int(hdim))
         if key not in DEFAULTS:
@@ -443,8 +444,8 @@ class AttnConfig:
                 updates[name] = v
         if self.deterministic and self.bwd_det_two_writers is None and d.get("bwd_det_two_writers", (0, 0))[int(causal)]:
             updates["bwd_det_two_writers"] = True  # only deterministic kernels have it: other configs keep their hash
-        tuned = TUNED.get((arch, int(hdim), bool(causal)), {})  # conf/tuned/<arch>.yaml (python run.py tune)
-        updates.update({k: v for k, v in tuned.items() if getattr(self, k) is None})
+        entry = TUNED.get((arch, int(hdim), bool(causal)), {}) if tuned else {}  # conf/tuned/<arch>.yaml (run.py tune)
+        updates.update({k: v for k, v in entry.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only
             updates["rescale_before_pv"] = False
         if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them
@@ -539,14 +540,48 @@ def quantized_exp2_fraction(fraction: float, fragments_per_row: int) -> float:
 TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction",
                         "rescale_before_pv"),
                 "bwd": ("bwd_tile_m",)}
+# fields that only one direction's kernels read (kernels/tiles.py compiled_config drops the other direction's)
+BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads", "bwd_rotate_q", "bwd_pdl",
+                   "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align", "bwd_det_two_writers",
+                   "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
+FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
+                   "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
+                   "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
+# entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)
+# -> {field: (then, now)} (table_context, stale_fields)
+STALE_TUNED: dict[tuple[str, int, bool, str], dict] = {}
 _ENTRY_KEYS = ("hdim", "causal", "direction", "config", "evidence")
 
 
-def load_tuned(path: str | Path) -> dict[tuple[str, int, bool], dict]:
+class StaleTunedWarning(UserWarning):
+    """A tuned entry was measured on top of table defaults that have changed since; it is not applied."""
+
+
+def table_context(arch: str, hdim: int, causal: bool, direction: str) -> dict:
+    """The table defaults a tuned ``direction`` entry for (arch, hdim, causal) runs on top of: the fields of the
+    table-only resolved config that the direction's kernels read, without the entry's own (TUNED_FIELDS) and the
+    per-call ones. `python run.py tune` records it in an entry's evidence; an entry whose recorded context differs
+    from today's was measured against another kernel and is not applied (``STALE_TUNED``)."""
+    d = AttnConfig().resolve(arch, hdim, causal, tuned=False).to_dict()
+    drop = set(TUNED_FIELDS[direction]) | set(PER_CALL_FIELDS) | set(BWD_ONLY_FIELDS if direction == "fwd"
+                                                                     else FWD_ONLY_FIELDS)
+    return {k: v for k, v in sorted(d.items()) if k not in drop}
+
+
+def stale_fields(recorded: dict, arch: str, hdim: int, causal: bool, direction: str) -> dict:
+    """{field: (recorded value, today's value)} where an entry's recorded table context differs from today's (a
+    field missing on one side reads None)."""
+    now = table_context(arch, hdim, causal, direction)
+    return {k: (recorded.get(k), now.get(k)) for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)}
+
+
+def load_tuned(path: str | Path, stale: dict | None = None) -> dict[tuple[str, int, bool], dict]:
     """Read and check one tuned-defaults file; ``{(arch, hdim, causal): {field: value}}``. Any problem is a
-    ConfigError that names the file and the key (``conf/tuned/sm90.yaml: entries[1].config.tile_n=...: ...``)."""
+    ConfigError that names the file and the key (``conf/tuned/sm90.yaml: entries[1].config.tile_n=...: ...``). An
+    entry whose evidence records a ``table_context`` different from today's (table_context) is left out, and its
+    changed fields go to ``stale`` (``{(arch, hdim, causal, direction): {field: (then, now)}}``) when given."""
     path = Path(path)
     arch = path.stem
 
@@ -608,6 +643,16 @@ def load_tuned(path: str | Path) -> dict[tuple[str, int, bool], dict]:
                 raise bad(f"{at}.config.{k}", str(x)) from None
         if e.get("evidence") is not None and not isinstance(e["evidence"], dict):
             raise bad(f"{at}.evidence", "expected a mapping (what the rows measured) or nothing")
+        recorded = (e.get("evidence") or {}).get("table_context")
+        if recorded is not None and not isinstance(recorded, dict):
+            raise bad(f"{at}.evidence.table_context", "expected a mapping of field: value (the table defaults the entry "
+                                                      "was measured on)")
+        if recorded is not None:  # entries written before 2026-12-03 have none: applied unchecked
+            changed = stale_fields(recorded, arch, hdim, causal, direction)
+            if changed:
+                if stale is not None:
+                    stale[(arch, hdim, causal, direction)] = changed
+                continue
         merged = {**out.get((arch, hdim, causal), {}), **config}
         try:  # the combination with the table's other fields must be a valid config too
             AttnConfig(**merged).resolve(arch, hdim, causal)
@@ -617,12 +662,25 @@ def load_tuned(path: str | Path) -> dict[tuple[str, int, bool], dict]:
     return out
 
 
-def _load_tuned_dir(folder: Path = TUNED_DIR) -> dict[tuple[str, int, bool], dict]:
+def _load_tuned_dir(folder: Path = TUNED_DIR, stale: dict | None = None) -> dict[tuple[str, int, bool], dict]:
+    """Every tuned file of ``folder``; stale entries go to ``stale`` and raise one StaleTunedWarning each."""
+    import warnings
+
     out: dict[tuple[str, int, bool], dict] = {}
     for arch in SUPPORTED_ARCHS:
         p = Path(folder) / f"{arch}.yaml"
         if p.is_file():
-            out.update(load_tuned(p))
+            found: dict = {}
+            out.update(load_tuned(p, found))
+            for (a, h, c, direction), changed in found.items():
+                diff = ", ".join(f"{k} {then!r} -> {now!r}" for k, (then, now) in changed.items())
+                warnings.warn(f"{p}: the tuned {direction} entry for hdim={h} causal={c} was measured on other table "
+                              f"defaults ({diff}) and is not applied; the table's values run. Re-run `python run.py "
+                              f"tune arch={a} hdim={h} causal={str(c).lower()} direction={direction}` to re-measure it "
+                              "(or delete the entry)",
+                              StaleTunedWarning, stacklevel=2)
+            if stale is not None:
+                stale.update(found)
     return out
 
 
@@ -746,4 +804,4 @@ def pack_gqa_by_default(cfg: "AttnConfig", hdim: int, seqlen_q: int, group: int,
     return 0 < int(seqlen_q) < int(cfg.tile_m) and int(cfg.tile_m) % int(group) == 0
 
 
-TUNED.update(_load_tuned_dir())
+TUNED.update(_load_tuned_dir(stale=STALE_TUNED))

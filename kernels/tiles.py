@@ -11,8 +11,8 @@ counts as supported and K/V rows are 128). sm100 has no backward kernel here: it
 """
 from __future__ import annotations
 
-from .config import (AttnConfig, ConfigError, normalize_arch, quantized_exp2_fraction, two_cta_by_default,
-                     two_cta_n80_by_default)
+from .config import (BWD_ONLY_FIELDS, FWD_ONLY_FIELDS, AttnConfig, ConfigError, normalize_arch,
+                     quantized_exp2_fraction, two_cta_by_default, two_cta_n80_by_default)
 
 SM100_BWD_TILE = (128, 128)  # FA4 paper (B200): 128 x 128 backward tiles; no sm100 kernel in this package
 SM90_BWD_TILE_N = 128  # K/V rows per CTA when the kernel module cannot be imported (two 64-row MMA warpgroups)
@@ -53,19 +53,13 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     r = (cfg or AttnConfig()).resolve(arch, hdim, causal)
     d = r.to_dict()
     if mode == "fwd":
-        for k in ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads",
-                  "bwd_rotate_q", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align",
-                  "bwd_det_two_writers",
-                  "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80"):  # backward-only fields
+        for k in BWD_ONLY_FIELDS:
             d.pop(k, None)
         d["exp2_emu_fraction"] = quantized_exp2_fraction(r.exp2_emu_fraction, r.tile_n // 8)
         return d
     tm, tn = bwd_tile(arch, hdim, causal)
     tm = r.bwd_tile_m if normalize_arch(arch) == "sm90" else tm
-    for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
-              "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
-              "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
-              "bwd_tile_m"):  # forward-only; bwd_tile_m -> tile_m
+    for k in (*FWD_ONLY_FIELDS, "bwd_tile_m"):  # bwd_tile_m -> tile_m
         d.pop(k, None)
     # two_cta=None: what the backward runs for a plain call at this head dim (2-CTA at sm90 hd256; hdim 192 is (192, 128))
     two_cta = two_cta_by_default(r, arch, hdim, 128 if int(hdim) == 192 else hdim)

@@ -398,6 +398,11 @@ def test_a_complete_gpu_search_writes_its_winner(tmp_path):
     got = load_tuned(tmp_path / "tuned" / "sm90.yaml")
     assert got == {("sm90", 256, False): {k: v for k, v in t["candidates"][0].items() if k != "pingpong"}}
     assert "winner tile_n=64" in out.getvalue()
+    import yaml
+
+    from kernels.config import table_context
+    ev = yaml.safe_load((tmp_path / "tuned" / "sm90.yaml").read_text())["entries"][0]["evidence"]
+    assert ev["table_context"] == table_context("sm90", 256, False, "fwd")  # what makes it stale once the table moves
 
 
 # ---- the figure -------------------------------------------------------------------------------------------------
