@@ -15,6 +15,7 @@
 #   bwd192   bwd_peers, hdim (192, 128) alone; SEQLENS='[16384,32768]' picks lengths (12 shapes: ~3 min)
 #   fwdshort fwd_peers, hdim 64 / 128 causal at 1k / 2k / 4k (the persistent causal defaults; 6 shapes: ~2 min)
 #   fwd192   fwd_peers, hdim (192, 128) alone         (12 shapes x 4 backends: ~2-3 min)
+#   fwd64256 fwd_peers, hdim 64 and 256               (24 shapes x 4 backends: ~5-7 min)
 #   fwd128nf / bwd128nf   fwd128 / bwd128 without flex (peers as the other parts; flex's rows stay as they were)
 #   abl_fwd  fwd_ablation, hdim 128 + hdim 64 at 8k   (13 shapes x 19 entries, each checked: ~6-9 min)
 #   abl_bwd  bwd_ablation, hdim 128                   (12 shapes x 8 entries: ~4-6 min)
@@ -24,7 +25,7 @@
 #   exp2ab   fwd_ablation at hd64 8k/16k non-causal: exp2 fractions 1/16..1/4 vs 0 (issue 11.4)   (~4-6 min)
 set -u
 OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
-PART=${2:?part: fwd128 fwd fwd192 bwd128 bwd bwd256 bwd6419 bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab}
+PART=${2:?part: fwd128 fwd fwd192 fwd64256 bwd128 bwd bwd256 bwd6419 bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab}
 R=${R:-results/h200}  # R=<dir>: a fresh results dir (two parts at once on a 2-GPU host)
 # RERUN=1: time the part's finished jobs again (after a default changed: the job keys name configs as written)
 CAP=${CAP:-500}
@@ -45,6 +46,7 @@ case "$PART" in
   fwd128)  sweep fwd_peers 'shape.grid.hdims=[128]' ;;
   fwd)     sweep fwd_peers 'shape.grid.hdims=[64,256,[192,128]]' "$NOFLEX" ;;
   fwd192)  sweep fwd_peers 'shape.grid.hdims=[[192,128]]' "$NOFLEX" ;;
+  fwd64256) sweep fwd_peers 'shape.grid.hdims=[64,256]' "$NOFLEX" ;;
   bwd128)  sweep bwd_peers 'shape.grid.hdims=[128]' 'experiment.peers=[fa4_official,fa4_official_det,sdpa_cudnn,sdpa_flash,flex]' ;;
   bwd)     sweep bwd_peers 'shape.grid.hdims=[64,256,[192,128]]' "$BWD_NOFLEX" ;;
   fwdshort) sweep fwd_peers 'shape.grid.hdims=[64,128]' 'shape.grid.causal=[true]' 'shape.grid.seqlens=[1024,2048,4096]' \
