@@ -2,8 +2,10 @@
 
 For every attention experiment, the rows the figures and README tables draw (analysis/select.py: round-robin rows of
 each shape's latest compare job win over separately timed ones) are checked for what a reviewer needs: timed
-round-robin, at least MIN_ROUNDS rounds, a throttled share and a git SHA; the paper grid's cells without rows are
-listed per mode; compile_time must have >= 3 samples of ours and the official FA4 per (mode, head dim, causal).
+round-robin, at least MIN_ROUNDS rounds, a throttled share and a git SHA, and ours' rows on the kernel configs that
+today's defaults compile (experiments/staleness.py: a row timed before a default changed is stale; `python run.py
+sweep experiment=<name> rerun=stale` times those jobs again); the paper grid's cells without rows are listed per mode;
+compile_time must have >= 3 samples of ours and the official FA4 per (mode, head dim, causal).
 Prints one line per finding ('ok' or 'GAP'); ``--strict`` makes any GAP exit 1.
 """
 from __future__ import annotations
@@ -43,6 +45,20 @@ def _cells(d: pd.DataFrame, mask) -> str:
     return ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
 
 
+def _stale_line(exp: str, d: pd.DataFrame) -> tuple[bool, str]:
+    """(ok, line): how many of the timed rows drawn were measured on a kernel config that today's defaults no longer
+    compile (their cells, and the command that re-times them)."""
+    from experiments.staleness import is_stale
+
+    if d is None or d.empty or "compiled_hash" not in d:
+        return True, f"{exp}: no rows with a compiled kernel config to check"
+    stale = pd.Series([is_stale(r) for r in d.to_dict("records")], index=d.index)
+    line = f"{exp}: {int(stale.sum())} of {len(d)} timed rows drawn on a kernel config today's defaults no longer compile"
+    if stale.any():
+        line += f" [{_cells(d, stale)}; re-time: python run.py sweep experiment={exp} rerun=stale]"
+    return not stale.any(), line
+
+
 def audit(root: Path | None = None) -> list[tuple[bool, str]]:
     """[(ok, line), ...] for the committed sets under ``root`` (default: $FA4LAB_RESULTS or results/)."""
     out: list[tuple[bool, str]] = []
@@ -59,6 +75,7 @@ def audit(root: Path | None = None) -> list[tuple[bool, str]]:
             if bad.get("separate"):
                 line += f" [separately timed cells: {_cells(d, ~round_robin_rows(d))}]"
             out.append((not bad, line))
+        out.append(_stale_line(exp, attn_times(df)))
     cov = coverage(load_experiments(*ATTN_EXPERIMENTS, root=root, scratch=False))
     seqs = [c for c in cov.columns if c not in ("mode", "head dim", "causal")]
     for mode, g in cov.groupby("mode", sort=False):

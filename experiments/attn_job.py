@@ -144,18 +144,14 @@ class _Rows:
         if self._arch is None or mode not in MODES:
             return {}
         if mode not in self._compiled:
-            import hashlib
-            import json
-
-            from kernels.tiles import compiled_config
+            from kernels.tiles import compiled_config, compiled_hash
 
             try:
                 c = compiled_config(self._cfg, self._arch, self._shape.hdim, self._shape.causal, mode)
             except ValueError:  # no kernel for this head dim in this mode: supports() says so in a skip row
                 self._compiled[mode] = {}
             else:
-                blob = json.dumps(c, sort_keys=True).encode()
-                self._compiled[mode] = dict(compiled_config=c, compiled_hash=hashlib.sha1(blob).hexdigest()[:12])
+                self._compiled[mode] = dict(compiled_config=c, compiled_hash=compiled_hash(c))
         return self._compiled[mode]
 
     def add(self, mode, metric, value, status="ok", reason=None, error_class=None, state=None, **extra) -> dict:

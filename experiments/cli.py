@@ -144,7 +144,7 @@ def help_text(conf_dir: str, usage: str, commands: dict[str, str]) -> str:
            "", "shape=<name>  (the shapes a run uses; each experiment picks its own default)",
            *rows([(p.stem, blurb(p)) for p in group("shape")]),
            "", "bench=<name>  (timing parameters; default: default)", *rows([(p.stem, blurb(p)) for p in group("bench")]),
-           "", "other keys: results_dir=<folder>  isolation=auto|process|inline  job_timeout_s=<s>  retry_failed=true  rerun=true  "
+           "", "other keys: results_dir=<folder>  isolation=auto|process|inline  job_timeout_s=<s>  retry_failed=true  rerun=true|stale  "
                "fail_on_error=true  progress=false  modes=[fwd,bwd]",
            "Hydra: key=a,b runs a multirun; hydra/launcher=basic|submitit_local|submitit_slurm; see README.md", "",
            runs_here_line(conf_dir)]

@@ -117,8 +117,8 @@ def check_top(cfg: dict) -> None:
     t = cfg.get("job_timeout_s", 600)
     _need(_is_num(t) and t > 0, "job_timeout_s", t, "must be a number of seconds > 0")
     for k in FLAGS:
-        if k in cfg:
-            _need(isinstance(cfg[k], bool), k, cfg[k], "must be true or false")
+        if k in cfg and not (k == "rerun" and cfg[k] == "stale"):
+            _need(isinstance(cfg[k], bool), k, cfg[k], "must be true or false" + (" or stale" if k == "rerun" else ""))
     rd = cfg.get("results_dir", "results")
     _need(isinstance(rd, str) and rd.strip() != "", "results_dir", rd, "must be a folder path")
     check_modes("modes", cfg.get("modes", ["fwd"]))

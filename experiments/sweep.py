@@ -274,6 +274,25 @@ def _progress(items, enabled: bool, desc: str):
     return items
 
 
+def _redo(rerun, keyed, store, path, name, out) -> set:
+    """The finished jobs to time again: all of them (rerun=true, e.g. after a default changed: the job dict, so its
+    key, names the config as written, not what it resolves to), those with rows on a kernel config that today's
+    defaults no longer compile (rerun=stale, experiments/staleness.py), or none."""
+    done = {k for k, _ in keyed if store.is_done(k)}
+    if rerun == "stale":
+        from .staleness import stale_job_keys
+
+        redo = stale_job_keys(read_rows(path)) & done
+        print(f"{name}: rerun=stale: {len(redo)} of {len(done)} finished jobs were timed on a kernel config that "
+              f"today's defaults no longer compile; timing them again (old rows replaced as new ones are written)",
+              file=out)
+        return redo
+    if rerun and done:
+        print(f"{name}: rerun=true: timing {len(done)} finished jobs again (each job's old rows are replaced when "
+              f"its new ones are written)", file=out)
+    return done if rerun else set()
+
+
 def run_sweep(cfg: dict, out=sys.stdout) -> int:
     """Run the experiment in ``cfg``; returns the exit code: 0, 1 (stopped by a CUDA fault, or fail_on_error and a
     failure), 130 (Ctrl-C: the finished jobs are kept, a rerun resumes)."""
@@ -296,10 +315,7 @@ def run_sweep(cfg: dict, out=sys.stdout) -> int:
         dropped = store.drop_jobs(rerun)
         print(f"{name}: {len(rerun)} jobs were skipped on a machine without CUDA; this one has CUDA: running them "
               f"again ({dropped} skip rows replaced)", file=out)
-    redo = {k for k, _ in keyed if store.is_done(k)} if cfg.get("rerun", False) else set()
-    if redo:  # e.g. after a default changed: the job dict (so its key) names the config, not what it resolves to
-        print(f"{name}: rerun=true: timing {len(redo)} finished jobs again (each job's old rows are replaced when "
-              f"its new ones are written)", file=out)
+    redo = _redo(cfg.get("rerun", False), keyed, store, path, name, out)
     todo = [(k, j) for k, j in keyed if k in redo or not store.is_done(k)]
     runners = {**RUNNERS, **dict(exp.get("runners") or {})}
     for kind in sorted({j.get("kind") for _, j in todo}):

@@ -43,6 +43,14 @@ def bwd_tile(arch: str, hdim: int, causal: bool = False, cfg: AttnConfig | None 
     return int(r.bwd_tile_m), int(tile_n)
 
 
+def compiled_hash(compiled: dict) -> str:
+    """12 hex digits identifying a ``compiled_config`` dict (the rows' ``compiled_hash``)."""
+    import hashlib
+    import json
+
+    return hashlib.sha1(json.dumps(compiled, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, mode: str = "fwd") -> dict:
     """The resolved config as the ``mode`` kernel compiles it: the exp2 fraction rounded to whole register
     fragments (``exp2_emu_fraction``), and for the backward its own tiles (``tile_m``/``tile_n``; the config's tile

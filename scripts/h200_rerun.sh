@@ -27,7 +27,8 @@ set -u
 OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
 PART=${2:?part: fwd128 fwd fwd192 fwd64256 bwd128 bwd bwd256 bwd6419 bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab}
 R=${R:-results/h200}  # R=<dir>: a fresh results dir (two parts at once on a 2-GPU host)
-# RERUN=1: time the part's finished jobs again (after a default changed: the job keys name configs as written)
+# RERUN=1: time the part's finished jobs again (after a default changed: the job keys name configs as written);
+# RERUN=stale: only those timed on a kernel config today's defaults no longer compile (experiments/staleness.py)
 CAP=${CAP:-500}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
@@ -35,7 +36,7 @@ LOG=$OUT/$PART.log
 sweep() {
   local exp=$1; shift
   echo "=== $(date -u +%T) $exp $*" | tee -a "$LOG"
-  timeout "$CAP" python run.py sweep experiment="$exp" results_dir="$R" bench=quick progress=false ${RERUN:+rerun=true} "$@" >>"$LOG" 2>&1
+  timeout "$CAP" python run.py sweep experiment="$exp" results_dir="$R" bench=quick progress=false ${RERUN:+rerun=$([ "$RERUN" = stale ] && echo stale || echo true)} "$@" >>"$LOG" 2>&1
   echo "=== rc=$? $(date -u +%T)" | tee -a "$LOG"
   cp "$R/$exp/rows.jsonl" "$OUT/$exp.jsonl" 2>/dev/null  # the rows since the archive (rows.jsonl.xz stays as is)
   grep -E "^$exp: .* jobs" "$LOG" | tail -1

@@ -1,0 +1,55 @@
+"""Rows measured on a kernel that today's configs no longer compile to: a default changed after they were timed.
+
+A row of a backend that resolves AttnConfig records its ``config`` as written (``None``: the defaults) and the
+``compiled_hash`` of what that config compiled to for the row's mode (kernels/tiles.py compiled_config). Resolving
+the same config today (kernels/config.py DEFAULTS and conf/tuned) and hashing what it compiles to tells whether the
+row still measures today's kernel config. Kernel *code* changes are not seen here (the row's git SHA says which code
+ran); a changed default, a tuned entry and an exp2 quantum are. Used by ``python run.py sweep rerun=stale`` (time
+again only the jobs with stale rows) and ``python -m analysis.audit`` (stale cells are a gap).
+"""
+from __future__ import annotations
+
+import functools
+
+ARCH_OF_CC = {"9": "sm90", "10": "sm100"}  # compute capability major -> the arch our configs resolve for
+
+
+@functools.lru_cache(maxsize=None)
+def _hash_now(config_json: str, arch: str, hdim: int, causal: bool, mode: str) -> str | None:
+    import json
+
+    from kernels.config import AttnConfig, ConfigError
+    from kernels.tiles import compiled_config, compiled_hash
+
+    try:
+        cfg = AttnConfig(**json.loads(config_json))
+        return compiled_hash(compiled_config(cfg, arch, hdim, causal, mode))
+    except (ConfigError, TypeError, ValueError):  # a field that no longer exists, a head dim without a kernel
+        return None
+
+
+def row_arch(row: dict) -> str:
+    """The arch whose defaults a row's config resolved against: its GPU's, else sm90 (CPU rows: the model's)."""
+    cc = str(row.get("compute_capability") or "")
+    return ARCH_OF_CC.get(cc.split(".")[0], "sm90")
+
+
+def is_stale(row: dict) -> bool:
+    """Whether ``row`` recorded a compiled_hash that today's resolution of its config does not reproduce (rows
+    without one -- peers, failures before compiling, rows older than the field -- are never stale)."""
+    import json
+
+    recorded = row.get("compiled_hash")
+    if not isinstance(recorded, str) or not recorded or row.get("mode") not in ("fwd", "bwd"):  # (NaN in a frame)
+        return False
+    try:
+        hdim, causal = int(row["hdim"]), bool(row["causal"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    cfg = row.get("config") if isinstance(row.get("config"), dict) else {}
+    return _hash_now(json.dumps(cfg, sort_keys=True), row_arch(row), hdim, causal, row["mode"]) != recorded
+
+
+def stale_job_keys(rows) -> set[str]:
+    """Job keys with at least one stale row."""
+    return {r["job_key"] for r in rows if r.get("job_key") and is_stale(r)}

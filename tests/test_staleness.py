@@ -1,0 +1,84 @@
+"""Rows timed on a kernel config that today's defaults no longer compile (experiments/staleness.py): the check
+itself, `python run.py sweep rerun=stale` (only those jobs run again) and the audit's gap line. CPU only: the PyTorch
+model backend (fa4_model) resolves AttnConfig like our kernel's backend and records the compiled_hash the check
+reads."""
+from __future__ import annotations
+
+import io
+import json
+
+from kernels.config import AttnConfig
+from kernels.tiles import compiled_config, compiled_hash
+
+from test_sweep import composed
+
+
+def _row(config=None, mode="fwd", hdim=128, causal=False, **kw) -> dict:
+    c = compiled_config(AttnConfig(), "sm90", hdim, causal, mode) if config and "no_such_field" in config else \
+        compiled_config(AttnConfig(**(config or {})), "sm90", hdim, causal, mode)
+    return {**dict(job_key="k", mode=mode, hdim=hdim, causal=causal, config=config, compiled_hash=compiled_hash(c),
+                   compute_capability="9.0"), **kw}
+
+
+def test_a_row_is_stale_only_when_todays_resolution_compiles_something_else():
+    from experiments.staleness import is_stale, stale_job_keys
+
+    assert not is_stale(_row()) and not is_stale(_row({"pingpong": False}, "bwd", 64, True))
+    old = _row(compiled_hash="0123456789ab")  # what an older default compiled to
+    assert is_stale(old) and stale_job_keys([_row(), dict(old, job_key="old")]) == {"old"}
+    assert is_stale(_row({"no_such_field": 1}, compiled_hash="0123456789ab"))  # a field that no longer exists
+    for none in (None, float("nan"), ""):  # peers, failures before compiling, rows older than the field
+        assert not is_stale(dict(_row(), compiled_hash=none))
+    assert not is_stale(dict(_row(), mode="check"))
+
+
+def test_rerun_stale_times_only_the_jobs_on_an_old_kernel_config(tmp_path, monkeypatch):
+    from experiments.results import read_rows
+    from experiments.sweep import run_sweep
+
+    monkeypatch.chdir(tmp_path)
+    cfg = composed("experiment=fwd_peers", "experiment.backends=[fa4_model]", "experiment.peers=[]", "shape=cpu",
+                   "shape.grid.seqlens=[64,128]", "shape.grid.causal=[false]", "bench=quick", "isolation=inline",
+                   "progress=false", "results_dir=st")
+    assert run_sweep(cfg, out=io.StringIO()) == 0
+    path = tmp_path / "st" / "fwd_peers" / "rows.jsonl"
+    first = read_rows(path)
+    assert first and all(isinstance(r.get("compiled_hash"), str) for r in first if r["status"] == "ok")
+    out = io.StringIO()
+    run_sweep({**cfg, "rerun": "stale"}, out=out)
+    assert "rerun=stale: 0 of 2 finished jobs" in out.getvalue() and "running 0" in out.getvalue()
+    # one job's rows as if timed before a default changed
+    old_key = first[0]["job_key"]
+    lines = [json.dumps(dict(r, compiled_hash="0123456789ab") if r["job_key"] == old_key else r) + "\n" for r in first]
+    path.write_text("".join(lines))
+    out = io.StringIO()
+    run_sweep({**cfg, "rerun": "stale"}, out=out)
+    assert "rerun=stale: 1 of 2 finished jobs" in out.getvalue() and "running 1" in out.getvalue()
+    again = read_rows(path)
+    assert sorted(r["job_key"] for r in again) == sorted(r["job_key"] for r in first)  # replaced, not duplicated
+    assert all(r["compiled_hash"] != "0123456789ab" for r in again)
+
+
+def test_rerun_accepts_stale_and_names_it_in_its_error():
+    import pytest
+
+    from experiments.config_check import RunConfigError, check_run_config
+
+    check_run_config(composed("experiment=fault_cpu", "rerun=stale"))
+    with pytest.raises(RunConfigError, match="must be true or false or stale"):
+        check_run_config(composed("experiment=fault_cpu", "rerun=sometimes"))
+
+
+def test_audit_names_the_stale_cells_and_the_command_that_re_times_them():
+    import pandas as pd
+
+    from analysis.audit import _stale_line
+
+    fresh = dict(_row(), hdim_v=128, seqlen_q=4096, job_key="a")
+    old = dict(_row(causal=True), hdim_v=128, seqlen_q=8192, job_key="b", compiled_hash="0123456789ab")
+    ok, line = _stale_line("fwd_peers", pd.DataFrame([fresh]))
+    assert ok and line.startswith("fwd_peers: 0 of 1 timed rows drawn on a kernel config")
+    ok, line = _stale_line("fwd_peers", pd.DataFrame([fresh, old, dict(fresh, compiled_hash=float("nan"))]))
+    assert not ok and "1 of 3 timed rows" in line and "fwd 128 s8192 causal" in line
+    assert "python run.py sweep experiment=fwd_peers rerun=stale" in line
+    assert _stale_line("x", pd.DataFrame())[0]
