@@ -3,7 +3,7 @@
 For every attention experiment, the rows the figures and README tables draw (analysis/select.py: round-robin rows of
 each shape's latest compare job win over separately timed ones) are checked for what a reviewer needs: timed
 round-robin, at least MIN_ROUNDS rounds, a throttled share and a git SHA, and ours' rows on the kernel configs that
-today's defaults compile (experiments/staleness.py: a row timed before a default changed is stale; `python run.py
+today's defaults compile (kernels/staleness.py: a row timed before a default changed is stale; `python run.py
 sweep experiment=<name> rerun=stale` times those jobs again); the paper grid's cells without rows are listed per mode;
 compile_time must have >= 3 samples of ours and the official FA4 per (mode, head dim, causal).
 Prints one line per finding ('ok' or 'GAP'); ``--strict`` makes any GAP exit 1.
@@ -48,7 +48,7 @@ def _cells(d: pd.DataFrame, mask) -> str:
 def _stale_line(exp: str, d: pd.DataFrame) -> tuple[bool, str]:
     """(ok, line): how many of the timed rows drawn were measured on a kernel config that today's defaults no longer
     compile (their cells, and the command that re-times them)."""
-    from experiments.staleness import is_stale
+    from kernels.staleness import is_stale
 
     if d is None or d.empty or "compiled_hash" not in d:
         return True, f"{exp}: no rows with a compiled kernel config to check"

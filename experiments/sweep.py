@@ -277,10 +277,10 @@ def _progress(items, enabled: bool, desc: str):
 def _redo(rerun, keyed, store, path, name, out) -> set:
     """The finished jobs to time again: all of them (rerun=true, e.g. after a default changed: the job dict, so its
     key, names the config as written, not what it resolves to), those with rows on a kernel config that today's
-    defaults no longer compile (rerun=stale, experiments/staleness.py), or none."""
+    defaults no longer compile (rerun=stale, kernels/staleness.py), or none."""
     done = {k for k, _ in keyed if store.is_done(k)}
     if rerun == "stale":
-        from .staleness import stale_job_keys
+        from kernels.staleness import stale_job_keys
 
         redo = stale_job_keys(read_rows(path)) & done
         print(f"{name}: rerun=stale: {len(redo)} of {len(done)} finished jobs were timed on a kernel config that "

@@ -28,7 +28,7 @@ OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
 PART=${2:?part: fwd128 fwd fwd192 fwd64256 bwd128 bwd bwd256 bwd6419 bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab}
 R=${R:-results/h200}  # R=<dir>: a fresh results dir (two parts at once on a 2-GPU host)
 # RERUN=1: time the part's finished jobs again (after a default changed: the job keys name configs as written);
-# RERUN=stale: only those timed on a kernel config today's defaults no longer compile (experiments/staleness.py)
+# RERUN=stale: only those timed on a kernel config today's defaults no longer compile (kernels/staleness.py)
 CAP=${CAP:-500}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a

@@ -1,4 +1,4 @@
-"""Rows timed on a kernel config that today's defaults no longer compile (experiments/staleness.py): the check
+"""Rows timed on a kernel config that today's defaults no longer compile (kernels/staleness.py): the check
 itself, `python run.py sweep rerun=stale` (only those jobs run again) and the audit's gap line. CPU only: the PyTorch
 model backend (fa4_model) resolves AttnConfig like our kernel's backend and records the compiled_hash the check
 reads."""
@@ -21,7 +21,7 @@ def _row(config=None, mode="fwd", hdim=128, causal=False, **kw) -> dict:
 
 
 def test_a_row_is_stale_only_when_todays_resolution_compiles_something_else():
-    from experiments.staleness import is_stale, stale_job_keys
+    from kernels.staleness import is_stale, stale_job_keys
 
     assert not is_stale(_row()) and not is_stale(_row({"pingpong": False}, "bwd", 64, True))
     old = _row(compiled_hash="0123456789ab")  # what an older default compiled to

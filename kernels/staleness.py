@@ -5,7 +5,8 @@ A row of a backend that resolves AttnConfig records its ``config`` as written (`
 the same config today (kernels/config.py DEFAULTS and conf/tuned) and hashing what it compiles to tells whether the
 row still measures today's kernel config. Kernel *code* changes are not seen here (the row's git SHA says which code
 ran); a changed default, a tuned entry and an exp2 quantum are. Used by ``python run.py sweep rerun=stale`` (time
-again only the jobs with stale rows) and ``python -m analysis.audit`` (stale cells are a gap).
+again only the jobs with stale rows) and ``python -m analysis.audit`` (stale cells are a gap); here, below both
+(DESIGN.md's layering), since it needs only kernels/ to answer.
 """
 from __future__ import annotations
 
