@@ -284,8 +284,8 @@ def _redo(rerun, keyed, store, path, name, out) -> set:
 
         redo = stale_job_keys(read_rows(path)) & done
         print(f"{name}: rerun=stale: {len(redo)} of {len(done)} finished jobs were timed on a kernel config that "
-              f"today's defaults no longer compile; timing them again (old rows replaced as new ones are written)",
-              file=out)
+              f"today's defaults no longer compile" + ("; timing them again (old rows replaced as new ones are "
+                                                       "written)" if redo else ""), file=out)
         return redo
     if rerun and done:
         print(f"{name}: rerun=true: timing {len(done)} finished jobs again (each job's old rows are replaced when "
