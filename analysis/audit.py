@@ -5,7 +5,8 @@ each shape's latest compare job win over separately timed ones) are checked for 
 round-robin, at least MIN_ROUNDS rounds, a throttled share and a git SHA, and ours' rows on the kernel configs that
 today's defaults compile (kernels/staleness.py: a row timed before a default changed is stale; `python run.py
 sweep experiment=<name> rerun=stale` times those jobs again); the paper grid's cells without rows are listed per mode;
-compile_time must have >= 3 samples of ours and the official FA4 per (mode, head dim, causal).
+compile_time must have >= 3 samples of ours and the official FA4 per (mode, head dim, causal); no tuned entry may be
+stale (kernels.config.STALE_TUNED).
 Prints one line per finding ('ok' or 'GAP'); ``--strict`` makes any GAP exit 1.
 """
 from __future__ import annotations
@@ -59,6 +60,17 @@ def _stale_line(exp: str, d: pd.DataFrame) -> tuple[bool, str]:
     return not stale.any(), line
 
 
+def _tuned_line() -> tuple[bool, str]:
+    """(ok, line): the tuned entries kernels/config.py left out because the table under them changed (STALE_TUNED)."""
+    from kernels.config import STALE_TUNED
+
+    if not STALE_TUNED:
+        return True, "tuned defaults: no stale entry (conf/tuned/)"
+    names = [f"{a} {d} hdim {h}{' causal' if c else ''}" for a, h, c, d in sorted(STALE_TUNED)]
+    return False, (f"tuned defaults: {len(names)} stale entr{'y' if len(names) == 1 else 'ies'} not applied "
+                   f"({', '.join(names)}; re-measure: python run.py tune)")
+
+
 def audit(root: Path | None = None) -> list[tuple[bool, str]]:
     """[(ok, line), ...] for the committed sets under ``root`` (default: $FA4LAB_RESULTS or results/)."""
     out: list[tuple[bool, str]] = []
@@ -94,6 +106,7 @@ def audit(root: Path | None = None) -> list[tuple[bool, str]]:
         if not_ours:
             line += f"; without ours: {', '.join(not_ours[:8])}"
         out.append((ok, line))
+    out.append(_tuned_line())
     ct = load_experiments("compile_time", root=root, scratch=False)
     if ct.empty or "kind" not in ct:
         out.append((False, "compile_time: no rows yet (experiment=compile_time)"))

@@ -83,3 +83,12 @@ def test_tune_names_the_stale_entries_and_whether_it_re_measures_them(monkeypatc
     out = io.StringIO()
     T._print_stale([], out)
     assert "`python run.py tune arch=sm90 hdim=192 causal=false direction=fwd` re-measures it" in out.getvalue()
+
+
+def test_audit_reports_stale_tuned_entries(monkeypatch):
+    from analysis.audit import _tuned_line
+
+    assert _tuned_line() == (True, "tuned defaults: no stale entry (conf/tuned/)")  # the repository's file
+    monkeypatch.setattr(C, "STALE_TUNED", {("sm90", 192, False, "fwd"): {"p_cvt_asm": (None, True)}})
+    ok, line = _tuned_line()
+    assert not ok and "1 stale entry not applied (sm90 fwd hdim 192; re-measure: python run.py tune)" in line
