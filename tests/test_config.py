@@ -296,3 +296,17 @@ def test_rescale_before_pv_is_a_table_field_a_tuned_true_applies(monkeypatch, re
     assert AttnConfig().resolve("sm90", 192, True).rescale_before_pv is False  # the table's, no tuned entry
     assert AttnConfig(rescale_before_pv=False).resolve("sm90", 192, False).rescale_before_pv is False
     assert AttnConfig(intra_wg_overlap=False).resolve("sm90", 192, False).rescale_before_pv is False
+
+
+def test_pv_wait_mid_default_is_not_filled_in_with_pingpong_off():
+    """hd128 non-causal's pv_wait_mid default ran 0.75-0.80x the default's speed with pingpong off (H200,
+    session_ab/fwd128nc_nopp_mid.jsonl): resolve() leaves it off there; an explicit True is kept."""
+    from kernels.tiles import compiled_config
+
+    assert AttnConfig().resolve("sm90", 128, False).pv_wait_mid is True
+    nopp = AttnConfig(pingpong=False).resolve("sm90", 128, False)
+    assert nopp.pv_wait_mid is None and "pv_wait_mid" not in nopp.to_dict()
+    assert "pv_wait_mid" not in compiled_config(AttnConfig(pingpong=False), "sm90", 128, False)
+    assert AttnConfig(pingpong=False, pv_wait_mid=True).resolve("sm90", 128, False).pv_wait_mid is True
+    assert AttnConfig(pingpong=False).resolve("sm90", 192, True).pv_wait_mid is None
+    assert AttnConfig().resolve("sm90", 192, True).pv_wait_mid is True
