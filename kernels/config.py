@@ -318,9 +318,11 @@ class AttnConfig:
     # False. H200 2026-12-01, 16k tokens, 8 rounds, outputs bitwise equal, speed vs off at 8k / 16k: (192, 128) causal
     # 1.003 / 1.002 (results/h200/session_ab/fwd_pv_wait_mid.jsonl); hd128 non-causal 1.004 / 1.009, of a bf16 GEMM
     # 0.925 / 0.927 against 0.921 / 0.915 (official 0.928 / 0.938; session_ab/fwd128nc_evr_mid.jsonl); hd64 8k 0.955
-    # causal, 0.965 non-causal (off there). The default is not filled in with pingpong off (an explicit True still
-    # compiles it): H200 2026-12-03, hd128 non-causal, 16k tokens, 12 rounds, pingpong off with / without it 0.805 /
-    # 0.965 the default's speed at 1k, 0.747 / 0.990 at 8k (results/h200/session_ab/fwd128nc_nopp_mid.jsonl).
+    # causal, 0.965 non-causal (off there). With pingpong off the non-causal default is not filled in (an explicit
+    # True still compiles it), the causal one is: H200 2026-12-03, 16k tokens, 12 rounds, pingpong off with / without
+    # it, speed vs the default: hd128 non-causal 0.805 / 0.965 at 1k, 0.747 / 0.990 at 8k
+    # (results/h200/session_ab/fwd128nc_nopp_mid.jsonl); (192, 128) causal 0.997 / 0.951 at 4k, 1.000 / 0.956 at 8k
+    # (session_ab/fwd192c_nopp_mid.jsonl).
     pv_wait_mid: bool | None = None
     # sm90 forward, overlapped main loop (elsewhere no effect): the wait for the in-flight P V GEMM and the release of
     # its V stage placed after the block's row maxima, before the tau decision and the exponentials (written after the
@@ -450,8 +452,8 @@ class AttnConfig:
         updates.update({k: v for k, v in entry.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only
             updates["rescale_before_pv"] = False
-        if updates.get("pv_wait_mid") and not self.pingpong:  # a default measured with pingpong: 0.75-0.80x without
-            del updates["pv_wait_mid"]
+        if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:
+            del updates["pv_wait_mid"]  # 0.75-0.80x the speed without it ((192, 128) causal: 1.05x with it)
         if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them
             updates["bwd_tile_m"] = 64
         return dataclasses.replace(self, **updates) if updates else self
