@@ -177,6 +177,12 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
         return run
     ours_fb = p["ours fwd+bwd"]
     p["ours fwd+bwd, autograd single-threaded"] = single_thread(ours_fb)
+    # where autograd's device thread costs ours more than cuDNN (run 8): the same pieces on the calling thread
+    for name in ("engine: our Function, no kernels, fwd+bwd", "engine: identity Function fwd+bwd",
+                 "engine: view_as fwd+bwd (C++ node)", "ours bwd only (autograd.grad)"):
+        p[name + ", single-threaded"] = single_thread(p[name])
+    p["ours backward_trusted, on a Python worker thread"] = on_worker_thread(p["backward_trusted"])
+    p["no-op, on a Python worker thread"] = on_worker_thread(lambda: None)
     p["ours fwd+bwd, gc disabled"] = gc_off(ours_fb)
     p["ours fwd+bwd, TVM FFI keeps the GIL"] = keep_gil(ours_fb)
     p["ours fwd+bwd, keeps the GIL, single-threaded"] = keep_gil(single_thread(ours_fb))
@@ -191,6 +197,7 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
     o_cudnn = cudnn()
     p["cudnn fwd+bwd, autograd single-threaded"] = single_thread(p["cudnn fwd+bwd"])
     p["cudnn bwd only (autograd.grad)"] = lambda: torch.autograd.grad(o_cudnn, (q, k, v), do, retain_graph=True)
+    p["cudnn bwd only (autograd.grad), single-threaded"] = single_thread(p["cudnn bwd only (autograd.grad)"])
     try:
         from flash_attn.cute import flash_attn_func
 
@@ -202,6 +209,27 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
     except ImportError:
         pass
     return p
+
+
+def on_worker_thread(fn):
+    """``fn`` run on one long-lived Python thread (handed over and waited for through two queues), as autograd runs a
+    Python backward on its device thread: with the no-op piece, what a call costs off the main thread."""
+    import queue
+    import threading
+
+    todo, done = queue.SimpleQueue(), queue.SimpleQueue()
+
+    def loop():
+        while True:
+            f = todo.get()
+            done.put(f())
+
+    threading.Thread(target=loop, daemon=True).start()
+
+    def run():
+        todo.put(fn)
+        return done.get()
+    return run
 
 
 def dlpack_status() -> dict:
@@ -229,14 +257,14 @@ def main():
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--only", default=None, help="run only the pieces whose name contains this text")
+    ap.add_argument("--only", default=None, help="run only the pieces whose name contains this text (a|b: either)")
     ap.add_argument("--profile", action="store_true", help="cProfile of our forward+backward, top 30 by own time")
     ap.add_argument("--trace", action="store_true", help="torch.profiler tables of ours and cuDNN's forward+backward")
     a = ap.parse_args()
     st = dlpack_status()
     print(json.dumps(st), flush=True)
     res = {"dlpack": st, "pieces": {}}
-    fns = {name: fn for name, fn in pieces().items() if not a.only or a.only in name}
+    fns = {name: fn for name, fn in pieces().items() if not a.only or any(t in name for t in a.only.split("|"))}
     res["pieces"] = time_round_robin(fns, a.n, a.reps)
     for name, r in res["pieces"].items():
         print(f"{name:48s} enqueue {r['enqueue_us']:8.1f} us   wall {r['wall_us']:8.1f} us", flush=True)
