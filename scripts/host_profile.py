@@ -153,6 +153,16 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
         return run
     p["ours fwd+bwd, .grad reset first"] = reset_then(lambda: kernels.attention(q, k, v, causal=causal).backward(do))
 
+    def keep_output(fwd):  # the output (so its autograd graph) alive until the next call: freed on this thread then
+        kept = []
+
+        def run():
+            o = fwd()
+            o.backward(do)
+            kept[:] = [o]
+        return run
+    p["ours fwd+bwd, output kept to the next call"] = keep_output(lambda: kernels.attention(q, k, v, causal=causal))
+
     def standin_fwd(q_, k_, v_, causal_, scale_, config_):
         return q_.view_as(q_), lse
     standin = ops._eager_function("_StandIn", standin_fwd, lambda dout, *a: (dout, dout, dout), 3)
@@ -194,6 +204,7 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
     p["cudnn fwd"] = cudnn
     p["cudnn fwd+bwd"] = lambda: cudnn().backward(do)
+    p["cudnn fwd+bwd, output kept to the next call"] = keep_output(cudnn)
     o_cudnn = cudnn()
     p["cudnn fwd+bwd, autograd single-threaded"] = single_thread(p["cudnn fwd+bwd"])
     p["cudnn bwd only (autograd.grad)"] = lambda: torch.autograd.grad(o_cudnn, (q, k, v), do, retain_graph=True)
