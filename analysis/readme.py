@@ -16,6 +16,7 @@ import pandas as pd
 from analysis.select import (ATTN_EXPERIMENTS, REPO, attn_times, cell_flags, flag_legend, load_experiments,
                              ratio_rows, round_robin_rows)
 from analysis.tables import coverage, coverage_summary, markdown_table, table4
+from analysis.targets import entry_ratio_rows, evaluate
 
 BEGIN, END = "<!-- results:begin (python run.py figures writes this block) -->", "<!-- results:end -->"
 README_EXPERIMENTS = (*ATTN_EXPERIMENTS, "compile_time")
@@ -77,15 +78,9 @@ def round_robin_table(df: pd.DataFrame, mode: str, backend: str, variant: str | 
 
 
 def _round_robin(df, mode, backend, variant=None, invert=False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    rr = ratio_rows(df)
+    rr = entry_ratio_rows(df, mode, backend, variant)
     if rr.empty:
         return pd.DataFrame(), rr
-    rr = rr[(rr["backend"] == backend) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)]
-    if variant is not None:  # one of our variants: cells where it compiled the default's kernel say nothing
-        from analysis.ablation_figs import kernel_ids
-
-        rr = rr[rr["variant"] == variant]
-        rr = rr[pd.Series(kernel_ids(rr), index=rr.index) != rr.get("baseline_compiled_hash")]
     cells: dict[tuple, dict] = {}
     for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
         v = g["value"].median()
@@ -224,6 +219,11 @@ def results_block(df: pd.DataFrame) -> str:
     _section(parts, "Ablations, speedup of each switch (round-robin against our full config in one job, median over "
                     "rounds; > 1: faster with the switch; noise: the same spread of kernels identical to the full "
                     "config, timed in the same rounds):", t, rows, marks)
+    tt = evaluate(df) if df is not None and not df.empty else pd.DataFrame()
+    if not tt.empty:
+        parts += ["Issue targets, cell by cell (analysis/targets.py, `python -m analysis.targets`: the open issues' speed "
+                  "targets against the round-robin cells above, seqlen 4k-32k unless named; strict, no rounding up; "
+                  "the A/A table above is the backward's noise):", "", markdown_table(tt), ""]
     t4, _ = table4(df, None) if df is not None and not df.empty else (None, "")
     if t4 is not None and not t4.empty:
         text = markdown_table(t4, floatfmt="{:.3g}")

@@ -1,0 +1,134 @@
+"""The open issues' speed targets checked cell by cell against the committed round-robin rows.
+
+Each target is a speed ratio with a threshold over cells of the paper grid (``analysis.tables.paper_grid``): ours
+against a peer timed in the same rounds (median over rounds of t_peer / t_ours), or one of our backward variants
+against our default (1 / median of t_variant / t_default; hd256's two_cta target reads the one-CTA entry the other
+way round, as two_cta is the default there). Only round-robin ratio rows count (the README tables' cells marked '†'
+do not); a grid cell without them is "untimed", and a target with an untimed cell is not called met.
+
+``python -m analysis.targets`` prints the table; ``python run.py figures`` writes it into the README's results
+block (analysis/readme.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis.select import ratio_rows
+from analysis.tables import paper_grid
+
+ALL_HDIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
+LONG = (4096, 32768)  # the issues' "paper grid, seqlen 4k-32k"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One issue target: ``entry`` (a peer backend, or our bwd variant when ``variant``) against our default in
+    ``mode``, at least ``threshold`` in every grid cell of ``hdims`` x ``seqlens`` (inclusive range) x both causal."""
+    issue: int
+    what: str
+    mode: str
+    entry: str
+    threshold: float
+    hdims: tuple = ALL_HDIMS
+    seqlens: tuple = LONG
+    variant: bool = False
+    default_is_entry: bool = False  # the variant is the default's opposite (one_cta where two_cta is the default)
+
+
+TARGETS = (
+    Target(11, "fwd ours / official FA4 >= 1.05 at hd64", "fwd", "fa4_official", 1.05, ((64, 64),)),
+    Target(11, "fwd ours / official FA4 >= 1.03 at hd128", "fwd", "fa4_official", 1.03, ((128, 128),)),
+    Target(11, "fwd ours / official FA4 >= 1.03 at hd256", "fwd", "fa4_official", 1.03, ((256, 256),)),
+    Target(11, "fwd ours / official FA4 >= 1.0 at (192, 128)", "fwd", "fa4_official", 1.0, ((192, 128),)),
+    Target(11, "fwd ours / cuDNN >= 1.1 from 4k", "fwd", "sdpa_cudnn", 1.1),
+    Target(11, "fwd ours / cuDNN >= 0.9 at 1k-2k", "fwd", "sdpa_cudnn", 0.9, seqlens=(1024, 2048)),
+    Target(9, "bwd ours / official FA4 >= 1.0 at hd 64, 128, (192, 128)", "bwd", "fa4_official", 1.0,
+           ALL_HDIMS[:3]),
+    Target(9, "bwd ours / official FA4 >= 1.3 at hd256", "bwd", "fa4_official", 1.3, ((256, 256),)),
+    Target(9, "bwd ours / cuDNN >= 1.1", "bwd", "sdpa_cudnn", 1.1),
+    Target(9, "bwd deterministic / default >= 0.92", "bwd", "deterministic", 0.92, variant=True),
+    Target(9, "bwd two_cta / one CTA >= 1.05 at hd128, s >= 8k", "bwd", "two_cta", 1.05, ((128, 128),),
+           (8192, 32768), variant=True),
+    Target(9, "bwd two_cta / one CTA >= 1.3 at hd256", "bwd", "one_cta", 1.3, ((256, 256),), variant=True,
+           default_is_entry=True),
+)
+
+
+def _seq(s: int) -> str:
+    return f"{s // 1024}k" if s >= 1024 else str(s)
+
+
+def _cell(h: int, hv: int, c: bool, s: int) -> str:
+    return f"{h if h == hv else f'{h}/{hv}'} {'c' if c else 'nc'} {_seq(s)}"
+
+
+def entry_ratio_rows(df: pd.DataFrame, mode: str, backend: str, variant: str | None = None) -> pd.DataFrame:
+    """The round-robin ratio rows (t_entry / t_our_default per round; latest job per entry) of a peer ``backend``,
+    or of our ``variant`` (backend "fa4") without the cells where it compiled the default's kernel (they say
+    nothing about the variant). The README's tables read the same rows."""
+    rr = ratio_rows(df)
+    if rr.empty:
+        return rr
+    rr = rr[(rr["backend"] == backend) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)]
+    if variant is not None:
+        from analysis.ablation_figs import kernel_ids
+
+        rr = rr[rr["variant"] == variant]
+        rr = rr[pd.Series(kernel_ids(rr), index=rr.index) != rr.get("baseline_compiled_hash")]
+    return rr
+
+
+def cell_values(df: pd.DataFrame, t: Target) -> dict[tuple, float]:
+    """{(hdim, hdim_v, causal, seqlen): the target's ratio} for every cell with round-robin rows."""
+    rr = entry_ratio_rows(df, t.mode, "fa4" if t.variant else t.entry, t.entry if t.variant else None)
+    out = {}
+    if rr is None or rr.empty:
+        return out
+    for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
+        med = float(pd.to_numeric(g["value"]).median())  # t_entry / t_ours_default
+        out[(int(h), int(hv), bool(c), int(s))] = 1.0 / med if t.variant and not t.default_is_entry else med
+    return out
+
+
+def grid_cells(t: Target, grid: dict | None = None) -> list[tuple]:
+    """The paper-grid cells a target covers."""
+    grid = grid or paper_grid()
+    lo, hi = t.seqlens
+    return [(h, hv, bool(c), int(s)) for h, hv in t.hdims for c in grid["causal"] for s in grid["seqlens"]
+            if lo <= int(s) <= hi]
+
+
+def evaluate(df: pd.DataFrame, targets=TARGETS, grid: dict | None = None) -> pd.DataFrame:
+    """One row per target: cells met of those timed, the untimed grid cells, the worst cell and the status (met /
+    missed / untimed cells)."""
+    rows = []
+    for t in targets:
+        vals = cell_values(df, t)
+        cells = grid_cells(t, grid)
+        timed = {k: vals[k] for k in cells if k in vals}
+        below = sorted((v, k) for k, v in timed.items() if v < t.threshold)  # strict: no rounding up
+        worst = min(timed.items(), key=lambda kv: kv[1]) if timed else None
+        status = "missed" if below else ("untimed cells" if len(timed) < len(cells) else "met")
+        rows.append({"issue": t.issue, "target": t.what,
+                     "cells met": f"{len(timed) - len(below)} of {len(timed)}"
+                                  + (f" ({len(cells) - len(timed)} untimed)" if len(timed) < len(cells) else ""),
+                     "worst": f"{worst[1]:.3f} ({_cell(*worst[0])})" if worst else "",
+                     "below": ", ".join(f"{_cell(*k)} {v:.3f}" for v, k in below[:6])
+                              + (f" +{len(below) - 6}" if len(below) > 6 else ""),
+                     "status": status})
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> int:
+    from analysis.select import ATTN_EXPERIMENTS, load_experiments
+    from analysis.tables import markdown_table
+
+    tab = evaluate(load_experiments(*ATTN_EXPERIMENTS, scratch=False))
+    print(markdown_table(tab))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""analysis/targets.py: issue targets read cell by cell from round-robin ratio rows (CPU, synthetic rows)."""
+import pandas as pd
+
+from analysis.targets import Target, evaluate
+
+GRID = dict(hdims=[128, 256], seqlens=[1024, 4096, 8192], causal=[False, True])
+
+
+def _rows(entries):
+    """entries: (backend, variant, mode, hdim, causal, seqlen, t_entry / t_default)."""
+    return pd.DataFrame([dict(metric="time_ratio", status="ok", backend=b, variant=v, baseline="fa4", mode=m, hdim=h,
+                              hdim_v=h, causal=c, seqlen_q=s, value=x, n=12, throttled_share=0.5, git_sha="abc",
+                              compiled_hash=f"{b}{v}", baseline_compiled_hash="default")
+                         for b, v, m, h, c, s, x in entries])
+
+
+def _one(df, t):
+    return evaluate(df, (t,), GRID).iloc[0]
+
+
+def test_peer_target_met_missed_and_untimed():
+    t = Target(11, "fwd vs official >= 1.03 at hd128", "fwd", "fa4_official", 1.03, ((128, 128),))
+    full = [("fa4_official", "peer", "fwd", 128, c, s, 1.05) for c in (False, True) for s in (4096, 8192)]
+    r = _one(_rows(full), t)
+    assert r["status"] == "met" and r["cells met"] == "4 of 4" and r["below"] == ""
+    # one cell at 1.029: strict, so missed (the README's 2-digit table would show 1.03)
+    r = _one(_rows(full[:-1] + [("fa4_official", "peer", "fwd", 128, True, 8192, 1.029)]), t)
+    assert r["status"] == "missed" and r["cells met"] == "3 of 4" and r["below"] == "128 c 8k 1.029"
+    assert r["worst"] == "1.029 (128 c 8k)"
+    # a grid cell without round-robin rows: never "met"
+    r = _one(_rows(full[:-1]), t)
+    assert r["status"] == "untimed cells" and r["cells met"] == "3 of 3 (1 untimed)"
+    # rows outside the target's lengths, head dims or mode count for nothing
+    other = [("fa4_official", "peer", "fwd", 128, False, 1024, 0.5), ("fa4_official", "peer", "fwd", 256, False, 4096, 0.5),
+             ("fa4_official", "peer", "bwd", 128, False, 4096, 0.5), ("sdpa_cudnn", "peer", "fwd", 128, False, 4096, 0.5)]
+    assert _one(_rows(full + other), t)["status"] == "met"
+
+
+def test_variant_targets_are_speed_of_the_variant_over_the_default():
+    det = Target(9, "det >= 0.92", "bwd", "deterministic", 0.92, ((128, 128),), variant=True)
+    rows = [("fa4", "deterministic", "bwd", 128, c, s, 1 / 0.95) for c in (False, True) for s in (4096, 8192)]
+    assert _one(_rows(rows), det)["status"] == "met"
+    rows[0] = ("fa4", "deterministic", "bwd", 128, False, 4096, 1 / 0.90)  # det 0.90x the default's speed
+    r = _one(_rows(rows), det)
+    assert r["status"] == "missed" and r["below"] == "128 nc 4k 0.900"
+    # hd256: two_cta is the default, so two_cta / one CTA = t_one_cta / t_default
+    two = Target(9, "two_cta / one >= 1.3 at hd256", "bwd", "one_cta", 1.3, ((256, 256),), variant=True,
+                 default_is_entry=True)
+    rows = [("fa4", "one_cta", "bwd", 256, c, s, 1.35) for c in (False, True) for s in (4096, 8192)]
+    assert _one(_rows(rows), two)["worst"].startswith("1.350")
+
+
+def test_variant_cells_compiling_the_default_kernel_are_not_evidence():
+    t = Target(9, "two_cta >= 1.05", "bwd", "two_cta", 1.05, ((128, 128),), (8192, 8192), variant=True)
+    rows = _rows([("fa4", "two_cta", "bwd", 128, c, 8192, 0.9) for c in (False, True)])
+    rows["compiled_hash"] = rows["baseline_compiled_hash"]  # the variant ran the default's own kernel
+    assert _one(rows, t)["status"] == "untimed cells"
