@@ -15,8 +15,8 @@ import pandas as pd
 
 from analysis.select import (ATTN_EXPERIMENTS, REPO, attn_times, cell_flags, flag_legend, load_experiments,
                              ratio_rows, round_robin_rows)
-from analysis.tables import coverage, coverage_summary, markdown_table, table4
-from analysis.targets import entry_ratio_rows, evaluate
+from analysis.tables import coverage, coverage_summary, markdown_table, paper_grid, table4
+from analysis.targets import SMALL_EXPERIMENTS, entry_ratio_rows, evaluate
 
 BEGIN, END = "<!-- results:begin (python run.py figures writes this block) -->", "<!-- results:end -->"
 README_EXPERIMENTS = (*ATTN_EXPERIMENTS, "compile_time")
@@ -51,16 +51,17 @@ def ours_vs_official(df: pd.DataFrame, mode: str, peer: str = "fa4_official") ->
     other cells: the ratio of separately timed medians, marked '†'; marks of ``cell_flags``."""
     cells: dict[tuple, dict] = {}
     used = []
-    rr = ratio_rows(df)
+    tokens = paper_grid()["total_tokens"]  # the paper grid's shapes only: another shape at one length never pools
+    rr = entry_ratio_rows(df, mode, peer, tokens=tokens)
     if not rr.empty:
-        rr = rr[(rr["backend"] == peer) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)]
         for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
             cells.setdefault(_key(h, hv, c), {})[int(s)] = f"{g['value'].median():.2f}{cell_flags(g)}"
             used.append(g)
     t = attn_times(df)
     if not t.empty:
         t = t[(t["mode"] == mode) & ~round_robin_rows(t) & t["variant"].isin(["default", "peer"])
-              & t["backend"].isin(["fa4", peer])]
+              & t["backend"].isin(["fa4", peer])
+              & (pd.to_numeric(t["batch"]) * pd.to_numeric(t["seqlen_q"]) == tokens)]
         for (h, hv, c, s), g in t.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
             med = g.groupby("backend")["value"].median()
             if {"fa4", peer} <= set(med.index) and int(s) not in cells.get(_key(h, hv, c), {}):
@@ -78,7 +79,7 @@ def round_robin_table(df: pd.DataFrame, mode: str, backend: str, variant: str | 
 
 
 def _round_robin(df, mode, backend, variant=None, invert=False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    rr = entry_ratio_rows(df, mode, backend, variant)
+    rr = entry_ratio_rows(df, mode, backend, variant, tokens=paper_grid()["total_tokens"])
     if rr.empty:
         return pd.DataFrame(), rr
     cells: dict[tuple, dict] = {}
@@ -197,8 +198,9 @@ def _section(parts: list, caption: str, tab: pd.DataFrame, rows: pd.DataFrame, m
         parts += [f"({line})", ""]
 
 
-def results_block(df: pd.DataFrame) -> str:
-    """The Markdown between the README's markers, from the rows of the peer experiments and compile_time."""
+def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
+    """The Markdown between the README's markers, from the rows of the peer experiments and compile_time (``small``:
+    the rows of the small-problem sets, read by the issue-targets table only)."""
     parts, marks = [BEGIN, ""], []
     for mode, name in (("fwd", "Forward"), ("bwd", "Backward")):
         t, rows = ours_vs_official(df, mode)
@@ -219,7 +221,8 @@ def results_block(df: pd.DataFrame) -> str:
     _section(parts, "Ablations, speedup of each switch (round-robin against our full config in one job, median over "
                     "rounds; > 1: faster with the switch; noise: the same spread of kernels identical to the full "
                     "config, timed in the same rounds):", t, rows, marks)
-    tt = evaluate(df) if df is not None and not df.empty else pd.DataFrame()
+    sets = [x for x in (df, small) if x is not None and not x.empty]
+    tt = evaluate(pd.concat(sets)) if sets else pd.DataFrame()
     if not tt.empty:
         parts += ["Issue targets, cell by cell (analysis/targets.py, `python -m analysis.targets`: the open issues' speed "
                   "targets against the round-robin cells above, seqlen 4k-32k unless named; strict, no rounding up; "
@@ -247,7 +250,8 @@ def results_block(df: pd.DataFrame) -> str:
 
 def current_block(root: Path | None = None) -> str:
     """The block for the committed sets under ``root`` (default: $FA4LAB_RESULTS or results/), committed sets only."""
-    return results_block(load_experiments(*README_EXPERIMENTS, root=root, scratch=False))
+    return results_block(load_experiments(*README_EXPERIMENTS, root=root, scratch=False),
+                         load_experiments(*SMALL_EXPERIMENTS, root=root, scratch=False))
 
 
 def update_readme(block: str, path: Path | None = None) -> bool:

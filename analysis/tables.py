@@ -84,7 +84,7 @@ def table4(df: pd.DataFrame, outdir) -> tuple[pd.DataFrame | None, str]:
 
 
 PAPER_GRID = dict(hdims=[64, 128, 256, [192, 128]], seqlens=[1024, 2048, 4096, 8192, 16384, 32768],
-                  causal=[False, True])  # conf/shape/paper.yaml's grid when that file cannot be read
+                  causal=[False, True], total_tokens=32768)  # conf/shape/paper.yaml's grid when that file cannot be read
 
 
 def paper_grid(path: Path | None = None) -> dict:

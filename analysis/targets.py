@@ -4,7 +4,9 @@ Each target is a speed ratio with a threshold over cells of the paper grid (``an
 against a peer timed in the same rounds (median over rounds of t_peer / t_ours), or one of our backward variants
 against our default (1 / median of t_variant / t_default; hd256's two_cta target reads the one-CTA entry the other
 way round, as two_cta is the default there). Only round-robin ratio rows count (the README tables' cells marked '†'
-do not); a grid cell without them is "untimed", and a target with an untimed cell is not called met.
+do not); a grid cell without them is "untimed", and a target with an untimed cell is not called met. A target's
+cells are those of one total token count (batch x seqlen): the paper grid's 32k, or issue 9 / 11's small problems at
+8k tokens (``conf/shape/small.yaml``), so rows of other shapes at the same sequence length never pool into a cell.
 
 ``python -m analysis.targets`` prints the table; ``python run.py figures`` writes it into the README's results
 block (analysis/readme.py).
@@ -19,6 +21,7 @@ from analysis.select import ratio_rows
 from analysis.tables import paper_grid
 
 ALL_HDIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
+SMALL_EXPERIMENTS = ("fwd_small", "bwd_small")  # the 8k-token small problems: sets of their own (conf/experiment/)
 LONG = (4096, 32768)  # the issues' "paper grid, seqlen 4k-32k"
 
 
@@ -35,6 +38,7 @@ class Target:
     seqlens: tuple = LONG
     variant: bool = False
     default_is_entry: bool = False  # the variant is the default's opposite (one_cta where two_cta is the default)
+    tokens: int | None = None  # total tokens (batch x seqlen) of the cells; None: the paper grid's
 
 
 TARGETS = (
@@ -53,6 +57,11 @@ TARGETS = (
            (8192, 32768), variant=True),
     Target(9, "bwd two_cta / one CTA >= 1.3 at hd256", "bwd", "one_cta", 1.3, ((256, 256),), variant=True,
            default_is_entry=True),
+    # the small problems at 8k total tokens (conf/shape/small.yaml: hd 64 / 128)
+    Target(11, "fwd ours / cuDNN >= 0.9 at 1k-2k, 8k tokens", "fwd", "sdpa_cudnn", 0.9, ALL_HDIMS[:2],
+           (1024, 2048), tokens=8192),
+    Target(9, "bwd ours / official FA4 >= 1.0 at 1k-2k, 8k tokens", "bwd", "fa4_official", 1.0, ALL_HDIMS[:2],
+           (1024, 2048), tokens=8192),
 )
 
 
@@ -64,14 +73,18 @@ def _cell(h: int, hv: int, c: bool, s: int) -> str:
     return f"{h if h == hv else f'{h}/{hv}'} {'c' if c else 'nc'} {_seq(s)}"
 
 
-def entry_ratio_rows(df: pd.DataFrame, mode: str, backend: str, variant: str | None = None) -> pd.DataFrame:
+def entry_ratio_rows(df: pd.DataFrame, mode: str, backend: str, variant: str | None = None,
+                     tokens: int | None = None) -> pd.DataFrame:
     """The round-robin ratio rows (t_entry / t_our_default per round; latest job per entry) of a peer ``backend``,
     or of our ``variant`` (backend "fa4") without the cells where it compiled the default's kernel (they say
-    nothing about the variant). The README's tables read the same rows."""
+    nothing about the variant); ``tokens``: only shapes of that many total tokens (batch x seqlen_q). The README's
+    tables read the same rows (the paper grid's tokens)."""
     rr = ratio_rows(df)
     if rr.empty:
         return rr
     rr = rr[(rr["backend"] == backend) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)]
+    if tokens is not None and "batch" in rr:
+        rr = rr[pd.to_numeric(rr["batch"]) * pd.to_numeric(rr["seqlen_q"]) == int(tokens)]
     if variant is not None:
         from analysis.ablation_figs import kernel_ids
 
@@ -82,7 +95,8 @@ def entry_ratio_rows(df: pd.DataFrame, mode: str, backend: str, variant: str | N
 
 def cell_values(df: pd.DataFrame, t: Target) -> dict[tuple, float]:
     """{(hdim, hdim_v, causal, seqlen): the target's ratio} for every cell with round-robin rows."""
-    rr = entry_ratio_rows(df, t.mode, "fa4" if t.variant else t.entry, t.entry if t.variant else None)
+    tokens = t.tokens or paper_grid()["total_tokens"]
+    rr = entry_ratio_rows(df, t.mode, "fa4" if t.variant else t.entry, t.entry if t.variant else None, tokens)
     out = {}
     if rr is None or rr.empty:
         return out
@@ -96,8 +110,10 @@ def grid_cells(t: Target, grid: dict | None = None) -> list[tuple]:
     """The paper-grid cells a target covers."""
     grid = grid or paper_grid()
     lo, hi = t.seqlens
-    return [(h, hv, bool(c), int(s)) for h, hv in t.hdims for c in grid["causal"] for s in grid["seqlens"]
-            if lo <= int(s) <= hi]
+    seqs = [int(s) for s in grid["seqlens"]]
+    if t.tokens is not None:  # off the paper grid: every power-of-two length in the target's range
+        seqs = [s for s in (1 << i for i in range(8, 16)) if s <= t.tokens]
+    return [(h, hv, bool(c), s) for h, hv in t.hdims for c in grid["causal"] for s in seqs if lo <= s <= hi]
 
 
 def evaluate(df: pd.DataFrame, targets=TARGETS, grid: dict | None = None) -> pd.DataFrame:
@@ -125,7 +141,7 @@ def main(argv=None) -> int:
     from analysis.select import ATTN_EXPERIMENTS, load_experiments
     from analysis.tables import markdown_table
 
-    tab = evaluate(load_experiments(*ATTN_EXPERIMENTS, scratch=False))
+    tab = evaluate(load_experiments(*ATTN_EXPERIMENTS, *SMALL_EXPERIMENTS, scratch=False))
     print(markdown_table(tab))
     return 0
 

@@ -6,11 +6,11 @@ from analysis.targets import Target, evaluate
 GRID = dict(hdims=[128, 256], seqlens=[1024, 4096, 8192], causal=[False, True])
 
 
-def _rows(entries):
-    """entries: (backend, variant, mode, hdim, causal, seqlen, t_entry / t_default)."""
+def _rows(entries, tokens=32768):
+    """entries: (backend, variant, mode, hdim, causal, seqlen, t_entry / t_default); batch = tokens / seqlen."""
     return pd.DataFrame([dict(metric="time_ratio", status="ok", backend=b, variant=v, baseline="fa4", mode=m, hdim=h,
-                              hdim_v=h, causal=c, seqlen_q=s, value=x, n=12, throttled_share=0.5, git_sha="abc",
-                              compiled_hash=f"{b}{v}", baseline_compiled_hash="default")
+                              hdim_v=h, causal=c, seqlen_q=s, batch=tokens // s, value=x, n=12, throttled_share=0.5,
+                              git_sha="abc", compiled_hash=f"{b}{v}", baseline_compiled_hash="default")
                          for b, v, m, h, c, s, x in entries])
 
 
@@ -55,3 +55,15 @@ def test_variant_cells_compiling_the_default_kernel_are_not_evidence():
     rows = _rows([("fa4", "two_cta", "bwd", 128, c, 8192, 0.9) for c in (False, True)])
     rows["compiled_hash"] = rows["baseline_compiled_hash"]  # the variant ran the default's own kernel
     assert _one(rows, t)["status"] == "untimed cells"
+
+
+def test_cells_of_another_token_count_never_pool():
+    """The paper grid (32k tokens) and the 8k-token small problems share sequence lengths, not cells."""
+    paper = Target(11, "paper 1k", "fwd", "sdpa_cudnn", 0.9, ((128, 128),), (1024, 1024))
+    small = Target(11, "small 1k", "fwd", "sdpa_cudnn", 0.9, ((128, 128),), (1024, 1024), tokens=8192)
+    cells = [("sdpa_cudnn", "peer", "fwd", 128, c, 1024) for c in (False, True)]
+    rows = pd.concat([_rows([e + (1.2,) for e in cells]), _rows([e + (0.8,) for e in cells], tokens=8192)])
+    assert _one(rows, paper)["worst"].startswith("1.200") and _one(rows, paper)["status"] == "met"
+    r = _one(rows, small)
+    assert r["status"] == "missed" and r["cells met"] == "0 of 2"
+    assert _one(rows[rows["batch"] == 32], small)["status"] == "untimed cells"
