@@ -15,7 +15,7 @@ import pandas as pd
 
 from analysis.select import (ATTN_EXPERIMENTS, REPO, attn_times, cell_flags, flag_legend, load_experiments,
                              ratio_rows, round_robin_rows)
-from analysis.tables import coverage, coverage_summary, markdown_table, paper_grid, table4
+from analysis.tables import coverage, coverage_summary, markdown_table, table4
 from analysis.targets import SMALL_EXPERIMENTS, entry_ratio_rows, evaluate
 
 BEGIN, END = "<!-- results:begin (python run.py figures writes this block) -->", "<!-- results:end -->"
@@ -51,8 +51,7 @@ def ours_vs_official(df: pd.DataFrame, mode: str, peer: str = "fa4_official") ->
     other cells: the ratio of separately timed medians, marked '†'; marks of ``cell_flags``."""
     cells: dict[tuple, dict] = {}
     used = []
-    tokens = paper_grid()["total_tokens"]  # the paper grid's shapes only: another shape at one length never pools
-    rr = entry_ratio_rows(df, mode, peer, tokens=tokens)
+    rr = entry_ratio_rows(df, mode, peer)
     if not rr.empty:
         for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
             cells.setdefault(_key(h, hv, c), {})[int(s)] = f"{g['value'].median():.2f}{cell_flags(g)}"
@@ -60,8 +59,7 @@ def ours_vs_official(df: pd.DataFrame, mode: str, peer: str = "fa4_official") ->
     t = attn_times(df)
     if not t.empty:
         t = t[(t["mode"] == mode) & ~round_robin_rows(t) & t["variant"].isin(["default", "peer"])
-              & t["backend"].isin(["fa4", peer])
-              & (pd.to_numeric(t["batch"]) * pd.to_numeric(t["seqlen_q"]) == tokens)]
+              & t["backend"].isin(["fa4", peer])]
         for (h, hv, c, s), g in t.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
             med = g.groupby("backend")["value"].median()
             if {"fa4", peer} <= set(med.index) and int(s) not in cells.get(_key(h, hv, c), {}):
@@ -79,7 +77,7 @@ def round_robin_table(df: pd.DataFrame, mode: str, backend: str, variant: str | 
 
 
 def _round_robin(df, mode, backend, variant=None, invert=False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    rr = entry_ratio_rows(df, mode, backend, variant, tokens=paper_grid()["total_tokens"])
+    rr = entry_ratio_rows(df, mode, backend, variant)
     if rr.empty:
         return pd.DataFrame(), rr
     cells: dict[tuple, dict] = {}

@@ -78,7 +78,7 @@ def entry_ratio_rows(df: pd.DataFrame, mode: str, backend: str, variant: str | N
     """The round-robin ratio rows (t_entry / t_our_default per round; latest job per entry) of a peer ``backend``,
     or of our ``variant`` (backend "fa4") without the cells where it compiled the default's kernel (they say
     nothing about the variant); ``tokens``: only shapes of that many total tokens (batch x seqlen_q). The README's
-    tables read the same rows (the paper grid's tokens)."""
+    tables read the same rows (every shape of the peers sets; the small problems are sets of their own)."""
     rr = ratio_rows(df)
     if rr.empty:
         return rr
