@@ -67,3 +67,18 @@ def test_cells_of_another_token_count_never_pool():
     r = _one(rows, small)
     assert r["status"] == "missed" and r["cells met"] == "0 of 2"
     assert _one(rows[rows["batch"] == 32], small)["status"] == "untimed cells"
+
+
+def test_a_miss_inside_the_a_a_band_is_called_noise():
+    """A cell below the threshold but inside its A/A pair's p20-p80 band (an entry of ours that compiled the default's
+    kernel, timed in the same rounds) is "missed, in the noise"; one below the band stays "missed"."""
+    t = Target(9, "bwd vs official >= 1.0", "bwd", "fa4_official", 1.0, ((128, 128),), (8192, 8192))
+    peer = [("fa4_official", "peer", "bwd", 128, c, 8192, 0.99) for c in (False, True)]
+    aa = _rows([("fa4", "one_cta", "bwd", 128, c, 8192, 1.0) for c in (False, True)])
+    aa["compiled_hash"] = aa["baseline_compiled_hash"]  # the A/A entry: the default's own kernel
+    aa["p20"], aa["p80"] = 0.97, 1.03  # t ratios: speed band 0.971-1.031
+    r = _one(pd.concat([_rows(peer), aa]), t)
+    assert r["status"] == "missed, in the noise" and "[A/A 0.971-1.031]" in r["below"]
+    aa["p20"], aa["p80"] = 0.995, 1.005  # a tight band: 0.99 lies below it
+    assert _one(pd.concat([_rows(peer), aa]), t)["status"] == "missed"
+    assert _one(_rows(peer), t)["status"] == "missed"  # no A/A rows: no claim of noise
