@@ -73,6 +73,13 @@ def _cell(h: int, hv: int, c: bool, s: int) -> str:
     return f"{h if h == hv else f'{h}/{hv}'} {'c' if c else 'nc'} {_seq(s)}"
 
 
+def _of_tokens(rr: pd.DataFrame, tokens: int | None) -> pd.DataFrame:
+    """``rr``'s rows of shapes with ``tokens`` total tokens (batch x seqlen_q); all of them for None."""
+    if tokens is None or "batch" not in rr:
+        return rr
+    return rr[pd.to_numeric(rr["batch"]) * pd.to_numeric(rr["seqlen_q"]) == int(tokens)]
+
+
 def entry_ratio_rows(df: pd.DataFrame, mode: str, backend: str, variant: str | None = None,
                      tokens: int | None = None) -> pd.DataFrame:
     """The round-robin ratio rows (t_entry / t_our_default per round; latest job per entry) of a peer ``backend``,
@@ -82,9 +89,7 @@ def entry_ratio_rows(df: pd.DataFrame, mode: str, backend: str, variant: str | N
     rr = ratio_rows(df)
     if rr.empty:
         return rr
-    rr = rr[(rr["backend"] == backend) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)]
-    if tokens is not None and "batch" in rr:
-        rr = rr[pd.to_numeric(rr["batch"]) * pd.to_numeric(rr["seqlen_q"]) == int(tokens)]
+    rr = _of_tokens(rr[(rr["backend"] == backend) & (rr["baseline"] == "fa4") & (rr["mode"] == mode)], tokens)
     if variant is not None:
         from analysis.ablation_figs import kernel_ids
 
@@ -108,18 +113,16 @@ def same_kernel_rows(df: pd.DataFrame, mode: str) -> pd.DataFrame:
 
 def noise_bands(df: pd.DataFrame, mode: str, tokens: int | None = None) -> dict[tuple, tuple[float, float]]:
     """{(hdim, hdim_v, causal, seqlen): (low, high)}: the A/A pair's p20-p80 speed ratio per cell (same_kernel_rows)."""
-    rr = same_kernel_rows(df, mode)
+    rr = _of_tokens(same_kernel_rows(df, mode), tokens)
     if rr.empty:
         return {}
-    if tokens is not None and "batch" in rr:
-        rr = rr[pd.to_numeric(rr["batch"]) * pd.to_numeric(rr["seqlen_q"]) == int(tokens)]
     return {(int(h), int(hv), bool(c), int(s)): (1 / pd.to_numeric(g["p80"]).max(), 1 / pd.to_numeric(g["p20"]).min())
             for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"])}
 
 
-def cell_values(df: pd.DataFrame, t: Target) -> dict[tuple, float]:
+def cell_values(df: pd.DataFrame, t: Target, grid: dict | None = None) -> dict[tuple, float]:
     """{(hdim, hdim_v, causal, seqlen): the target's ratio} for every cell with round-robin rows."""
-    tokens = t.tokens or paper_grid()["total_tokens"]
+    tokens = t.tokens or (grid or paper_grid())["total_tokens"]
     rr = entry_ratio_rows(df, t.mode, "fa4" if t.variant else t.entry, t.entry if t.variant else None, tokens)
     out = {}
     if rr is None or rr.empty:
@@ -131,7 +134,8 @@ def cell_values(df: pd.DataFrame, t: Target) -> dict[tuple, float]:
 
 
 def grid_cells(t: Target, grid: dict | None = None) -> list[tuple]:
-    """The paper-grid cells a target covers."""
+    """The cells a target covers: the paper grid's lengths in its range, or for a target of another token count
+    every power-of-two length in its range."""
     grid = grid or paper_grid()
     lo, hi = t.seqlens
     seqs = [int(s) for s in grid["seqlens"]]
@@ -144,10 +148,11 @@ def evaluate(df: pd.DataFrame, targets=TARGETS, grid: dict | None = None) -> pd.
     """One row per target: cells met of those timed, the untimed grid cells, the worst cell, the cells below the
     threshold (with the A/A pair's p20-p80 band where the cell has one) and the status: met / missed / "missed, in
     the noise" (every cell below lies inside its A/A band) / untimed cells."""
+    grid = grid or paper_grid()
     rows = []
     for t in targets:
-        vals = cell_values(df, t)
-        bands = noise_bands(df, t.mode, t.tokens or paper_grid()["total_tokens"])
+        vals = cell_values(df, t, grid)
+        bands = noise_bands(df, t.mode, t.tokens or grid["total_tokens"])
         cells = grid_cells(t, grid)
         timed = {k: vals[k] for k in cells if k in vals}
         below = sorted((v, k) for k, v in timed.items() if v < t.threshold)  # strict: no rounding up

@@ -3,7 +3,7 @@ import pandas as pd
 
 from analysis.targets import Target, evaluate
 
-GRID = dict(hdims=[128, 256], seqlens=[1024, 4096, 8192], causal=[False, True])
+GRID = dict(hdims=[128, 256], seqlens=[1024, 4096, 8192], causal=[False, True], total_tokens=32768)
 
 
 def _rows(entries, tokens=32768):
