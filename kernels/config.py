@@ -151,14 +151,15 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None,), "bwd_persistent": (None,), "bwd_dq_chunk_release": (None,),
                                 "bwd_diag_align": (None,),
-                                "bwd_det_two_writers": (None,), "bwd_two_cta_cta_release": (None, True),
+                                "bwd_det_two_writers": (None,), "bwd_det_diag_align": (None,),
+                                "bwd_two_cta_cta_release": (None, True),
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False), "persistent_snake": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align",
-                  "pv_wait_mid", "bwd_det_two_writers", "early_v_release", "bwd_two_cta_cta_release",
+                  "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
@@ -234,6 +235,15 @@ class AttnConfig:
     # 0.946 vs 0.916 / 0.937 / 0.936; hd64 non-causal 0.881 / 0.877 / 0.893 vs 0.919 / 0.923 / 0.941 (off there).
     # Left out of to_dict() while None.
     bwd_det_two_writers: bool | None = None
+    # sm90 backward, deterministic, causal "spt" turns, hd128 80-row Q tiles (FlashBwdSm90), one CTA, no window / softcap /
+    # varlen; elsewhere no effect: bwd_diag_align's walks (80-row Q tiles from each K/V tile's diagonal row, chunk-major
+    # dQaccum) in the deterministic kernel, with one dQ semaphore per 8 Q rows instead of per Q tile (tiles of
+    # different CTAs overlap): a tile's writer waits for its turn on each of its 10 row groups and releases all 10
+    # (kernels/sm90/bwd_dq_writer.py det_diag_turn). None = DEFAULTS' (absent: off; filled only into deterministic
+    # configs). Left out of to_dict() while None. H200 2026-12-04, 32k tokens, 12 rounds (session_ab/bwd128c_det_diag
+    # .jsonl), det / default at 1k / 2k / 4k / 8k / 16k: 0.955 / 0.951 / 0.938 / 0.927 / 0.922 against the grid walk's
+    # 0.980 / 0.955 / 0.926 / 0.923 / 0.926: off.
+    bwd_det_diag_align: bool | None = None
     # sm90 backward, two_cta, hd 64 / 128 (FlashBwdSm90); elsewhere no effect. bwd_two_cta_cta_release: each CTA hands
     # the peer's dS buffer back with a CTA-scope remote arrive instead of a cluster-scope release, which compiled to a
     # MEMBAR.ALL.GPU in all 256 MMA threads per Q tile. bwd_two_cta_dv_first (hd128 only): the dV wgmma issued before
@@ -448,6 +458,8 @@ class AttnConfig:
                 updates[name] = v
         if self.deterministic and self.bwd_det_two_writers is None and d.get("bwd_det_two_writers", (0, 0))[int(causal)]:
             updates["bwd_det_two_writers"] = True  # only deterministic kernels have it: other configs keep their hash
+        if self.deterministic and self.bwd_det_diag_align is None and d.get("bwd_det_diag_align", (0, 0))[int(causal)]:
+            updates["bwd_det_diag_align"] = True  # likewise
         entry = TUNED.get((arch, int(hdim), bool(causal)), {}) if tuned else {}  # conf/tuned/<arch>.yaml (run.py tune)
         updates.update({k: v for k, v in entry.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only
@@ -549,7 +561,7 @@ TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "prod
 # fields that only one direction's kernels read (kernels/tiles.py compiled_config drops the other direction's)
 BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads", "bwd_rotate_q", "bwd_pdl",
                    "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align", "bwd_det_two_writers",
-                   "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
+                   "bwd_det_diag_align", "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake")

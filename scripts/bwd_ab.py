@@ -1,7 +1,7 @@
 """Backward A/B on one GPU, one process, round-robin with an L2 flush: our variants vs official FA4 and cuDNN.
 
 ``python scripts/bwd_ab.py [--out rows.jsonl] [--hdims 64 128] [--seqlens 8192] [--repeats 20] [--base DIR]``: per
-(hdim, causal, seqlen) at 16k total tokens and hidden 2048, times each backend's backward (dq, dk, dv from out, dout,
+(hdim, causal, seqlen) at 16k total tokens (``--tokens``) and hidden 2048, times each backend's backward (dq, dk, dv from out, dout,
 lse), prints TFLOP/s and per-round speed ratios against `ours`, and the host wall time of forward+backward on a tiny
 problem. ``--base DIR``: also `ours_base`, the default backward of the kernels/ tree in DIR (e.g. ``git archive`` of an
 older commit), imported as a separate package so both run in this process.
@@ -74,6 +74,8 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
             fns["ours_lpt4"] = ours(bwd_lpt_heads=4)
             if q.shape[-1] == 128:  # 80-row Q tiles walked from each K/V tile's diagonal row (AttnConfig.bwd_diag_align)
                 fns["ours_diag"] = ours(bwd_diag_align=True)
+                # the same walk in the deterministic kernel, 8-row dQ semaphores (AttnConfig.bwd_det_diag_align)
+                fns["ours_det_diag"] = ours(deterministic=True, bwd_det_diag_align=True)
                 fns["ours_diag_pdl"] = ours(bwd_diag_align=True, bwd_pdl=True)
         elif q.shape[-1] == 128:  # rotated Q-tile walks (hd64's default)
             fns["ours_rotq"] = ours(bwd_rotate_q=True)
@@ -266,6 +268,7 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[8192])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=16384, help="total tokens per shape (batch = tokens / seqlen)")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--host", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="also print each backend's device time per kernel "
@@ -287,7 +290,7 @@ def main():
     for s in a.seqlens:
         for hdim in a.hdims:
             for causal in map(bool, a.causal):
-                heads, batch = 2048 // hdim, max(1, 16384 // s)
+                heads, batch = 2048 // hdim, max(1, a.tokens // s)
                 hdim_v = a.hdim_v or (128 if hdim == 192 else hdim)
                 g = torch.Generator(device="cuda").manual_seed(0)
                 q, k = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -314,6 +317,7 @@ def main():
                     med = statistics.median(t)
                     ratios = sorted(b / x for b, x in zip(t_ours, t))  # speed of `name` relative to ours, per round
                     row = dict(backend=name, hdim=hdim, hdim_v=hdim_v, seqlen=s, batch=batch, heads=heads, causal=causal,
+                               tokens=batch * s,
                                ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=statistics.median(ratios),
                                p20=ratios[len(ratios) // 5], p80=ratios[(4 * len(ratios)) // 5], n=len(t),
                                gpu=torch.cuda.get_device_name(), hold_us=a.hold_us, **gpu)

@@ -203,7 +203,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["ds_cta_release"] = True  # (the default since 2026-12-02; False = the cluster-scope release; no-op off two_cta)
     if cls is FlashBwdSm90 and cfg.bwd_two_cta_dv_first:  # two_cta hd128: dV before the dS exchange (opt-in)
         kw["two_cta_dv_first"] = True
-    if cls is FlashBwdSm90 and cfg.bwd_diag_align:  # causal 80-row tiles from the diagonal (opt-in; _set_diag_align)
+    # causal 80-row tiles from the diagonal (_set_diag_align): deterministic kernels by their own switch
+    if cls is FlashBwdSm90 and (cfg.bwd_det_diag_align if cfg.deterministic else cfg.bwd_diag_align):
         kw["diag_align"] = True
     if cls in (FlashBwdSm90, FlashBwd192Sm90) and cfg.bwd_det_two_writers:  # deterministic: two dQ writer warps
         kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128)
@@ -288,7 +289,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # q_pad_rows: Q rows padded beyond a multiple of tile_m (diag_align: one more tile, r0 + 80 k <= seqlen_q + 79)
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
                 tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0,
-                persistent=main.persistent)
+                persistent=main.persistent, sem_rows=getattr(main, "sem_rows", main.tile_m))
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
@@ -574,7 +575,8 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
                                               features=_features(window_left, window_right, softcap)))
     tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m + kern.get("q_pad_rows", 0)
-    n_m = sqp // tile_m * (2 if cfg.two_cta is True else 1)  # one dQ semaphore per (Q tile, CTA of the cluster)
+    # one dQ semaphore per (Q tile, CTA of the cluster); deterministic diag_align: per sem_rows (8) Q rows
+    n_m = sqp // kern.get("sem_rows", tile_m) * (2 if cfg.two_cta is True else 1)
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dpsum = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dqacc = torch.empty(b, h, sqp, d, device=dev, dtype=torch.float32)

@@ -468,7 +468,7 @@ class FlashBwdSm90(BwdDqWriter):
         # so the tensor cores run dV (a quarter of a tile's wgmma work) under them instead of idling. hd 64 (128-row Q
         # tiles) is left out: ptxas serialised every wgmma there (ds_send's docstring).
         self.two_cta_dv_first = bool(two_cta_dv_first) and self.two_cta and hdim == 128
-        assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2) and not self.diag_align)
+        assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2))
         self._set_persistent(persistent)
 
     def _set_diag_align(self, diag_align: bool) -> None:
@@ -484,11 +484,16 @@ class FlashBwdSm90(BwdDqWriter):
         columns) -- chunk w of a tile at row r is the 20 KB at (w * rows + r) * 64 floats, 8-row groups of 512 floats
         in the fragment order of the dQ^T accumulator (the same in every tile), which the postprocess reads back
         (bwd_post.py ``chunk_major``); backward.py pads the Q rows by one more tile (r0 + 80 k <= seqlen_q + 79).
-        Only causal, non-deterministic (the semaphores are per Q tile), one CTA, non-varlen, no window or softcap,
-        dQ^T (80-row) tiles with tile_n not a multiple of tile_m; elsewhere the value is ignored."""
-        self.diag_align = (bool(diag_align) and self.causal and not self.deterministic and not self.two_cta
+        Only causal, one CTA, non-varlen, no window or softcap, dQ^T (80-row) tiles with tile_n not a multiple of
+        tile_m; deterministic only with the "spt" turns (AttnConfig.bwd_det_diag_align): tiles of different CTAs
+        overlap, so the dQ semaphores are per ``sem_rows`` = 8 Q rows (bwd_dq_writer.py det_diag_turn) instead of per
+        Q tile. Elsewhere the value is ignored."""
+        self.diag_align = (bool(diag_align) and self.causal and not self.two_cta
+                           and (not self.deterministic or (self.spt and not self.det_lpt))
                            and not self.varlen and not self.has_window and self.softcap == 0.0 and self.dq_transposed
                            and self.tile_n % self.tile_m != 0 and not self.m_rotate and type(self) is FlashBwdSm90)
+        # Q rows per dQ semaphore: one per Q tile, or per 8-row group where tiles overlap (deterministic diag_align)
+        self.sem_rows = 8 if self.diag_align and self.deterministic else self.tile_m
 
     def _set_persistent(self, persistent: bool) -> None:
         """``persistent`` (AttnConfig.bwd_persistent; opt-in): launched through ``call_persistent`` with grid

@@ -86,6 +86,17 @@ def rotate_turn(n, r, n_tiles, m_tiles):
     return rotate_turn_at(r, a, n_tiles, m_tiles, *rotate_turn_base(n, a, n_tiles, m_tiles))
 
 
+def det_diag_turn(n, group, tile_n, causal_off, n_tiles):
+    """Deterministic diag_align (causal "spt" turns per 8-row group): K/V tile n's turn on the dQ rows
+    [8 group, 8 group + 8). Tile n walks from row q_base(n) = floor8(max(0, n tile_n - causal_off)), so the tiles
+    that add into the group are those with q_base(n') <= 8 group, i.e. n' < C = ceil((8 group + 8 + causal_off) /
+    tile_n) (at most n_tiles); they take their turns from the diagonal-most (least work, launched first) down:
+    turn = C - 1 - n. Python ints (tests/test_bwd_det_diag_align.py) or Int32 (only where 8 group + 8 + causal_off
+    > n tile_n >= 0: the groups tile n visits)."""
+    count = _imin((group * 8 + 8 + causal_off + tile_n - 1) // tile_n, n_tiles)
+    return count - 1 - n
+
+
 def _imin(x, y):
     """min of two integers: Python's on ints, cutlass.min on the kernel's Int32 values."""
     if isinstance(x, int) and isinstance(y, int):
@@ -141,9 +152,7 @@ class BwdDqWriter:
                     cute.arch.sync_warp()
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
-                    if lane == 0:
-                        wait_for_turn(sem_ptr, turn)
-                    cute.arch.sync_warp()
+                    self.det_wait(sem_ptr, turn, work, m_block)
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                     if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
@@ -156,8 +165,7 @@ class BwdDqWriter:
                 if lane == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     cute.arch.fence_acq_rel_gpu()
-                    # the fence above and this relaxed add make a release (one MEMBAR.GPU; red.release would add a second)
-                    cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+                    self.det_release(sem_ptr, work, m_block)
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -204,9 +212,7 @@ class BwdDqWriter:
         for m_iter in cutlass.range(m_block_min + half, m_block_max, 2, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
-            if lane == 0:
-                wait_for_turn(sem_ptr, turn)
-            cute.arch.sync_warp()
+            self.det_wait(sem_ptr, turn, work, m_block)
             if m_iter > m_block_min:  # the other writer has passed the previous step's dQFull
                 if half == 0:
                     cute.arch.barrier(barrier_id=_BAR_DQ_TOKEN + 1, number_of_threads=64)
@@ -233,9 +239,41 @@ class BwdDqWriter:
             if lane == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 cute.arch.fence_acq_rel_gpu()
-                # the fence above and this relaxed add make a release (one MEMBAR.GPU; red.release would add a second)
-                cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+                self.det_release(sem_ptr, work, m_block)
             cute.arch.sync_warp()
+
+    @cute.jit
+    def det_wait(self, sem_ptr, turn: Int32, work, m_block: Int32) -> None:
+        """Spin until it is this CTA's turn on Q tile ``m_block``'s dQ (then the whole warp goes on): lane 0 on the
+        tile's semaphore; deterministic diag_align, lane i < tile_m / 8 on the semaphore of the tile's 8-row group i
+        (``turn``: that lane's, det_turn), the groups at or past seqlen_q skipped (their rows are padding: no turns)."""
+        lane = cute.arch.lane_idx()
+        if const_expr(self.det_diag):
+            if lane < self.tile_m // 8:
+                if work.q_base + m_block * self.tile_m + lane * 8 < work.seqlen_q:
+                    wait_for_turn(sem_ptr + lane, turn)
+        else:
+            if lane == 0:
+                wait_for_turn(sem_ptr, turn)
+        cute.arch.sync_warp()
+
+    @cute.jit
+    def det_release(self, sem_ptr, work, m_block: Int32) -> None:
+        """The next turn on Q tile ``m_block``'s dQ (one thread, after its reductions completed and a GPU-scope fence:
+        the fence and these relaxed adds make a release, one MEMBAR.GPU; red.release would add one per add): its
+        semaphore, or with det_diag each of its 8-row groups' before seqlen_q."""
+        if const_expr(self.det_diag):
+            row0 = work.q_base + m_block * self.tile_m
+            for i in cutlass.range_constexpr(self.tile_m // 8):
+                if row0 + i * 8 < work.seqlen_q:
+                    cute.arch.red(sem_ptr + i, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+        else:
+            cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+
+    @property
+    def det_diag(self) -> bool:
+        """Deterministic with diag_align: one dQ semaphore per 8 Q rows (FlashBwdSm90._set_diag_align)."""
+        return bool(getattr(self, "diag_align", False)) and self.deterministic
 
     def dq_accum_rows(self, mdQaccum, work):
         """This CTA's (head, batch) of dQaccum as one contiguous (padded Q rows, d) tensor (chunks back to back);
@@ -254,6 +292,9 @@ class BwdDqWriter:
         elif const_expr(self.two_cta):
             acc_block = m_block * self.cluster + work.rank
             sem_ptr = mSem.iterator + cute.crd2idx((acc_block, work.head, work.batch), mSem.layout)
+        elif const_expr(self.det_diag):  # the tile's first 8-row group (its rows start at a multiple of 8)
+            group = (work.q_base + m_block * self.tile_m) // 8
+            sem_ptr = mSem.iterator + cute.crd2idx((group, work.head, work.batch), mSem.layout)
         else:
             sem_ptr = mSem.iterator + cute.crd2idx((m_block, work.head, work.batch), mSem.layout)
         return acc_block, sem_ptr
@@ -283,6 +324,9 @@ class BwdDqWriter:
         n_block, num_groups, mc, tn = work.n_block, work.num_groups, self.cluster, self.tile_n
         if const_expr(self.det_rotate):  # (two_cta at hd256 too: ``rot`` is the pair's)
             turn = rotate_turn_at(m_block - work.m_block_min, work.m_rot, num_groups, *rot)
+        elif const_expr(self.det_diag):
+            turn = det_diag_turn(n_block, (work.q_base + m_block * self.tile_m) // 8 + cute.arch.lane_idx(), tn,
+                                 causal_off, num_groups)
         elif const_expr(self.two_cta):
             turn = self.dq_turn(n_block // mc, m_block, mc * tn, causal_off, num_groups)
         else:
