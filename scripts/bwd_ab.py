@@ -60,6 +60,7 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_n64_det"] = ours(two_cta=True, bwd_two_cta_n80=False, deterministic=True)
     if q.shape[-1] == 64:
         fns["ours_t128"] = ours(bwd_tile_m=128)
+        fns["ours_t64"] = ours(bwd_tile_m=64)
         fns["ours_t128_det"] = ours(bwd_tile_m=128, deterministic=True)
         # 64-row Q tiles: M = 2N, so the spread rotate starts (docs/wip) put a Q tile's turns 2 steps apart (in time
         # still one 128-row step: the hand-off's slack does not grow, only its granularity)
