@@ -41,6 +41,9 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         if (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):  # the base tree's two dQ writers
             fns["ours_base_det_2w"] = lambda: base.attention_backward(
                 q, k, v, out, do, lse, causal, scale, base_cfg(deterministic=True, bwd_det_two_writers=True))
+        if (q.shape[-1], v.shape[-1]) == (128, 128):  # the base tree's 64-row Q tiles
+            fns["ours_base_t64"] = lambda: base.attention_backward(q, k, v, out, do, lse, causal, scale,
+                                                                   base_cfg(bwd_tile_m=64))
         if (q.shape[-1], v.shape[-1]) == (256, 256):  # the base tree's deterministic 80-row K/V tile pairs
             fns["ours_base_n80_det"] = lambda: base.attention_backward(
                 q, k, v, out, do, lse, causal, scale, base_cfg(two_cta=True, bwd_two_cta_n80=True, deterministic=True))
