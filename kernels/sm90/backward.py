@@ -289,7 +289,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # q_pad_rows: Q rows padded beyond a multiple of tile_m (diag_align: one more tile, r0 + 80 k <= seqlen_q + 79)
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
                 tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0,
-                persistent=main.persistent, sem_rows=getattr(main, "sem_rows", main.tile_m))
+                persistent=main.persistent, sem_rows=main.sem_rows)
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
@@ -576,7 +576,7 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
     tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m + kern.get("q_pad_rows", 0)
     # one dQ semaphore per (Q tile, CTA of the cluster); deterministic diag_align: per sem_rows (8) Q rows
-    n_m = sqp // kern.get("sem_rows", tile_m) * (2 if cfg.two_cta is True else 1)
+    n_m = sqp // kern["sem_rows"] * (2 if cfg.two_cta is True else 1)
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dpsum = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dqacc = torch.empty(b, h, sqp, d, device=dev, dtype=torch.float32)

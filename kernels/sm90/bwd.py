@@ -492,8 +492,6 @@ class FlashBwdSm90(BwdDqWriter):
                            and (not self.deterministic or (self.spt and not self.det_lpt))
                            and not self.varlen and not self.has_window and self.softcap == 0.0 and self.dq_transposed
                            and self.tile_n % self.tile_m != 0 and not self.m_rotate and type(self) is FlashBwdSm90)
-        # Q rows per dQ semaphore: one per Q tile, or per 8-row group where tiles overlap (deterministic diag_align)
-        self.sem_rows = 8 if self.diag_align and self.deterministic else self.tile_m
 
     def _set_persistent(self, persistent: bool) -> None:
         """``persistent`` (AttnConfig.bwd_persistent; opt-in): launched through ``call_persistent`` with grid

@@ -273,7 +273,12 @@ class BwdDqWriter:
     @property
     def det_diag(self) -> bool:
         """Deterministic with diag_align: one dQ semaphore per 8 Q rows (FlashBwdSm90._set_diag_align)."""
-        return bool(getattr(self, "diag_align", False)) and self.deterministic
+        return self.diag_align and self.deterministic
+
+    @property
+    def sem_rows(self) -> int:
+        """Q rows per dQ semaphore: a Q tile's, or 8 where the tiles of different CTAs overlap (det_diag)."""
+        return 8 if self.det_diag else self.tile_m
 
     def dq_accum_rows(self, mdQaccum, work):
         """This CTA's (head, batch) of dQaccum as one contiguous (padded Q rows, d) tensor (chunks back to back);
