@@ -96,7 +96,10 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=80, persistent_max_seqlen=(16384, 1024), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
-                        p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False)),
+                        p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False),
+                        # H200 (session_ab/bwd_pdl_8k_32k.jsonl, archived bwd_pdl_dqrel.jsonl): 1.004-1.014 at 8k
+                        # tokens (1k / 2k), 1.000-1.003 at 16k tokens, 0.999-1.000 at 32k tokens (4k / 16k)
+                        bwd_pdl=(True, True)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -149,7 +152,7 @@ PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
 OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, False), "bwd_lpt_heads": (None,),
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
-                                "bwd_pdl": (None,), "bwd_persistent": (None,), "bwd_dq_chunk_release": (None,),
+                                "bwd_pdl": (None, False), "bwd_persistent": (None,), "bwd_dq_chunk_release": (None,),
                                 "bwd_diag_align": (None,),
                                 "bwd_det_two_writers": (None,), "bwd_det_diag_align": (None,),
                                 "bwd_two_cta_cta_release": (None, True),
@@ -200,7 +203,8 @@ class AttnConfig:
     # sm90 backward (hd 64 / 128 FlashBwdSm90, not varlen; elsewhere no effect): programmatic dependent launch -- the
     # main kernel starts (K / V / Q loads) while the preprocess finishes and waits (griddepcontrol.wait) before it
     # reads LSE / dPsum / dQaccum; the postprocess likewise after the main kernel (kernels/sm90/bwd.py _set_pdl).
-    # None = DEFAULTS' bwd_pdl (absent: off; resolve() fills only True). Opt-in; left out of to_dict() while None.
+    # None = DEFAULTS' bwd_pdl (hd128 both ways since 2026-12-04, absent: off; resolve() fills only True). Left out
+    # of to_dict() while None or False.
     bwd_pdl: bool | None = None
     # sm90 backward (hd 64 / 128 FlashBwdSm90, one CTA, not deterministic, not varlen, no PDL; elsewhere no effect):
     # persistent main kernel -- grid min(SM count, K/V tiles), each CTA walks K/V tiles c, c + grid, ... in the launch

@@ -242,7 +242,9 @@ def test_bwd_pdl_field():
     assert AttnConfig(bwd_pdl=True).config_hash() != AttnConfig().config_hash()
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
-            assert AttnConfig().resolve("sm90", hd, causal).bwd_pdl is None
+            # on by default at hd128 (DEFAULTS' pair), filled only there
+            assert AttnConfig().resolve("sm90", hd, causal).bwd_pdl is (True if hd == 128 else None)
+            assert AttnConfig(bwd_pdl=False).resolve("sm90", hd, causal).bwd_pdl is False
     assert "bwd_pdl" not in compiled_config(AttnConfig(bwd_pdl=True), "sm90", 128, False, "fwd")
     assert compiled_config(AttnConfig(bwd_pdl=True), "sm90", 128, False, "bwd")["bwd_pdl"] is True
     for bad in (1, 0, "yes"):
@@ -252,7 +254,9 @@ def test_bwd_pdl_field():
     main = lambda cfg, hd, hv=None, **kw: _main_kernel(dt, cfg.resolve("sm90", hd, False), hd, hv or hd, False, **kw)
     assert main(AttnConfig(bwd_pdl=True, two_cta=False), 128).pdl
     assert main(AttnConfig(bwd_pdl=True, two_cta=True), 64).pdl
-    assert not main(AttnConfig(two_cta=False), 128).pdl
+    assert main(AttnConfig(two_cta=False), 128).pdl  # the hd128 default
+    assert not main(AttnConfig(bwd_pdl=False, two_cta=False), 128).pdl
+    assert not main(AttnConfig(two_cta=False), 64).pdl
     assert not main(AttnConfig(bwd_pdl=False, two_cta=False), 64).pdl
     assert not main(AttnConfig(bwd_pdl=True, two_cta=False), 128, varlen=True).pdl
     assert not main(AttnConfig(bwd_pdl=True, two_cta=False), 256).pdl  # FlashBwdWideSm90
