@@ -81,6 +81,8 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
                 # the same walk in the deterministic kernel, 8-row dQ semaphores (AttnConfig.bwd_det_diag_align)
                 fns["ours_det_diag"] = ours(deterministic=True, bwd_det_diag_align=True)
                 fns["ours_diag_pdl"] = ours(bwd_diag_align=True, bwd_pdl=True)
+                # each walk's last Q tile over its 16-row blocks below seqlen_q only (AttnConfig.bwd_q_tail)
+                fns["ours_qtail"] = ours(bwd_q_tail=True)
         elif q.shape[-1] == 128:  # rotated Q-tile walks (hd64's default)
             fns["ours_rotq"] = ours(bwd_rotate_q=True)
         # programmatic dependent launch pre -> main -> post (AttnConfig.bwd_pdl; the defaults otherwise)

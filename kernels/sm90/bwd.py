@@ -75,6 +75,7 @@ kernels/sm90/backward.py sums each group's g heads into (b, s_k, h_kv, d).
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, NamedTuple
 
@@ -335,6 +336,7 @@ class FlashBwdSm90(BwdDqWriter):
     pdl = False  # programmatic dependent launch against the preprocess (and of the postprocess): _set_pdl
     dq_chunk_release = False  # writer frees each dQ staging chunk once its own bulk read is done (dq_writer)
     diag_align = False  # causal 80-row Q tiles walked from the K/V tile's diagonal row, dQaccum chunk-major
+    q_tail = False  # diag_align: each walk's last Q tile computed over its 16-row blocks below seqlen_q only
     det_two_writers = False  # deterministic: two dQ writer warps take the Q tiles in turn (dq_writer_pair)
     two_cta_dv_first = False  # two_cta: dV issued before the dS^T stores, the barrier and the send (ds_exchange)
     ds_cta_release = False  # two_cta: the received dS half handed back with a CTA-scope remote arrive (no MEMBAR.GPU)
@@ -345,7 +347,8 @@ class FlashBwdSm90(BwdDqWriter):
                  qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
                  dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False,
-                 ds_cta_release: bool = False, two_cta_dv_first: bool = False, persistent: bool = False):
+                 ds_cta_release: bool = False, two_cta_dv_first: bool = False, persistent: bool = False,
+                 q_tail: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -450,6 +453,7 @@ class FlashBwdSm90(BwdDqWriter):
         # DEPBAR.LE SB0, 0x0 -> arrive chunk 1). Not deterministic (its writer waits for all reductions each tile).
         self.dq_chunk_release = bool(dq_chunk_release) and not self.deterministic
         self._set_diag_align(diag_align)
+        self._set_q_tail(q_tail)
         # ``det_two_writers`` (AttnConfig.bwd_det_two_writers; deterministic only): dq_writer_pair instead of
         # dq_writer. dq_writer hands the staging buffer of Q tile i + 1 back only after tile i's reductions have
         # COMPLETED, been fenced and released (one buffer at the default tiles: hd64 128 rows, hd128 80 rows, two_cta),
@@ -492,6 +496,26 @@ class FlashBwdSm90(BwdDqWriter):
                            and (not self.deterministic or (self.spt and not self.det_lpt))
                            and not self.varlen and not self.has_window and self.softcap == 0.0 and self.dq_transposed
                            and self.tile_n % self.tile_m != 0 and not self.m_rotate and type(self) is FlashBwdSm90)
+
+    def _set_q_tail(self, q_tail: bool) -> None:
+        """``q_tail`` (AttnConfig.bwd_q_tail; opt-in): with diag_align, not deterministic, software exp2 off. Each
+        walk's last Q tile ends at seqlen_q, so only its first r = seqlen_q - r0 rows (1 .. 80) are needed; at 1k
+        the others are 5.9% of the rows the kernel multiplies (_set_diag_align). That tile runs as a 16 nq-row tile,
+        nq = ceil(r / 16) (tail_step: one copy of the Q-tile step per nq < 5, each with its own fragments; S^T / dP^T /
+        dQ^T with wgmma N = 16 nq, dV / dK over nq k-blocks), on the first 16 nq rows of the stage's Q / dO / dS^T
+        tiles. The dQ staging rows it does not write keep the previous tile's values; the writer adds them to
+        dQaccum rows >= seqlen_q (the padding, which the postprocess never reads). Elsewhere the value is ignored."""
+        self.q_tail = (bool(q_tail) and self.diag_align and not self.deterministic and not self.dq_defer
+                       and not self.exp2_emu_frags)
+
+    def _tail_kernel(self, nq: int) -> "FlashBwdSm90":
+        """This kernel object with a 16 nq-row Q tile, for tracing q_tail's last-tile step (tail_step): its fragment
+        builders and step then take the tile's size from it; the dQ staging buffer keeps its size (dq_chunk)."""
+        k = copy.copy(self)
+        k.tile_m = 16 * nq
+        k.dq_shape = (self.dq_shape[0], 16 * nq)
+        k.dq_vals = 16 * nq * (self.hdim // 2) // 128
+        return k
 
     def _set_persistent(self, persistent: bool) -> None:
         """``persistent`` (AttnConfig.bwd_persistent; opt-in): launched through ``call_persistent`` with grid
@@ -1257,7 +1281,19 @@ class FlashBwdSm90(BwdDqWriter):
         """One K/V tile's Q-tile steps (m_block_step) and its dK / dV epilogue; returns the advanced consumer states
         (``step0``: m_block_step's, persistent)."""
         for m_block in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
-            self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2, step0)
+            if const_expr(self.q_tail):  # the last tile over its 16-row blocks below seqlen_q (_set_q_tail)
+                blocks = self.tile_m // 16
+                nq = blocks
+                if m_block == work.m_block_max - 1:
+                    nq = cutlass.min((work.seqlen_q - (m_block * self.tile_m + work.q_base) + 15) // 16, blocks)
+                for v in cutlass.range_constexpr(1, blocks):
+                    if nq == v:
+                        self.tail_step(v, mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2,
+                                       step0)
+                if nq == blocks:
+                    self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2, step0)
+            else:
+                self.m_block_step(mmas, f, smem, ptrs, pipes, q_state, do_state, m_block, work, scale_log2, step0)
             q_state.advance()
             do_state.advance()
         if const_expr(self.dq_defer):
@@ -1287,6 +1323,30 @@ class FlashBwdSm90(BwdDqWriter):
         pipes.pipe_kv.consumer_release(kv_state)
         kv_state.advance()
         return kv_state, q_state, do_state
+
+    @cute.jit
+    def tail_step(self, nq: cutlass.Constexpr[int], mmas: BwdMmas, f: MmaFrags, smem: BwdSmem, ptrs: DsPtrs,
+                  pipes: BwdPipes, q_state, do_state, m_block, work: BwdWork, scale_log2, step0=None):
+        """q_tail: Q tile ``m_block`` (a walk's last) as a tile of its first 16 nq rows: the step of _tail_kernel(nq)
+        on fragments of that size over the first rows of the stage's Q / dO / dS^T tiles; dK / dV accumulate into
+        ``f``'s accumulators."""
+        k = self._tail_kernel(nq)
+        n, st = 16 * nq, self.stages
+        smem_t = smem._replace(sQ=cute.local_tile(smem.sQ, (n, self.hdim, st), (0, 0, 0)),
+                               sdO=cute.local_tile(smem.sdO, (n, self.hdim, st), (0, 0, 0)),
+                               sdS=cute.local_tile(smem.sdS, (n, self.tile_n, st), (0, 0, 0)))
+        mma_S = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K,
+                                                  Float32, (1, 1, 1), (64, n))
+        mma_dQ = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
+                                                   Float32, (1, 1, 1), k.dq_shape)
+        tid = tid_x_volatile() % 128  # (read again here, as lse_views_fresh: kept from the setup, it spilled)
+        s_frags = k.s_fragments(mma_S, smem_t, f.wg, tid)
+        kv_frags = k.dkv_fragments(mmas.mma_dKV, mmas.mma_dKV, smem_t, s_frags["acc_S"], tid)
+        kv_frags.update(acc_dV=f.acc_dV, acc_dK=f.acc_dK)
+        dq_frags = k.dq_fragments(mma_dQ, smem_t, f.wg, tid, work.rank)
+        f_t = f._replace(**s_frags, **kv_frags, **dq_frags)
+        k.m_block_step(BwdMmas(mma_S, mmas.mma_dKV, mma_dQ), f_t, smem_t, ptrs, pipes, q_state, do_state, m_block,
+                       work, scale_log2, step0, row_tile=self.tile_m)
 
     # ---- operand fragments of an MMA warpgroup (built once per CTA) -----------------------------------
     @cute.jit
@@ -1386,7 +1446,7 @@ class FlashBwdSm90(BwdDqWriter):
     # ---- stages of one Q tile (MMA warpgroups) --------------------------------------------------------
     @cute.jit
     def m_block_step(self, mmas: BwdMmas, f: MmaFrags, smem: BwdSmem, ptrs: DsPtrs, pipes: BwdPipes, q_state,
-                     do_state, m_block, work: BwdWork, scale_log2, step0=None):
+                     do_state, m_block, work: BwdWork, scale_log2, step0=None, row_tile: cutlass.Constexpr[int] = 0):
         """One Q tile: P^T and dS^T (p_and_ds), dV and the dS^T exchange (ds_exchange), then dQ (handed to the writer
         warp) and dK (dq_dk_one_cta / dq_dk_two_cta), which release the Q and dO stages. ``step0`` (persistent): the
         dQ hand-offs of the CTA's earlier K/V tiles, so the staging buffers alternate across tiles as the writer's."""
@@ -1397,7 +1457,7 @@ class FlashBwdSm90(BwdDqWriter):
             it = step + step0
         if const_expr(self.m_rotate or self.m_desc):  # ``m_block`` is the loop step: its tile (m_block_at); ``it``
             m_block = self.m_block_at(m_block, work)  # stays the step
-        m_row0 = m_block * self.tile_m
+        m_row0 = m_block * (row_tile or self.tile_m)  # (row_tile: tail_step's, the walk's tile size)
         if const_expr(self.diag_align):
             m_row0 = m_row0 + work.q_base
         tLSE, tdPsum = f.tSsLSE[None, None, None, sidx], f.tSsdPsum[None, None, None, sidx]
