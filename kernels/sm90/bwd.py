@@ -337,6 +337,7 @@ class FlashBwdSm90(BwdDqWriter):
     dq_chunk_release = False  # writer frees each dQ staging chunk once its own bulk read is done (dq_writer)
     diag_align = False  # causal 80-row Q tiles walked from the K/V tile's diagonal row, dQaccum chunk-major
     q_tail = False  # diag_align: each walk's last Q tile computed over its 16-row blocks below seqlen_q only
+    stage_rows = 0  # Q rows of a shared-memory stage when they differ from tile_m (q_tail's _tail_kernel); 0: tile_m
     det_two_writers = False  # deterministic: two dQ writer warps take the Q tiles in turn (dq_writer_pair)
     two_cta_dv_first = False  # two_cta: dV issued before the dS^T stores, the barrier and the send (ds_exchange)
     ds_cta_release = False  # two_cta: the received dS half handed back with a CTA-scope remote arrive (no MEMBAR.GPU)
@@ -510,9 +511,11 @@ class FlashBwdSm90(BwdDqWriter):
 
     def _tail_kernel(self, nq: int) -> "FlashBwdSm90":
         """This kernel object with a 16 nq-row Q tile, for tracing q_tail's last-tile step (tail_step): its fragment
-        builders and step then take the tile's size from it; the dQ staging buffer keeps its size (dq_chunk)."""
+        builders and step then take the tile's size from it; the shared-memory stages (lse_stride) and the dQ staging
+        buffer (dq_chunk) keep theirs."""
         k = copy.copy(self)
         k.tile_m = 16 * nq
+        k.stage_rows = self.tile_m  # (the stages keep their layout: lse_stride)
         k.dq_shape = (self.dq_shape[0], 16 * nq)
         k.dq_vals = 16 * nq * (self.hdim // 2) // 128
         return k
@@ -560,9 +563,10 @@ class FlashBwdSm90(BwdDqWriter):
 
     @property
     def lse_stride(self) -> int:
-        """Floats per LSE / dPsum stage in shared memory: tile_m rounded up to 32, so that every stage (a TMA
-        destination) starts 128-byte aligned (80-row tiles: 96; tile_m itself for 64 / 128)."""
-        return -(-self.tile_m // 32) * 32
+        """Floats per LSE / dPsum stage in shared memory: tile_m (``stage_rows``, q_tail's shorter tile: the walk's)
+        rounded up to 32, so that every stage (a TMA destination) starts 128-byte aligned (80-row tiles: 96; tile_m
+        itself for 64 / 128)."""
+        return -(-(self.stage_rows or self.tile_m) // 32) * 32
 
     def _set_schedule(self, dtype, causal, deterministic, det_schedule) -> None:
         """dtype, causal and the deterministic dQ schedule. Causal: the grid launches the diagonal-most K/V tile
