@@ -227,7 +227,10 @@ class AttnConfig:
     # sm90 backward with bwd_diag_align's walks (hd128 causal, not deterministic); elsewhere no effect: each walk's last
     # Q tile multiplies only its 16-row blocks below seqlen_q (wgmma N = 16 .. 64 for S^T / dP^T / dQ^T, fewer k-blocks
     # for dV / dK) instead of all 80 rows; at 1k the rows past seqlen_q are 5.9% of the rows (kernels/sm90/bwd.py
-    # _set_q_tail). None = DEFAULTS' (absent: off). Left out of to_dict() while None.
+    # _set_q_tail). None = DEFAULTS' (absent: off). Left out of to_dict() while None. H200 2026-12-04, 8k tokens, 16
+    # rounds, outputs bitwise equal to the default's (results/h200/session_ab/bwd128c_qtail_8k.jsonl): speed vs off
+    # 1.003 [0.999, 1.007] at 1k, 0.993 at 2k (official / ours 1.045 / 0.999): the rows it saves are not where the
+    # 1k gap to official FA4 is; off.
     bwd_q_tail: bool | None = None
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ
