@@ -203,7 +203,8 @@ class AttnConfig:
     # sm90 backward (hd 64 / 128 FlashBwdSm90, not varlen; elsewhere no effect): programmatic dependent launch -- the
     # main kernel starts (K / V / Q loads) while the preprocess finishes and waits (griddepcontrol.wait) before it
     # reads LSE / dPsum / dQaccum; the postprocess likewise after the main kernel (kernels/sm90/bwd.py _set_pdl).
-    # None = DEFAULTS' bwd_pdl (hd128 both ways since 2026-12-04, absent: off; resolve() fills only True). Left out
+    # None = DEFAULTS' bwd_pdl (hd128 both ways since 2026-12-04, absent: off; resolve() fills only True, and not
+    # with bwd_persistent=True, which runs without PDL). Left out
     # of to_dict() while None or False.
     bwd_pdl: bool | None = None
     # sm90 backward (hd 64 / 128 FlashBwdSm90, one CTA, not deterministic, not varlen, no PDL; elsewhere no effect):
@@ -466,6 +467,8 @@ class AttnConfig:
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
+            if name == "bwd_pdl" and self.bwd_persistent:
+                continue  # the persistent backward has no PDL launch: an explicit bwd_persistent=True wins over the default
             if getattr(self, name) is None and v:
                 updates[name] = v
         if self.deterministic and self.bwd_det_two_writers is None and d.get("bwd_det_two_writers", (0, 0))[int(causal)]:

@@ -32,7 +32,7 @@ def test_q_tail_field():
 
 
 def test_q_tail_where_it_applies():
-    """Only with diag_align (hd128 causal 80-row tiles), not deterministic, software exp2 off; the tail kernel object
+    """Only with diag_align (hd128 causal 80-row tiles), not deterministic, software exp2 off, not persistent; the tail kernel object
     keeps the walk's shared-memory stage stride."""
     from kernels import AttnConfig
     from kernels.sm90.backward import _cutlass_dtype, _main_kernel
@@ -50,6 +50,7 @@ def test_q_tail_where_it_applies():
     assert not main(bwd_q_tail=True, deterministic=True, bwd_det_diag_align=True).q_tail
     assert not main(bwd_q_tail=True, exp2_emu_fraction=0.25).q_tail
     assert not main(bwd_q_tail=True, hd=64).q_tail
+    assert not main(bwd_q_tail=True, bwd_persistent=True).q_tail
     for nq in range(1, 5):
         t = k._tail_kernel(nq)
         assert t.tile_m == 16 * nq and t.dq_shape == (64, 16 * nq) and t.dq_vals == 8 * nq

@@ -2,7 +2,7 @@
 its 16-row blocks below seqlen_q only; kernels/sm90/bwd.py _set_q_tail / tail_step) by the DESIGN.md rule
 (tests/test_bwd_gpu.py's _run_case: fp64 reference, NaN-poisoned outputs). The lengths put every block count (1-5)
 in some walk's last tile (1024: 64 / 16 / 48 / 80 / 32 rows), odd lengths, seqlen_q < seqlen_k, one row, 4097; with
-the grid orders, PDL and the persistent kernel it may be combined with."""
+the grid orders and PDL it may be combined with (not the persistent kernel: bwd.py _set_q_tail)."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ from test_bwd_gpu import _cfg, _run_case  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 SWITCHES = [dict(bwd_q_tail=True), dict(bwd_q_tail=True, bwd_lpt_heads=0), dict(bwd_q_tail=True, bwd_pdl=False),
-            dict(bwd_q_tail=True, bwd_persistent=True)]
+            dict(bwd_q_tail=True, bwd_lpt_heads=1)]
 # (batch, seqlen_q, seqlen_k, heads)
 SHAPES = [(2, 1024, 1024, 3), (2, 1000, 1000, 2), (3, 333, 397, 5), (1, 17, 129, 3), (3, 1, 1, 2), (2, 128, 128, 2),
           (1, 300, 1003, 2), (2, 2048, 2048, 2), (1, 4097, 4097, 1), (2, 1040, 1040, 2)]

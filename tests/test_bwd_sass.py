@@ -319,17 +319,17 @@ def _bwd_kernels_sass(tmp_path, extra, hdim, causal):
 @pytest.mark.parametrize("hdim,causal,extra", [(64, True, ""), (128, False, ""), (128, True, "deterministic=True"),
                                                (128, False, "two_cta=True")])
 def test_bwd_pdl_in_sass(tmp_path, hdim, causal, extra):
-    """AttnConfig.bwd_pdl (opt-in): all three kernels launch with the programmaticStreamSerialization attribute (host
+    """AttnConfig.bwd_pdl (the hd128 default since 2026-12-04, opt-in at hd64): all three kernels launch with the programmaticStreamSerialization attribute (host
     IR: ``programmatic_stream_serialization_allowed`` with 1, 0 without the field). SASS: griddepcontrol.wait is
     ACQBULK, griddepcontrol.launch_dependents PREEXIT. The preprocess waits before its first global load, then signals;
     the main kernel signals first thing, and its producer waits after the first K / V / Q TMA loads (4-D) and before
     the first LSE / dPsum load (3-D), plus once after its loop (a CTA without Q tiles); the postprocess waits before
-    its first global load. No spills, the main kernel's HGMMA unchanged; the default has none of it."""
+    its first global load. No spills, the main kernel's HGMMA unchanged; bwd_pdl=False has none of it."""
     from kernels.sm90.sass import count, opcode_counts
 
     sep = ", " if extra else ""
     cand = _bwd_kernels_sass(tmp_path, extra + sep + "bwd_pdl=True", hdim, causal)
-    base = _bwd_kernels_sass(tmp_path, extra, hdim, causal)
+    base = _bwd_kernels_sass(tmp_path, extra + sep + "bwd_pdl=False", hdim, causal)
     attr = r"programmatic_stream_serialization_allowed\[%\w+\] %c(\d)_i32"
     first = lambda sass, pat: next((i for i, l in enumerate(sass.splitlines()) if re.search(pat, l)), None)
     for kind in ("pre", "main", "post"):

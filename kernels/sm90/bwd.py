@@ -454,7 +454,6 @@ class FlashBwdSm90(BwdDqWriter):
         # DEPBAR.LE SB0, 0x0 -> arrive chunk 1). Not deterministic (its writer waits for all reductions each tile).
         self.dq_chunk_release = bool(dq_chunk_release) and not self.deterministic
         self._set_diag_align(diag_align)
-        self._set_q_tail(q_tail)
         # ``det_two_writers`` (AttnConfig.bwd_det_two_writers; deterministic only): dq_writer_pair instead of
         # dq_writer. dq_writer hands the staging buffer of Q tile i + 1 back only after tile i's reductions have
         # COMPLETED, been fenced and released (one buffer at the default tiles: hd64 128 rows, hd128 80 rows, two_cta),
@@ -475,6 +474,7 @@ class FlashBwdSm90(BwdDqWriter):
         self.two_cta_dv_first = bool(two_cta_dv_first) and self.two_cta and hdim == 128
         assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2))
         self._set_persistent(persistent)
+        self._set_q_tail(q_tail)
 
     def _set_diag_align(self, diag_align: bool) -> None:
         """``diag_align`` (AttnConfig.bwd_diag_align; opt-in): with 80-row Q tiles against 128-row K/V tiles, the
@@ -499,7 +499,8 @@ class FlashBwdSm90(BwdDqWriter):
                            and self.tile_n % self.tile_m != 0 and not self.m_rotate and type(self) is FlashBwdSm90)
 
     def _set_q_tail(self, q_tail: bool) -> None:
-        """``q_tail`` (AttnConfig.bwd_q_tail; opt-in): with diag_align, not deterministic, software exp2 off. Each
+        """``q_tail`` (AttnConfig.bwd_q_tail; opt-in): with diag_align, not deterministic, software exp2 off, not the
+        persistent kernel (its walks share the tail code path, but that combination was never run on a GPU). Each
         walk's last Q tile ends at seqlen_q, so only its first r = seqlen_q - r0 rows (1 .. 80) are needed; at 1k
         the others are 5.9% of the rows the kernel multiplies (_set_diag_align). That tile runs as a 16 nq-row tile,
         nq = ceil(r / 16) (tail_step: one copy of the Q-tile step per nq < 5, each with its own fragments; S^T / dP^T /
@@ -507,7 +508,7 @@ class FlashBwdSm90(BwdDqWriter):
         tiles. The dQ staging rows it does not write keep the previous tile's values; the writer adds them to
         dQaccum rows >= seqlen_q (the padding, which the postprocess never reads). Elsewhere the value is ignored."""
         self.q_tail = (bool(q_tail) and self.diag_align and not self.deterministic and not self.dq_defer
-                       and not self.exp2_emu_frags)
+                       and not self.exp2_emu_frags and not self.persistent)
 
     def _tail_kernel(self, nq: int) -> "FlashBwdSm90":
         """This kernel object with a 16 nq-row Q tile, for tracing q_tail's last-tile step (tail_step): its fragment
