@@ -506,7 +506,11 @@ class FlashBwdSm90(BwdDqWriter):
         nq = ceil(r / 16) (tail_step: one copy of the Q-tile step per nq < 5, each with its own fragments; S^T / dP^T /
         dQ^T with wgmma N = 16 nq, dV / dK over nq k-blocks), on the first 16 nq rows of the stage's Q / dO / dS^T
         tiles. The dQ staging rows it does not write keep the previous tile's values; the writer adds them to
-        dQaccum rows >= seqlen_q (the padding, which the postprocess never reads). Elsewhere the value is ignored."""
+        dQaccum rows >= seqlen_q (the padding, which the postprocess never reads). The copies sit in the Q-tile loop
+        (peeled after it, the CPU SASS spilled 43 LDL / 50 STL); choosing the wgmma shape per GEMM inside one step, on
+        a prefix of the N = 80 accumulator, serialised every wgmma of the kernel. Gradients bitwise equal to the
+        default's on the H200; 1.003x at 1k, 0.993x at 2k (docs/DEFAULTS_HISTORY.md, session 39). Elsewhere the value
+        is ignored."""
         self.q_tail = (bool(q_tail) and self.diag_align and not self.deterministic and not self.dq_defer
                        and not self.exp2_emu_frags and not self.persistent)
 
