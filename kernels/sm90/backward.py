@@ -206,7 +206,7 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
     # causal 80-row tiles from the diagonal (_set_diag_align): deterministic kernels by their own switch
     if cls is FlashBwdSm90 and (cfg.bwd_det_diag_align if cfg.deterministic else cfg.bwd_diag_align):
         kw["diag_align"] = True
-        if cfg.bwd_q_tail and not cfg.deterministic:  # the last tile over its rows below seqlen_q (bwd.py _set_q_tail)
+        if cfg.bwd_q_tail:  # the last tile over its rows below seqlen_q (bwd.py _set_q_tail says where it applies)
             kw["q_tail"] = True
     if cls in (FlashBwdSm90, FlashBwd192Sm90) and cfg.bwd_det_two_writers:  # deterministic: two dQ writer warps
         kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128)
