@@ -153,7 +153,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_rotate_q": (False,), "causal_split": (None, False), "exp_in_branch": (None,),
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None, False), "bwd_persistent": (None,), "bwd_dq_chunk_release": (None,),
-                                "bwd_diag_align": (None,), "bwd_q_tail": (None,),
+                                "bwd_diag_align": (None,), "bwd_q_tail": (None,), "bwd_stream_post": (None,),
                                 "bwd_det_two_writers": (None,), "bwd_det_diag_align": (None,),
                                 "bwd_two_cta_cta_release": (None, True),
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
@@ -161,7 +161,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "early_v_release": (None, False), "persistent_snake": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
-                  "bwd_diag_align", "bwd_q_tail",
+                  "bwd_diag_align", "bwd_q_tail", "bwd_stream_post",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake")
 CLUSTER_M_VALUES = (1, 2)
@@ -233,6 +233,12 @@ class AttnConfig:
     # 1.003 [0.999, 1.007] at 1k, 0.993 at 2k (official / ours 1.045 / 0.999): the rows it saves are not where the
     # 1k gap to official FA4 is; off.
     bwd_q_tail: bool | None = None
+    # sm90 backward (hd 64 / 128, FlashBwdSm90) with bwd_pdl, not deterministic, two_cta, persistent, varlen, q_tail or
+    # a window; elsewhere no effect: the dQ writer counts each dQ row unit's completed reductions and the postprocess
+    # converts a tile as soon as every K/V tile that visits it has counted, on the SMs the main grid's last CTAs leave,
+    # instead of after the whole main grid (kernels/sm90/bwd.py _set_stream_post, bwd_post.py ``stream``). None =
+    # DEFAULTS' (absent: off). Left out of to_dict() while None.
+    bwd_stream_post: bool | None = None
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ
     # it and waits for the reduction to COMPLETE only before its semaphore release, so the MMA warps never wait for a
@@ -462,7 +468,7 @@ class AttnConfig:
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
-                     "causal_split", "bwd_diag_align", "bwd_q_tail",
+                     "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post",
                      "p_cvt_asm", "pv_wait_mid", "early_v_release"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
@@ -575,8 +581,8 @@ TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "prod
                 "bwd": ("bwd_tile_m",)}
 # fields that only one direction's kernels read (kernels/tiles.py compiled_config drops the other direction's)
 BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads", "bwd_rotate_q", "bwd_pdl",
-                   "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align", "bwd_q_tail", "bwd_det_two_writers",
-                   "bwd_det_diag_align", "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
+                   "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post",
+                   "bwd_det_two_writers", "bwd_det_diag_align", "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake")

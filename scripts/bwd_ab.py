@@ -87,6 +87,8 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
             fns["ours_rotq"] = ours(bwd_rotate_q=True)
         # programmatic dependent launch pre -> main -> post (AttnConfig.bwd_pdl; the defaults otherwise)
         fns["ours_pdl"] = ours(bwd_pdl=True)
+        # the postprocess converts each dQ tile once its reductions are counted complete (AttnConfig.bwd_stream_post)
+        fns["ours_stream"] = ours(bwd_pdl=True, bwd_stream_post=True)
         # persistent main kernel: grid min(SM count, K/V tiles), each CTA walks K/V tiles (AttnConfig.bwd_persistent)
         fns["ours_pers"] = ours(bwd_persistent=True)
         # the dQ writer frees each warpgroup's staging chunk after its own bulk read (AttnConfig.bwd_dq_chunk_release)

@@ -208,6 +208,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["diag_align"] = True
         if cfg.bwd_q_tail:  # the last tile over its rows below seqlen_q (bwd.py _set_q_tail says where it applies)
             kw["q_tail"] = True
+    if cls is FlashBwdSm90 and cfg.bwd_stream_post:  # dQ counted per row unit, streaming postprocess (opt-in)
+        kw["stream_post"] = True  # (bwd.py _set_stream_post says where it applies)
     if cls in (FlashBwdSm90, FlashBwd192Sm90) and cfg.bwd_det_two_writers:  # deterministic: two dQ writer warps
         kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128)
     kw.update(features or {})
@@ -262,7 +264,10 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     # bwd_pdl: all three launched with programmatic dependent launch (main.pdl: where the main kernel has it)
     pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v, pdl=main.pdl)
-    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, pdl=main.pdl, **_post_layout(main))
+    stream_kw = dict(stream=True, unit_rows=main.sem_rows, causal=causal, tile_n=main.tile_n) \
+        if getattr(main, "stream_post", False) else {}
+    post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, pdl=main.pdl, **_post_layout(main),
+                            **stream_kw)
     B, SQ, SK, H = (cute.sym_int32(symbol=s) for s in ("B", "SQ", "SK", "H"))
     HKV = H if qhead_per_kvhead == 1 else cute.sym_int32(symbol="HKV")  # GQA: K/V heads apart from Q's
     # padded seqlen_q: a multiple of tile_m (attention_backward pads to it); 80-row tiles promise 16
@@ -281,17 +286,23 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     stream = make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     opts = "--enable-tvm-ffi" if tvm_ffi else ""
     scale = cutlass.Float32(1.0)
-    c_pre = cute.compile(pre, o, do, lse, dpsum, lse2, dqacc, stream, options=opts)
+    if stream_kw:  # bwd_stream_post: the preprocess zeroes the counters, the postprocess streams (bwd_post.py)
+        c_pre = cute.compile(pre.call_stream, o, do, lse, dpsum, lse2, dqacc, sem, main.sem_rows, stream, options=opts)
+    else:
+        c_pre = cute.compile(pre, o, do, lse, dpsum, lse2, dqacc, stream, options=opts)
     if main.persistent:  # grid (num_ctas,): the caller passes min(SM count, K/V tiles x heads x batch)
         c_main = cute.compile(main.call_persistent, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale,
                               cutlass.Int32(1), stream, options=opts)
     else:
         c_main = cute.compile(main, q, k, v, do, lse2, dpsum, dqacc, dk, dv, sem, scale, stream, options=opts)
-    c_post = cute.compile(post, dqacc, dq, scale, stream, options=opts)
+    if stream_kw:
+        c_post = cute.compile(post.call_stream, dqacc, dq, sem, cutlass.Int32(1), scale, stream, options=opts)
+    else:
+        c_post = cute.compile(post, dqacc, dq, scale, stream, options=opts)
     # q_pad_rows: Q rows padded beyond a multiple of tile_m (diag_align: one more tile, r0 + 80 k <= seqlen_q + 79)
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
                 tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0,
-                persistent=main.persistent, sem_rows=main.sem_rows)
+                persistent=main.persistent, sem_rows=main.sem_rows, stream_post=bool(stream_kw))
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
@@ -591,13 +602,20 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
     dk_h = dk if group == 1 else torch.empty(b, sk, h, d, device=dev, dtype=k.dtype)
     dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)
     with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
-        kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
+        stream_post = kern.get("stream_post")
+        if stream_post:  # the preprocess zeroes the dQ completion counters the postprocess waits on (bwd_post.py)
+            kern["pre"](out, dout, lse, dpsum, lse2, dqacc, sem)
+        else:
+            kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
         if kern.get("persistent"):  # one CTA per SM at most, each walking K/V tiles (bwd.py _set_persistent)
             tiles = -(-sk // kern["tile_n"]) * h * b
             kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale), min(sms, tiles))
         else:
             kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale))
-        kern["post"](dqacc, dq, float(softmax_scale))
+        if stream_post:
+            kern["post"](dqacc, dq, sem, sk, float(softmax_scale))
+        else:
+            kern["post"](dqacc, dq, float(softmax_scale))
         if group > 1:  # Q head i belongs to K/V head i // group: heads (j*group .. j*group+group-1) -> j
             torch.sum(dk_h.view(b, sk, h_kv, group, d), dim=3, out=dk)
             torch.sum(dv_h.view(b, sk, h_kv, group, dv_dim), dim=3, out=dv)

@@ -341,6 +341,7 @@ class FlashBwdSm90(BwdDqWriter):
     det_two_writers = False  # deterministic: two dQ writer warps take the Q tiles in turn (dq_writer_pair)
     two_cta_dv_first = False  # two_cta: dV issued before the dS^T stores, the barrier and the send (ds_exchange)
     ds_cta_release = False  # two_cta: the received dS half handed back with a CTA-scope remote arrive (no MEMBAR.GPU)
+    stream_post = False  # the writer counts each dQ row unit's finished reductions; the postprocess streams (_set_stream_post)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -349,7 +350,7 @@ class FlashBwdSm90(BwdDqWriter):
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
                  dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False,
                  ds_cta_release: bool = False, two_cta_dv_first: bool = False, persistent: bool = False,
-                 q_tail: bool = False):
+                 q_tail: bool = False, stream_post: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -475,6 +476,7 @@ class FlashBwdSm90(BwdDqWriter):
         assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2))
         self._set_persistent(persistent)
         self._set_q_tail(q_tail)
+        self._set_stream_post(stream_post)
 
     def _set_diag_align(self, diag_align: bool) -> None:
         """``diag_align`` (AttnConfig.bwd_diag_align; opt-in): with 80-row Q tiles against 128-row K/V tiles, the
@@ -513,6 +515,20 @@ class FlashBwdSm90(BwdDqWriter):
         is ignored."""
         self.q_tail = (bool(q_tail) and self.diag_align and not self.deterministic and not self.dq_defer
                        and not self.exp2_emu_frags and not self.persistent)
+
+    def _set_stream_post(self, stream_post: bool) -> None:
+        """``stream_post`` (AttnConfig.bwd_stream_post; opt-in): with PDL, not deterministic, one CTA, not persistent,
+        varlen or q_tail, no window. The dQ writer counts finished reductions per dQ row unit (``sem_rows``: the Q tile,
+        or 8 rows with diag_align, whose tiles of different CTAs overlap) in the otherwise unused semaphore array,
+        which the preprocess zeroes before it lets this grid launch: at the next step, once it has handed the staging
+        buffer back and before it waits for the next tile's chunks, it waits for the tile's reduce-adds to complete
+        (cp.async.bulk.wait_group 0, not .read), fences (fence.acq_rel.gpu) and adds 1 to each of the tile's units
+        below seqlen_q (relaxed red.add); the last tile's after the loop. (Counted right after the next tile's
+        reductions were issued instead, the fence waited for those too: 0.976x at hd128 non-causal 16k.) The postprocess (bwd_post.py ``stream``) then converts each dQ tile as soon as every
+        K/V tile that visits it has counted, instead of after this whole grid: its CTAs take the SMs this grid's last
+        CTAs leave. Elsewhere the value is ignored."""
+        self.stream_post = (bool(stream_post) and self.pdl and not self.deterministic and not self.two_cta
+                            and not self.persistent and not self.varlen and not self.q_tail and not self.has_window)
 
     def _tail_kernel(self, nq: int) -> "FlashBwdSm90":
         """This kernel object with a 16 nq-row Q tile, for tracing q_tail's last-tile step (tail_step): its fragment

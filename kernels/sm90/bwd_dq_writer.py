@@ -97,6 +97,17 @@ def det_diag_turn(n, group, tile_n, causal_off, n_tiles):
     return count - 1 - n
 
 
+def stream_unit_count(r0, unit_rows: int, causal: bool, causal_off, tile_n: int, n_tiles):
+    """stream_post: how many K/V tiles reduce into the dQ rows [r0, r0 + unit_rows) (a unit whose rows start below
+    seqlen_q), i.e. the count the postprocess waits for. Every K/V tile walks every Q tile (non-causal), or causal
+    (bottom-right) tile n's walk starts at the unit holding row max(0, n tile_n - causal_off), whole tiles or 8-row
+    groups, and runs to seqlen_q: n counts iff n tile_n - causal_off < r0 + unit_rows. Python ints
+    (tests/test_bwd_stream_post.py) or Int32 (bwd_post.py)."""
+    if not causal:
+        return n_tiles
+    return _imin(_imax((r0 + unit_rows + causal_off + tile_n - 1) // tile_n, 0), n_tiles)
+
+
 def _imin(x, y):
     """min of two integers: Python's on ints, cutlass.min on the kernel's Int32 values."""
     if isinstance(x, int) and isinstance(y, int):
@@ -130,6 +141,7 @@ class BwdDqWriter:
         # deterministic: each step's turn is computed during the previous step's reductions (rotate_turn_at divides),
         # not between the previous release and this step's acquire
         turn = Int32(0)
+        prev_block = Int32(0)  # stream_post: the tile of the previous step, counted once its reductions complete
         if const_expr(self.deterministic):
             turn = self.det_turn(work, self.m_block_at(work.m_block_min, work), rot, causal_off)
         for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
@@ -153,6 +165,16 @@ class BwdDqWriter:
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
                     self.det_wait(sem_ptr, turn, work, m_block)
+                if const_expr(self.stream_post and p == 0):
+                    # the previous tile's reductions (issued a step ago) complete: count them (_set_stream_post). Here,
+                    # with the staging buffer handed back and none of this tile's reductions issued, the fence waits for
+                    # nothing in flight and the MMA warps for nothing of this
+                    if m_iter > work.m_block_min:
+                        if lane == 0:
+                            cute.arch.cp_async_bulk_wait_group(0, read=False)
+                            cute.arch.fence_acq_rel_gpu()
+                            self.stream_count(mSem, work, prev_block)
+                        cute.arch.sync_warp()
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                     if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
@@ -166,6 +188,15 @@ class BwdDqWriter:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     cute.arch.fence_acq_rel_gpu()
                     self.det_release(sem_ptr, work, m_block)
+                cute.arch.sync_warp()
+            if const_expr(self.stream_post):
+                prev_block = m_block
+        if const_expr(self.stream_post):
+            if work.m_block_min < work.m_block_max:
+                if lane == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_acq_rel_gpu()
+                    self.stream_count(mSem, work, prev_block)
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -270,6 +301,21 @@ class BwdDqWriter:
         else:
             cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
 
+    @cute.jit
+    def stream_count(self, mSem, work, m_block: Int32) -> None:
+        """stream_post (one thread, after tile ``m_block``'s reductions completed and a GPU-scope fence): add 1 to the
+        finished-reduction count of each of the tile's ``sem_rows`` units below seqlen_q (relaxed adds; the fence
+        makes them a release for the postprocess's acquire loads)."""
+        row0 = work.q_base + m_block * self.tile_m
+        if const_expr(self.sem_rows == 8):
+            base = mSem.iterator + cute.crd2idx((row0 // 8, work.head, work.batch), mSem.layout)
+            for i in cutlass.range_constexpr(self.tile_m // 8):
+                if row0 + i * 8 < work.seqlen_q:
+                    cute.arch.red(base + i, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+        else:
+            ptr = mSem.iterator + cute.crd2idx((m_block, work.head, work.batch), mSem.layout)
+            cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+
     @property
     def det_diag(self) -> bool:
         """Deterministic with diag_align: one dQ semaphore per 8 Q rows (FlashBwdSm90._set_diag_align)."""
@@ -277,8 +323,9 @@ class BwdDqWriter:
 
     @property
     def sem_rows(self) -> int:
-        """Q rows per dQ semaphore: a Q tile's, or 8 where the tiles of different CTAs overlap (det_diag)."""
-        return 8 if self.det_diag else self.tile_m
+        """Q rows per dQ semaphore (or stream_post counter): a Q tile's, or 8 where the tiles of different CTAs overlap
+        (diag_align: det_diag, stream_post)."""
+        return 8 if self.diag_align and (self.deterministic or self.stream_post) else self.tile_m
 
     def dq_accum_rows(self, mdQaccum, work):
         """This CTA's (head, batch) of dQaccum as one contiguous (padded Q rows, d) tensor (chunks back to back);

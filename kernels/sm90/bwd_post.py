@@ -19,6 +19,16 @@ after the main kernel, which signals launch_dependents at the start of each CTA 
 this grid may launch while the main kernel's last CTAs still run: every thread executes griddepcontrol.wait (the main
 grid complete and its dQaccum reductions visible) before any global access. It signals nothing itself (whatever
 follows in the stream is launched without the attribute and waits for this grid as usual).
+
+``stream=True`` (AttnConfig.bwd_stream_post, with ``pdl``; launched through ``call_stream``): no grid-wide wait. The
+main kernel's writer counts, per dQ row unit (``unit_rows``: the Q tile, or 8 rows under diag_align), the K/V tiles
+whose reductions into it have completed (bwd.py _set_stream_post); lanes of warp 0 spin (acquire loads, GPU scope)
+until each unit of this CTA's tile below seqlen_q has the count of K/V tiles that visit it -- all of them, or causal
+(bottom-right) those n with n tile_n < r0 + unit_rows + seqlen_k - seqlen_q -- and the CTA then converts the tile. The
+counters were zeroed by the preprocess before it let the main grid launch, so before this grid could. Causal rows
+below seqlen_q - seqlen_k see no key: dQ = 0 there, written without reading dQaccum (their zeros come from the
+preprocess, which may still be running). One CTA waits for the main grid at its end (griddepcontrol.wait), so this
+grid completes after it, as the stream order promises whatever comes next.
 """
 from __future__ import annotations
 
@@ -28,16 +38,33 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.cute.nvgpu import OperandMajorMode
 
+from .bwd_dq_writer import stream_unit_count
 from .bwd_pre import varlen_pad_offset
+
+
+@dsl_user_op
+def nanosleep(ns: int, *, loc=None, ip=None) -> None:
+    """nanosleep.u32: suspend the thread for about ``ns`` nanoseconds (a spin loop's back-off)."""
+    llvm.inline_asm(None, [Int32(ns).ir_value(loc=loc, ip=ip)], "nanosleep.u32 $0;", "r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 class FlashBwdPostSm90:
     def __init__(self, dtype, hdim: int, tile_m: int = 64, blocked: bool = False, chunks: int = 2,
                  transposed: bool = False, varlen: bool = False, dq_shape: tuple | None = None, pdl: bool = False,
-                 chunk_major: bool = False):
+                 chunk_major: bool = False, stream: bool = False, unit_rows: int = 0, causal: bool = False,
+                 tile_n: int = 128):
         self.dtype = dtype
+        # stream (module docstring): per-unit completion counts instead of griddepcontrol.wait; unit_rows divides
+        # tile_m; causal / tile_n: the main kernel's, for the counts each unit waits for
+        self.stream = bool(stream)
+        assert not self.stream or (pdl and not varlen and blocked and unit_rows and tile_m % unit_rows == 0)
+        self.unit_rows, self.causal, self.tile_n = int(unit_rows), bool(causal), int(tile_n)
+        self.spin_ns = 500  # back-off per unfinished poll
         # chunk_major (the main kernel's diag_align, bwd.py _set_diag_align): dQaccum (rows, d) holds chunk c of every
         # Q row before chunk c + 1, chunk c of tile m at (c * rows + m * tile_m) * dq_shape[0] floats (transposed,
         # one-CTA tiles, not varlen); otherwise a tile's chunks are stored back to back
@@ -90,6 +117,19 @@ class FlashBwdPostSm90:
                                                              stream=stream, use_pdl=self.pdl)
 
     @cute.jit
+    def call_stream(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mSem: cute.Tensor, seqlen_k: Int32,
+                    softmax_scale: Float32, stream: cuda.CUstream):
+        """``stream`` launch (module docstring): mSem (batch, heads, padded rows / unit_rows) int32, the main kernel's
+        completion counts; seqlen_k for the counts each unit waits for."""
+        assert self.stream, "call_stream needs FlashBwdPostSm90(stream=True)"
+        mma_dQ = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
+            Float32, (1, 1, 1), self.dq_shape)
+        grid = (cute.ceil_div(mdQ.shape[1], self.tile_m), mdQ.shape[2], mdQ.shape[0])
+        self.kernel_stream(mdQaccum, mdQ, mSem, seqlen_k, softmax_scale, mma_dQ).launch(
+            grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.jit
     def call_varlen(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mCuSeqlensQ: cute.Tensor, max_seqlen_q: Int32,
                     softmax_scale: Float32, stream: cuda.CUstream):
         """Varlen launch (blocked dQaccum only): mdQaccum (h, total_q_pad, d) with sequence b's Q tiles from padded
@@ -133,6 +173,34 @@ class FlashBwdPostSm90:
                           tidx, m_block, m_block, mdQ.shape[1])
 
     @cute.kernel
+    def kernel_stream(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mSem: cute.Tensor, seqlen_k: Int32,
+                      softmax_scale: Float32, mma_dQ: cute.TiledMma):
+        """kernel_blocked once the tile's units are counted complete (module docstring, ``stream``)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        seqlen_q = mdQ.shape[1]
+        causal_off = seqlen_k - seqlen_q
+        n_tiles = (seqlen_k + self.tile_n - 1) // self.tile_n
+        units = self.tile_m // self.unit_rows
+        if tidx < units:
+            r0 = m_block * self.tile_m + tidx * self.unit_rows
+            if r0 < seqlen_q:
+                want = stream_unit_count(r0, self.unit_rows, self.causal, causal_off, self.tile_n, n_tiles)
+                ptr = mSem.iterator + cute.crd2idx((batch, head, m_block * units + tidx), mSem.layout)
+                cur = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+                while cur < want:
+                    nanosleep(self.spin_ns)  # (a tight spin of every waiting CTA would load the L2 the main grid uses)
+                    cur = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+        cute.arch.sync_threads()
+        zero_rows = Int32(0)
+        if cutlass.const_expr(self.causal):
+            zero_rows = cutlass.max(-causal_off, Int32(0))
+        self.blocked_tile(mdQaccum[batch, head, None, None], mdQ[batch, None, head, None], softmax_scale, mma_dQ,
+                          tidx, m_block, m_block, seqlen_q, zero_rows)
+        if m_block == 0 and head == 0 and batch == 0:  # this grid completes after the main one (module docstring)
+            cute.arch.griddepcontrol_wait()
+
+    @cute.kernel
     def kernel_blocked_varlen(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32,
                               mma_dQ: cute.TiledMma, mCuSeqlensQ: cute.Tensor):
         """kernel_blocked for one sequence of a packed batch: the sequence's padded dQaccum tile slot in, its packed
@@ -148,9 +216,9 @@ class FlashBwdPostSm90:
 
     @cute.jit
     def blocked_tile(self, mdQ2: cute.Tensor, mdQs: cute.Tensor, softmax_scale: Float32, mma_dQ: cute.TiledMma,
-                     tidx: Int32, m_block: Int32, acc_tile: Int32, seqlen_q: Int32):
+                     tidx: Int32, m_block: Int32, acc_tile: Int32, seqlen_q: Int32, zero_rows=None):
         """One Q tile: dQaccum tile ``acc_tile`` of mdQ2 ((padded) rows, d) -> rows of tile m_block of mdQs
-        (seqlen rows, d), rows below seqlen_q only."""
+        (seqlen rows, d), rows below seqlen_q only; ``zero_rows`` (stream): rows before it get zeros."""
         tm, d, nv = self.tile_m, self.hdim, self.dq_vals
         wg = tidx // 128
         tid = tidx % 128
@@ -197,5 +265,12 @@ class FlashBwdPostSm90:
             v8 = idx % vecs_per_row
             row = m_block * tm + r
             if row < seqlen_q:
-                cute.autovec_copy(cute.local_tile(sdQ[r, None], (8,), (v8,)),
-                                  cute.local_tile(mdQs[row, None], (8,), (v8,)))
+                if cutlass.const_expr(zero_rows is None):
+                    cute.autovec_copy(cute.local_tile(sdQ[r, None], (8,), (v8,)),
+                                      cute.local_tile(mdQs[row, None], (8,), (v8,)))
+                else:
+                    if row < zero_rows:
+                        cute.local_tile(mdQs[row, None], (8,), (v8,)).fill(0.0)
+                    else:
+                        cute.autovec_copy(cute.local_tile(sdQ[r, None], (8,), (v8,)),
+                                          cute.local_tile(mdQs[row, None], (8,), (v8,)))

@@ -14,6 +14,11 @@ it, griddepcontrol.launch_dependents: the main kernel (launched with the same at
 CTA of this grid has started. Early is harmless here: a main CTA needs a whole SM (all registers, ~200 KB shared
 memory), so it only takes SMs the preprocess has left, and the dependent grid launches only after the last
 preprocess CTA is resident. The main kernel waits (griddepcontrol.wait) before it reads what this kernel writes.
+
+``call_stream`` (AttnConfig.bwd_stream_post, with ``pdl``): also zeroes the main kernel's per-unit dQ completion
+counters (``unit_rows`` Q rows each, bwd_post.py ``stream``) of its rows, and only then (after a GPU-scope fence and a
+CTA barrier) signals launch_dependents: the streaming postprocess, which launches after every main CTA has started and
+so after every preprocess CTA has signalled, never reads a counter from before this call.
 """
 from __future__ import annotations
 
@@ -60,6 +65,17 @@ class FlashBwdPreSm90:
         grid = (cute.ceil_div(sqp, self.rows_per_cta), mO.shape[2], mO.shape[0])
         self.kernel(mO, mdO, mLSE, mdPsum, mLSE2, mdQaccum).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=self.pdl)
+
+    @cute.jit
+    def call_stream(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
+                    mLSE2: cute.Tensor, mdQaccum: cute.Tensor, mSem: cute.Tensor, unit_rows: cutlass.Constexpr[int],
+                    stream: cuda.CUstream):
+        """__call__ that also zeroes mSem (batch, heads, padded rows / unit_rows) before signalling (module docstring)."""
+        assert self.pdl, "call_stream: the PDL launch only"
+        sqp = mdPsum.shape[2]
+        grid = (cute.ceil_div(sqp, self.rows_per_cta), mO.shape[2], mO.shape[0])
+        self.kernel_stream(mO, mdO, mLSE, mdPsum, mLSE2, mdQaccum, mSem, unit_rows).launch(
+            grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
     def call_varlen(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
@@ -122,11 +138,33 @@ class FlashBwdPreSm90:
                 mdPsum[head, prow] = acc
 
     @cute.kernel
+    def kernel_stream(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
+                      mLSE2: cute.Tensor, mdQaccum: cute.Tensor, mSem: cute.Tensor, unit_rows: cutlass.Constexpr[int]):
+        """``kernel`` with the counters of units starting in this CTA's rows zeroed before the signal."""
+        cute.arch.griddepcontrol_wait()
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, head, batch = cute.arch.block_idx()
+        if tidx < self.rows_per_cta:
+            row = bidx * self.rows_per_cta + tidx
+            if row % unit_rows == 0 and row < mdPsum.shape[2]:
+                mSem[batch, head, row // unit_rows] = Int32(0)
+                cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+        cute.arch.griddepcontrol_launch_dependents()
+        self.rows(mO, mdO, mLSE, mdPsum, mLSE2, mdQaccum)
+
+    @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
                mLSE2: cute.Tensor, mdQaccum: cute.Tensor):
         if cutlass.const_expr(self.pdl):  # before any global access: the previous grid done (module docstring)
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
+        self.rows(mO, mdO, mLSE, mdPsum, mLSE2, mdQaccum)
+
+    @cute.jit
+    def rows(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mLSE2: cute.Tensor,
+             mdQaccum: cute.Tensor):
+        """This CTA's rows: dPsum, LSE in the log2 domain, dQaccum zeroed (module docstring)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]

@@ -1,0 +1,92 @@
+"""GPU correctness of AttnConfig.bwd_stream_post (the dQ writer counts each dQ row unit's completed reductions, the
+postprocess converts a tile once every K/V tile that visits it has counted: kernels/sm90/bwd.py _set_stream_post,
+bwd_post.py ``stream``) by the DESIGN.md rule (tests/test_bwd_gpu.py's _run_case: fp64 reference, NaN-poisoned
+outputs), hd 64 / 128, causal and not, seqlen_q above and below seqlen_k (causal rows that see no key), GQA; and the
+same gradients as the grid-wide wait's, call after call on reused buffers (a counter read before its zeroing, or a
+tile converted before its last reduction, would show as a difference)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_bwd_gpu import _cfg, _run_case  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# (batch, seqlen_q, seqlen_k, heads); causal with seqlen_q > seqlen_k leaves rows with no key, where the fp64
+# reference is NaN: those shapes run non-causal here, causal in test_bwd_stream_post_rows_without_keys
+SHAPES = [(2, 1024, 1024, 3), (3, 333, 397, 5), (1, 17, 129, 3), (3, 1, 1, 2), (1, 300, 77, 2), (2, 128, 128, 2),
+          (1, 1003, 300, 2), (1, 4097, 4097, 1), (2, 1040, 1040, 2)]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_bwd_stream_post(hdim, causal, dtype):
+    cfg = _cfg(bwd_pdl=True, bwd_stream_post=True)
+    for i, (b, sq, sk, h) in enumerate(SHAPES):
+        if not (causal and sq > sk):
+            _run_case(b, sq, sk, h, hdim, causal, dtype, cfg, seed=70 + i)
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("shape", [(1, 300, 77, 2), (1, 1003, 300, 2), (2, 200, 77, 3)])
+def test_bwd_stream_post_rows_without_keys(hdim, shape):
+    """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see no key (the forward's output there
+    is 0). Their dQ units wait for no K/V tile and the postprocess writes zeros without reading dQaccum; every
+    gradient equal to the grid-wide wait's (dK / dV bitwise), those dQ rows exactly 0."""
+    from kernels.sm90.backward import attention_backward
+
+    b, sq, sk, h = shape
+    g = torch.Generator(device="cuda").manual_seed(13)
+    q, do = (torch.randn(b, sq, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(b, sk, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    scale = 1.0 / math.sqrt(hdim)
+    from attn_reference import attention_at_dtype
+
+    out, lse = attention_at_dtype(q.double(), k.double(), v.double(), True, scale)
+    out, lse = out.nan_to_num(0.0).to(torch.bfloat16), lse.float().contiguous()
+    ref = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(bwd_pdl=True))
+    bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    got = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(bwd_pdl=True, bwd_stream_post=True), *bufs)
+    torch.cuda.synchronize()
+    assert int((got[0][:, : sq - sk] != 0).sum()) == 0
+    assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
+    x, r = got[0].float(), ref[0].float()
+    assert torch.isfinite(x).all() and int((x - r).abs().gt(r.abs() * 2 ** -7 + 1e-3 * r.abs().max()).sum()) == 0
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_bwd_stream_post_matches_the_grid_wait(hdim, causal):
+    """The same inputs with and without the field, 20 calls each, interleaved, into the same output buffers. dK / dV
+    come from the same per-CTA arithmetic: bitwise equal. dQ sums the K/V tiles' reductions in whatever order they
+    land (not deterministic either way), so it may differ by the fp32 rounding of that order, i.e. a bf16 ulp of an
+    element; a tile converted before one of its reductions, or a stale counter, would miss a K/V tile's whole share
+    (2048 / 128 = 16 tiles here). GQA (4 Q heads per K/V head) at seqlen 2048."""
+    from kernels.sm90.backward import attention_backward
+
+    g = torch.Generator(device="cuda").manual_seed(12)
+    b, h, hkv, s = 2, 8, 2, 2048
+    q, do, out = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    k, v = (torch.randn(b, s, hkv, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    lse = torch.randn(b, h, s, device="cuda", dtype=torch.float32, generator=g) + 6.0
+    scale = 1.0 / math.sqrt(hdim)
+    base, stream = _cfg(bwd_pdl=True), _cfg(bwd_pdl=True, bwd_stream_post=True)
+    ref = [t.clone() for t in attention_backward(q, k, v, out, do, lse, causal, scale, base)]
+    bufs = [torch.full_like(t, float("nan")) for t in ref]
+    for i in range(20):
+        for cfg in (stream, base):
+            for t in bufs:
+                t.fill_(float("nan"))
+            got = attention_backward(q, k, v, out, do, lse, causal, scale, cfg, *bufs)
+            torch.cuda.synchronize()
+            which = "stream" if cfg is stream else "grid wait"
+            for name, x, r in zip(("dk", "dv"), got[1:], ref[1:]):
+                assert torch.equal(x, r), f"call {i} {name} differs ({which})"
+            x, r = got[0].float(), ref[0].float()
+            bad = (x - r).abs() > r.abs() * 2 ** -7 + 1e-3 * r.abs().max()
+            assert torch.isfinite(x).all() and int(bad.sum()) == 0, f"call {i} dq: {int(bad.sum())} elements ({which})"
