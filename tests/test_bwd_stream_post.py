@@ -78,8 +78,8 @@ def test_stream_unit_counts_match_the_walks(sq, sk, align):
 
 
 def test_stream_post_sass(tmp_path):
-    """hd128 causal: the main kernel's MMA code unchanged (same HGMMA), no spills, the writer's 10 counter adds per
-    tile (one per 8-row group, twice: in the loop and after it) behind GPU-scope fences; the preprocess zeroes its
+    """hd128 causal: the main kernel's MMA code unchanged (same HGMMA), no spills, the writer's counter adds (one loop
+    over the walk's units, after the loop over its Q tiles) behind a GPU-scope fence; the preprocess zeroes its
     counters before it signals (a store and a fence before PREEXIT); the postprocess spins on acquire loads instead of
     waiting for the main grid first (its one ACQBULK is the last CTA's wait at the end, after the dQ stores)."""
     from kernels.sm90.sass import count, opcode_counts
@@ -92,8 +92,9 @@ def test_stream_post_sass(tmp_path):
     assert {k: v for k, v in ops_c.items() if k.startswith("HGMMA")} == \
         {k: v for k, v in ops_b.items() if k.startswith("HGMMA")}
     adds = lambda s: len(re.findall(r"REDG?\.E\.ADD\.S32", s))
-    assert adds(main_c) == 20 and adds(main_b) == 0
+    assert adds(main_c) >= 1 and adds(main_b) == 0
     assert main_c.count("MEMBAR.ALL.GPU") > main_b.count("MEMBAR.ALL.GPU")
+    assert main_c.index("MEMBAR.ALL.GPU") < min(m.start() for m in re.finditer(r"REDG?\.E\.ADD\.S32", main_c))
     pre = cand["pre"][0]
     assert pre.index("MEMBAR") < pre.index("PREEXIT") and "MEMBAR" not in base["pre"][0]
     post_c, post_b = cand["post"][0], base["post"][0]

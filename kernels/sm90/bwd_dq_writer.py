@@ -141,7 +141,6 @@ class BwdDqWriter:
         # deterministic: each step's turn is computed during the previous step's reductions (rotate_turn_at divides),
         # not between the previous release and this step's acquire
         turn = Int32(0)
-        prev_block = Int32(0)  # stream_post: the tile of the previous step, counted once its reductions complete
         if const_expr(self.deterministic):
             turn = self.det_turn(work, self.m_block_at(work.m_block_min, work), rot, causal_off)
         for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
@@ -165,16 +164,7 @@ class BwdDqWriter:
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
                     self.det_wait(sem_ptr, turn, work, m_block)
-                if const_expr(self.stream_post and p == 0):
-                    # the previous tile's reductions (issued a step ago) complete: count them (_set_stream_post). Here,
-                    # with the staging buffer handed back and none of this tile's reductions issued, the fence waits for
-                    # nothing in flight and the MMA warps for nothing of this
-                    if m_iter > work.m_block_min:
-                        if lane == 0:
-                            cute.arch.cp_async_bulk_wait_group(0, read=False)
-                            cute.arch.fence_acq_rel_gpu()
-                            self.stream_count(mSem, work, prev_block)
-                        cute.arch.sync_warp()
+
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                     if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
@@ -189,15 +179,13 @@ class BwdDqWriter:
                     cute.arch.fence_acq_rel_gpu()
                     self.det_release(sem_ptr, work, m_block)
                 cute.arch.sync_warp()
-            if const_expr(self.stream_post):
-                prev_block = m_block
-        if const_expr(self.stream_post):
+        if const_expr(self.stream_post):  # the walk's reductions complete: count its units (_set_stream_post)
             if work.m_block_min < work.m_block_max:
                 if lane == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    cute.arch.fence_acq_rel_gpu()
-                    self.stream_count(mSem, work, prev_block)
                 cute.arch.sync_warp()
+                cute.arch.fence_acq_rel_gpu()
+                self.stream_count(mSem, work)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -302,19 +290,19 @@ class BwdDqWriter:
             cute.arch.red(sem_ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
 
     @cute.jit
-    def stream_count(self, mSem, work, m_block: Int32) -> None:
-        """stream_post (one thread, after tile ``m_block``'s reductions completed and a GPU-scope fence): add 1 to the
-        finished-reduction count of each of the tile's ``sem_rows`` units below seqlen_q (relaxed adds; the fence
-        makes them a release for the postprocess's acquire loads)."""
-        row0 = work.q_base + m_block * self.tile_m
+    def stream_count(self, mSem, work) -> None:
+        """stream_post (the writer warp, after the walk's reductions completed and a GPU-scope fence): add 1 to the
+        count of each ``sem_rows`` unit the walk covers below seqlen_q (relaxed adds, lanes over the units; the fence
+        makes them a release for the postprocess's acquire loads). The walk's Q tiles (in whatever order m_block_at
+        takes them) are the contiguous range m_block_min .. m_block_max - 1, from row q_base (diag_align)."""
+        lane = cute.arch.lane_idx()
+        base = mSem.iterator + cute.crd2idx((0, work.head, work.batch), mSem.layout)
+        u0, u1 = work.m_block_min, work.m_block_max
         if const_expr(self.sem_rows == 8):
-            base = mSem.iterator + cute.crd2idx((row0 // 8, work.head, work.batch), mSem.layout)
-            for i in cutlass.range_constexpr(self.tile_m // 8):
-                if row0 + i * 8 < work.seqlen_q:
-                    cute.arch.red(base + i, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
-        else:
-            ptr = mSem.iterator + cute.crd2idx((m_block, work.head, work.batch), mSem.layout)
-            cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+            u0 = (work.q_base + work.m_block_min * self.tile_m) // 8
+            u1 = (cutlass.min(work.q_base + work.m_block_max * self.tile_m, work.seqlen_q) + 7) // 8
+        for u in cutlass.range(u0 + lane, u1, 32, unroll=1):
+            cute.arch.red(base + u, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
 
     @property
     def det_diag(self) -> bool:
