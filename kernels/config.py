@@ -237,7 +237,10 @@ class AttnConfig:
     # a window; elsewhere no effect: the dQ writer counts each dQ row unit's completed reductions and the postprocess
     # converts a tile as soon as every K/V tile that visits it has counted, on the SMs the main grid's last CTAs leave,
     # instead of after the whole main grid (kernels/sm90/bwd.py _set_stream_post, bwd_post.py ``stream``). None =
-    # DEFAULTS' (absent: off). Left out of to_dict() while None.
+    # DEFAULTS' (absent: off). Left out of to_dict() while None. H200 2026-12-04, one process, 12 rounds
+    # (results/h200/session_ab/bwd_stream_post_8k.jsonl, _32k.jsonl), speed vs off: 8k tokens seqlen 1k hd128 causal
+    # 1.054 (official FA4 1.047), hd64 causal 1.039; 32k tokens hd128 causal 4k / 16k 1.004 / 1.003, non-causal
+    # 0.994 / 0.977: off until the non-causal loss is understood.
     bwd_stream_post: bool | None = None
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ

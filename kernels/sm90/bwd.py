@@ -522,11 +522,12 @@ class FlashBwdSm90(BwdDqWriter):
         or 8 rows with diag_align, whose tiles of different CTAs overlap) in the otherwise unused semaphore array,
         which the preprocess zeroes before it lets this grid launch: after the walk's last Q tile it waits for its
         reduce-adds to complete (cp.async.bulk.wait_group 0, not .read), fences (fence.acq_rel.gpu) and adds 1 to each
-        unit the walk covered below seqlen_q (relaxed red.add, lanes over the units). Counting tile by tile instead
-        (a wait for completion and a fence per Q tile) cost the main kernel up to 4% on the H200 (hd128 32k tokens,
-        both placements tried: after the next tile's reductions were issued, or before). The postprocess (bwd_post.py ``stream``) then converts each dQ tile as soon as every
-        K/V tile that visits it has counted, instead of after this whole grid: its CTAs take the SMs this grid's last
-        CTAs leave. Elsewhere the value is ignored."""
+        unit the walk covered below seqlen_q (relaxed red.add, lanes over the units). Counted tile by tile (a
+        completion wait and a fence per Q tile) it measured the same on the H200 when done right after the next tile's
+        reductions were issued, and up to 4% slower when done before them (docs/DEFAULTS_HISTORY.md, session 40); one
+        fence per CTA is kept. The postprocess (bwd_post.py ``stream``) then converts each dQ tile as soon as every K/V
+        tile that visits it has counted, instead of after this whole grid: its CTAs take the SMs this grid's last CTAs
+        leave. Elsewhere the value is ignored."""
         self.stream_post = (bool(stream_post) and self.pdl and not self.deterministic and not self.two_cta
                             and not self.persistent and not self.varlen and not self.q_tail and not self.has_window)
 
@@ -577,7 +578,8 @@ class FlashBwdSm90(BwdDqWriter):
           no CTA reduces into keep the preprocess's zeros).
         - Every CTA signals launch_dependents at its start: the postprocess grid launches once the last CTA of this
           grid is resident, and its CTAs take only SMs this kernel has left (one CTA of this kernel fills an SM's
-          registers). The postprocess waits (griddepcontrol.wait, before any global access) for this grid to complete.
+          registers). The postprocess waits (griddepcontrol.wait, before any global access) for this grid to complete
+          (with stream_post, for each of its tile's row units to be counted instead: _set_stream_post).
         The value is ignored by varlen (call_varlen launches without the attribute) and by the subclasses (the wide
         kernels have their own launches)."""
         self.pdl = bool(pdl) and not self.varlen and type(self) is FlashBwdSm90
