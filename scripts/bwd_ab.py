@@ -269,6 +269,9 @@ def kernel_split(fns: dict, n: int = 10) -> dict:
 def main():
     import torch
 
+    from experiments.metadata import provenance
+
+    prov = provenance()  # git_sha (or $FA4LAB_GIT_SHA on a copy without .git), git_dirty, kernels_hash: on every row
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
@@ -328,7 +331,7 @@ def main():
                                tokens=batch * s,
                                ms_median=med, tflops=flops / med / 1e9, speed_vs_ours=statistics.median(ratios),
                                p20=ratios[len(ratios) // 5], p80=ratios[(4 * len(ratios)) // 5], n=len(t),
-                               gpu=torch.cuda.get_device_name(), hold_us=a.hold_us, **gpu)
+                               gpu=torch.cuda.get_device_name(), hold_us=a.hold_us, **gpu, **prov)
                     if name in split:
                         row["kernels"] = [dict(name=k, us=t, launches=c) for k, t, c in split[name]]
                     rows.append(row)

@@ -194,6 +194,9 @@ def _ratio_stats(ref: list, t: list):
 def main():
     import torch
 
+    from experiments.metadata import provenance
+
+    prov = provenance()  # git_sha (or $FA4LAB_GIT_SHA on a copy without .git), git_dirty, kernels_hash: on every row
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--base-rev", default=DEFAULT_BASE_REV, help="'' to skip ours_base")
@@ -258,7 +261,7 @@ def main():
                                speed_vs_official=sf[0], off_p20=sf[1], off_p80=sf[2], n=len(t),
                                rel_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name(), hold_us=a.hold_us,
                                **(dict(of_gemm=og[0], gemm_p20=og[1], gemm_p80=og[2], gemm_n=a.gemm) if og else {}),
-                               **gpu)
+                               **gpu, **prov)
                     rows.append(row)
                     bad = "  BAD" if name != "gemm" and not diffs[name] <= 0.02 else ""
                     shape = f"s{s}" + (f" sk{s_k}" if s_k != s else "") + (f" b{batch} h{heads}/{kv_heads}"
