@@ -164,7 +164,6 @@ class BwdDqWriter:
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
                     self.det_wait(sem_ptr, turn, work, m_block)
-
                 for w in cutlass.range_constexpr(self.num_mma_wg):
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                     if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
