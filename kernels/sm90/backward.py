@@ -602,20 +602,15 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
     dk_h = dk if group == 1 else torch.empty(b, sk, h, d, device=dev, dtype=k.dtype)
     dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)
     with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
-        stream_post = kern.get("stream_post")
-        if stream_post:  # the preprocess zeroes the dQ completion counters the postprocess waits on (bwd_post.py)
-            kern["pre"](out, dout, lse, dpsum, lse2, dqacc, sem)
-        else:
-            kern["pre"](out, dout, lse, dpsum, lse2, dqacc)
+        # bwd_stream_post: the preprocess zeroes the dQ completion counters the postprocess waits on (bwd_post.py)
+        pre_extra, post_extra = ((sem,), (sem, sk)) if kern.get("stream_post") else ((), ())
+        kern["pre"](out, dout, lse, dpsum, lse2, dqacc, *pre_extra)
         if kern.get("persistent"):  # one CTA per SM at most, each walking K/V tiles (bwd.py _set_persistent)
             tiles = -(-sk // kern["tile_n"]) * h * b
             kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale), min(sms, tiles))
         else:
             kern["main"](q, k, v, dout, lse2, dpsum, dqacc, dk_h, dv_h, sem, float(softmax_scale))
-        if stream_post:
-            kern["post"](dqacc, dq, sem, sk, float(softmax_scale))
-        else:
-            kern["post"](dqacc, dq, float(softmax_scale))
+        kern["post"](dqacc, dq, *post_extra, float(softmax_scale))
         if group > 1:  # Q head i belongs to K/V head i // group: heads (j*group .. j*group+group-1) -> j
             torch.sum(dk_h.view(b, sk, h_kv, group, d), dim=3, out=dk)
             torch.sum(dv_h.view(b, sk, h_kv, group, dv_dim), dim=3, out=dv)

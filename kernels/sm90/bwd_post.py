@@ -102,12 +102,15 @@ class FlashBwdPostSm90:
         self.row_step = self.dq_shape[0] if self.dq_shape[0] < tile_m else 0
         self.col_step = self.dq_shape[1] if self.dq_shape[1] < hdim else 0
 
+    def dq_mma(self):
+        """The main kernel's dQ (or dQ^T) wgmma tiled MMA: its partition gives each blocked value's (row, column)."""
+        return sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
+                                                 Float32, (1, 1, 1), self.dq_shape)
+
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: Float32, stream: cuda.CUstream):
         if cutlass.const_expr(self.blocked):
-            mma_dQ = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
-                Float32, (1, 1, 1), self.dq_shape)
+            mma_dQ = self.dq_mma()
             grid = (cute.ceil_div(mdQ.shape[1], self.tile_m), mdQ.shape[2], mdQ.shape[0])
             self.kernel_blocked(mdQaccum, mdQ, softmax_scale, mma_dQ).launch(
                 grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=self.pdl)
@@ -122,9 +125,7 @@ class FlashBwdPostSm90:
         """``stream`` launch (module docstring): mSem (batch, heads, padded rows / unit_rows) int32, the main kernel's
         completion counts; seqlen_k for the counts each unit waits for."""
         assert self.stream, "call_stream needs FlashBwdPostSm90(stream=True)"
-        mma_dQ = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
-            Float32, (1, 1, 1), self.dq_shape)
+        mma_dQ = self.dq_mma()
         grid = (cute.ceil_div(mdQ.shape[1], self.tile_m), mdQ.shape[2], mdQ.shape[0])
         self.kernel_stream(mdQaccum, mdQ, mSem, seqlen_k, softmax_scale, mma_dQ).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=True)
@@ -136,9 +137,7 @@ class FlashBwdPostSm90:
         tile varlen_pad_offset(cu_seqlens_q[b], b, tile_m) / tile_m on, mdQ packed (total_q, h, d). Grid
         (ceil(max_seqlen_q / tile_m), h, b); a CTA past its sequence's last tile leaves at once."""
         assert self.varlen, "call_varlen needs FlashBwdPostSm90(varlen=True)"
-        mma_dQ = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, OperandMajorMode.MN, OperandMajorMode.MN,
-            Float32, (1, 1, 1), self.dq_shape)
+        mma_dQ = self.dq_mma()
         grid = ((max_seqlen_q + self.tile_m - 1) // self.tile_m, mdQ.shape[1], mCuSeqlensQ.shape[0] - 1)
         self.kernel_blocked_varlen(mdQaccum, mdQ, softmax_scale, mma_dQ, mCuSeqlensQ).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream)
