@@ -178,14 +178,16 @@ class BwdDqWriter:
                     cute.arch.fence_acq_rel_gpu()
                     self.det_release(sem_ptr, work, m_block)
                 cute.arch.sync_warp()
-        if const_expr(self.stream_post):  # the walk's reductions complete: count its units (_set_stream_post)
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if const_expr(self.stream_post):
+            # the walk's reductions complete: count its units (_set_stream_post). After the read wait above: counting
+            # before it changed how ptxas scheduled the MMA warps' loop at hd128 non-causal (497 -> 491 instructions)
             if work.m_block_min < work.m_block_max:
                 if lane == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                 cute.arch.sync_warp()
                 cute.arch.fence_acq_rel_gpu()
                 self.stream_count(mSem, work)
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def dq_writer_pair(self, mdQaccum, mSem, sdQ_raw, work, half):
