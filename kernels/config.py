@@ -99,7 +99,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False),
                         # H200 (session_ab/bwd_pdl_8k_32k.jsonl, archived bwd_pdl_dqrel.jsonl): 1.004-1.014 at 8k
                         # tokens (1k / 2k), 1.000-1.003 at 16k tokens, 0.999-1.000 at 32k tokens (4k / 16k)
-                        bwd_pdl=(True, True)),
+                        bwd_pdl=(True, True),
+                        # H200 2026-12-04 (docs/DEFAULTS_HISTORY.md, session 41): AttnConfig.bwd_stream_post
+                        bwd_stream_post=(True, True)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -478,6 +480,9 @@ class AttnConfig:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
             if name == "bwd_pdl" and self.bwd_persistent:
                 continue  # the persistent backward has no PDL launch: an explicit bwd_persistent=True wins over the default
+            if name == "bwd_stream_post" and (self.bwd_persistent or self.bwd_q_tail or self.two_cta is True
+                                              or self.bwd_pdl is False):
+                continue  # kernels without it (bwd.py _set_stream_post) keep their config and hash
             if getattr(self, name) is None and v:
                 updates[name] = v
         if self.deterministic and self.bwd_det_two_writers is None and d.get("bwd_det_two_writers", (0, 0))[int(causal)]:

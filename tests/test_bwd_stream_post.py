@@ -16,17 +16,21 @@ from test_bwd_sass import _bwd_kernels_sass
 
 
 def test_stream_post_field():
-    """None is left out of to_dict() (old hashes and keys), an explicit value is its own config; resolve() leaves it
-    None; dropped from the forward's compiled config; validated."""
+    """None is left out of to_dict() (old hashes and keys), an explicit value is its own config; resolve() fills True
+    at hd128 where the kernel has it; dropped from the forward's compiled config; validated."""
     from kernels import AttnConfig, ConfigError
     from kernels.tiles import compiled_config
 
     assert "bwd_stream_post" not in AttnConfig().to_dict()
     assert AttnConfig(bwd_stream_post=True).config_hash() != AttnConfig().config_hash()
     assert AttnConfig(bwd_stream_post=False).config_hash() != AttnConfig(bwd_stream_post=True).config_hash()
-    for hd in (64, 128):
-        for causal in (False, True):
-            assert AttnConfig().resolve("sm90", hd, causal).bwd_stream_post is None
+    for causal in (False, True):  # on at hd128 (with its PDL), absent at hd64
+        assert AttnConfig().resolve("sm90", 64, causal).bwd_stream_post is None
+        assert AttnConfig().resolve("sm90", 128, causal).bwd_stream_post is True
+        assert AttnConfig(deterministic=True).resolve("sm90", 128, causal).bwd_stream_post is True
+        for off in (dict(bwd_pdl=False), dict(bwd_persistent=True), dict(bwd_q_tail=True), dict(two_cta=True)):
+            assert AttnConfig(**off).resolve("sm90", 128, causal).bwd_stream_post is None, off  # kernels without it
+        assert AttnConfig(bwd_stream_post=False).resolve("sm90", 128, causal).bwd_stream_post is False
     assert "bwd_stream_post" not in compiled_config(AttnConfig(bwd_stream_post=True), "sm90", 128, True, "fwd")
     assert compiled_config(AttnConfig(bwd_stream_post=True), "sm90", 128, True, "bwd")["bwd_stream_post"] is True
     for bad in (1, "yes"):
@@ -35,8 +39,8 @@ def test_stream_post_field():
 
 
 def test_stream_post_where_it_applies():
-    """With PDL (the hd128 default, opt-in at hd64), hd 64 / 128 one-CTA; not deterministic, two_cta, persistent,
-    q_tail or a window. The counters are per 8 rows under diag_align (hd128 causal), per Q tile elsewhere."""
+    """With PDL (the hd128 default, opt-in at hd64), hd 64 / 128 one-CTA; not two_cta, persistent, q_tail or a window;
+    deterministic kernels stream on their semaphores (no counting, no zeroing in the preprocess). The counters are per 8 rows under diag_align (hd128 causal), per Q tile elsewhere."""
     from kernels import AttnConfig
     from kernels.sm90.backward import _cutlass_dtype, _main_kernel
 
@@ -49,10 +53,12 @@ def test_stream_post_where_it_applies():
     assert k.stream_post and k.diag_align and k.sem_rows == 8
     assert main(bwd_stream_post=True, causal=False).sem_rows == 80
     assert main(bwd_stream_post=True, hd=64, bwd_pdl=True).sem_rows == 128
-    assert not main().stream_post and main().sem_rows == 80  # opt-in; the default's semaphores unchanged
+    assert main().stream_post and main(causal=False).stream_post  # the hd128 default
+    assert not main(bwd_stream_post=False).stream_post and main(bwd_stream_post=False).sem_rows == 80
     assert not main(bwd_stream_post=True, hd=64).stream_post  # hd64: no PDL by default
     assert not main(bwd_stream_post=True, bwd_pdl=False).stream_post
-    assert not main(bwd_stream_post=True, deterministic=True).stream_post
+    det = main(bwd_stream_post=True, deterministic=True)  # only the postprocess streams, on the dQ semaphores
+    assert det.stream_post and not det.stream_pre and k.stream_pre
     assert not main(bwd_stream_post=True, bwd_persistent=True).stream_post
     assert not main(bwd_stream_post=True, bwd_q_tail=True).stream_post
     assert main(bwd_stream_post=True, deterministic=True, bwd_det_diag_align=True).sem_rows == 8  # (the det turns')
@@ -121,3 +127,18 @@ def test_stream_post_leaves_the_mma_loop_alone(tmp_path, causal):
     base = _bwd_kernels_sass(tmp_path, "bwd_stream_post=False", 128, causal)["main"][0]
     span_c, span_b = _mma_span(cand), _mma_span(base)
     assert len(span_b) > 100 and span_c == span_b
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_stream_post_deterministic_sass(tmp_path, causal):
+    """Deterministic hd128 (diag_align's 8-row semaphores causal, a Q tile's non-causal): the main kernel and the
+    preprocess are byte for byte the kernels without the field (the semaphores already count each unit's turns); the
+    postprocess spins on acquire loads instead of waiting for the main grid first."""
+    cand = _bwd_kernels_sass(tmp_path, "deterministic=True, bwd_stream_post=True", 128, causal)
+    base = _bwd_kernels_sass(tmp_path, "deterministic=True, bwd_stream_post=False", 128, causal)
+    strip = lambda s: re.sub(r"\.text\.\S+|\.nv\.\S+|kernel_\w+", "", s)  # the names carry the compile key
+    assert "HGMMA" in cand["main"][0] and strip(cand["main"][0]) == strip(base["main"][0])
+    assert strip(cand["pre"][0]) == strip(base["pre"][0])
+    post_c, post_b = cand["post"][0], base["post"][0]
+    assert re.search(r"LDG\.E\.STRONG\.GPU", post_c) and not re.search(r"LDG\.E\.STRONG\.GPU", post_b)
+    assert post_c.count("ACQBULK") == 1 and post_c.index("ACQBULK") > post_c.rindex("STG")

@@ -49,7 +49,7 @@ def test_bwd_stream_post_rows_without_keys(hdim, shape):
 
     out, lse = attention_at_dtype(q.double(), k.double(), v.double(), True, scale)
     out, lse = out.nan_to_num(0.0).to(torch.bfloat16), lse.float().contiguous()
-    ref = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(bwd_pdl=True))
+    ref = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(bwd_pdl=True, bwd_stream_post=False))
     bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     got = attention_backward(q, k, v, out, do, lse, True, scale, _cfg(bwd_pdl=True, bwd_stream_post=True), *bufs)
     torch.cuda.synchronize()
@@ -75,7 +75,7 @@ def test_bwd_stream_post_matches_the_grid_wait(hdim, causal):
     k, v = (torch.randn(b, s, hkv, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     lse = torch.randn(b, h, s, device="cuda", dtype=torch.float32, generator=g) + 6.0
     scale = 1.0 / math.sqrt(hdim)
-    base, stream = _cfg(bwd_pdl=True), _cfg(bwd_pdl=True, bwd_stream_post=True)
+    base, stream = _cfg(bwd_pdl=True, bwd_stream_post=False), _cfg(bwd_pdl=True, bwd_stream_post=True)
     ref = [t.clone() for t in attention_backward(q, k, v, out, do, lse, causal, scale, base)]
     bufs = [torch.full_like(t, float("nan")) for t in ref]
     for i in range(20):
@@ -90,3 +90,36 @@ def test_bwd_stream_post_matches_the_grid_wait(hdim, causal):
             x, r = got[0].float(), ref[0].float()
             bad = (x - r).abs() > r.abs() * 2 ** -7 + 1e-3 * r.abs().max()
             assert torch.isfinite(x).all() and int(bad.sum()) == 0, f"call {i} dq: {int(bad.sum())} elements ({which})"
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("hdim,extra", [(64, {}), (128, {}), (128, dict(bwd_det_diag_align=True)),
+                                        (128, dict(bwd_det_two_writers=False))], ids=["64", "128", "128diag", "128w1"])
+def test_bwd_stream_post_deterministic(hdim, extra, causal):
+    """Deterministic kernels stream on their dQ semaphores (per Q tile, or per 8 rows with bwd_det_diag_align's
+    walks): every gradient bitwise equal to the grid-wide wait's, 20 interleaved calls into NaN-poisoned reused
+    buffers, GQA; a tile converted before its last turn would miss that turn's share. Plus the DESIGN.md rule at odd
+    shapes."""
+    from kernels.sm90.backward import attention_backward
+
+    g = torch.Generator(device="cuda").manual_seed(14)
+    b, h, hkv, s = 2, 8, 2, 1500
+    q, do, out = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    k, v = (torch.randn(b, s, hkv, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    lse = torch.randn(b, h, s, device="cuda", dtype=torch.float32, generator=g) + 6.0
+    scale = 1.0 / math.sqrt(hdim)
+    base = _cfg(deterministic=True, bwd_pdl=True, bwd_stream_post=False, **extra)
+    stream = _cfg(deterministic=True, bwd_pdl=True, bwd_stream_post=True, **extra)
+    ref = [t.clone() for t in attention_backward(q, k, v, out, do, lse, causal, scale, base)]
+    bufs = [torch.full_like(t, float("nan")) for t in ref]
+    for i in range(20):
+        for cfg in (stream, base):
+            for t in bufs:
+                t.fill_(float("nan"))
+            got = attention_backward(q, k, v, out, do, lse, causal, scale, cfg, *bufs)
+            torch.cuda.synchronize()
+            for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+                assert torch.equal(x, r), f"call {i} {name} differs ({'stream' if cfg is stream else 'grid wait'})"
+    for j, (bb, sq, sk, hh) in enumerate(SHAPES[:6]):
+        if not (causal and sq > sk):
+            _run_case(bb, sq, sk, hh, hdim, causal, torch.bfloat16, stream, seed=90 + j)

@@ -286,7 +286,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     stream = make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     opts = "--enable-tvm-ffi" if tvm_ffi else ""
     scale = cutlass.Float32(1.0)
-    if stream_kw:  # bwd_stream_post: the preprocess zeroes the counters, the postprocess streams (bwd_post.py)
+    if main.stream_pre:  # bwd_stream_post: the preprocess zeroes the counters, the postprocess streams (bwd_post.py)
         c_pre = cute.compile(pre.call_stream, o, do, lse, dpsum, lse2, dqacc, sem, main.sem_rows, stream, options=opts)
     else:
         c_pre = cute.compile(pre, o, do, lse, dpsum, lse2, dqacc, stream, options=opts)
@@ -302,7 +302,8 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # q_pad_rows: Q rows padded beyond a multiple of tile_m (diag_align: one more tile, r0 + 80 k <= seqlen_q + 79)
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
                 tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0,
-                persistent=main.persistent, sem_rows=main.sem_rows, stream_post=bool(stream_kw))
+                persistent=main.persistent, sem_rows=main.sem_rows, stream_post=bool(stream_kw),
+                stream_pre=main.stream_pre)
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
@@ -602,8 +603,10 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
     dk_h = dk if group == 1 else torch.empty(b, sk, h, d, device=dev, dtype=k.dtype)
     dv_h = dv if group == 1 else torch.empty(b, sk, h, dv_dim, device=dev, dtype=v.dtype)
     with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
-        # bwd_stream_post: the preprocess zeroes the dQ completion counters the postprocess waits on (bwd_post.py)
-        pre_extra, post_extra = ((sem,), (sem, sk)) if kern.get("stream_post") else ((), ())
+        # bwd_stream_post: the postprocess waits on the dQ completion counts, which the preprocess zeroes (deterministic:
+        # the semaphores, zeroed above)
+        pre_extra = (sem,) if kern.get("stream_pre") else ()
+        post_extra = (sem, sk) if kern.get("stream_post") else ()
         kern["pre"](out, dout, lse, dpsum, lse2, dqacc, *pre_extra)
         if kern.get("persistent"):  # one CTA per SM at most, each walking K/V tiles (bwd.py _set_persistent)
             tiles = -(-sk // kern["tile_n"]) * h * b

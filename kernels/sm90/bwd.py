@@ -342,6 +342,7 @@ class FlashBwdSm90(BwdDqWriter):
     two_cta_dv_first = False  # two_cta: dV issued before the dS^T stores, the barrier and the send (ds_exchange)
     ds_cta_release = False  # two_cta: the received dS half handed back with a CTA-scope remote arrive (no MEMBAR.GPU)
     stream_post = False  # the writer counts each dQ row unit's finished reductions; the postprocess streams (_set_stream_post)
+    stream_pre = False  # the preprocess zeroes those counts (_set_stream_post)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -517,19 +518,29 @@ class FlashBwdSm90(BwdDqWriter):
                        and not self.exp2_emu_frags and not self.persistent)
 
     def _set_stream_post(self, stream_post: bool) -> None:
-        """``stream_post`` (AttnConfig.bwd_stream_post; opt-in): with PDL, not deterministic, one CTA, not persistent,
-        varlen or q_tail, no window. The dQ writer counts finished reductions per dQ row unit (``sem_rows``: the Q tile,
-        or 8 rows with diag_align, whose tiles of different CTAs overlap) in the otherwise unused semaphore array,
-        which the preprocess zeroes before it lets this grid launch: after the walk's last Q tile it waits for its
+        """``stream_post`` (AttnConfig.bwd_stream_post): with PDL, one CTA, not persistent, varlen or q_tail, no window.
+        The postprocess (bwd_post.py ``stream``) converts each dQ tile as soon as every K/V tile that visits it has
+        counted its reductions into the tile's row units (``sem_rows``: the Q tile, or 8 rows with diag_align, whose
+        tiles of different CTAs overlap), instead of after this whole grid: its CTAs take the SMs this grid's last CTAs
+        leave.
+
+        Not deterministic: the counts live in the otherwise unused semaphore array, which the preprocess zeroes before
+        it lets this grid launch (``stream_pre``). After the walk's last Q tile (and after its read wait: counting
+        before it changed ptxas' schedule of the MMA warps' loop at hd128 non-causal) the dQ writer waits for its
         reduce-adds to complete (cp.async.bulk.wait_group 0, not .read), fences (fence.acq_rel.gpu) and adds 1 to each
         unit the walk covered below seqlen_q (relaxed red.add, lanes over the units). Counted tile by tile (a
         completion wait and a fence per Q tile) it measured the same on the H200 when done right after the next tile's
         reductions were issued, and up to 4% slower when done before them (docs/DEFAULTS_HISTORY.md, session 40); one
-        fence per CTA is kept. The postprocess (bwd_post.py ``stream``) then converts each dQ tile as soon as every K/V
-        tile that visits it has counted, instead of after this whole grid: its CTAs take the SMs this grid's last CTAs
-        leave. Elsewhere the value is ignored."""
-        self.stream_post = (bool(stream_post) and self.pdl and not self.deterministic and not self.two_cta
+        fence per CTA is kept.
+
+        Deterministic: the dQ semaphores already are those counts (det_release: completion, fence, +1 per unit after
+        each turn; zeroed by the host before the preprocess), so this kernel and the preprocess are unchanged and only
+        the postprocess streams. Elsewhere the value is ignored."""
+        self.stream_post = (bool(stream_post) and self.pdl and not self.two_cta
                             and not self.persistent and not self.varlen and not self.q_tail and not self.has_window)
+        # the preprocess zeroes the counters (deterministic: the host zeroes the semaphores, which the main kernel's
+        # writer may already spin on before the preprocess ends)
+        self.stream_pre = self.stream_post and not self.deterministic
 
     def _tail_kernel(self, nq: int) -> "FlashBwdSm90":
         """This kernel object with a 16 nq-row Q tile, for tracing q_tail's last-tile step (tail_step): its fragment

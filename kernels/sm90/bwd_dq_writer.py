@@ -179,7 +179,7 @@ class BwdDqWriter:
                     self.det_release(sem_ptr, work, m_block)
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if const_expr(self.stream_post):
+        if const_expr(self.stream_pre):  # (deterministic: det_release has counted)
             # the walk's reductions complete: count its units (_set_stream_post). After the read wait above: counting
             # before it changed how ptxas scheduled the MMA warps' loop at hd128 non-causal (497 -> 491 instructions)
             if work.m_block_min < work.m_block_max:
