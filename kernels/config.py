@@ -86,6 +86,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
                        bwd_tile_m=128, persistent_max_seqlen=(1024, 4096), two_cta=False, rescale_before_pv=False,
                        bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
+                       # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
+                       # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
+                       bwd_pdl=(True, True), bwd_stream_post=(True, True),
                        # causal <= 1k: 128-row tiles (H200 s8k: 1.19x / 1.20x the speed of 64-row tiles), plain round
                        # robin; 2k-4k: the table's 192-row tiles, snake order (AttnConfig.persistent_snake)
                        persistent_tile=(None, ((1024, dict(tile_m=128, consumer_regs=240, producer_regs=24)),

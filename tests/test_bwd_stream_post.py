@@ -17,20 +17,22 @@ from test_bwd_sass import _bwd_kernels_sass
 
 def test_stream_post_field():
     """None is left out of to_dict() (old hashes and keys), an explicit value is its own config; resolve() fills True
-    at hd128 where the kernel has it; dropped from the forward's compiled config; validated."""
+    at hd 64 / 128 where the kernel has it; dropped from the forward's compiled config; validated."""
     from kernels import AttnConfig, ConfigError
     from kernels.tiles import compiled_config
 
     assert "bwd_stream_post" not in AttnConfig().to_dict()
     assert AttnConfig(bwd_stream_post=True).config_hash() != AttnConfig().config_hash()
     assert AttnConfig(bwd_stream_post=False).config_hash() != AttnConfig(bwd_stream_post=True).config_hash()
-    for causal in (False, True):  # on at hd128 (with its PDL), absent at hd64
-        assert AttnConfig().resolve("sm90", 64, causal).bwd_stream_post is None
-        assert AttnConfig().resolve("sm90", 128, causal).bwd_stream_post is True
-        assert AttnConfig(deterministic=True).resolve("sm90", 128, causal).bwd_stream_post is True
-        for off in (dict(bwd_pdl=False), dict(bwd_persistent=True), dict(bwd_q_tail=True), dict(two_cta=True)):
-            assert AttnConfig(**off).resolve("sm90", 128, causal).bwd_stream_post is None, off  # kernels without it
-        assert AttnConfig(bwd_stream_post=False).resolve("sm90", 128, causal).bwd_stream_post is False
+    for hd in (64, 128):  # on at hd 64 / 128 (with PDL), absent elsewhere
+        for causal in (False, True):
+            r = AttnConfig().resolve("sm90", hd, causal)
+            assert r.bwd_stream_post is True and r.bwd_pdl is True
+            assert AttnConfig(deterministic=True).resolve("sm90", hd, causal).bwd_stream_post is True
+            for off in (dict(bwd_pdl=False), dict(bwd_persistent=True), dict(bwd_q_tail=True), dict(two_cta=True)):
+                assert AttnConfig(**off).resolve("sm90", hd, causal).bwd_stream_post is None, off  # kernels without it
+            assert AttnConfig(bwd_stream_post=False).resolve("sm90", hd, causal).bwd_stream_post is False
+            assert AttnConfig().resolve("sm90", 192 if hd == 64 else 256, causal).bwd_stream_post is None
     assert "bwd_stream_post" not in compiled_config(AttnConfig(bwd_stream_post=True), "sm90", 128, True, "fwd")
     assert compiled_config(AttnConfig(bwd_stream_post=True), "sm90", 128, True, "bwd")["bwd_stream_post"] is True
     for bad in (1, "yes"):
@@ -39,7 +41,7 @@ def test_stream_post_field():
 
 
 def test_stream_post_where_it_applies():
-    """With PDL (the hd128 default, opt-in at hd64), hd 64 / 128 one-CTA; not two_cta, persistent, q_tail or a window;
+    """With PDL (the hd 64 / 128 default), hd 64 / 128 one-CTA; not two_cta, persistent, q_tail or a window;
     deterministic kernels stream on their semaphores (no counting, no zeroing in the preprocess). The counters are per 8 rows under diag_align (hd128 causal), per Q tile elsewhere."""
     from kernels import AttnConfig
     from kernels.sm90.backward import _cutlass_dtype, _main_kernel
@@ -52,10 +54,9 @@ def test_stream_post_where_it_applies():
     k = main(bwd_stream_post=True)
     assert k.stream_post and k.diag_align and k.sem_rows == 8
     assert main(bwd_stream_post=True, causal=False).sem_rows == 80
-    assert main(bwd_stream_post=True, hd=64, bwd_pdl=True).sem_rows == 128
+    assert main(hd=64).stream_post and main(hd=64).sem_rows == 128
     assert main().stream_post and main(causal=False).stream_post  # the hd128 default
     assert not main(bwd_stream_post=False).stream_post and main(bwd_stream_post=False).sem_rows == 80
-    assert not main(bwd_stream_post=True, hd=64).stream_post  # hd64: no PDL by default
     assert not main(bwd_stream_post=True, bwd_pdl=False).stream_post
     det = main(bwd_stream_post=True, deterministic=True)  # only the postprocess streams, on the dQ semaphores
     assert det.stream_post and not det.stream_pre and k.stream_pre
