@@ -208,8 +208,8 @@ class AttnConfig:
     # sm90 backward (hd 64 / 128 FlashBwdSm90, not varlen; elsewhere no effect): programmatic dependent launch -- the
     # main kernel starts (K / V / Q loads) while the preprocess finishes and waits (griddepcontrol.wait) before it
     # reads LSE / dPsum / dQaccum; the postprocess likewise after the main kernel (kernels/sm90/bwd.py _set_pdl).
-    # None = DEFAULTS' bwd_pdl (hd128 both ways since 2026-12-04, absent: off; resolve() fills only True, and not
-    # with bwd_persistent=True, which runs without PDL). Left out
+    # None = DEFAULTS' bwd_pdl (hd 64 / 128 both ways since 2026-12-04, hd64 for bwd_stream_post; absent: off;
+    # resolve() fills only True, and not with bwd_persistent=True, which runs without PDL). Left out
     # of to_dict() while None or False.
     bwd_pdl: bool | None = None
     # sm90 backward (hd 64 / 128 FlashBwdSm90, one CTA, not deterministic, not varlen, no PDL; elsewhere no effect):
@@ -238,14 +238,14 @@ class AttnConfig:
     # 1.003 [0.999, 1.007] at 1k, 0.993 at 2k (official / ours 1.045 / 0.999): the rows it saves are not where the
     # 1k gap to official FA4 is; off.
     bwd_q_tail: bool | None = None
-    # sm90 backward (hd 64 / 128, FlashBwdSm90) with bwd_pdl, not deterministic, two_cta, persistent, varlen, q_tail or
-    # a window; elsewhere no effect: the dQ writer counts each dQ row unit's completed reductions and the postprocess
-    # converts a tile as soon as every K/V tile that visits it has counted, on the SMs the main grid's last CTAs leave,
-    # instead of after the whole main grid (kernels/sm90/bwd.py _set_stream_post, bwd_post.py ``stream``). None =
-    # DEFAULTS' (absent: off). Left out of to_dict() while None. H200 2026-12-04, one process, 12 rounds
-    # (results/h200/session_ab/bwd_stream_post_8k.jsonl, _32k.jsonl), speed vs off: 8k tokens seqlen 1k hd128 causal
-    # 1.054 (official FA4 1.047), hd64 causal 1.039; 32k tokens hd128 causal 4k / 16k 1.004 / 1.003, non-causal
-    # 0.994 / 0.977: off until the non-causal loss is understood.
+    # sm90 backward (hd 64 / 128, FlashBwdSm90) with bwd_pdl, not two_cta, persistent, varlen, q_tail or a window;
+    # elsewhere no effect: the postprocess converts a dQ tile as soon as every K/V tile that visits it has counted its
+    # completed reductions (the dQ writer's per-unit counts; deterministic: the dQ semaphores), on the SMs the main
+    # grid's last CTAs leave, instead of after the whole main grid (kernels/sm90/bwd.py _set_stream_post, bwd_post.py
+    # ``stream``). None = DEFAULTS' (hd 64 / 128 both ways since 2026-12-04; resolve() fills it only where the kernel
+    # has it). Left out of to_dict() while None. H200 2026-12-04, one process, 8-12 rounds
+    # (results/h200/session_ab/bwd_stream_default_8k.jsonl, _32k.jsonl), speed vs off: 8k tokens 1k / 2k 1.024-1.055
+    # (hd 64 / 128, causal and not; deterministic 1.019-1.098); 32k tokens 4k 1.001-1.024, 16k 0.992-1.003 (power-capped)
     bwd_stream_post: bool | None = None
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ

@@ -230,8 +230,8 @@ def test_schedule_candidate_fields():
 
 
 def test_bwd_pdl_field():
-    """bwd_pdl (opt-in): None is left out of to_dict() (old hashes and keys), an explicit value is its own config;
-    resolve() leaves it None (no DEFAULTS entry); dropped from the forward's compiled config; validated. The main
+    """bwd_pdl (on at hd 64 / 128): None is left out of to_dict() (old hashes and keys), an explicit value is its own
+    config; resolve() fills True only where DEFAULTS says so; dropped from the forward's compiled config; validated. The main
     kernel takes it only as FlashBwdSm90 without varlen (the wide kernels and varlen launch without it), and the
     preprocess / postprocess follow the main kernel (_build)."""
     from kernels import AttnConfig, ConfigError
@@ -242,8 +242,8 @@ def test_bwd_pdl_field():
     assert AttnConfig(bwd_pdl=True).config_hash() != AttnConfig().config_hash()
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
-            # on by default at hd128 (DEFAULTS' pair), filled only there
-            assert AttnConfig().resolve("sm90", hd, causal).bwd_pdl is (True if hd == 128 else None)
+            # on by default at hd 64 / 128 (DEFAULTS' pairs), filled only there
+            assert AttnConfig().resolve("sm90", hd, causal).bwd_pdl is (True if hd in (64, 128) else None)
             assert AttnConfig(bwd_pdl=False).resolve("sm90", hd, causal).bwd_pdl is False
     assert "bwd_pdl" not in compiled_config(AttnConfig(bwd_pdl=True), "sm90", 128, False, "fwd")
     assert compiled_config(AttnConfig(bwd_pdl=True), "sm90", 128, False, "bwd")["bwd_pdl"] is True
@@ -256,7 +256,7 @@ def test_bwd_pdl_field():
     assert main(AttnConfig(bwd_pdl=True, two_cta=True), 64).pdl
     assert main(AttnConfig(two_cta=False), 128).pdl  # the hd128 default
     assert not main(AttnConfig(bwd_pdl=False, two_cta=False), 128).pdl
-    assert not main(AttnConfig(two_cta=False), 64).pdl
+    assert main(AttnConfig(two_cta=False), 64).pdl  # the hd64 default (for bwd_stream_post)
     assert not main(AttnConfig(bwd_pdl=False, two_cta=False), 64).pdl
     assert not main(AttnConfig(bwd_pdl=True, two_cta=False), 128, varlen=True).pdl
     assert not main(AttnConfig(bwd_pdl=True, two_cta=False), 256).pdl  # FlashBwdWideSm90
