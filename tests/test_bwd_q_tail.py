@@ -84,7 +84,7 @@ def test_q_tail_sass(tmp_path):
     from kernels.sm90.sass import count, opcode_counts
 
     cand = _bwd_kernels_sass(tmp_path, "bwd_q_tail=True", 128, True)
-    base = _bwd_kernels_sass(tmp_path, "bwd_q_tail=False", 128, True)
+    base = _bwd_kernels_sass(tmp_path, "bwd_q_tail=False, bwd_stream_post=False", 128, True)  # (q_tail: no stream)
     sass_c, sass_b = cand["main"][0], base["main"][0]
     ops_c, ops_b = opcode_counts(sass_c), opcode_counts(sass_b)
     assert count(ops_c, "LDL") == 0 and count(ops_c, "STL") == 0

@@ -69,7 +69,7 @@ def _main_sass(tmp_path, deterministic, frac, causal=True, hdim=128, two_cta=Fal
 def test_deterministic_ordering_in_sass(tmp_path, tile_m, dq_gemm):
     """hd128 causal at its default 80-row Q tiles (dQ^T = K^T dS^T: N = 80) and at 64 rows (dQ = dS K)."""
     det = _main_sass(tmp_path, True, 0.0, tile_m=tile_m)
-    plain = _main_sass(tmp_path, False, 0.0, tile_m=tile_m)
+    plain = _main_sass(tmp_path, False, 0.0, tile_m=tile_m, extra="bwd_stream_post=False")  # (no stream counts)
     for sass in (det, plain):
         assert f"HGMMA.{dq_gemm}.F32.BF16" in sass and "HGMMA.64x128x16.F32.BF16" in sass
         assert "UBLKRED.G.S.ADD.F32" in sass  # dQ chunks bulk-reduced into global fp32 by the writer warp
@@ -319,7 +319,7 @@ def _bwd_kernels_sass(tmp_path, extra, hdim, causal):
 @pytest.mark.parametrize("hdim,causal,extra", [(64, True, ""), (128, False, ""), (128, True, "deterministic=True"),
                                                (128, False, "two_cta=True")])
 def test_bwd_pdl_in_sass(tmp_path, hdim, causal, extra):
-    """AttnConfig.bwd_pdl (the hd128 default since 2026-12-04, opt-in at hd64): all three kernels launch with the programmaticStreamSerialization attribute (host
+    """AttnConfig.bwd_pdl (the hd 64 / 128 default since 2026-12-04): all three kernels launch with the programmaticStreamSerialization attribute (host
     IR: ``programmatic_stream_serialization_allowed`` with 1, 0 without the field). SASS: griddepcontrol.wait is
     ACQBULK, griddepcontrol.launch_dependents PREEXIT. The preprocess waits before its first global load, then signals;
     the main kernel signals first thing, and its producer waits after the first K / V / Q TMA loads (4-D) and before
@@ -328,7 +328,8 @@ def test_bwd_pdl_in_sass(tmp_path, hdim, causal, extra):
     from kernels.sm90.sass import count, opcode_counts
 
     sep = ", " if extra else ""
-    cand = _bwd_kernels_sass(tmp_path, extra + sep + "bwd_pdl=True", hdim, causal)
+    # (bwd_stream_post, on with PDL by default, pinned off: its postprocess waits for the main grid at its end)
+    cand = _bwd_kernels_sass(tmp_path, extra + sep + "bwd_pdl=True, bwd_stream_post=False", hdim, causal)
     base = _bwd_kernels_sass(tmp_path, extra + sep + "bwd_pdl=False", hdim, causal)
     attr = r"programmatic_stream_serialization_allowed\[%\w+\] %c(\d)_i32"
     first = lambda sass, pat: next((i for i, l in enumerate(sass.splitlines()) if re.search(pat, l)), None)
