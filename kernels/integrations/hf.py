@@ -271,6 +271,10 @@ def register(name: str = NAME, config=None, attention: Callable | None = None,
     try:
         from transformers import AttentionInterface
     except ImportError as e:
+        if "from 'kernels'" in str(e):  # transformers >= 5.25 imports Hugging Face's `kernels`, which ours shadows
+            raise ImportError("fa4lab attention: this transformers imports Hugging Face's `kernels` package, a "
+                              "top-level module named like fa4lab's own `kernels`; use transformers < 5.25 (pyproject "
+                              f"[dev] pins it): {e}") from e
         raise ImportError(f"fa4lab attention: transformers is not installed or has no AttentionInterface "
                           f"(needs transformers >= 4.48): {e}") from e
     custom = config is not None or attention is not None or attention_varlen is not None
