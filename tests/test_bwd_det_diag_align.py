@@ -60,7 +60,8 @@ def test_det_diag_align_where_it_applies():
     assert k1.diag_align and not k1.det_two_writers
     off = main(deterministic=True, bwd_diag_align=True)  # the non-deterministic switch alone: the grid walk
     assert not off.diag_align and off.sem_rows == off.tile_m == 80
-    assert main(bwd_diag_align=True).sem_rows == 80  # non-deterministic diag_align: no semaphores read
+    # non-deterministic diag_align: no semaphores read (but the stream's 8-row counters, on by default)
+    assert main(bwd_diag_align=True, bwd_stream_post=False).sem_rows == 80 and main(bwd_diag_align=True).sem_rows == 8
     assert not main(deterministic=True, bwd_det_diag_align=True, det_schedule="naive").diag_align
     assert not main(deterministic=True, bwd_det_diag_align=True, det_schedule="lpt").diag_align
     assert not main(causal=False, deterministic=True, bwd_det_diag_align=True).diag_align
