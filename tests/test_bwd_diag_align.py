@@ -128,11 +128,12 @@ def test_diag_align_sass(tmp_path):
     default's (the walk changes per-CTA integer setup, the Q row of the mask, TMA coordinates and the writer's
     address only), with the 8-row rounding of the first row (a LOP3 with 0x7ffffff8 / 0xfffffff8) the default lacks;
     the preprocess unchanged; the postprocess's chunk address differs (a multiply by the padded row count). Non-causal
-    with the field: the default's main kernel and postprocess exactly."""
+    with the field: the default's main kernel and postprocess exactly. (bwd_stream_post pinned off: its counters follow
+    the walk's units.)"""
     from kernels.sm90.sass import count, opcode_counts
 
-    cand = _bwd_kernels_sass(tmp_path, "bwd_diag_align=True", 128, True)
-    base = _bwd_kernels_sass(tmp_path, "bwd_diag_align=False", 128, True)
+    cand = _bwd_kernels_sass(tmp_path, "bwd_diag_align=True, bwd_stream_post=False", 128, True)
+    base = _bwd_kernels_sass(tmp_path, "bwd_diag_align=False, bwd_stream_post=False", 128, True)
     strip = lambda s: re.sub(r"/\*[0-9a-f]+\*/", "", s)
     for kind in ("pre", "main", "post"):
         ops = opcode_counts(cand[kind][0])
@@ -149,8 +150,8 @@ def test_diag_align_sass(tmp_path):
     assert loops_c and loops_b and abs(loops_c[0] - loops_b[0]) <= 8, (loops_c, loops_b)
     rounding = re.compile(r"LOP3\.LUT.*0x(?:7|f)ffffff8")
     assert rounding.search(cand["main"][0]) and not rounding.search(base["main"][0])
-    nc_c = _bwd_kernels_sass(tmp_path, "bwd_diag_align=True, bwd_lpt_heads=0", 128, False)
-    nc_b = _bwd_kernels_sass(tmp_path, "bwd_lpt_heads=0", 128, False)
+    nc_c = _bwd_kernels_sass(tmp_path, "bwd_diag_align=True, bwd_lpt_heads=0, bwd_stream_post=False", 128, False)
+    nc_b = _bwd_kernels_sass(tmp_path, "bwd_lpt_heads=0, bwd_stream_post=False", 128, False)
     for kind in ("main", "post"):
         assert strip(nc_c[kind][0]) == strip(nc_b[kind][0]), kind
 
