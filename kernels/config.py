@@ -159,6 +159,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "lpt_l2_mb": (None,),
                                 "bwd_pdl": (None, False), "bwd_persistent": (None,), "bwd_dq_chunk_release": (None,),
                                 "bwd_diag_align": (None,), "bwd_q_tail": (None,), "bwd_stream_post": (None,),
+                                "bwd_dq_claim": (None,),
                                 "bwd_det_two_writers": (None,), "bwd_det_diag_align": (None,),
                                 "bwd_two_cta_cta_release": (None, True),
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
@@ -166,7 +167,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "early_v_release": (None, False), "persistent_snake": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
-                  "bwd_diag_align", "bwd_q_tail", "bwd_stream_post",
+                  "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake")
 CLUSTER_M_VALUES = (1, 2)
@@ -247,6 +248,13 @@ class AttnConfig:
     # (results/h200/session_ab/bwd_stream_default_8k.jsonl, _32k.jsonl), speed vs off: 8k tokens 1k / 2k 1.024-1.055
     # (hd 64 / 128, causal and not; deterministic 1.019-1.098); 32k tokens 4k 1.001-1.024, 16k 0.992-1.003 (power-capped)
     bwd_stream_post: bool | None = None
+    # sm90 backward with bwd_stream_post's counting (hd 64 / 128 FlashBwdSm90, not deterministic), causal or on rotated
+    # Q walks (hd64 non-causal; hd128 with bwd_rotate_q); elsewhere no effect: the preprocess no longer zeroes dQaccum.
+    # The first dQ writer to reach each dQ row unit claims it (an atomic CAS on a per-unit state next to the stream
+    # counters) and stores its chunk there with a bulk copy instead of a reduce-add; later writers wait for the claim's
+    # store to complete before they add (kernels/sm90/bwd.py _set_dq_claim). None = DEFAULTS' (absent: off). Left out of
+    # to_dict() while None. Not timed yet.
+    bwd_dq_claim: bool | None = None
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ
     # it and waits for the reduction to COMPLETE only before its semaphore release, so the MMA warps never wait for a
@@ -476,7 +484,7 @@ class AttnConfig:
         # (non-causal, causal) pairs filled only where they change the kernel, so every other resolved config (its hash
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
-                     "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post",
+                     "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                      "p_cvt_asm", "pv_wait_mid", "early_v_release"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
@@ -593,6 +601,7 @@ TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "prod
 # fields that only one direction's kernels read (kernels/tiles.py compiled_config drops the other direction's)
 BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads", "bwd_rotate_q", "bwd_pdl",
                    "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post",
+                   "bwd_dq_claim",
                    "bwd_det_two_writers", "bwd_det_diag_align", "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",

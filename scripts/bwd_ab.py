@@ -89,6 +89,11 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_pdl"] = ours(bwd_pdl=True)
         # the postprocess converts each dQ tile once its reductions are counted complete (AttnConfig.bwd_stream_post)
         fns["ours_stream"] = ours(bwd_pdl=True, bwd_stream_post=True)
+        # the first dQ writer per unit stores, the preprocess zeroes no dQaccum (AttnConfig.bwd_dq_claim; hd128
+        # non-causal only on rotated walks: ours_claim_rotq, against ours_rotq)
+        fns["ours_claim"] = ours(bwd_dq_claim=True)
+        if not causal and q.shape[-1] == 128:
+            fns["ours_claim_rotq"] = ours(bwd_dq_claim=True, bwd_rotate_q=True)
         fns["ours_nostream"] = ours(bwd_stream_post=False)
         # deterministic: the postprocess streams on the dQ semaphores (hd64: with PDL, off by default there)
         fns["ours_det_stream"] = ours(deterministic=True, bwd_pdl=True, bwd_stream_post=True)

@@ -210,6 +210,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
             kw["q_tail"] = True
     if cls is FlashBwdSm90 and cfg.bwd_stream_post:  # dQ counted per row unit, streaming postprocess (opt-in)
         kw["stream_post"] = True  # (bwd.py _set_stream_post says where it applies)
+    if cls is FlashBwdSm90 and cfg.bwd_dq_claim:  # first writer per dQ unit stores; no dQaccum zeroing (opt-in)
+        kw["dq_claim"] = True  # (bwd.py _set_dq_claim says where it applies)
     if cls in (FlashBwdSm90, FlashBwd192Sm90) and cfg.bwd_det_two_writers:  # deterministic: two dQ writer warps
         kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128)
     kw.update(features or {})
@@ -263,7 +265,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     # bwd_pdl: all three launched with programmatic dependent launch (main.pdl: where the main kernel has it)
-    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v, pdl=main.pdl)
+    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v, pdl=main.pdl, claim=getattr(main, "dq_claim", False))
     stream_kw = dict(stream=True, unit_rows=main.sem_rows, causal=causal, tile_n=main.tile_n) \
         if getattr(main, "stream_post", False) else {}
     post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, pdl=main.pdl, **_post_layout(main),
@@ -303,7 +305,7 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     return dict(pre=c_pre, main=c_main, post=c_post, exp2_fraction_compiled=main.exp2_fraction_compiled,
                 tile_m=main.tile_m, tile_n=main.tile_n, q_pad_rows=main.tile_m if main.diag_align else 0,
                 persistent=main.persistent, sem_rows=main.sem_rows, stream_post=bool(stream_kw),
-                stream_pre=main.stream_pre)
+                stream_pre=main.stream_pre, dq_claim=getattr(main, "dq_claim", False))
 
 
 def compile_backward(config: AttnConfig | None, dtype_name: str, hdim: int, causal: bool, hdim_v: int | None = None,
@@ -590,7 +592,8 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
     tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m + kern.get("q_pad_rows", 0)
     # one dQ semaphore per (Q tile, CTA of the cluster); deterministic diag_align: per sem_rows (8) Q rows
-    n_m = sqp // kern["sem_rows"] * (2 if cfg.two_cta is True else 1)
+    # (dq_claim: each unit's claim state after the counters, bwd.py _set_dq_claim)
+    n_m = sqp // kern["sem_rows"] * (2 if cfg.two_cta is True or kern.get("dq_claim") else 1)
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dpsum = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dqacc = torch.empty(b, h, sqp, d, device=dev, dtype=torch.float32)

@@ -343,6 +343,7 @@ class FlashBwdSm90(BwdDqWriter):
     ds_cta_release = False  # two_cta: the received dS half handed back with a CTA-scope remote arrive (no MEMBAR.GPU)
     stream_post = False  # the writer counts each dQ row unit's finished reductions; the postprocess streams (_set_stream_post)
     stream_pre = False  # the preprocess zeroes those counts (_set_stream_post)
+    dq_claim = False  # the first writer per dQ unit stores, dQaccum not zeroed (_set_dq_claim)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -351,7 +352,7 @@ class FlashBwdSm90(BwdDqWriter):
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
                  dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False,
                  ds_cta_release: bool = False, two_cta_dv_first: bool = False, persistent: bool = False,
-                 q_tail: bool = False, stream_post: bool = False):
+                 q_tail: bool = False, stream_post: bool = False, dq_claim: bool = False):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -478,6 +479,7 @@ class FlashBwdSm90(BwdDqWriter):
         self._set_persistent(persistent)
         self._set_q_tail(q_tail)
         self._set_stream_post(stream_post)
+        self._set_dq_claim(dq_claim)
 
     def _set_diag_align(self, diag_align: bool) -> None:
         """``diag_align`` (AttnConfig.bwd_diag_align; opt-in): with 80-row Q tiles against 128-row K/V tiles, the
@@ -541,6 +543,20 @@ class FlashBwdSm90(BwdDqWriter):
         # the preprocess zeroes the counters (deterministic: the host zeroes the semaphores, which the main kernel's
         # writer may already spin on before the preprocess ends)
         self.stream_pre = self.stream_post and not self.deterministic
+
+    def _set_dq_claim(self, dq_claim: bool) -> None:
+        """``dq_claim`` (AttnConfig.bwd_dq_claim; opt-in): with stream_pre (the streaming postprocess's counters, not
+        deterministic), one staging buffer and one hand-off per Q tile, causal or on rotated walks. The preprocess
+        does not zero dQaccum: the first writer to reach each stream unit (``sem_rows`` rows) claims it (CAS on a
+        state word after the counters; the host sizes the array twice) and bulk-stores its chunk there, the others
+        reduce-add once the claimant's store has completed (dq_writer.claim_tile). Units no K/V tile visits are the
+        causal rows without keys, which the streaming postprocess writes as zeros without reading dQaccum. The grid
+        walks of hd128 non-causal start every CTA of a head on the same Q tile at once, so all but one would wait at
+        every step: not there (bwd_rotate_q first). 8-row units need the 80-row dQ^T chunks, whose fragment order keeps
+        each 8-row group contiguous (512 floats)."""
+        units_ok = self.sem_rows == self.tile_m or (self.dq_transposed and self.dq_chunk // (self.tile_m // 8) == 512)
+        self.dq_claim = (bool(dq_claim) and self.stream_pre and self.dq_stages == 1 and self.dq_pieces == 1
+                         and not self.dq_chunk_release and (self.causal or self.m_rotate) and units_ok)
 
     def _tail_kernel(self, nq: int) -> "FlashBwdSm90":
         """This kernel object with a 16 nq-row Q tile, for tracing q_tail's last-tile step (tail_step): its fragment

@@ -35,6 +35,21 @@ def bulk_reduce_add_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, 
     )
 
 
+@dsl_user_op
+def bulk_store_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
+    """cp.async.bulk.global.shared::cta.bulk_group: copy nbytes from smem over gmem (dq_claim's first writer)."""
+    llvm.inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
 @cute.jit
 def wait_for_turn(sem_ptr: cute.Pointer, turn: Int32) -> None:
     """Spin (acquire loads, GPU scope) until the dQ tile's semaphore reaches this contributor's turn."""
@@ -164,12 +179,15 @@ class BwdDqWriter:
                     cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
                     self.det_wait(sem_ptr, turn, work, m_block)
-                for w in cutlass.range_constexpr(self.num_mma_wg):
-                    cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
-                    if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
-                        bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
-                                            sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
-                        cute.arch.cp_async_bulk_commit_group()
+                if const_expr(self.dq_claim):  # first writer per unit stores, the others add after it (_set_dq_claim)
+                    self.claim_tile(mdQ2, mSem, sdQ_raw + buf, work, acc_block, m_block)
+                else:
+                    for w in cutlass.range_constexpr(self.num_mma_wg):
+                        cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                        if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
+                            bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
+                                                sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                            cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):
                 if m_iter + 1 < work.m_block_max:
                     turn = self.det_turn(work, self.m_block_at(m_iter + 1, work), rot, causal_off)
@@ -304,6 +322,75 @@ class BwdDqWriter:
             u1 = (cutlass.min(work.q_base + work.m_block_max * self.tile_m, work.seqlen_q) + 7) // 8
         for u in cutlass.range(u0 + lane, u1, 32, unroll=1):
             cute.arch.red(base + u, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def claim_tile(self, mdQ2, mSem, sbuf, work, acc_block: Int32, m_block: Int32) -> None:
+        """dq_claim (FlashBwdSm90._set_dq_claim): this Q tile's dQ chunks (staging buffer ``sbuf``) into dQaccum, which
+        the preprocess did not zero. Lane u < units claims unit u of the tile (atomic CAS 0 -> 1 on its state, after
+        the stream counters in mSem); the claimed units get bulk stores, and once those have completed, a GPU-scope
+        fence and state 2 release them. Only then (holding no claim, so no two writers can wait on each other) the
+        lanes of the other units spin (acquire loads) until their claimants' state is 2, and their units get bulk
+        reduce-adds. A chunk whose units all go one way is one bulk op from lane 0; else one op per unit (its
+        ``slab``: 8 rows, contiguous in the fragment order of dQ^T chunks). Every lane commits a group after each
+        chunk, so the top of the next step's read wait counts the same groups in every lane."""
+        lane = cute.arch.lane_idx()
+        units = self.tile_m // self.sem_rows
+        full = (1 << units) - 1
+        base = mSem.iterator + cute.crd2idx((0, work.head, work.batch), mSem.layout)
+        u0 = m_block
+        if const_expr(self.sem_rows == 8):
+            u0 = (work.q_base + m_block * self.tile_m) // 8
+        state = base + (mSem.shape[0] // 2 + u0 + lane)
+        mine = Int32(0)  # 1: this lane's unit claimed by this CTA
+        if lane < units:
+            if cute.arch.atomic_cas(state, cmp=Int32(0), val=Int32(1), sem="relaxed", scope="gpu") == Int32(0):
+                mine = Int32(1)
+        mask = cute.arch.vote_ballot_sync(mine == Int32(1))
+        if mask != 0:
+            for w in cutlass.range_constexpr(self.num_mma_wg):
+                cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                self.claim_ops(mdQ2, sbuf, work, acc_block, m_block, w, mask, mine, True)
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.fence_acq_rel_gpu()
+            if mine == Int32(1):
+                cute.arch.store(state, Int32(2), sem="relaxed", scope="gpu")
+        if mask != full:
+            if lane < units:
+                if mine == Int32(0):
+                    cur = cute.arch.load(state, Int32, sem="acquire", scope="gpu")
+                    while cur != Int32(2):
+                        cur = cute.arch.load(state, Int32, sem="acquire", scope="gpu")
+            cute.arch.sync_warp()
+            for w in cutlass.range_constexpr(self.num_mma_wg):
+                if mask == 0:
+                    cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
+                self.claim_ops(mdQ2, sbuf, work, acc_block, m_block, w, full - mask, Int32(1) - mine, False)
+
+    @cute.jit
+    def claim_ops(self, mdQ2, sbuf, work, acc_block: Int32, m_block: Int32, w: cutlass.Constexpr[int], sel, lane_sel,
+                  store: cutlass.Constexpr[bool]) -> None:
+        """claim_tile's bulk ops of chunk w for the units in bitmask ``sel`` (``lane_sel``: this lane's unit is in
+        it): stores or reduce-adds, the whole chunk from lane 0 when ``sel`` holds every unit, else one per unit;
+        then every lane commits its group."""
+        lane = cute.arch.lane_idx()
+        units = self.tile_m // self.sem_rows
+        slab = self.dq_chunk // units
+        gptr = self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, 0)
+        sptr = sbuf + w * self.dq_chunk
+        if sel == (1 << units) - 1:
+            if lane == 0:
+                if const_expr(store):
+                    bulk_store_f32(gptr, sptr, self.dq_chunk * 4)
+                else:
+                    bulk_reduce_add_f32(gptr, sptr, self.dq_chunk * 4)
+        else:
+            if lane < units:
+                if lane_sel == Int32(1):
+                    if const_expr(store):
+                        bulk_store_f32(gptr + lane * slab, sptr + lane * slab, slab * 4)
+                    else:
+                        bulk_reduce_add_f32(gptr + lane * slab, sptr + lane * slab, slab * 4)
+        cute.arch.cp_async_bulk_commit_group()
 
     @property
     def det_diag(self) -> bool:

@@ -18,7 +18,9 @@ preprocess CTA is resident. The main kernel waits (griddepcontrol.wait) before i
 ``call_stream`` (AttnConfig.bwd_stream_post, with ``pdl``): also zeroes the main kernel's per-unit dQ completion
 counters (``unit_rows`` Q rows each, bwd_post.py ``stream``) of its rows, and only then (after a GPU-scope fence and a
 CTA barrier) signals launch_dependents: the streaming postprocess, which launches after every main CTA has started and
-so after every preprocess CTA has signalled, never reads a counter from before this call.
+so after every preprocess CTA has signalled, never reads a counter from before this call. ``claim``
+(AttnConfig.bwd_dq_claim): zeroes the units' claim states too (the second half of the same array) and leaves dQaccum
+as it is (the main kernel's first writer per unit stores instead of adding: bwd.py _set_dq_claim).
 """
 from __future__ import annotations
 
@@ -44,8 +46,10 @@ def varlen_pad_offset(offset_q: Int32, batch: Int32, tile_m: cutlass.Constexpr[i
 
 class FlashBwdPreSm90:
     def __init__(self, dtype, hdim: int, tile_m: int, hdim_v: int | None = None, varlen: bool = False,
-                 pdl: bool = False):
+                 pdl: bool = False, claim: bool = False):
         self.dtype = dtype
+        self.claim = bool(claim)  # call_stream only: claim states zeroed, dQaccum not (module docstring)
+        assert not self.claim or pdl
         self.pdl = bool(pdl)  # programmatic dependent launch (module docstring); the plain launch only
         assert not (self.pdl and varlen), "pdl: the plain (non-varlen) launch only"
         self.tile_m = tile_m
@@ -148,6 +152,8 @@ class FlashBwdPreSm90:
             row = bidx * self.rows_per_cta + tidx
             if row % unit_rows == 0 and row < mdPsum.shape[2]:
                 mSem[batch, head, row // unit_rows] = Int32(0)
+                if cutlass.const_expr(self.claim):  # the unit's claim state (the array's second half)
+                    mSem[batch, head, mSem.shape[2] // 2 + row // unit_rows] = Int32(0)
                 cute.arch.fence_acq_rel_gpu()
         cute.arch.sync_threads()
         cute.arch.griddepcontrol_launch_dependents()
@@ -184,7 +190,7 @@ class FlashBwdPreSm90:
         while cutlass.const_expr(off >= 1):
             acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
             off //= 2
-        for j in cutlass.range_constexpr(self.zero_passes):
+        for j in cutlass.range_constexpr(0 if self.claim else self.zero_passes):
             if cutlass.const_expr(self.zero_passes == 1):
                 gdQ = cute.local_tile(mdQaccum[batch, head, row, None], (8,), (tidx % self.tpr,))
                 gdQ.fill(0.0)
