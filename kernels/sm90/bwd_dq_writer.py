@@ -201,8 +201,11 @@ class BwdDqWriter:
             # the walk's reductions complete: count its units (_set_stream_post). After the read wait above: counting
             # before it changed how ptxas scheduled the MMA warps' loop at hd128 non-causal (497 -> 491 instructions)
             if work.m_block_min < work.m_block_max:
-                if lane == 0:
+                if const_expr(self.dq_claim):  # (claim_ops: any lane may have issued a unit's reduce-add)
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
+                else:
+                    if lane == 0:
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
                 cute.arch.sync_warp()
                 cute.arch.fence_acq_rel_gpu()
                 self.stream_count(mSem, work)
