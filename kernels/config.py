@@ -248,12 +248,13 @@ class AttnConfig:
     # (results/h200/session_ab/bwd_stream_default_8k.jsonl, _32k.jsonl), speed vs off: 8k tokens 1k / 2k 1.024-1.055
     # (hd 64 / 128, causal and not; deterministic 1.019-1.098); 32k tokens 4k 1.001-1.024, 16k 0.992-1.003 (power-capped)
     bwd_stream_post: bool | None = None
-    # sm90 backward with bwd_stream_post's counting (hd 64 / 128 FlashBwdSm90, not deterministic), causal or on rotated
+    # sm90 backward with bwd_stream_post (hd 64 / 128 FlashBwdSm90), causal or on rotated
     # Q walks (hd64 non-causal; hd128 with bwd_rotate_q); elsewhere no effect: the preprocess no longer zeroes dQaccum.
     # The first dQ writer to reach each dQ row unit claims it (an atomic CAS on a per-unit state next to the stream
     # counters) and stores its chunk there with a bulk copy instead of a reduce-add; later writers wait for the claim's
-    # store to complete before they add (kernels/sm90/bwd.py _set_dq_claim). None = DEFAULTS' (absent: off). Left out of
-    # to_dict() while None. Not timed yet.
+    # store to complete before they add (kernels/sm90/bwd.py _set_dq_claim). Deterministic kernels that stream (dQ
+    # semaphores per Q tile): each tile's turn 0 stores. None = DEFAULTS' (absent: off). Left out of to_dict() while
+    # None. Not timed yet (written 2026-12-04 without GPU time left).
     bwd_dq_claim: bool | None = None
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ

@@ -1,6 +1,7 @@
 """AttnConfig.bwd_dq_claim (opt-in): the preprocess leaves dQaccum unzeroed; the first dQ writer to reach each dQ row
 unit claims it and bulk-stores its chunk there, the others reduce-add after the claim's store has completed
-(kernels/sm90/bwd.py _set_dq_claim, bwd_dq_writer.py claim_tile, bwd_pre.py ``claim``).
+(kernels/sm90/bwd.py _set_dq_claim, bwd_dq_writer.py claim_tile, bwd_pre.py ``claim``); deterministic kernels store
+on each tile's turn 0 (turn0_op).
 
 CPU only: the field, where the kernel takes it, and the SASS (sm_90a, nvdisasm). GPU correctness:
 tests/test_bwd_dq_claim_gpu.py.
@@ -50,7 +51,11 @@ def test_dq_claim_where_it_applies():
     assert main(hd=64).dq_claim and main(hd=64, causal=False).dq_claim and main(hd=64).sem_rows == 128
     assert not main(causal=False).dq_claim and main(causal=False, bwd_rotate_q=True).dq_claim
     assert not main(bwd_stream_post=False).dq_claim
-    assert not main(deterministic=True).dq_claim
+    det = main(deterministic=True)  # deterministic: each tile's turn 0 stores (semaphores per Q tile only)
+    assert not det.dq_claim and det.dq_turn0_store and main(hd=64, deterministic=True).dq_turn0_store
+    assert not main(deterministic=True, bwd_det_diag_align=True).dq_turn0_store
+    assert not main(deterministic=True, bwd_stream_post=False).dq_turn0_store
+    assert not main().dq_turn0_store
     assert not main(bwd_dq_chunk_release=True).dq_claim
     assert not main(bwd_pdl=False).dq_claim
     assert not _main_kernel(dt, AttnConfig(two_cta=False).resolve("sm90", 128, True), 128, 128, True).dq_claim
@@ -81,3 +86,21 @@ def test_dq_claim_sass(tmp_path, hdim, causal):
     assert stg(cand["pre"][0]) < stg(base["pre"][0])
     strip = lambda s: re.sub(r"\.text\.\S+|\.nv\.\S+|kernel_\w+", "", s)
     assert strip(cand["post"][0]) == strip(base["post"][0])
+
+
+@pytest.mark.parametrize("hdim,causal", [(128, True), (64, False)])
+def test_dq_turn0_store_sass(tmp_path, hdim, causal):
+    """Deterministic (hd128: its two writer warps): the writer stores (UBLKCP) beside its reduce-adds, the MMA warps'
+    HGMMA unchanged, no spills; the preprocess stores nothing into dQaccum."""
+    from kernels.sm90.sass import count, opcode_counts
+
+    cand = _bwd_kernels_sass(tmp_path, "deterministic=True, bwd_dq_claim=True", hdim, causal)
+    base = _bwd_kernels_sass(tmp_path, "deterministic=True, bwd_dq_claim=False", hdim, causal)
+    main_c, main_b = cand["main"][0], base["main"][0]
+    ops_c = opcode_counts(main_c)
+    assert count(ops_c, "LDL") == 0 and count(ops_c, "STL") == 0
+    hg = lambda s: [op for op, _ in _mma_span(s) if op.startswith("HGMMA")]
+    assert hg(main_c) == hg(main_b)
+    assert "UBLKCP.G.S" in main_c and "UBLKCP.G.S" not in main_b and "UBLKRED.G.S.ADD.F32" in main_c
+    stg = lambda s: len(re.findall(r"\bSTG\.", s))
+    assert stg(cand["pre"][0]) < stg(base["pre"][0])

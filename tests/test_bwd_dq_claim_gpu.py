@@ -84,3 +84,36 @@ def test_bwd_dq_claim_rows_without_keys(hdim):
     assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
     x, r = got[0].float(), ref[0].float()
     assert torch.isfinite(x).all() and int((x - r).abs().gt(r.abs() * 2 ** -7 + 1e-3 * r.abs().max()).sum()) == 0
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("hdim,extra", [(64, {}), (128, {}), (128, dict(bwd_det_two_writers=False))],
+                         ids=["64", "128", "128w1"])
+def test_bwd_dq_turn0_store_deterministic(hdim, extra, causal):
+    """Deterministic: each dQ tile's turn 0 stores (no zeroed dQaccum): every gradient bitwise equal (torch.equal)
+    to the kernel with zeroing, 20 interleaved calls over NaN-filled memory; plus the DESIGN.md rule at odd shapes."""
+    from kernels.sm90.backward import attention_backward
+
+    g = torch.Generator(device="cuda").manual_seed(17)
+    b, h, hkv, s = 2, 8, 2, 1500
+    q, do, out = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    k, v = (torch.randn(b, s, hkv, hdim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    lse = torch.randn(b, h, s, device="cuda", dtype=torch.float32, generator=g) + 6.0
+    scale = 1.0 / math.sqrt(hdim)
+    base = _cfg(deterministic=True, bwd_dq_claim=False, **extra)
+    claim = _cfg(deterministic=True, bwd_dq_claim=True, **extra)
+    ref = [t.clone() for t in attention_backward(q, k, v, out, do, lse, causal, scale, base)]
+    bufs = [torch.full_like(t, float("nan")) for t in ref]
+    for i in range(20):
+        for cfg in (claim, base):
+            junk = torch.full((b, h, s + 240, hdim), float("nan"), device="cuda", dtype=torch.float32)
+            del junk
+            for t in bufs:
+                t.fill_(float("nan"))
+            got = attention_backward(q, k, v, out, do, lse, causal, scale, cfg, *bufs)
+            torch.cuda.synchronize()
+            for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+                assert torch.equal(x, r), f"call {i} {name} differs ({'claim' if cfg is claim else 'zeroed'})"
+    for j, (bb, sq, sk, hh) in enumerate(SHAPES[:6]):
+        if not (causal and sq > sk):
+            _run_case(bb, sq, sk, hh, hdim, causal, torch.bfloat16, claim, seed=95 + j)

@@ -265,7 +265,9 @@ def _build(cfg: AttnConfig, dtype_name: str, hdim: int, causal: bool, tvm_ffi: b
     # AttnConfig's tile_m/tile_n and register fields describe the forward; the backward's are bwd_tile_m x
     # tile_n (128 at hdim 64 / 128, 64 at the wide head dims), 24/240.
     # bwd_pdl: all three launched with programmatic dependent launch (main.pdl: where the main kernel has it)
-    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v, pdl=main.pdl, claim=getattr(main, "dq_claim", False))
+    # bwd_dq_claim: no dQaccum zeroing (the main kernel's first writer per unit, or deterministic turn 0, stores)
+    no_zero = getattr(main, "dq_claim", False) or getattr(main, "dq_turn0_store", False)
+    pre = FlashBwdPreSm90(dt, hdim, main.tile_m, hdim_v=hdim_v, pdl=main.pdl, claim=no_zero)
     stream_kw = dict(stream=True, unit_rows=main.sem_rows, causal=causal, tile_n=main.tile_n) \
         if getattr(main, "stream_post", False) else {}
     post = FlashBwdPostSm90(dt, hdim, main.tile_m, blocked=main.dq_smem, pdl=main.pdl, **_post_layout(main),

@@ -344,6 +344,7 @@ class FlashBwdSm90(BwdDqWriter):
     stream_post = False  # the writer counts each dQ row unit's finished reductions; the postprocess streams (_set_stream_post)
     stream_pre = False  # the preprocess zeroes those counts (_set_stream_post)
     dq_claim = False  # the first writer per dQ unit stores, dQaccum not zeroed (_set_dq_claim)
+    dq_turn0_store = False  # deterministic: each dQ tile's turn 0 stores, dQaccum not zeroed (_set_dq_claim)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
                  exp2_emu_fraction: float = 0.0, consumer_regs: int = 240, producer_regs: int = 24,
@@ -553,10 +554,14 @@ class FlashBwdSm90(BwdDqWriter):
         causal rows without keys, which the streaming postprocess writes as zeros without reading dQaccum. The grid
         walks of hd128 non-causal start every CTA of a head on the same Q tile at once, so all but one would wait at
         every step: not there (bwd_rotate_q first). 8-row units need the 80-row dQ^T chunks, whose fragment order keeps
-        each 8-row group contiguous (512 floats)."""
+        each 8-row group contiguous (512 floats). Deterministic kernels that stream (their semaphores per Q tile, not
+        bwd_det_diag_align's 8-row ones): ``dq_turn0_store``, each tile's turn 0 stores (turn0_op)."""
         units_ok = self.sem_rows == self.tile_m or (self.dq_transposed and self.dq_chunk // (self.tile_m // 8) == 512)
         self.dq_claim = (bool(dq_claim) and self.stream_pre and self.dq_stages == 1 and self.dq_pieces == 1
                          and not self.dq_chunk_release and (self.causal or self.m_rotate) and units_ok)
+        # deterministic (streaming, one semaphore per Q tile): no claim needed, each tile's turn 0 comes first by
+        # construction; it stores, the later turns add
+        self.dq_turn0_store = (bool(dq_claim) and self.deterministic and self.stream_post and not self.det_diag)
 
     def _tail_kernel(self, nq: int) -> "FlashBwdSm90":
         """This kernel object with a 16 nq-row Q tile, for tracing q_tail's last-tile step (tail_step): its fragment

@@ -185,8 +185,12 @@ class BwdDqWriter:
                     for w in cutlass.range_constexpr(self.num_mma_wg):
                         cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                         if lane == 0:  # (elect.sync here, straight-line SASS, measured ~3% slower at hd64 on the H200)
-                            bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
-                                                sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                            if const_expr(self.dq_turn0_store):  # deterministic: turn 0 stores (_set_dq_claim)
+                                self.turn0_op(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
+                                              sdQ_raw + (buf + w * self.dq_chunk), turn)
+                            else:
+                                bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
+                                                    sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                             cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.deterministic):
                 if m_iter + 1 < work.m_block_max:
@@ -262,8 +266,12 @@ class BwdDqWriter:
             for w in cutlass.range_constexpr(self.num_mma_wg):
                 cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                 if lane == 0:
-                    bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, 0),
-                                        sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
+                    if const_expr(self.dq_turn0_store):  # turn 0 stores (_set_dq_claim)
+                        self.turn0_op(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, 0),
+                                      sdQ_raw + (buf + w * self.dq_chunk), turn)
+                    else:
+                        bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, 0),
+                                            sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                     cute.arch.cp_async_bulk_commit_group()
             if lane == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -368,6 +376,15 @@ class BwdDqWriter:
                 if mask == 0:
                     cute.arch.barrier(barrier_id=_BAR_DQ_FULL + w, number_of_threads=160)
                 self.claim_ops(mdQ2, sbuf, work, acc_block, m_block, w, full - mask, Int32(1) - mine, False)
+
+    @cute.jit
+    def turn0_op(self, gptr, sptr, turn: Int32) -> None:
+        """dq_turn0_store (deterministic): one dQ chunk's bulk op, a store on the tile's turn 0 (its first
+        contributor, before any other by the turns; the preprocess did not zero dQaccum), else a reduce-add."""
+        if turn == 0:
+            bulk_store_f32(gptr, sptr, self.dq_chunk * 4)
+        else:
+            bulk_reduce_add_f32(gptr, sptr, self.dq_chunk * 4)
 
     @cute.jit
     def claim_ops(self, mdQ2, sbuf, work, acc_block: Int32, m_block: Int32, w: cutlass.Constexpr[int], sel, lane_sel,

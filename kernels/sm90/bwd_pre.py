@@ -19,8 +19,9 @@ preprocess CTA is resident. The main kernel waits (griddepcontrol.wait) before i
 counters (``unit_rows`` Q rows each, bwd_post.py ``stream``) of its rows, and only then (after a GPU-scope fence and a
 CTA barrier) signals launch_dependents: the streaming postprocess, which launches after every main CTA has started and
 so after every preprocess CTA has signalled, never reads a counter from before this call. ``claim``
-(AttnConfig.bwd_dq_claim): zeroes the units' claim states too (the second half of the same array) and leaves dQaccum
-as it is (the main kernel's first writer per unit stores instead of adding: bwd.py _set_dq_claim).
+(AttnConfig.bwd_dq_claim): leaves dQaccum as it is (the main kernel's first writer per unit, or a deterministic tile's
+turn 0, stores instead of adding: bwd.py _set_dq_claim); ``call_stream`` zeroes the units' claim states too (the second
+half of the same array).
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class FlashBwdPreSm90:
     def __init__(self, dtype, hdim: int, tile_m: int, hdim_v: int | None = None, varlen: bool = False,
                  pdl: bool = False, claim: bool = False):
         self.dtype = dtype
-        self.claim = bool(claim)  # call_stream only: claim states zeroed, dQaccum not (module docstring)
+        self.claim = bool(claim)  # dQaccum not zeroed; call_stream: the claim states zeroed (module docstring)
         assert not self.claim or pdl
         self.pdl = bool(pdl)  # programmatic dependent launch (module docstring); the plain launch only
         assert not (self.pdl and varlen), "pdl: the plain (non-varlen) launch only"
