@@ -20,34 +20,32 @@ _BAR_DQ_EMPTY = int(Bar.BWD_DQ_EMPTY)  # + w: writer warp -> MMA warpgroup w (ch
 _BAR_DQ_TOKEN = int(Bar.BWD_DQ_TOKEN)  # + h: det_two_writers: writer warp h -> the other one (dq_writer_pair)
 
 
-@dsl_user_op
-def bulk_reduce_add_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
-    """cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32: add nbytes of fp32 from smem into gmem."""
-    llvm.inline_asm(
-        None,
-        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         Int32(nbytes).ir_value(loc=loc, ip=ip)],
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
-        "l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+def _bulk_smem_to_gmem(ptx: str, doc: str):
+    """A DSL op issuing ``ptx`` [gmem], [smem], nbytes (one bulk-group async copy of nbytes from shared memory)."""
+
+    @dsl_user_op
+    def op(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
+        llvm.inline_asm(
+            None,
+            [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+             Int32(nbytes).ir_value(loc=loc, ip=ip)],
+            ptx + " [$0], [$1], $2;",
+            "l,r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+
+    op.__doc__ = doc
+    return op
 
 
-@dsl_user_op
-def bulk_store_f32(gptr: cute.Pointer, sptr: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
-    """cp.async.bulk.global.shared::cta.bulk_group: copy nbytes from smem over gmem (dq_claim's first writer)."""
-    llvm.inline_asm(
-        None,
-        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         Int32(nbytes).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
-        "l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+bulk_reduce_add_f32 = _bulk_smem_to_gmem(
+    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
+    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32: add nbytes of fp32 from smem into gmem.")
+bulk_store_f32 = _bulk_smem_to_gmem(
+    "cp.async.bulk.global.shared::cta.bulk_group",
+    "cp.async.bulk.global.shared::cta.bulk_group: copy nbytes from smem over gmem (dq_claim's first writer).")
 
 
 @cute.jit
