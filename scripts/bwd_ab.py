@@ -95,7 +95,7 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         if not causal and q.shape[-1] == 128:
             fns["ours_claim_rotq"] = ours(bwd_dq_claim=True, bwd_rotate_q=True)
         fns["ours_nostream"] = ours(bwd_stream_post=False)
-        # deterministic: the postprocess streams on the dQ semaphores (hd64: with PDL, off by default there)
+        # deterministic: the postprocess streams on the dQ semaphores (the default at hd 64 / 128 since 2026-12-04)
         fns["ours_det_stream"] = ours(deterministic=True, bwd_pdl=True, bwd_stream_post=True)
         fns["ours_det_nostream"] = ours(deterministic=True, bwd_stream_post=False)
         # persistent main kernel: grid min(SM count, K/V tiles), each CTA walks K/V tiles (AttnConfig.bwd_persistent)
