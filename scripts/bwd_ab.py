@@ -104,14 +104,14 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_dqrel"] = ours(bwd_dq_chunk_release=True)
     # K/V tile order turns (non-causal: every walk from Q tile 0; causal: the diagonal-most K/V tile first)
     fns["ours_det_naive"] = ours(deterministic=True, det_schedule="naive")
-    if causal:
-        if q.shape[-1] in (64, 128) and q.shape[-1] == v.shape[-1]:
-            # det_schedule="lpt" (issue 9, opt-in): longest K/V tile first (bwd_lpt_heads heads interleaved),
-            # descending Q-tile walks, dQ turns in K/V tile order (g = max(bwd_lpt_heads, 8) heads per group;
-            # ours_det_lpt16: 16)
-            fns["ours_det_lpt"] = ours(deterministic=True, det_schedule="lpt")
-            fns["ours_det_lpt16"] = ours(deterministic=True, det_schedule="lpt", bwd_lpt_heads=16)
-    elif (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):
+    if q.shape[-1] in (64, 128) and q.shape[-1] == v.shape[-1]:
+        # det_schedule="lpt" (issue 9, opt-in): longest K/V tile first (bwd_lpt_heads heads interleaved), causal
+        # Q-tile walks descending, dQ turns in K/V tile order (g = max(bwd_lpt_heads, 8) heads per group;
+        # ours_det_lpt16 / 32: 16 / 32)
+        fns["ours_det_lpt"] = ours(deterministic=True, det_schedule="lpt")
+        fns["ours_det_lpt16"] = ours(deterministic=True, det_schedule="lpt", bwd_lpt_heads=16)
+        fns["ours_det_lpt32"] = ours(deterministic=True, det_schedule="lpt", bwd_lpt_heads=32)
+    if not causal and (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):
         # det_schedule="rotate" (issue 9): rotated Q-tile walks, arrival-order dQ turns (non-causal; causal runs spt)
         fns["ours_det_rot"] = ours(deterministic=True, det_schedule="rotate")
     if ((q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128))

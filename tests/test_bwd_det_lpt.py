@@ -1,4 +1,4 @@
-"""det_schedule="lpt" (deterministic causal backward, opt-in): its schedule arithmetic, its fallbacks, its SASS (CPU).
+"""det_schedule="lpt" (deterministic backward, opt-in; causal here, non-causal is naive's walk regrouped): its schedule arithmetic, its fallbacks, its SASS (CPU).
 
 Causal K/V tile n (of N) visits Q tiles m_min(n) .. M-1 (m_min(n) = max(0, n * tile_n - (seqlen_k - seqlen_q)) //
 tile_m, kernels/sm90/bwd.py tile_schedule). With "lpt" the grid launches K/V tile 0 (the longest walk) first, g heads
@@ -146,8 +146,9 @@ def test_det_schedule_for_call():
     for hd in (64, 128):
         assert _call(hd) == "lpt"
         assert _call(hd, seqlen_k=10 ** 6, sm_count=132) == "lpt"  # no residency bound
-        assert _call(hd, causal=False) == "rotate"  # non-causal: rotate's rules (the default's kernel)
-        assert _call(hd, causal=False, seqlen_k=10 ** 6, sm_count=132) == "spt"
+        assert _call(hd, causal=False) == "lpt"  # non-causal: naive's walk and turns, heads interleaved
+        assert _call(hd, causal=False, seqlen_k=10 ** 6, sm_count=132) == "lpt"
+        assert _call(hd, causal=False, features=True) == "spt"
         assert _call(hd, features=True) == "spt"
         assert _call(hd, varlen=True) == "spt"
         assert _call(hd, two_cta=True) == "spt"
@@ -173,7 +174,11 @@ def test_kernel_flags():
         args = dict(deterministic=True, det_schedule="lpt") | kw
         k = FlashBwdSm90(bf, 128, True, **args)
         assert not k.det_lpt and not k.m_desc, kw
-    assert not FlashBwdSm90(bf, 128, False, deterministic=True, det_schedule="lpt").m_desc  # non-causal
+    for hdim in (64, 128):  # non-causal: ascending walks (naive's), g heads interleaved
+        k = FlashBwdSm90(bf, hdim, False, deterministic=True, det_schedule="lpt", lpt_heads=32)
+        assert k.det_lpt and not k.m_desc and not k.spt and not k.m_rotate and k.lpt_heads == 32
+        naive = FlashBwdSm90(bf, hdim, False, deterministic=True, det_schedule="naive", lpt_heads=32)
+        assert not naive.det_lpt and naive.lpt_heads == 0
     k192 = FlashBwd192Sm90(bf, 192, True, deterministic=True, det_schedule="lpt", hdim_v=128)
     assert not k192.det_lpt and k192.spt
 

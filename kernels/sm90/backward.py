@@ -129,16 +129,17 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
     turns make a CTA wait for CTAs of its head launched after it (K/V tile n - 1 reaches tile n's first Q tile after n
     does), so all of a head's CTAs must be resident at once (tests/test_det_schedule.py: with fewer slots than K/V tiles
     the rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool).
-    ``det_schedule="lpt"`` (opt-in): deterministic causal one-CTA FlashBwdSm90 calls ((64, 64), (128, 128); no window,
-    softcap or varlen) keep it at every length (longest K/V tile first, descending Q-tile walks, K/V tile order turns:
-    a CTA waits only for CTAs launched before it, bwd.py _set_det_lpt); every other call follows "rotate"'s rules."""
+    ``det_schedule="lpt"`` (opt-in): deterministic one-CTA FlashBwdSm90 calls ((64, 64), (128, 128); causal or not; no
+    window, softcap or varlen) keep it at every length (longest K/V tile first, g heads interleaved, causal Q-tile walks
+    descending, K/V tile order turns: a CTA waits only for CTAs launched before it, bwd.py _set_det_lpt); every other
+    call follows "rotate"'s rules."""
     if cfg.det_schedule not in ("rotate", "lpt"):
         return cfg
     from .bwd import BWD_TILES
     from .bwd_wide192 import WIDE192_BWD_TILES
 
     if cfg.det_schedule == "lpt":
-        if (cfg.deterministic and causal and not features and not varlen and cfg.two_cta is not True
+        if (cfg.deterministic and not features and not varlen and cfg.two_cta is not True
                 and hdim == hdim_v and hdim in BWD_TILES):
             return cfg
         cfg = dataclasses.replace(cfg, det_schedule="rotate")

@@ -37,10 +37,11 @@ non-causal, one CTA -- or hd256's 2-CTA pairs, as one contributor each --, no wi
 ``"spt"``): K/V tile n of N walks its M Q tiles from tile
 floor(n M / N) (N <= M; else n mod M: rotate_start, m_rotate's walk) and each Q tile's turns follow that walk's arrival
 order (rotate_turn), so CTAs in lockstep never wait for each other instead of each waiting one dQ add for the previous
-K/V tile, and consecutive turns at a Q tile are M / N steps apart. ``"lpt"`` (opt-in; causal, one CTA, no
+K/V tile, and consecutive turns at a Q tile are M / N steps apart. ``"lpt"`` (opt-in; one CTA, no
 window / varlen; elsewhere "rotate"'s rules): the grid launches the longest K/V tile first (``lpt_heads`` heads
-interleaved, the non-deterministic causal grid), each K/V tile walks its Q tiles from the last one down to its diagonal
-(m_block_at) and the turns go in K/V tile order, so a CTA only ever waits for CTAs launched before it (_set_det_lpt).
+interleaved, the non-deterministic causal grid), each causal K/V tile walks its Q tiles from the last one down to its
+diagonal (m_block_at; non-causal ascending) and the turns go in K/V tile order, so a CTA only ever waits for CTAs
+launched before it (_set_det_lpt).
 At the end dK (times softmax_scale) and dV
 go to shared memory (the K / V tiles' space, once both MMA warpgroups are past their last GEMM) and leave with one TMA
 store each (H200, interleaved against official FA4: 1.16-1.26x at 1k, 1.02-1.06x at 8k over per-thread global stores).
@@ -664,12 +665,15 @@ class FlashBwdSm90(BwdDqWriter):
         stay within 1-4% of the default). Why: SPT (the "spt" causal grid) launches each head's longest CTAs last and
         the last heads' leave a tail (list-scheduling model, 132 SMs, 16k tokens, hd128 80-row: 1.07 of ideal at
         4k-16k against 1.00 for the longest-first grid; /work/notes/bwd_s9.md). Elsewhere the value is ignored (spt /
-        rotate's rules)."""
-        self.det_lpt = (det_schedule == "lpt" and self.deterministic and self.causal and not self.two_cta
+        rotate's rules). Non-causal (every K/V tile walks all M Q tiles, ascending): the K/V tile order turns of
+        "naive" with the g heads' tiles interleaved in the grid, so a head's CTA n starts g launch ranks after n - 1:
+        only the first wave's CTAs wait for each other (as official FA4's deterministic non-causal grid groups heads;
+        the rotated walk instead spaces a Q tile's turns by exactly one step, so every late hand-off adds up)."""
+        self.det_lpt = (det_schedule == "lpt" and self.deterministic and not self.two_cta
                         and not self.has_window and not self.varlen and type(self) is FlashBwdSm90)
         if self.det_lpt:
             self.spt = False
-            self.m_desc = True
+            self.m_desc = self.causal  # non-causal walks are all equally long: ascending, as "naive"'s
             self.lpt_heads = max(int(lpt_heads), DET_LPT_HEADS)
 
     @cute.jit
