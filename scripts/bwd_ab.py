@@ -111,6 +111,8 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         fns["ours_det_lpt"] = ours(deterministic=True, det_schedule="lpt")
         fns["ours_det_lpt16"] = ours(deterministic=True, det_schedule="lpt", bwd_lpt_heads=16)
         fns["ours_det_lpt32"] = ours(deterministic=True, det_schedule="lpt", bwd_lpt_heads=32)
+        fns["ours_det_lpt16_2w"] = ours(deterministic=True, det_schedule="lpt", bwd_lpt_heads=16,
+                                        bwd_det_two_writers=True)
     if not causal and (q.shape[-1], v.shape[-1]) in ((64, 64), (128, 128), (192, 128)):
         # det_schedule="rotate" (issue 9): rotated Q-tile walks, arrival-order dQ turns (non-causal; causal runs spt)
         fns["ours_det_rot"] = ours(deterministic=True, det_schedule="rotate")
