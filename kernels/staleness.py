@@ -52,5 +52,15 @@ def is_stale(row: dict) -> bool:
 
 
 def stale_job_keys(rows) -> set[str]:
-    """Job keys with at least one stale row."""
-    return {r["job_key"] for r in rows if r.get("job_key") and is_stale(r)}
+    """Job keys whose latest run has at least one stale row. A job's runs are told apart by ``run_id`` (latest: the
+    newest row ``time``, as analysis/select.py latest_round_robin_job draws them); the rows of a run it superseded
+    (still in the set's archive) are not what the figures draw, so they do not make the job stale."""
+    latest: dict[str, tuple[str, object]] = {}
+    for r in rows:
+        key = r.get("job_key")
+        if key:
+            t = str(r.get("time") or "")
+            if key not in latest or t > latest[key][0]:
+                latest[key] = (t, r.get("run_id"))
+    return {r["job_key"] for r in rows
+            if r.get("job_key") and r.get("run_id") == latest[r["job_key"]][1] and is_stale(r)}

@@ -26,6 +26,10 @@ def test_a_row_is_stale_only_when_todays_resolution_compiles_something_else():
     assert not is_stale(_row()) and not is_stale(_row({"pingpong": False}, "bwd", 64, True))
     old = _row(compiled_hash="0123456789ab")  # what an older default compiled to
     assert is_stale(old) and stale_job_keys([_row(), dict(old, job_key="old")]) == {"old"}
+    # a job re-timed since: only its latest run counts (the superseded rows stay in the archive)
+    runs = [dict(old, run_id="a", time="2026-12-01T00:00:00"), dict(_row(), run_id="b", time="2026-12-02T00:00:00")]
+    assert stale_job_keys(runs) == set() and stale_job_keys(runs[::-1]) == set()
+    assert stale_job_keys([dict(r, run_id=i, time=t) for r, i, t in ((_row(), "a", "1"), (old, "b", "2"))]) == {"k"}
     assert is_stale(_row({"no_such_field": 1}, compiled_hash="0123456789ab"))  # a field that no longer exists
     for none in (None, float("nan"), ""):  # peers, failures before compiling, rows older than the field
         assert not is_stale(dict(_row(), compiled_hash=none))
