@@ -160,7 +160,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_pdl": (None, False), "bwd_persistent": (None,), "bwd_dq_chunk_release": (None,),
                                 "bwd_diag_align": (None,), "bwd_q_tail": (None,), "bwd_stream_post": (None,),
                                 "bwd_dq_claim": (None,),
-                                "bwd_det_two_writers": (None,), "bwd_det_diag_align": (None,),
+                                "bwd_det_two_writers": (None,), "bwd_det_diag_align": (None,), "bwd_dq_stages": (None,),
                                 "bwd_two_cta_cta_release": (None, True),
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
@@ -271,6 +271,13 @@ class AttnConfig:
     # 0.946 vs 0.916 / 0.937 / 0.936; hd64 non-causal 0.881 / 0.877 / 0.893 vs 0.919 / 0.923 / 0.941 (off there).
     # Left out of to_dict() while None.
     bwd_det_two_writers: bool | None = None
+    # sm90 one-CTA backward (FlashBwdSm90, hd 64 / 128); elsewhere no effect: the number of dQ staging buffers in shared
+    # memory. None: two where the kernel's estimate leaves room (hd64 / hd128 64-row Q tiles), else one. 2 at hd64's
+    # 128-row tiles: the dS mbarriers move in front of the LSE stages and the struct takes exactly 227 KB, so an MMA
+    # warpgroup writes the next Q tile's dQ while the writer's bulk reduction still reads this one (kernels/sm90/bwd.py
+    # _set_dq_stages); hd128's 80-row tiles have no room (the kernel raises). Not timed yet (written 2026-12-04 without
+    # GPU time left). Left out of to_dict() while None.
+    bwd_dq_stages: int | None = None
     # sm90 backward, deterministic, causal "spt" turns, hd128 80-row Q tiles (FlashBwdSm90), one CTA, no window / softcap /
     # varlen; elsewhere no effect: bwd_diag_align's walks (80-row Q tiles from each K/V tile's diagonal row, chunk-major
     # dQaccum) in the deterministic kernel, with one dQ semaphore per 8 Q rows instead of per Q tile (tiles of
@@ -436,6 +443,9 @@ class AttnConfig:
                               "longest first, g heads interleaved)")
         if not isinstance(self.bwd_rotate_q, bool):
             raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
+        n = self.bwd_dq_stages
+        if n is not None and (isinstance(n, bool) or n not in (1, 2)):
+            raise ConfigError(f"bwd_dq_stages={n!r}: must be None (two where they fit) or 1 or 2")
         for name in OPTIONAL_BOOLS:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be None (per-arch default) or a bool")
@@ -603,7 +613,7 @@ TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "prod
 BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads", "bwd_rotate_q", "bwd_pdl",
                    "bwd_persistent", "bwd_dq_chunk_release", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post",
                    "bwd_dq_claim",
-                   "bwd_det_two_writers", "bwd_det_diag_align", "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
+                   "bwd_det_two_writers", "bwd_dq_stages", "bwd_det_diag_align", "bwd_two_cta_cta_release", "bwd_two_cta_dv_first", "bwd_two_cta_n80")
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake")

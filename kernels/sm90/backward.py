@@ -213,6 +213,8 @@ def _main_kernel(dt, cfg: AttnConfig, hdim: int, hdim_v: int, causal: bool, qhea
         kw["stream_post"] = True  # (bwd.py _set_stream_post says where it applies)
     if cls is FlashBwdSm90 and cfg.bwd_dq_claim:  # first writer per dQ unit stores; no dQaccum zeroing (opt-in)
         kw["dq_claim"] = True  # (bwd.py _set_dq_claim says where it applies)
+    if cls is FlashBwdSm90 and cfg.bwd_dq_stages is not None:  # dQ staging buffers (opt-in; bwd.py _set_dq_stages)
+        kw["dq_stages"] = cfg.bwd_dq_stages
     if cls in (FlashBwdSm90, FlashBwd192Sm90) and cfg.bwd_det_two_writers:  # deterministic: two dQ writer warps
         kw["det_two_writers"] = True  # (bwd.py dq_writer_pair; DEFAULTS: (192, 128), hd128)
     kw.update(features or {})

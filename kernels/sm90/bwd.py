@@ -345,6 +345,7 @@ class FlashBwdSm90(BwdDqWriter):
     stream_post = False  # the writer counts each dQ row unit's finished reductions; the postprocess streams (_set_stream_post)
     stream_pre = False  # the preprocess zeroes those counts (_set_stream_post)
     dq_claim = False  # the first writer per dQ unit stores, dQaccum not zeroed (_set_dq_claim)
+    ds_mbar_first = False  # the dS mbarriers in front of the LSE stages (two_cta, or bwd_dq_stages=2: _set_dq_stages)
     dq_turn0_store = False  # deterministic: each dQ tile's turn 0 stores, dQaccum not zeroed (_set_dq_claim)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
@@ -354,7 +355,8 @@ class FlashBwdSm90(BwdDqWriter):
                  varlen: bool = False, lpt_heads: int = 0, rotate_q: bool = False, pdl: bool = False,
                  dq_chunk_release: bool = False, diag_align: bool = False, det_two_writers: bool = False,
                  ds_cta_release: bool = False, two_cta_dv_first: bool = False, persistent: bool = False,
-                 q_tail: bool = False, stream_post: bool = False, dq_claim: bool = False):
+                 q_tail: bool = False, stream_post: bool = False, dq_claim: bool = False,
+                 dq_stages: int | None = None):
         self._set_gqa(qhead_per_kvhead)
         if varlen and two_cta:
             raise ValueError("varlen=True with two_cta=True: the variable-length backward has no 2-CTA mode")
@@ -477,6 +479,7 @@ class FlashBwdSm90(BwdDqWriter):
         # so the tensor cores run dV (a quarter of a tile's wgmma work) under them instead of idling. hd 64 (128-row Q
         # tiles) is left out: ptxas serialised every wgmma there (ds_send's docstring).
         self.two_cta_dv_first = bool(two_cta_dv_first) and self.two_cta and hdim == 128
+        self._set_dq_stages(dq_stages)
         assert not self.det_two_writers or (self.dq_pieces == 1 and self.dq_stages in (1, 2))
         self._set_persistent(persistent)
         self._set_q_tail(q_tail)
@@ -545,6 +548,39 @@ class FlashBwdSm90(BwdDqWriter):
         # the preprocess zeroes the counters (deterministic: the host zeroes the semaphores, which the main kernel's
         # writer may already spin on before the preprocess ends)
         self.stream_pre = self.stream_post and not self.deterministic
+
+    def struct_bytes(self, dq_stages: int, ds_mbar_first: bool) -> int:
+        """Bytes of the one-CTA shared-memory struct (_shared_storage) with ``dq_stages`` dQ staging buffers: the
+        mbarriers (with ``ds_mbar_first`` the two dS mbarrier arrays too) and the LSE / dPsum stages, padded to the
+        first tile's 1024-byte alignment, the Q / dO / K / V / dS^T tiles, the staging buffers, then (without
+        ``ds_mbar_first``) the dS mbarriers."""
+        ds_mbar = 2 * self.stages * 8
+        mbar = (2 * self.q_stages + 2 * self.do_stages + 2) * 8 + (ds_mbar if ds_mbar_first else 0)
+        header = -(-mbar // 128) * 128 + 4 * self.lse_stride * (self.q_stages + self.do_stages)
+        header = -(-header // 1024) * 1024
+        eb = self.dtype.width // 8
+        tiles = (self.q_stages * self.tile_m * self.hdim + self.do_stages * self.tile_m * self.hdim_v
+                 + self.tile_n * (self.hdim + self.hdim_v) + self.stages * self.tile_m * self.tile_n) * eb
+        return header + tiles + dq_stages * self.num_mma_wg * self.dq_chunk * 4 + (0 if ds_mbar_first else ds_mbar)
+
+    def _set_dq_stages(self, dq_stages: int | None) -> None:
+        """``dq_stages`` (AttnConfig.bwd_dq_stages; opt-in; one CTA): the number of dQ staging buffers instead of the
+        rule above (two where the estimate leaves room). hd64's 128-row tiles take two only with the dS mbarriers
+        moved in front of the LSE stages (``ds_mbar_first``): the struct is then exactly 227 KB (struct_bytes). Why:
+        with one buffer an MMA warpgroup waits at its dQ store until the writer's bulk reduction of the previous Q
+        tile has read it (H200 hd64 4k, Nsight Compute: that STS.128 held 3.6% of the default kernel's warp samples,
+        7.8% of the deterministic one's). ValueError where two do not fit; two_cta and the wide kernels keep theirs."""
+        if dq_stages is None or self.two_cta or type(self) is not FlashBwdSm90:
+            return
+        if isinstance(dq_stages, bool) or dq_stages not in (1, 2):
+            raise ValueError(f"dq_stages={dq_stages!r}: 1 or 2 (None: two where they fit)")
+        if dq_stages == 2 and self.dq_stages == 1:
+            need = self.struct_bytes(2, True)
+            if need > SMEM_BYTES:
+                raise ValueError(f"bwd_dq_stages=2: the struct would take {need} bytes of shared memory, more than "
+                                 f"{SMEM_BYTES} (hdim {self.hdim}, {self.tile_m}-row Q tiles)")
+            self.ds_mbar_first = True
+        self.dq_stages = dq_stages
 
     def _set_dq_claim(self, dq_claim: bool) -> None:
         """``dq_claim`` (AttnConfig.bwd_dq_claim; opt-in): with stream_pre (the streaming postprocess's counters, not
@@ -796,7 +832,8 @@ class FlashBwdSm90(BwdDqWriter):
         tile = lambda n: A[R[self.dtype, n], 1024]
         tm, qst, dost = self.tile_m, self.q_stages, self.do_stages
         fields = dict(mbar_q=R[cutlass.Int64, qst * 2], mbar_do=R[cutlass.Int64, dost * 2], mbar_kv=R[cutlass.Int64, 2])
-        if self.two_cta:  # the dS exchange mbarriers next to the others: at hd64 the struct then fits 227 KB exactly
+        # the dS exchange mbarriers next to the others (two_cta; bwd_dq_stages=2 at hd64): the struct then fits 227 KB
+        if self.two_cta or self.ds_mbar_first:
             fields["mbar_dsfull"] = fields["mbar_dsempty"] = R[cutlass.Int64, self.stages]
         fields.update(
             sLSE=A[R[Float32, self.lse_stride * qst], 128], sdPsum=A[R[Float32, self.lse_stride * dost], 128],
@@ -808,7 +845,7 @@ class FlashBwdSm90(BwdDqWriter):
         if p_cosize is None:
             fields["sKp"], fields["sdSp"] = tile(kp_cosize), tile(dsp_cosize)
         fields["sdQ"] = A[R[Float32, dq_cosize], 128]
-        if p_cosize is None and not self.two_cta:
+        if p_cosize is None and not (self.two_cta or self.ds_mbar_first):
             fields["mbar_dsfull"] = fields["mbar_dsempty"] = R[cutlass.Int64, self.stages]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
@@ -923,7 +960,10 @@ class FlashBwdSm90(BwdDqWriter):
 
         self.shared_storage = self._shared_storage(cute.cosize(self.sdS_layout), dq_cosize, kp_cosize=kp_cosize,
                                                    dsp_cosize=dsp_cosize)
-        assert self.shared_storage.size_in_bytes() <= SMEM_BYTES, self.shared_storage.size_in_bytes()
+        size = self.shared_storage.size_in_bytes()
+        assert size <= SMEM_BYTES, size
+        if type(self) is FlashBwdSm90 and not self.two_cta:  # _set_dq_stages sizes the struct with struct_bytes
+            assert size == self.struct_bytes(self.dq_stages, self.ds_mbar_first), (size, self.dq_stages)
         return mma_S, mma_dKV, mma_dQ, loads, atoms, stores
 
     def score_scale(self, softmax_scale):
