@@ -444,7 +444,7 @@ class AttnConfig:
         if not isinstance(self.bwd_rotate_q, bool):
             raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
         n = self.bwd_dq_stages
-        if n is not None and (isinstance(n, bool) or n not in (1, 2)):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n not in (1, 2)):
             raise ConfigError(f"bwd_dq_stages={n!r}: must be None (two where they fit) or 1 or 2")
         for name in OPTIONAL_BOOLS:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):

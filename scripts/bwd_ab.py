@@ -95,6 +95,10 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         if not causal and q.shape[-1] == 128:
             fns["ours_claim_rotq"] = ours(bwd_dq_claim=True, bwd_rotate_q=True)
         fns["ours_nostream"] = ours(bwd_stream_post=False)
+        if q.shape[-1] == 64:  # two dQ staging buffers (AttnConfig.bwd_dq_stages; hd64's 128-row tiles: exactly 227 KB)
+            fns["ours_dq2"] = ours(bwd_dq_stages=2)
+            fns["ours_det_dq2"] = ours(deterministic=True, bwd_dq_stages=2)
+            fns["ours_det_2w_dq2"] = ours(deterministic=True, bwd_det_two_writers=True, bwd_dq_stages=2)
         # deterministic: the postprocess streams on the dQ semaphores (the default at hd 64 / 128 since 2026-12-04)
         fns["ours_det_stream"] = ours(deterministic=True, bwd_pdl=True, bwd_stream_post=True)
         fns["ours_det_nostream"] = ours(deterministic=True, bwd_stream_post=False)

@@ -346,6 +346,7 @@ class FlashBwdSm90(BwdDqWriter):
     stream_pre = False  # the preprocess zeroes those counts (_set_stream_post)
     dq_claim = False  # the first writer per dQ unit stores, dQaccum not zeroed (_set_dq_claim)
     ds_mbar_first = False  # the dS mbarriers in front of the LSE stages (two_cta, or bwd_dq_stages=2: _set_dq_stages)
+    dq_stages_set = False  # dq_stages given (AttnConfig.bwd_dq_stages): deterministic two-buffer early hand-back
     dq_turn0_store = False  # deterministic: each dQ tile's turn 0 stores, dQaccum not zeroed (_set_dq_claim)
 
     def __init__(self, dtype, hdim: int, causal: bool, deterministic: bool = False, two_cta: bool = False,
@@ -553,7 +554,7 @@ class FlashBwdSm90(BwdDqWriter):
         """Bytes of the one-CTA shared-memory struct (_shared_storage) with ``dq_stages`` dQ staging buffers: the
         mbarriers (with ``ds_mbar_first`` the two dS mbarrier arrays too) and the LSE / dPsum stages, padded to the
         first tile's 1024-byte alignment, the Q / dO / K / V / dS^T tiles, the staging buffers, then (without
-        ``ds_mbar_first``) the dS mbarriers."""
+        ``ds_mbar_first``) the dS mbarriers; the whole rounded up to 1024 bytes."""
         ds_mbar = 2 * self.stages * 8
         mbar = (2 * self.q_stages + 2 * self.do_stages + 2) * 8 + (ds_mbar if ds_mbar_first else 0)
         header = -(-mbar // 128) * 128 + 4 * self.lse_stride * (self.q_stages + self.do_stages)
@@ -561,7 +562,8 @@ class FlashBwdSm90(BwdDqWriter):
         eb = self.dtype.width // 8
         tiles = (self.q_stages * self.tile_m * self.hdim + self.do_stages * self.tile_m * self.hdim_v
                  + self.tile_n * (self.hdim + self.hdim_v) + self.stages * self.tile_m * self.tile_n) * eb
-        return header + tiles + dq_stages * self.num_mma_wg * self.dq_chunk * 4 + (0 if ds_mbar_first else ds_mbar)
+        size = header + tiles + dq_stages * self.num_mma_wg * self.dq_chunk * 4 + (0 if ds_mbar_first else ds_mbar)
+        return -(-size // 1024) * 1024  # a struct's size is a multiple of its alignment (the tiles' 1024 bytes)
 
     def _set_dq_stages(self, dq_stages: int | None) -> None:
         """``dq_stages`` (AttnConfig.bwd_dq_stages; opt-in; one CTA): the number of dQ staging buffers instead of the
@@ -569,10 +571,12 @@ class FlashBwdSm90(BwdDqWriter):
         moved in front of the LSE stages (``ds_mbar_first``): the struct is then exactly 227 KB (struct_bytes). Why:
         with one buffer an MMA warpgroup waits at its dQ store until the writer's bulk reduction of the previous Q
         tile has read it (H200 hd64 4k, Nsight Compute: that STS.128 held 3.6% of the default kernel's warp samples,
-        7.8% of the deterministic one's). ValueError where two do not fit; two_cta and the wide kernels keep theirs."""
+        7.8% of the deterministic one's). The deterministic one-writer kernel then also hands the next tile's buffer
+        back once this tile's reductions are issued, not after their completion, fence and release (dq_writer's
+        ``early``). ValueError where two do not fit; two_cta and the wide kernels keep theirs."""
         if dq_stages is None or self.two_cta or type(self) is not FlashBwdSm90:
             return
-        if isinstance(dq_stages, bool) or dq_stages not in (1, 2):
+        if isinstance(dq_stages, bool) or not isinstance(dq_stages, int) or dq_stages not in (1, 2):
             raise ValueError(f"dq_stages={dq_stages!r}: 1 or 2 (None: two where they fit)")
         if dq_stages == 2 and self.dq_stages == 1:
             need = self.struct_bytes(2, True)
@@ -581,6 +585,7 @@ class FlashBwdSm90(BwdDqWriter):
                                  f"{SMEM_BYTES} (hdim {self.hdim}, {self.tile_m}-row Q tiles)")
             self.ds_mbar_first = True
         self.dq_stages = dq_stages
+        self.dq_stages_set = True
 
     def _set_dq_claim(self, dq_claim: bool) -> None:
         """``dq_claim`` (AttnConfig.bwd_dq_claim; opt-in): with stream_pre (the streaming postprocess's counters, not

@@ -156,6 +156,11 @@ class BwdDqWriter:
         turn = Int32(0)
         if const_expr(self.deterministic):
             turn = self.det_turn(work, self.m_block_at(work.m_block_min, work), rot, causal_off)
+        # deterministic with two staging buffers: the next Q tile's buffer (that of the tile before this one, whose
+        # reductions completed before this tile's turn) is handed back as soon as this tile's reductions are issued,
+        # so the MMA warps store the next tile's dQ while this one's complete, are fenced and released
+        # (AttnConfig.bwd_dq_stages given: _set_dq_stages; the 64-row tiles' two buffers by the rule keep the old order)
+        early = self.dq_stages_set and self.deterministic and self.dq_stages == 2 and self.dq_pieces == 1
         for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
@@ -174,7 +179,11 @@ class BwdDqWriter:
                             pending += self.num_mma_wg - 1 - w
                         cute.arch.cp_async_bulk_wait_group(pending, read=True)
                     cute.arch.sync_warp()
-                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+                    if const_expr(early):
+                        if m_iter == work.m_block_min:  # (later tiles: handed back early, below)
+                            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
+                    else:
+                        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
                 if const_expr(self.deterministic and p == 0):
                     self.det_wait(sem_ptr, turn, work, m_block)
                 if const_expr(self.dq_claim):  # first writer per unit stores, the others add after it (_set_dq_claim)
@@ -190,6 +199,11 @@ class BwdDqWriter:
                                 bulk_reduce_add_f32(self.dq_chunk_gptr(mdQ2, work, acc_block, m_block, w, p),
                                                     sdQ_raw + (buf + w * self.dq_chunk), self.dq_chunk * 4)
                             cute.arch.cp_async_bulk_commit_group()
+                if const_expr(early):
+                    if m_iter + 1 < work.m_block_max:
+                        cute.arch.sync_warp()
+                        for w in cutlass.range_constexpr(self.num_mma_wg):
+                            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
             if const_expr(self.deterministic):
                 if m_iter + 1 < work.m_block_max:
                     turn = self.det_turn(work, self.m_block_at(m_iter + 1, work), rot, causal_off)
