@@ -145,10 +145,12 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 # rotate_turn; hd256 in 2-CTA pairs: pair g from tile g mod M, turns over the pairs); causal runs "spt"; so do two_cta
 # at hd 64 / 128, varlen, windows, and calls whose K/V tiles per head exceed the SM count (half of it for hd256 pairs;
 # a head's CTAs must be co-resident: kernels/sm90/backward.py det_schedule_for_call). "lpt" (opt-in):
-# causal hd 64 / 128 one-CTA calls launch the longest K/V tile first (max(8, bwd_lpt_heads) heads interleaved), walk Q
-# tiles from the last one down, dQ turns in K/V tile order (no residency bound); other calls as "rotate". H200
-# 2026-12-01, 16k tokens, 10 rounds (results/h200/session_ab/bwd_det_lpt.jsonl), det / default at 1k / 2k / 8k: lpt
-# hd64 0.76 / 0.72 / 0.85, hd128 0.87 / 0.85 / 0.86; spt 0.91 / 0.94 / 0.94, 0.92 / 0.90 / 0.85: not a default
+# hd 64 / 128 one-CTA calls launch the longest K/V tile first (max(8, bwd_lpt_heads) heads interleaved), walk Q
+# tiles from the last one down (non-causal: ascending, naive's walks), dQ turns in K/V tile order (no residency
+# bound); other calls as "rotate". H200 2026-12-01, 16k tokens, 10 rounds (results/h200/session_ab/bwd_det_lpt.jsonl),
+# det / default at 1k / 2k / 8k: lpt hd64 0.76 / 0.72 / 0.85, hd128 0.87 / 0.85 / 0.86; spt 0.91 / 0.94 / 0.94, 0.92 /
+# 0.90 / 0.85: not a default. Non-causal (2026-12-04, session_ab/bwd_det_lpt_nc_*.jsonl), g = 16 at 1k / 2k / 4k / 16k:
+# hd64 0.947 / 0.949 / 0.938 / 0.932 against rotate's 0.955 / 0.942 / 0.927 / 0.919: not a default either
 DET_SCHEDULES = ("spt", "naive", "rotate", "lpt")
 # None stays None through resolve(): decided per call (shapes; two_cta: head dims, window / softcap, varlen)
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
@@ -254,7 +256,8 @@ class AttnConfig:
     # counters) and stores its chunk there with a bulk copy instead of a reduce-add; later writers wait for the claim's
     # store to complete before they add (kernels/sm90/bwd.py _set_dq_claim). Deterministic kernels that stream (dQ
     # semaphores per Q tile): each tile's turn 0 stores. None = DEFAULTS' (absent: off). Left out of to_dict() while
-    # None. Not timed yet (written 2026-12-04 without GPU time left).
+    # None. H200 2026-12-04 (session_ab/bwd_dq_claim_*.jsonl), claim / default: 1.020-1.035 at 1k, 1.001-1.017 at 2k,
+    # 0.985-1.003 at 4k, 0.963-0.988 at 16k (hd 64 / 128 causal, hd64 non-causal; 8k and 32k tokens): not a default.
     bwd_dq_claim: bool | None = None
     # sm90 backward, deterministic, (192, 128) (FlashBwd192Sm90) and hd 64 / 128 (FlashBwdSm90); elsewhere no effect:
     # two dQ writer warps take the Q tiles in turn, each hands the staging buffer back once its bulk reduction has READ
