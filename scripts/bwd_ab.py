@@ -99,6 +99,7 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
             fns["ours_dq2"] = ours(bwd_dq_stages=2)
             fns["ours_det_dq2"] = ours(deterministic=True, bwd_dq_stages=2)
             fns["ours_det_2w_dq2"] = ours(deterministic=True, bwd_det_two_writers=True, bwd_dq_stages=2)
+            fns["ours_det_lpt16_dq2"] = ours(deterministic=True, det_schedule="lpt", bwd_lpt_heads=16, bwd_dq_stages=2)
         # deterministic: the postprocess streams on the dQ semaphores (the default at hd 64 / 128 since 2026-12-04)
         fns["ours_det_stream"] = ours(deterministic=True, bwd_pdl=True, bwd_stream_post=True)
         fns["ours_det_nostream"] = ours(deterministic=True, bwd_stream_post=False)

@@ -6,7 +6,8 @@ profiles the two main backward kernels of one shape (16k total tokens, hidden 20
 runs each backward N times under torch.profiler and prints every kernel's mean device time (pre, main, post,
 memsets), for the fixed per-call costs at short sequences. ``--t64`` adds our backward with 64-row Q tiles (official's
 tile at hd128 causal), ``--det`` our deterministic backward (its main kernel is a second FlashBwdSm90 launch in the
-report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the non-deterministic rotated walk after it.
+report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the non-deterministic rotated walk after it,
+``--cfg NAME=field=value,...`` (repeatable) any other AttnConfig, last.
 A session script for kernel work; the committed benchmarks are the
 experiments.
 """
@@ -36,6 +37,10 @@ def main():
     ap.add_argument("--t64", action="store_true", help="also our backward with 64-row Q tiles (ours_t64), after ours")
     ap.add_argument("--rotq", action="store_true",
                     help="also the non-deterministic rotated Q-tile walk (ours_rotq, AttnConfig.bwd_rotate_q), last")
+    ap.add_argument("--cfg", action="append", default=[], metavar="NAME=FIELD=VALUE,...",
+                    help="also our backward with these AttnConfig fields (values as Python literals), e.g. "
+                         "--cfg 'det_lpt16=deterministic=True,det_schedule=\"lpt\",bwd_lpt_heads=16'; repeatable, "
+                         "after the others in the given order")
     a = ap.parse_args()
     s, d, causal = a.seqlen, a.hdim, bool(a.causal)
     b, h = max(1, 16384 // s), 2048 // d
@@ -55,6 +60,9 @@ def main():
     if a.rotq:
         rotq = kernels.AttnConfig(bwd_rotate_q=True)
         calls["ours_rotq"] = lambda: attention_backward(q, k, v, out, do, lse, causal, scale, rotq)
+    for spec in a.cfg:
+        name, cfg = parse_cfg(spec)
+        calls[name] = lambda cfg=cfg: attention_backward(q, k, v, out, do, lse, causal, scale, cfg)
     try:
         from flash_attn.cute.interface import _flash_attn_bwd
 
@@ -66,6 +74,22 @@ def main():
     torch.cuda.synchronize()
     if a.kernels:
         per_kernel(calls, a.kernels)
+
+
+def parse_cfg(spec: str):
+    """``NAME=field=value,field=value``: (NAME, AttnConfig(field=value, ...)); values are Python literals."""
+    import ast
+
+    import kernels
+
+    name, _, fields = spec.partition("=")
+    kw = {}
+    for item in filter(None, fields.split(",")):
+        field, _, value = item.partition("=")
+        kw[field.strip()] = ast.literal_eval(value.strip())
+    if not name or not kw:
+        raise SystemExit(f"--cfg {spec!r}: expected NAME=field=value[,field=value...]")
+    return name, kernels.AttnConfig(**kw)
 
 
 def per_kernel(calls: dict, n: int) -> None:
