@@ -278,7 +278,8 @@ class AttnConfig:
     # memory. None: two where the kernel's estimate leaves room (hd64 / hd128 64-row Q tiles), else one. 2 at hd64's
     # 128-row tiles: the dS mbarriers move in front of the LSE stages and the struct takes exactly 227 KB, so an MMA
     # warpgroup writes the next Q tile's dQ while the writer's bulk reduction still reads this one (kernels/sm90/bwd.py
-    # _set_dq_stages); hd128's 80-row tiles have no room (the kernel raises). Not timed yet (written 2026-12-04 without
+    # _set_dq_stages); hd128's 80-row tiles have no room (the kernel raises). With bwd_persistent the hd64 causal kernel
+    # spills (CPU SASS: 5 STL / 9 LDL; the persistent kernel alone 1 / 5). Not timed yet (written 2026-12-04 without
     # GPU time left). Left out of to_dict() while None.
     bwd_dq_stages: int | None = None
     # sm90 backward, deterministic, causal "spt" turns, hd128 80-row Q tiles (FlashBwdSm90), one CTA, no window / softcap /
