@@ -402,12 +402,12 @@ class FlashBwdSm90(BwdDqWriter):
         else:
             self.dq_vals = self.tile_m * (hdim // 2) // 128  # fp32 dQ values per MMA thread
         self.dq_chunk = 128 * self.dq_vals  # floats per warpgroup chunk
-        # dQ staging buffers: two when shared memory allows, so an MMA warpgroup never waits for the writer's
-        # bulk read of the previous Q tile's chunk (hd128: 192 KB of operand tiles + 2 x 32 KB fits 227 KB)
-        operands = (2 * NUM_STAGES * self.tile_m * hdim + 2 * self.tile_n * hdim + NUM_STAGES * self.tile_m
-                    * self.tile_n) * dtype.width // 8 + 2 * NUM_STAGES * self.tile_m * 4
-        dq_bytes = self.tile_m * hdim * 4
-        self.dq_stages = 2 if operands + 2 * dq_bytes + 2048 <= SMEM_BYTES else 1
+        self.stages = NUM_STAGES
+        self.q_stages = self.do_stages = NUM_STAGES  # producer-side depths (FlashBwdWideSm90 sets them apart)
+        # dQ staging buffers: two when shared memory allows (the struct as laid out today: struct_bytes), so an MMA
+        # warpgroup never waits for the writer's bulk read of the previous Q tile's chunk (hd128 64-row tiles; hd64's
+        # 128-row tiles need the dS mbarriers moved first: AttnConfig.bwd_dq_stages, _set_dq_stages)
+        self.dq_stages = 2 if self.struct_bytes(2, False) <= SMEM_BYTES else 1
         if self.two_cta:
             # two_cta also keeps the peer's K tile and the received dS halves: with 208 KB of tiles (hd64 / 128-row
             # and hd128 / 64-row Q tiles) one 16 KB staging buffer fits (hd64: exactly 227 KB in all, hd128: 226 KB),
@@ -420,8 +420,6 @@ class FlashBwdSm90(BwdDqWriter):
         assert self.tile_n == 64 * self.num_mma_wg
         self.num_threads = 128 * (self.num_mma_wg + 1)
         self.num_mma_threads = 128 * self.num_mma_wg
-        self.stages = NUM_STAGES
-        self.q_stages = self.do_stages = NUM_STAGES  # producer-side depths (FlashBwdWideSm90 sets them apart)
         self.dq_pieces = 1  # dQ GEMMs (and writer hand-offs) per warpgroup and Q tile
         self._set_exp2_regs(self.tile_m, exp2_emu_fraction, consumer_regs, producer_regs)
         # hd64 (one CTA): the exponents of every S^T value and the exponentials of the first half before the wait for
