@@ -89,6 +89,12 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
                        bwd_pdl=(True, True), bwd_stream_post=(True, True),
+                       # deterministic non-causal: lpt walks (16 heads interleaved) with two dQ staging buffers. H200
+                       # 2026-12-04, one process, 6-10 rounds (session_ab/bwd64_det_dq2_*.jsonl), det / default at 1k /
+                       # 2k / 4k / 16k: 0.961 / 0.958 / 0.953 / 0.941 against rotate's 0.956 / 0.939 / 0.927 / 0.910
+                       # (rotate + 2 buffers 0.965 / 0.952 / 0.940 / 0.929); causal keeps spt (lpt16 + 2 buffers
+                       # 0.79-0.93, spt + 2 buffers within +-0.007 of spt)
+                       det=(dict(det_schedule="lpt", bwd_lpt_heads=16, bwd_dq_stages=2), {}),
                        # causal <= 1k: 128-row tiles (H200 s8k: 1.19x / 1.20x the speed of 64-row tiles), plain round
                        # robin; 2k-4k: the table's 192-row tiles, snake order (AttnConfig.persistent_snake)
                        persistent_tile=(None, ((1024, dict(tile_m=128, consumer_regs=240, producer_regs=24)),
@@ -197,7 +203,10 @@ class AttnConfig:
     # on where DEFAULTS says so (sm90 hd256: 1.15x the one-CTA backward on the H200) and the call has no window,
     # softcap or varlen; True / False force it. Not filled in by resolve(); left out of to_dict() while None.
     two_cta: bool | None = None
-    det_schedule: str = "rotate"  # deterministic backward: "rotate" (non-causal; else spt), "spt" (causal: shortest first), "naive"
+    # deterministic backward: "rotate" (non-causal; else spt), "spt" (causal: shortest first), "naive", "lpt"; None =
+    # DEFAULTS' ``det`` pair for deterministic configs (sm90 hd64 non-causal: "lpt" with bwd_lpt_heads=16 and
+    # bwd_dq_stages=2), else "rotate" (resolve(); every other resolved config and its hash as before the None)
+    det_schedule: str | None = None
     bwd_tile_m: int | None = None  # backward: Q rows per step (64 or 128; 80 at sm90 hdim 128); K/V rows per CTA stay 128
     # sm90 backward, causal, not deterministic (hd 64 / 128, one CTA, not varlen; elsewhere no effect): 0 = the grid
     # launches each head's diagonal-most K/V tile (least work) first; g >= 1 = longest first (K/V tile order, official
@@ -415,7 +424,7 @@ class AttnConfig:
         f = self.exp2_emu_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not (0.0 <= float(f) <= 1.0)):
             raise ConfigError(f"exp2_emu_fraction={f!r}: must be None (per-arch default) or a number in [0, 1]")
-        if self.det_schedule not in DET_SCHEDULES:
+        if self.det_schedule is not None and self.det_schedule not in DET_SCHEDULES:
             raise ConfigError(f"det_schedule={self.det_schedule!r}: must be one of {DET_SCHEDULES} "
                               "(deterministic backward: causal shortest-processing-time first, K/V tile order, or "
                               "non-causal rotated Q-tile walks with arrival-order turns, or causal longest first "
@@ -515,6 +524,10 @@ class AttnConfig:
             updates["bwd_det_two_writers"] = True  # only deterministic kernels have it: other configs keep their hash
         if self.deterministic and self.bwd_det_diag_align is None and d.get("bwd_det_diag_align", (0, 0))[int(causal)]:
             updates["bwd_det_diag_align"] = True  # likewise
+        if self.det_schedule is None:  # the deterministic default of (hdim, causal): its schedule and the fields with it
+            det = dict(d.get("det", ({}, {}))[int(causal)]) if self.deterministic else {}
+            updates["det_schedule"] = det.pop("det_schedule", "rotate")
+            updates.update({k: v for k, v in det.items() if getattr(self, k) is None})
         entry = TUNED.get((arch, int(hdim), bool(causal)), {}) if tuned else {}  # conf/tuned/<arch>.yaml (run.py tune)
         updates.update({k: v for k, v in entry.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only

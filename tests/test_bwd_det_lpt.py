@@ -129,7 +129,12 @@ def test_config_value():
     cfg = AttnConfig(deterministic=True, det_schedule="lpt")
     assert AttnConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.config_hash() != AttnConfig(deterministic=True).config_hash()
-    assert AttnConfig().det_schedule == "rotate"  # not the default
+    assert AttnConfig().det_schedule is None  # resolve() picks: lpt only where DEFAULTS' det pair says so
+    assert AttnConfig(deterministic=True).resolve("sm90", 128, False).det_schedule == "rotate"
+    hd64 = AttnConfig(deterministic=True).resolve("sm90", 64, False)  # the hd64 non-causal deterministic default
+    assert (hd64.det_schedule, hd64.bwd_lpt_heads, hd64.bwd_dq_stages) == ("lpt", 16, 2)
+    explicit = AttnConfig(deterministic=True, det_schedule="rotate").resolve("sm90", 64, False)  # stays the old default
+    assert (explicit.det_schedule, explicit.bwd_lpt_heads, explicit.bwd_dq_stages) == ("rotate", None, None)
 
 
 def _call(hdim=128, hdim_v=None, causal=True, det=True, features=False, varlen=False, two_cta=False, seqlen_k=None,

@@ -99,7 +99,8 @@ def test_dq_stages_det_early_handback_sass(tmp_path):
     from kernels.sm90.sass import opcode_counts
 
     arrives = lambda sass: len(re.findall(r"BAR\.ARV 0x(?:9|a), 0xa0", sass))  # noqa: E731
-    two = _bwd_kernels_sass(tmp_path, "deterministic=True, bwd_dq_stages=2", 64, False)["main"][0]
-    one = _bwd_kernels_sass(tmp_path, "deterministic=True", 64, False)["main"][0]
+    sched = "deterministic=True, det_schedule='rotate'"  # (the hd64 non-causal default, lpt, has two buffers)
+    two = _bwd_kernels_sass(tmp_path, f"{sched}, bwd_dq_stages=2", 64, False)["main"][0]
+    one = _bwd_kernels_sass(tmp_path, sched, 64, False)["main"][0]
     assert (arrives(one), arrives(two)) == (2, 4)
     assert not {k: v for k, v in opcode_counts(two).items() if re.match(r"(LDL|STL)\b", k)}

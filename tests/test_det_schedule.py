@@ -179,8 +179,12 @@ def test_config_accepts_rotate_and_names_it_in_errors():
     assert cfg.to_dict()["det_schedule"] == "rotate"
     assert AttnConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.config_hash() != AttnConfig(deterministic=True, det_schedule="spt").config_hash()
-    assert AttnConfig().det_schedule == "rotate"  # the default (H200 2026-12-01: 1.02-1.24x spt's speed, non-causal)
-    for bad in ("rot", "Rotate", None, 1):
+    # None: resolve() picks it (DEFAULTS' det pair; else "rotate", H200 2026-12-01: 1.02-1.24x spt's speed, non-causal)
+    assert AttnConfig().det_schedule is None
+    for hdim, causal, det, want in ((128, False, True, "rotate"), (128, True, True, "rotate"), (64, True, True, "rotate"),
+                                    (64, False, False, "rotate"), (64, False, True, "lpt"), (256, False, True, "rotate")):
+        assert AttnConfig(deterministic=det).resolve("sm90", hdim, causal).det_schedule == want, (hdim, causal, det)
+    for bad in ("rot", "Rotate", "", 1):
         with pytest.raises(ConfigError, match=r"det_schedule=.*'rotate'"):
             AttnConfig(det_schedule=bad)
 
