@@ -145,7 +145,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
 }
 
-# deterministic backward dQ schedules (AttnConfig.det_schedule). "rotate" (the default since 2026-12-01; H200: det /
+# deterministic backward dQ schedules (AttnConfig.det_schedule). "rotate" (the default since 2026-12-01 but at hd64 non-causal; H200: det /
 # default 0.91-0.95 at hd 64 / 128 non-causal 1k-16k, against spt's 0.74-0.93; results/h200/session_ab/bwd_det_rotate):
 # non-causal K/V tile n walks its Q tiles from tile n mod M, dQ turns in arrival order (kernels/sm90/bwd.py
 # rotate_turn; hd256 in 2-CTA pairs: pair g from tile g mod M, turns over the pairs); causal runs "spt"; so do two_cta
@@ -156,7 +156,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
 # bound); other calls as "rotate". H200 2026-12-01, 16k tokens, 10 rounds (results/h200/session_ab/bwd_det_lpt.jsonl),
 # det / default at 1k / 2k / 8k: lpt hd64 0.76 / 0.72 / 0.85, hd128 0.87 / 0.85 / 0.86; spt 0.91 / 0.94 / 0.94, 0.92 /
 # 0.90 / 0.85: not a default. Non-causal (2026-12-04, session_ab/bwd_det_lpt_nc_*.jsonl), g = 16 at 1k / 2k / 4k / 16k:
-# hd64 0.947 / 0.949 / 0.938 / 0.932 against rotate's 0.955 / 0.942 / 0.927 / 0.919: not a default either
+# hd64 0.947 / 0.949 / 0.938 / 0.932 against rotate's 0.955 / 0.942 / 0.927 / 0.919; with bwd_dq_stages=2 (2026-12-04,
+# session_ab/bwd64_det_dq2_*.jsonl) 0.961 / 0.958 / 0.953 / 0.941 against 0.956 / 0.939 / 0.927 / 0.910: hd64
+# non-causal's deterministic default since (DEFAULTS' ``det`` pair; det_schedule=None picks it)
 DET_SCHEDULES = ("spt", "naive", "rotate", "lpt")
 # None stays None through resolve(): decided per call (shapes; two_cta: head dims, window / softcap, varlen)
 PER_CALL_FIELDS = ("persistent", "pack_gqa", "two_cta")
@@ -288,8 +290,9 @@ class AttnConfig:
     # 128-row tiles: the dS mbarriers move in front of the LSE stages and the struct takes exactly 227 KB, so an MMA
     # warpgroup writes the next Q tile's dQ while the writer's bulk reduction still reads this one (kernels/sm90/bwd.py
     # _set_dq_stages); hd128's 80-row tiles have no room (the kernel raises). With bwd_persistent the hd64 causal kernel
-    # spills (CPU SASS: 5 STL / 9 LDL; the persistent kernel alone 1 / 5). Not timed yet (written 2026-12-04 without
-    # GPU time left). Left out of to_dict() while None.
+    # spills (CPU SASS: 5 STL / 9 LDL; the persistent kernel alone 1 / 5). H200 2026-12-04 (session_ab/bwd64_det_dq2_*):
+    # 0.996-1.006x the one-buffer kernel (not deterministic: not a default); deterministic +0.7-1.9% non-causal, on
+    # there with det_schedule "lpt" (DEFAULTS' hd64 ``det`` pair). Left out of to_dict() while None.
     bwd_dq_stages: int | None = None
     # sm90 backward, deterministic, causal "spt" turns, hd128 80-row Q tiles (FlashBwdSm90), one CTA, no window / softcap /
     # varlen; elsewhere no effect: bwd_diag_align's walks (80-row Q tiles from each K/V tile's diagonal row, chunk-major

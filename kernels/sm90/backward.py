@@ -23,7 +23,8 @@ cross a bound, and applies the softcap's chain rule (bwd.py). two_cta=True does 
 two_cta=None (the default) runs 2-CTA where the defaults table says so (hd256) only when the call has neither, and
 never varlen (backward_config, kernels.config.two_cta_by_default).
 
-``det_schedule="rotate"`` (deterministic; the default) runs where det_schedule_for_call says, else the "spt" kernel.
+``det_schedule="rotate"`` (deterministic; the default but at hd64 non-causal, which runs "lpt": AttnConfig.resolve)
+runs where det_schedule_for_call says, else the "spt" kernel.
 
 ``bwd_pdl=True`` (opt-in; FlashBwdSm90 at hd 64 / 128, not varlen): the three kernels are launched with programmatic
 dependent launch (the programmaticStreamSerialization attribute): the main kernel's CTAs start -- shared memory and
@@ -129,7 +130,7 @@ def det_schedule_for_call(cfg: AttnConfig, causal: bool, hdim: int, hdim_v: int,
     turns make a CTA wait for CTAs of its head launched after it (K/V tile n - 1 reaches tile n's first Q tile after n
     does), so all of a head's CTAs must be resident at once (tests/test_det_schedule.py: with fewer slots than K/V tiles
     the rotated order can deadlock, K/V tile order cannot). ``cfg``: after backward_config (two_cta a bool).
-    ``det_schedule="lpt"`` (opt-in): deterministic one-CTA FlashBwdSm90 calls ((64, 64), (128, 128); causal or not; no
+    ``det_schedule="lpt"`` (hd64 non-causal's default; else opt-in): deterministic one-CTA FlashBwdSm90 calls ((64, 64), (128, 128); causal or not; no
     window, softcap or varlen) keep it at every length (longest K/V tile first, g heads interleaved, causal Q-tile walks
     descending, K/V tile order turns: a CTA waits only for CTAs launched before it, bwd.py _set_det_lpt); every other
     call follows "rotate"'s rules."""

@@ -37,7 +37,8 @@ non-causal, one CTA -- or hd256's 2-CTA pairs, as one contributor each --, no wi
 ``"spt"``): K/V tile n of N walks its M Q tiles from tile
 floor(n M / N) (N <= M; else n mod M: rotate_start, m_rotate's walk) and each Q tile's turns follow that walk's arrival
 order (rotate_turn), so CTAs in lockstep never wait for each other instead of each waiting one dQ add for the previous
-K/V tile, and consecutive turns at a Q tile are M / N steps apart. ``"lpt"`` (opt-in; one CTA, no
+K/V tile, and consecutive turns at a Q tile are M / N steps apart. ``"lpt"`` (hd64 non-causal's default with two
+dQ staging buffers and 16 heads interleaved, since 2026-12-04; else opt-in; one CTA, no
 window / varlen; elsewhere "rotate"'s rules): the grid launches the longest K/V tile first (``lpt_heads`` heads
 interleaved, the non-deterministic causal grid), each causal K/V tile walks its Q tiles from the last one down to its
 diagonal (m_block_at; non-causal ascending) and the turns go in K/V tile order, so a CTA only ever waits for CTAs
