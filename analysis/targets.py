@@ -22,6 +22,7 @@ from analysis.tables import paper_grid
 
 ALL_HDIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
 SMALL_EXPERIMENTS = ("fwd_small", "bwd_small")  # the 8k-token small problems: sets of their own (conf/experiment/)
+GEMM_EXPERIMENTS = ("fwd_gemm",)  # ours against a matmul timed in the same rounds (experiments/gemm_ref.py)
 LONG = (4096, 32768)  # the issues' "paper grid, seqlen 4k-32k"
 
 
@@ -39,6 +40,7 @@ class Target:
     variant: bool = False
     default_is_entry: bool = False  # the variant is the default's opposite (one_cta where two_cta is the default)
     tokens: int | None = None  # total tokens (batch x seqlen) of the cells; None: the paper grid's
+    causal: tuple | None = None  # the causal values of the cells; None: the grid's
 
 
 TARGETS = (
@@ -48,6 +50,9 @@ TARGETS = (
     Target(11, "fwd ours / official FA4 >= 1.0 at (192, 128)", "fwd", "fa4_official", 1.0, ((192, 128),)),
     Target(11, "fwd ours / cuDNN >= 1.1 from 4k", "fwd", "sdpa_cudnn", 1.1),
     Target(11, "fwd ours / cuDNN >= 0.9 at 1k-2k", "fwd", "sdpa_cudnn", 0.9, seqlens=(1024, 2048)),
+    # matmul_ref's ratio is normalised to equal FLOPs: ours TFLOP/s over a square bf16 matmul's in the same rounds
+    Target(11, "fwd hd128 non-causal 16k >= 0.9 of the bf16 matmul (same rounds)", "fwd", "matmul_ref", 0.9,
+           ((128, 128),), (16384, 16384), causal=(False,)),
     Target(9, "bwd ours / official FA4 >= 1.0 at hd 64, 128, (192, 128)", "bwd", "fa4_official", 1.0,
            ALL_HDIMS[:3]),
     Target(9, "bwd ours / official FA4 >= 1.3 at hd256", "bwd", "fa4_official", 1.3, ((256, 256),)),
@@ -141,7 +146,8 @@ def grid_cells(t: Target, grid: dict | None = None) -> list[tuple]:
     seqs = [int(s) for s in grid["seqlens"]]
     if t.tokens is not None:  # off the paper grid: every power-of-two length in the target's range
         seqs = [s for s in (1 << i for i in range(8, 16)) if s <= t.tokens]
-    return [(h, hv, bool(c), s) for h, hv in t.hdims for c in grid["causal"] for s in seqs if lo <= s <= hi]
+    causal = grid["causal"] if t.causal is None else t.causal
+    return [(h, hv, bool(c), s) for h, hv in t.hdims for c in causal for s in seqs if lo <= s <= hi]
 
 
 def evaluate(df: pd.DataFrame, targets=TARGETS, grid: dict | None = None) -> pd.DataFrame:
@@ -175,7 +181,7 @@ def main(argv=None) -> int:
     from analysis.select import ATTN_EXPERIMENTS, load_experiments
     from analysis.tables import markdown_table
 
-    tab = evaluate(load_experiments(*ATTN_EXPERIMENTS, *SMALL_EXPERIMENTS, scratch=False))
+    tab = evaluate(load_experiments(*ATTN_EXPERIMENTS, *SMALL_EXPERIMENTS, *GEMM_EXPERIMENTS, scratch=False))
     print(markdown_table(tab))
     return 0
 

@@ -6,7 +6,7 @@ A job (``group_jobs`` makes them from the sweep's per-backend jobs, one per shap
     {"kind": "compare", "experiment": str, "shape": Shape dict, "modes": [...], "check": bool,
      "bench": {"warmup", "repeats", "flush_l2", "max_time_s", optional "settle_s", "min_rounds"},
      "entries": [{"backend", "variant", "config"}, ...], "baseline": {"backend", "variant"},
-     optional "device", "softmax_scale", "seed"}
+     optional "device", "softmax_scale", "seed", "gemm_ref"}
 
 Per mode the inputs are made once. Each entry's first call (compile included) and second call are timed
 (``first_call_s`` / ``second_call_s`` rows), then the entry is checked (``err_*`` rows, as attn jobs); an entry that
@@ -18,6 +18,8 @@ per-round times, p20/p80/iqr/min/max/n, flops, tflops, peak, the sampler summary
 settle fields, ``round_throttled``, ``rr_entries`` = who was timed together), and per entry other than the baseline a
 ``time_ratio`` row: per round r = t_entry / t_baseline (> 1: the baseline is faster), value = median r, p20/p80,
 min/max, n, ``samples``, ``value_unthrottled`` / ``n_unthrottled`` (rounds with no throttled sample), ``baseline``.
+``gemm_ref: true``: a square matmul of about the attention's FLOPs is timed in the same rounds as one more entry
+(backend ``matmul_ref``; its ratio row normalised to equal FLOPs: experiments/gemm_ref.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch
 from .attn_job import (MODES, _Rows, _peak, _timed_fn, _timed_inputs, classify_error, error_message)
 from .backends import get_backend
 from .bench import attn_flops, time_first_call, tflops
+from . import gemm_ref
 from .check import check_backend, check_fits, fit_check_shape, slice_shape
 from .metadata import gpu_state_fields
 from .shapes import Shape
@@ -103,12 +106,40 @@ class _Entry:
         return ok
 
 
+class _GemmEntry:
+    """The ``gemm_ref`` entry: a matmul sized per mode to the attention's FLOPs (experiments/gemm_ref.py)."""
+    variant = None
+
+    def __init__(self, job, shape, device):
+        self.label = gemm_ref.LABEL
+        self.rows = _Rows(job, shape, None, device, None, backend=gemm_ref.LABEL)
+        self.n: dict[str, int] = {}
+
+    def add_fn(self, mode, shape, device, fns, seed) -> str | None:
+        """Put the matmul of ``mode``'s size into ``fns`` (a fail row instead if it cannot be made)."""
+        before = gpu_state_fields("before")
+        try:
+            n = gemm_ref.gemm_size(attn_flops(shape, mode))
+            fns[self.label] = gemm_ref.gemm_fn(n, shape.torch_dtype, device, seed or 0)
+        except Exception as x:  # noqa: BLE001 -- recorded as a row
+            fns.pop(self.label, None)
+            return self.rows.fail(mode, x, state=before)
+        self.n[mode] = n
+        return None
+
+    def flops(self, mode) -> float:
+        return gemm_ref.gemm_flops(self.n[mode])
+
+
 def run(job: dict) -> list[dict]:
     """Run one "compare" job; a backend's failure is a row (a bad job description raises)."""
     shape, specs, labels, base, modes, bench = _parse(job)
     device = job.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     entries = [_Entry(job, e, shape, device) for e in specs]
     live = [e for e in entries if e.usable(shape, device, modes)]
+    gemm = _GemmEntry(job, shape, device) if job.get("gemm_ref") else None
+    if gemm is not None:
+        entries.append(gemm)
     scale, seed = job.get("softmax_scale"), job.get("seed")
     check_shape = fit_check_shape(shape, device) if job.get("check") else None
     settle_s = bench["settle_s"] if bench["settle_s"] is not None else (2.0 if device.startswith("cuda") else 0.0)
@@ -135,6 +166,8 @@ def run(job: dict) -> list[dict]:
             fns[e.label] = fn
             if job.get("check") and _check(e, mode, shape, check_shape, device, seed, scale) == "cuda_fault":
                 return rows()
+        if gemm is not None and fns and gemm.add_fn(mode, shape, device, fns, seed) == "cuda_fault":
+            return rows()
         if fns and bench is not None and _time(job, entries, fns, base, mode, shape, device, bench, settle_s) == "cuda_fault":
             return rows()
     return rows()
@@ -183,10 +216,12 @@ def _time(job, entries, fns, base, mode, shape, device, bench, settle_s) -> str 
                   round_throttled=rr.round_throttled, **rr.settle, **gpu)
     for e in timed:
         st = rr.stats(e.label)
-        tf = tflops(flops, st["median"])
+        f = e.flops(mode) if isinstance(e, _GemmEntry) else flops
+        tf = tflops(f, st["median"])
+        extra = dict(gemm_n=e.n[mode], gemm_dtype=shape.dtype) if isinstance(e, _GemmEntry) else {}
         e.rows.add(mode, "time_ms", st["median"], state=state, p20=st["p20"], p80=st["p80"], iqr=st["iqr"],
-                   min=st["min"], max=st["max"], n=st["n"], times_ms=rr.times_ms[e.label], flops=flops, tflops=tf,
-                   peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None, **common)
+                   min=st["min"], max=st["max"], n=st["n"], times_ms=rr.times_ms[e.label], flops=f, tflops=tf,
+                   peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None, **extra, **common)
     if base not in fns:
         return None
     b = next(e for e in timed if e.label == base)
@@ -196,6 +231,8 @@ def _time(job, entries, fns, base, mode, shape, device, bench, settle_s) -> str 
     for e in timed:
         if e.label != base:
             r = rr.ratio(e.label, base)
+            if isinstance(e, _GemmEntry):  # normalised to the attention's FLOPs: median r = ours / matmul TFLOP/s
+                r = dict(gemm_ref.scaled_ratio(r, flops / e.flops(mode)), flops_normalised=True, gemm_n=e.n[mode])
             e.rows.add(mode, "time_ratio", r.pop("value"), state=state, **r, **ident, timer=rr.timer,
                        rr_entries=rr.names, throttled_share=gpu.get("throttled_share"), gpu_sampler=gpu["gpu_sampler"])
     return None

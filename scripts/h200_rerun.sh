@@ -24,10 +24,11 @@
 #   verify   every GPU test file (bwd, fwd, torch.library ops, isolation), logs under <out_dir>   (~6-8 min)
 #   bwd_ab   scripts/bwd_ab.py at 1k/2k/8k + host time per call (session A/B, not committed rows) (~4 min)
 #   exp2ab   fwd_ablation at hd64 8k/16k non-causal: exp2 fractions 1/16..1/4 vs 0 (issue 11.4)   (~4-6 min)
+#   gemm     fwd_gemm: hd128 non-causal 4k-32k with a bf16 matmul timed in the same rounds (4 shapes: ~1-2 min)
 #   small    fwd_small + bwd_small: the 8k-token small problems, hd 64 / 128, 1k / 2k (8 shapes each: ~2-4 min)
 set -u
 OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
-PART=${2:?part: fwd128 fwd fwd192 fwd64256 bwd128 bwd bwd256 bwd6419 bwd64nc bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab small}
+PART=${2:?part: fwd128 fwd fwd192 fwd64256 bwd128 bwd bwd256 bwd6419 bwd64nc bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab small gemm}
 R=${R:-results/h200}  # R=<dir>: a fresh results dir (two parts at once on a 2-GPU host)
 # RERUN=1: time the part's finished jobs again (after a default changed: the job keys name configs as written);
 # RERUN=stale: only those timed on a kernel config today's defaults no longer compile (kernels/staleness.py)
@@ -61,6 +62,7 @@ case "$PART" in
   bwd64nc) sweep bwd_peers 'shape.grid.hdims=[64]' 'shape.grid.causal=[false]' "$BWD_NOFLEX" ;;
   bwd192)  sweep bwd_peers 'shape.grid.hdims=[[192,128]]' ${SEQLENS:+"shape.grid.seqlens=$SEQLENS"} "$BWD_NOFLEX" ;;
   small)   sweep fwd_small; sweep bwd_small ;;
+  gemm)    sweep fwd_gemm ;;
   abl_fwd) CAP=260; sweep fwd_ablation; sweep fwd_ablation 'shape.grid.hdims=[64]' 'shape.grid.seqlens=[8192]' ;;
   abl_bwd) sweep bwd_ablation job_timeout_s=300 ;;
   compile) sweep compile_time ;;

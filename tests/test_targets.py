@@ -82,3 +82,16 @@ def test_a_miss_inside_the_a_a_band_is_called_noise():
     aa["p20"], aa["p80"] = 0.995, 1.005  # a tight band: 0.99 lies below it
     assert _one(pd.concat([_rows(peer), aa]), t)["status"] == "missed"
     assert _one(_rows(peer), t)["status"] == "missed"  # no A/A rows: no claim of noise
+
+
+def test_a_target_of_one_causal_value_covers_only_those_cells():
+    """The matmul target (issue 11): hd128 non-causal 8k only; matmul_ref's ratio rows read like a peer's; a causal
+    cell neither helps nor hurts."""
+    t = Target(11, "fwd >= 0.9 of matmul", "fwd", "matmul_ref", 0.9, ((128, 128),), (8192, 8192), causal=(False,))
+    nc = ("matmul_ref", None, "fwd", 128, False, 8192, 0.91)
+    c = ("matmul_ref", None, "fwd", 128, True, 8192, 0.5)
+    assert _one(_rows([]), t)["cells met"] == "0 of 0 (1 untimed)"
+    r = _one(_rows([nc, c]), t)
+    assert r["status"] == "met" and r["cells met"] == "1 of 1"
+    r = _one(_rows([nc[:-1] + (0.899,)]), t)
+    assert r["status"] == "missed" and r["below"] == "128 nc 8k 0.899"
