@@ -42,6 +42,7 @@ CASES = [
     ("fwd hd128 exp2 1/8", "fwd", {"exp2_emu_fraction": 0.125}, 128, False),
     ("bwd hd64 default (128-row tiles)", "bwd", {}, 64, False),
     ("bwd hd64 64-row tiles", "bwd", {"bwd_tile_m": 64}, 64, False),
+    ("bwd hd64 deterministic (lpt, two dQ staging buffers)", "bwd", {"deterministic": True}, 64, False),
     ("bwd hd128 default", "bwd", {}, 128, False),
     ("bwd hd128 deterministic", "bwd", {"deterministic": True}, 128, False),
     ("bwd hd128 deterministic naive causal", "bwd", {"deterministic": True, "det_schedule": "naive"}, 128, True),
