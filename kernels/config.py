@@ -40,6 +40,9 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   on / off speed: (192, 128) 1.053 / 1.057 non-causal at 8k / 16k, 0.990 / 1.048 causal; hd128 16k
 #                   1.012 non-causal, 0.978 causal): a per-(hdim, causal) winner belongs in conf/tuned/ (python run.py
 #                   tune searches it); always False for sm100 (no such kernel: a correction warpgroup rescales there)
+#   det           : (non-causal, causal) dicts of fields a deterministic config with det_schedule=None takes where they
+#                   are None (its det_schedule: the dict's, else "rotate"); absent: ({}, {}). sm90 hd64 non-causal: lpt,
+#                   16 heads, two dQ staging buffers (the entry's comment has the measurement)
 #   bwd_lpt_heads : (non-causal, causal) AttnConfig.bwd_lpt_heads=None: the sm90 causal backward's grid longest K/V tile
 #                   first, g heads interleaved (0 / absent: diagonal-most first). H200 2026-12-01, 16k tokens, 8-10
 #                   rounds (results/h200/session_ab/bwd_lpt*.jsonl), speed vs shortest first at 1k / 2k / 4k / 8k / 16k:
@@ -145,8 +148,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm100", 256): dict(tile_m=128, tile_n=128, num_stages=1, exp2_emu=(0.0, 0.0), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
 }
 
-# deterministic backward dQ schedules (AttnConfig.det_schedule). "rotate" (the default since 2026-12-01 but at hd64 non-causal; H200: det /
-# default 0.91-0.95 at hd 64 / 128 non-causal 1k-16k, against spt's 0.74-0.93; results/h200/session_ab/bwd_det_rotate):
+# deterministic backward dQ schedules (AttnConfig.det_schedule). "rotate" (the default since 2026-12-01, but hd64
+# non-causal since 2026-12-04; H200: det / default 0.91-0.95 at hd 64 / 128 non-causal 1k-16k, against spt's
+# 0.74-0.93; results/h200/session_ab/bwd_det_rotate):
 # non-causal K/V tile n walks its Q tiles from tile n mod M, dQ turns in arrival order (kernels/sm90/bwd.py
 # rotate_turn; hd256 in 2-CTA pairs: pair g from tile g mod M, turns over the pairs); causal runs "spt"; so do two_cta
 # at hd 64 / 128, varlen, windows, and calls whose K/V tiles per head exceed the SM count (half of it for hd256 pairs;
