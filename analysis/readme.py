@@ -16,7 +16,7 @@ import pandas as pd
 from analysis.select import (ATTN_EXPERIMENTS, REPO, attn_times, cell_flags, flag_legend, load_experiments,
                              ratio_rows, round_robin_rows)
 from analysis.tables import coverage, coverage_summary, markdown_table, table4
-from analysis.targets import GEMM_EXPERIMENTS, SMALL_EXPERIMENTS, entry_ratio_rows, evaluate, same_kernel_rows
+from analysis.targets import entry_ratio_rows, evaluate, load_extra_sets, same_kernel_rows
 
 BEGIN, END = "<!-- results:begin (python run.py figures writes this block) -->", "<!-- results:end -->"
 README_EXPERIMENTS = (*ATTN_EXPERIMENTS, "compile_time")
@@ -193,7 +193,7 @@ def _section(parts: list, caption: str, tab: pd.DataFrame, rows: pd.DataFrame, m
 
 def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
     """The Markdown between the README's markers, from the rows of the peer experiments and compile_time (``small``:
-    the rows of the small-problem sets and fwd_gemm, read by the issue-targets table only)."""
+    the rows of the small-problem sets and fwd_gemm's matmul, targets.load_extra_sets; read by the issue-targets table only)."""
     parts, marks = [BEGIN, ""], []
     for mode, name in (("fwd", "Forward"), ("bwd", "Backward")):
         t, rows = ours_vs_official(df, mode)
@@ -245,7 +245,7 @@ def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
 def current_block(root: Path | None = None) -> str:
     """The block for the committed sets under ``root`` (default: $FA4LAB_RESULTS or results/), committed sets only."""
     return results_block(load_experiments(*README_EXPERIMENTS, root=root, scratch=False),
-                         load_experiments(*SMALL_EXPERIMENTS, *GEMM_EXPERIMENTS, root=root, scratch=False))
+                         load_extra_sets(root))
 
 
 def update_readme(block: str, path: Path | None = None) -> bool:

@@ -126,10 +126,14 @@ def latest_round_robin_job(d: pd.DataFrame, per_entry: bool = False) -> pd.DataF
     if not is_rr.any():
         return d
     none = pd.Series([""] * len(d), index=d.index)
-    job = d.get("job_key", none).astype(str) + "/" + d.get("run_id", none).astype(str)
-    shape = d.get("experiment", none).astype(str)
+
+    def key(c: str) -> pd.Series:  # str of every value, NaN / None too (pandas' str dtype keeps NaN through astype(str))
+        return d[c].astype(object).map(str) if c in d else none
+
+    job = key("job_key") + "/" + key("run_id")
+    shape = key("experiment")
     for c in SHAPE + (["backend", "variant", "baseline", "baseline_variant"] if per_entry else []):
-        shape = shape + "|" + (d[c].astype(str) if c in d else none)
+        shape = shape + "|" + key(c)
     t = pd.to_datetime(d["time"], errors="coerce", utc=True)
     rr = pd.DataFrame({"shape": shape, "job": job, "t": t})[is_rr]
     newest = rr.groupby(["shape", "job"])["t"].max().reset_index().sort_values("t", na_position="first")

@@ -256,6 +256,17 @@ def test_ratio_rows_keep_each_entry_from_its_latest_job():
     assert list(S.attn_times(pd.DataFrame(rows))["backend"]) == ["fa4"]  # one shape, one job
 
 
+def test_ratio_rows_keep_an_entry_without_a_variant():
+    """The matmul reference's ratio rows have no variant (NaN in a frame with peers): pandas' str dtype keeps NaN
+    through astype(str), which once dropped those rows from every target (the fwd_gemm cell read untimed)."""
+    base = dict(kind="attn", status="ok", gpu_name=GPU, mode="fwd", hdim=128, hdim_v=128, causal=False, seqlen_q=16384,
+                seqlen_k=16384, batch=2, heads=16, baseline="fa4", baseline_variant="default", experiment="fwd_gemm",
+                job_key="j", run_id="r", time="2026-12-04T00:00:00Z", metric="time_ratio")
+    rows = [dict(base, backend="sdpa_cudnn", variant="peer", value=1.1), dict(base, backend="matmul_ref", value=0.86)]
+    rr = S.ratio_rows(pd.DataFrame(rows)).set_index("backend")["value"]
+    assert rr.to_dict() == {"sdpa_cudnn": 1.1, "matmul_ref": 0.86}
+
+
 def test_numerics_figure_counts_nan_outputs_as_failures(tmp_path):
     rows = []
     for tau, ratio, nan in ((0.0, 0.5, 0.0), (8.0, 0.6, 0.0), (20.0, None, 12.0)):

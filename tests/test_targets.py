@@ -95,3 +95,15 @@ def test_a_target_of_one_causal_value_covers_only_those_cells():
     assert r["status"] == "met" and r["cells met"] == "1 of 1"
     r = _one(_rows([nc[:-1] + (0.899,)]), t)
     assert r["status"] == "missed" and r["below"] == "128 nc 8k 0.899"
+
+
+def test_the_matmul_sets_give_the_targets_their_matmul_rows_only():
+    """fwd_gemm also times the peers of its cells; those cells belong to fwd_peers (one set per cell), so only the
+    matmul's rows of a GEMM set reach the targets; the small-problem sets keep every row."""
+    from analysis.targets import matmul_rows_only
+
+    df = _rows([("fa4_official", "peer", "fwd", 128, False, 8192, 1.0), ("matmul_ref", None, "fwd", 128, False, 8192, 0.9),
+                ("sdpa_cudnn", "peer", "fwd", 128, False, 1024, 1.2)])
+    df["experiment"] = ["fwd_gemm", "fwd_gemm", "fwd_small"]
+    assert matmul_rows_only(df)["backend"].tolist() == ["matmul_ref", "sdpa_cudnn"]
+    assert matmul_rows_only(pd.DataFrame()).empty
