@@ -14,6 +14,8 @@
 #   bwd6419  bwd_peers, hdim 64 and (192, 128)        (24 shapes: ~5-7 min)
 #   bwd64nc  bwd_peers, hdim 64 non-causal alone (6 shapes: ~2-3 min)
 #   bwd192   bwd_peers, hdim (192, 128) alone; SEQLENS='[16384,32768]' picks lengths (12 shapes: ~3 min)
+#   bwdcell  bwd_peers at HDIMS= CAUSAL= SEQLENS= (Hydra lists, e.g. HDIMS='[128]' CAUSAL='[true]' SEQLENS='[32768]';
+#            peers as bwd: a second sample of single cells)
 #   fwdshort fwd_peers, hdim 64 / 128 causal at 1k / 2k / 4k (the persistent causal defaults; 6 shapes: ~2 min)
 #   fwd192   fwd_peers, hdim (192, 128) alone         (12 shapes x 4 backends: ~2-3 min)
 #   fwd64256 fwd_peers, hdim 64 and 256               (24 shapes x 4 backends: ~5-7 min)
@@ -28,7 +30,7 @@
 #   small    fwd_small + bwd_small: the 8k-token small problems, hd 64 / 128, 1k / 2k (8 shapes each: ~2-4 min)
 set -u
 OUT=${1:?usage: scripts/h200_rerun.sh <out_dir> <part>}
-PART=${2:?part: fwd128 fwd fwd192 fwd64256 bwd128 bwd bwd256 bwd6419 bwd64nc bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab small gemm}
+PART=${2:?part: fwd128 fwd fwd192 fwd64256 bwd128 bwd bwd256 bwd6419 bwd64nc bwdcell bwd192 fwdshort fwd128nf bwd128nf abl_fwd abl_bwd compile verify bwd_ab exp2ab small gemm}
 R=${R:-results/h200}  # R=<dir>: a fresh results dir (two parts at once on a 2-GPU host)
 # RERUN=1: time the part's finished jobs again (after a default changed: the job keys name configs as written);
 # RERUN=stale: only those timed on a kernel config today's defaults no longer compile (kernels/staleness.py)
@@ -60,6 +62,8 @@ case "$PART" in
   bwd256)  sweep bwd_peers 'shape.grid.hdims=[256]' "$BWD_NOFLEX" ;;
   bwd6419) sweep bwd_peers 'shape.grid.hdims=[64,[192,128]]' "$BWD_NOFLEX" ;;
   bwd64nc) sweep bwd_peers 'shape.grid.hdims=[64]' 'shape.grid.causal=[false]' "$BWD_NOFLEX" ;;
+  bwdcell) sweep bwd_peers "shape.grid.hdims=${HDIMS:?}" "shape.grid.causal=${CAUSAL:?}" "shape.grid.seqlens=${SEQLENS:?}" \
+             "$BWD_NOFLEX" ;;
   bwd192)  sweep bwd_peers 'shape.grid.hdims=[[192,128]]' ${SEQLENS:+"shape.grid.seqlens=$SEQLENS"} "$BWD_NOFLEX" ;;
   small)   sweep fwd_small; sweep bwd_small ;;
   gemm)    sweep fwd_gemm ;;
