@@ -7,7 +7,8 @@ runs each backward N times under torch.profiler and prints every kernel's mean d
 memsets), for the fixed per-call costs at short sequences. ``--t64`` adds our backward with 64-row Q tiles (official's
 tile at hd128 causal), ``--det`` our deterministic backward (its main kernel is a second FlashBwdSm90 launch in the
 report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the non-deterministic rotated walk after it,
-``--cfg NAME=field=value,...`` (repeatable) any other AttnConfig, last.
+``--cfg NAME=field=value,...`` (repeatable) any other AttnConfig, last; ``--official-det`` official FA4's
+deterministic backward after its default one.
 A session script for kernel work; the committed benchmarks are the
 experiments.
 """
@@ -37,6 +38,8 @@ def main():
     ap.add_argument("--t64", action="store_true", help="also our backward with 64-row Q tiles (ours_t64), after ours")
     ap.add_argument("--rotq", action="store_true",
                     help="also the non-deterministic rotated Q-tile walk (ours_rotq, AttnConfig.bwd_rotate_q), last")
+    ap.add_argument("--official-det", action="store_true",
+                    help="also official FA4's deterministic backward (fa4_official_det), after fa4_official")
     ap.add_argument("--cfg", action="append", default=[], metavar="NAME=FIELD=VALUE,...",
                     help="also our backward with these AttnConfig fields (values as Python literals), e.g. "
                          "--cfg 'det_lpt16=deterministic=True,det_schedule=\"lpt\",bwd_lpt_heads=16'; repeatable, "
@@ -67,6 +70,9 @@ def main():
         from flash_attn.cute.interface import _flash_attn_bwd
 
         calls["fa4_official"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal)
+        if a.official_det:
+            calls["fa4_official_det"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale,
+                                                                causal=causal, deterministic=True)
     except ImportError:
         print("flash_attn.cute not importable: ours only")
     for fn in calls.values():
