@@ -161,6 +161,11 @@ class BwdDqWriter:
         # so the MMA warps store the next tile's dQ while this one's complete, are fenced and released
         # (AttnConfig.bwd_dq_stages given: _set_dq_stages; the 64-row tiles' two buffers by the rule keep the old order)
         early = self.dq_stages_set and self.deterministic and self.dq_stages == 2 and self.dq_pieces == 1
+        # lpt turns with that early hand-back: each tile's semaphore is released one tile later, once the next tile's
+        # reductions are issued, so its completion wait runs while the MMA warps compute instead of before the next
+        # turn (deferred_release's docstring says why no CTA can wait forever)
+        defer = self.deferred_release()
+        prev_m = Int32(0)
         for m_iter in cutlass.range(work.m_block_min, work.m_block_max, unroll=1):
             m_block = self.m_block_at(m_iter, work)
             acc_block, sem_ptr = self.dq_slot(mSem, work, m_block)
@@ -201,16 +206,34 @@ class BwdDqWriter:
                             cute.arch.cp_async_bulk_commit_group()
                 if const_expr(early):
                     if m_iter + 1 < work.m_block_max:
+                        if const_expr(defer):  # the buffer handed back is the previous tile's: its reductions read it
+                            if lane == 0:
+                                cute.arch.cp_async_bulk_wait_group(self.num_mma_wg, read=True)
                         cute.arch.sync_warp()
                         for w in cutlass.range_constexpr(self.num_mma_wg):
                             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY + w, number_of_threads=160)
             if const_expr(self.deterministic):
                 if m_iter + 1 < work.m_block_max:
                     turn = self.det_turn(work, self.m_block_at(m_iter + 1, work), rot, causal_off)
+                if const_expr(defer):
+                    if m_iter > work.m_block_min:  # the previous tile: every group but this tile's complete
+                        if lane == 0:
+                            cute.arch.cp_async_bulk_wait_group(self.num_mma_wg, read=False)
+                            cute.arch.fence_acq_rel_gpu()
+                            self.det_release(self.dq_slot(mSem, work, prev_m)[1], work, prev_m)
+                    prev_m = m_block
+                else:
+                    if lane == 0:
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        cute.arch.fence_acq_rel_gpu()
+                        self.det_release(sem_ptr, work, m_block)
+                cute.arch.sync_warp()
+        if const_expr(defer):  # the walk's last tile
+            if work.m_block_min < work.m_block_max:
                 if lane == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     cute.arch.fence_acq_rel_gpu()
-                    self.det_release(sem_ptr, work, m_block)
+                    self.det_release(self.dq_slot(mSem, work, prev_m)[1], work, prev_m)
                 cute.arch.sync_warp()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
         if const_expr(self.stream_pre):  # (deterministic: det_release has counted)
@@ -302,6 +325,20 @@ class BwdDqWriter:
                 cute.arch.fence_acq_rel_gpu()
                 self.det_release(sem_ptr, work, m_block)
             cute.arch.sync_warp()
+
+    def deferred_release(self) -> bool:
+        """Deterministic "lpt" turns (K/V tile order) with the two-buffer early hand-back (dq_writer's ``early``), one
+        writer, no turn-0 store: the writer releases tile m's semaphore after issuing tile m + 1's reductions (their
+        commit groups stay in flight; a wait for all but them completes tile m's), and the last tile's after the walk.
+        Why: with the release right after each completion, the writer sat in every tile's completion wait, fence and
+        release before the next turn (H200 hd64, one K/V tile per head so that no turn waits: the deterministic kernel
+        0.958x the default, official FA4's 0.975x its own; session_ab/bwd64_det_cost_one_kv_tile.jsonl). Same turns,
+        so the same sums in the same order: dQ bitwise as before. No CTA waits forever: CTA n's turn on a tile needs
+        CTA n - 1's release of it, which now needs n - 1's turn on its next tile, i.e. n - 2's release, ..., down to
+        K/V tile 0, which never waits; lpt launches n - 1 before n. A CTA then trails its predecessor by one tile
+        instead of one hand-off (a fill paid once per head, in the first wave)."""
+        return (self.deterministic and self.det_lpt and self.dq_stages_set and self.dq_stages == 2
+                and self.dq_pieces == 1 and not self.dq_turn0_store and not self.det_diag)
 
     @cute.jit
     def det_wait(self, sem_ptr, turn: Int32, work, m_block: Int32) -> None:
