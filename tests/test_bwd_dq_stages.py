@@ -104,3 +104,38 @@ def test_dq_stages_det_early_handback_sass(tmp_path):
     one = _bwd_kernels_sass(tmp_path, sched, 64, False)["main"][0]
     assert (arrives(one), arrives(two)) == (2, 4)
     assert not {k: v for k, v in opcode_counts(two).items() if re.match(r"(LDL|STL)\b", k)}
+
+
+def test_deferred_release_where_it_applies():
+    """The deferred semaphore release (dq_writer.deferred_release): deterministic lpt walks with two staging buffers
+    and one writer (hd64 non-causal's deterministic default; causal lpt on request); not on one buffer, rotate / spt
+    turns, two writers or the non-deterministic kernel."""
+    from kernels import AttnConfig
+    from kernels.sm90.backward import _cutlass_dtype, _main_kernel
+
+    dt = _cutlass_dtype("bfloat16")
+
+    def main(causal=False, **kw):
+        return _main_kernel(dt, AttnConfig(**kw).resolve("sm90", 64, causal), 64, 64, causal)
+
+    assert main(deterministic=True).deferred_release()
+    assert main(causal=True, deterministic=True, det_schedule="lpt", bwd_dq_stages=2).deferred_release()
+    for causal, kw in ((False, dict(deterministic=True, bwd_dq_stages=1)),
+                       (False, dict(deterministic=True, det_schedule="rotate", bwd_dq_stages=2)),
+                       (True, dict(deterministic=True, bwd_dq_stages=2)),
+                       (False, dict(deterministic=True, bwd_det_two_writers=True)),
+                       (False, dict(bwd_dq_stages=2))):
+        assert not main(causal, **kw).deferred_release(), (causal, kw)
+
+
+@pytest.mark.compile
+def test_deferred_release_sass(tmp_path):
+    """hd64 non-causal deterministic default (lpt, two buffers): the writer waits for all but the newest tile's two
+    commit groups (DEPBAR.LE SB0, 0x2: the previous tile's reads before its buffer goes back, its completion before its
+    release) and releases in two places (the loop, the walk's last tile); rotate with two buffers, which keeps the
+    immediate release, waits only for all groups and releases in one place."""
+    red = lambda sass: len(re.findall(r"\bREDG\.E\.ADD\.S32", sass))  # noqa: E731
+    lpt = _bwd_kernels_sass(tmp_path, "deterministic=True", 64, False)["main"][0]
+    rot = _bwd_kernels_sass(tmp_path, "deterministic=True, det_schedule='rotate', bwd_dq_stages=2", 64, False)["main"][0]
+    assert "0x2" in _writer_waits(lpt) and "0x2" not in _writer_waits(rot)
+    assert (red(lpt), red(rot)) == (2, 1)

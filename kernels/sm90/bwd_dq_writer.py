@@ -333,12 +333,15 @@ class BwdDqWriter:
         Why: with the release right after each completion, the writer sat in every tile's completion wait, fence and
         release before the next turn (H200 hd64, one K/V tile per head so that no turn waits: the deterministic kernel
         0.958x the default, official FA4's 0.975x its own; session_ab/bwd64_det_cost_one_kv_tile.jsonl). Same turns,
-        so the same sums in the same order: dQ bitwise as before. No CTA waits forever: CTA n's turn on a tile needs
+        so the same sums in the same order: dQ bitwise as before (H200: bitwise equal to the previous kernel on seven
+        shapes, 17 to 8k rows, s_q != s_k, fp16, causal lpt; 1.006x / 1.008x its speed at hd64 non-causal 8k / 16k,
+        p20-p80 1.000-1.010 / 0.996-1.027: session_ab/bwd64_det_deferred_release.jsonl). So the writer's completion
+        wait was a small part of the deterministic cost. No CTA waits forever: CTA n's turn on a tile needs
         CTA n - 1's release of it, which now needs n - 1's turn on its next tile, i.e. n - 2's release, ..., down to
         K/V tile 0, which never waits; lpt launches n - 1 before n. A CTA then trails its predecessor by one tile
         instead of one hand-off (a fill paid once per head, in the first wave)."""
         return (self.deterministic and self.det_lpt and self.dq_stages_set and self.dq_stages == 2
-                and self.dq_pieces == 1 and not self.dq_turn0_store and not self.det_diag)
+                and self.dq_pieces == 1 and not self.dq_turn0_store and not self.det_diag and not self.det_two_writers)
 
     @cute.jit
     def det_wait(self, sem_ptr, turn: Int32, work, m_block: Int32) -> None:
