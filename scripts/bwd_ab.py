@@ -127,14 +127,7 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
         # after the bulk read, the completion waited only before the semaphore release (kernels/sm90/bwd.py
         # dq_writer_pair; causal spt / non-causal rotate turns unchanged)
         fns["ours_det_2w"] = ours(deterministic=True, bwd_det_two_writers=True)
-    try:
-        from flash_attn.cute.interface import _flash_attn_bwd
-
-        fns["fa4_official"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal)
-        fns["fa4_official_det"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal,
-                                                          deterministic=True)
-    except ImportError:
-        pass
+    fns.update(official_bwd(q, k, v, out, do, lse, scale, causal))
     qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_(True) for t in (q, k, v))
     dot = do.transpose(1, 2)
     try:
@@ -145,6 +138,28 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     except RuntimeError as e:  # e.g. no cuDNN backward at this head dim
         print(f"sdpa_cudnn skipped: {str(e).splitlines()[0][:120]}")
     return fns
+
+
+def official_bwd(q, k, v, out, do, lse, scale, causal) -> dict:
+    """{"fa4_official": ..., "fa4_official_det": ...}: official FA4's backward calls (default, deterministic mode) on
+    these tensors, or {} where flash_attn.cute is not importable."""
+    try:
+        from flash_attn.cute.interface import _flash_attn_bwd
+    except ImportError:
+        return {}
+    return {"fa4_official": lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal),
+            "fa4_official_det": lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal,
+                                                        deterministic=True)}
+
+
+def speed_vs(times: dict, base: str = "ours") -> dict:
+    """{variant: (median ms, per-round speed ratios t_base / t_variant, p20, median, p80)} of round_robin's times."""
+    out = {}
+    for n, t in times.items():
+        r = [b / x for b, x in zip(times[base], t)]
+        s = sorted(r)
+        out[n] = (statistics.median(t), r, s[len(s) // 5], statistics.median(s), s[4 * len(s) // 5])
+    return out
 
 
 def round_robin(fns: dict, repeats: int, warmup: int = 3, hold_us: float = 0.0) -> dict:

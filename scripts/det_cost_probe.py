@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ def main(out_path: str) -> None:
     import torch
 
     import kernels
-    from bwd_ab import gpu_note, sampled_round_robin
+    from bwd_ab import gpu_note, official_bwd, sampled_round_robin, speed_vs
     from kernels import AttnConfig
     from kernels.sm90.backward import attention_backward
 
@@ -42,22 +41,13 @@ def main(out_path: str) -> None:
                 "det_dq1": AttnConfig(deterministic=True, bwd_dq_stages=1),
                 "det_rot": AttnConfig(deterministic=True, det_schedule="rotate")}
         fns = {n: (lambda c=c: attention_backward(q, k, v, out, do, lse, False, scale, c)) for n, c in cfgs.items()}
-        try:
-            from flash_attn.cute.interface import _flash_attn_bwd
-
-            fns["official"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=False)
-            fns["official_det"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=False,
-                                                          deterministic=True)
-        except ImportError:
-            pass
+        fns.update({n[4:]: f for n, f in official_bwd(q, k, v, out, do, lse, scale, False).items()})  # official(_det)
         times, gpu = sampled_round_robin(fns, 10)
         print(name, gpu_note(gpu), flush=True)
-        for n, t in times.items():
-            r = sorted(b / x for b, x in zip(times["ours"], t))
-            print(f"{name} {n:13s} {statistics.median(t):8.3f} ms speed/ours {statistics.median(r):.3f} "
-                  f"[{r[len(r) // 5]:.3f}, {r[4 * len(r) // 5]:.3f}]", flush=True)
+        for n, (ms, r, p20, med, p80) in speed_vs(times).items():
+            print(f"{name} {n:13s} {ms:8.3f} ms speed/ours {med:.3f} [{p20:.3f}, {p80:.3f}]", flush=True)
             rows.append(dict(shape=name, hdim=hdim, heads=heads, batch=batch, seqlen_q=sq, seqlen_k=sk, causal=False,
-                             variant=n, times_ms=t, speed_vs_ours=[b / x for b, x in zip(times["ours"], t)], **gpu))
+                             variant=n, times_ms=times[n], speed_vs_ours=r, **gpu))
         with open(out_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ def main(out_path: str) -> None:
 
     import kernels
     import kernels.sm90.bwd as bwd
-    from bwd_ab import gpu_note, sampled_round_robin
+    from bwd_ab import gpu_note, official_bwd, sampled_round_robin, speed_vs
     from kernels import AttnConfig
     from kernels.sm90.backward import attention_backward
 
@@ -46,25 +45,18 @@ def main(out_path: str) -> None:
         for g in gs:
             cfgs[f"lpt{g}"] = AttnConfig(deterministic=True, det_schedule="lpt", bwd_lpt_heads=g, **extra)
         fns = {n: (lambda c=c: attention_backward(q, k, v, out, do, lse, causal, scale, c)) for n, c in cfgs.items()}
-        try:
-            from flash_attn.cute.interface import _flash_attn_bwd
-
-            fns["official_det"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=causal,
-                                                          deterministic=True)
-        except ImportError:
-            pass
+        official = official_bwd(q, k, v, out, do, lse, scale, causal)
+        if official:
+            fns["official_det"] = official["fa4_official_det"]
         ref = [t.clone() for t in fns[f"lpt{gs[0]}"]()[:3]]
         same = {n: all(torch.equal(a, b) for a, b in zip(ref, fns[n]()[:3])) for n in cfgs if n.startswith("lpt")}
         times, gpu = sampled_round_robin(fns, 8)
         tag = f"hd{hdim} s{s} causal={int(causal)}"
         print(tag, "bitwise vs", gs[0], same, gpu_note(gpu), flush=True)
-        for n, t in times.items():
-            r = sorted(b / x for b, x in zip(times["ours"], t))
-            print(f"{tag} {n:14s} {statistics.median(t):8.3f} ms speed/ours {statistics.median(r):.3f} "
-                  f"[{r[len(r) // 5]:.3f}, {r[4 * len(r) // 5]:.3f}]", flush=True)
-            rows.append(dict(hdim=hdim, causal=causal, seqlen=s, batch=batch, variant=n, times_ms=t,
-                             speed_vs_ours=[b / x for b, x in zip(times["ours"], t)], bitwise_vs_g16=same.get(n),
-                             **gpu))
+        for n, (ms, r, p20, med, p80) in speed_vs(times).items():
+            print(f"{tag} {n:14s} {ms:8.3f} ms speed/ours {med:.3f} [{p20:.3f}, {p80:.3f}]", flush=True)
+            rows.append(dict(hdim=hdim, causal=causal, seqlen=s, batch=batch, variant=n, times_ms=times[n],
+                             speed_vs_ours=r, bitwise_vs_g16=same.get(n), **gpu))
         with open(out_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 

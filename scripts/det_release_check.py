@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ def main() -> None:
     import torch
 
     import kernels
-    from bwd_ab import gpu_note, sampled_round_robin
+    from bwd_ab import gpu_note, official_bwd, sampled_round_robin, speed_vs
     from fwd_ab import _import_base
     from kernels import AttnConfig
     from kernels.sm90.backward import attention_backward
@@ -73,21 +72,15 @@ def main() -> None:
         fns = {"ours": lambda: attention_backward(q, k, v, out, do, lse, False, scale, None),
                "ours_det": lambda: attention_backward(q, k, v, out, do, lse, False, scale, det),
                "base_det": lambda: base_bwd(q, k, v, out, do, lse, False, scale, bdet)}
-        try:
-            from flash_attn.cute.interface import _flash_attn_bwd
-
-            fns["official_det"] = lambda: _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=scale, causal=False,
-                                                          deterministic=True)
-        except ImportError:
-            pass
+        official = official_bwd(q, k, v, out, do, lse, scale, False)
+        if official:
+            fns["official_det"] = official["fa4_official_det"]
         times, gpu = sampled_round_robin(fns, 10)
         print(f"hd64 s{s} non-causal", gpu_note(gpu), flush=True)
-        for n, t in times.items():
-            r = sorted(x / y for x, y in zip(times["ours"], t))
-            print(f"hd64 s{s} {n:13s} {statistics.median(t):8.3f} ms speed/ours {statistics.median(r):.3f} "
-                  f"[{r[len(r) // 5]:.3f}, {r[4 * len(r) // 5]:.3f}]", flush=True)
+        for n, (ms, r, p20, med, p80) in speed_vs(times).items():
+            print(f"hd64 s{s} {n:13s} {ms:8.3f} ms speed/ours {med:.3f} [{p20:.3f}, {p80:.3f}]", flush=True)
             rows.append(dict(kind="time", hdim=hdim, causal=False, batch=batch, heads=heads, seqlen_q=s, seqlen_k=s,
-                             variant=n, times_ms=t, speed_vs_ours=[x / y for x, y in zip(times["ours"], t)], **gpu))
+                             variant=n, times_ms=times[n], speed_vs_ours=r, **gpu))
     with open(a.out, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 

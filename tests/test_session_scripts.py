@@ -51,3 +51,18 @@ def test_cta_overhead_fit_recovers_the_model():
     events = [ev("kernel_cutlass_preFlashBwdPreSm90", 140.0), ev("kernel_cutlass_FlashBwdSm90", 7460.0),
               ev("kernel_cutlass_postFlashBwdPostSm90", 98.0), ev("Memset (Device)", 12.0), ev("cpu op", 0.0)]
     assert probe.longest_kernel_us(events, 20) == 373.0
+
+
+def test_speed_vs_is_the_per_round_ratio_to_the_base():
+    """bwd_ab.speed_vs: per round t_base / t_variant (> 1: the variant is faster), its p20 / median / p80, the median
+    time; official_bwd gives no calls where flash_attn.cute is missing (this CPU machine)."""
+    times = {"ours": [1.0, 2.0, 1.0, 1.0, 1.0], "x": [2.0, 2.0, 0.5, 1.0, 1.0]}
+    s = bwd_ab.speed_vs(times)
+    assert s["ours"][1] == [1.0] * 5 and s["ours"][3] == 1.0
+    ms, r, p20, med, p80 = s["x"]
+    assert ms == 1.0 and r == [0.5, 1.0, 2.0, 1.0, 1.0]
+    assert (p20, med, p80) == (1.0, 1.0, 2.0)
+    try:
+        import flash_attn.cute  # noqa: F401
+    except ImportError:
+        assert bwd_ab.official_bwd(*[None] * 7, False) == {}
