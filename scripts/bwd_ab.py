@@ -140,6 +140,22 @@ def _variants(q, k, v, out, do, lse, scale, causal, base=None):
     return fns
 
 
+def bwd_inputs(batch: int, seqlen_q: int, seqlen_k: int, heads: int, hdim: int, hdim_v: int | None = None,
+               causal: bool = False, seed: int = 0, dtype: str = "bfloat16"):
+    """(q, k, v, do, out, lse, scale) of a backward: random q / k / v / do ((batch, seqlen, heads, dim), seeded on the
+    GPU), our forward's out and lse (natural log) and the softmax scale 1 / sqrt(hdim)."""
+    import torch
+
+    import kernels
+
+    dv = hdim_v or hdim
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=getattr(torch, dtype), generator=g)
+                   for s, d in ((seqlen_q, hdim), (seqlen_k, hdim), (seqlen_k, dv), (seqlen_q, dv)))
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    return q, k, v, do, out, lse, 1.0 / math.sqrt(hdim)
+
+
 def official_bwd(q, k, v, out, do, lse, scale, causal) -> dict:
     """{"fa4_official": ..., "fa4_official_det": ...}: official FA4's backward calls (default, deterministic mode) on
     these tensors, or {} where flash_attn.cute is not importable."""
@@ -334,16 +350,9 @@ def main():
             for causal in map(bool, a.causal):
                 heads, batch = 2048 // hdim, max(1, a.tokens // s)
                 hdim_v = a.hdim_v or (128 if hdim == 192 else hdim)
-                g = torch.Generator(device="cuda").manual_seed(0)
-                q, k = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
-                        for _ in range(2))
-                v, do = (torch.randn(batch, s, heads, hdim_v, device="cuda", dtype=torch.bfloat16, generator=g)
-                         for _ in range(2))
-                scale = 1.0 / math.sqrt(hdim)
-                import kernels
                 from kernels.flops import attention_flops
 
-                out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+                q, k, v, do, out, lse, scale = bwd_inputs(batch, s, s, heads, hdim, hdim_v, causal)
                 fns = _variants(q, k, v, out, do, lse, scale, causal, base)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}

@@ -10,7 +10,6 @@ official FA4 and its deterministic mode. A session script; the committed benchma
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -21,22 +20,13 @@ SHAPES = (("one_kv_tile", 8, 8192, 128), ("s8k", 2, 8192, 8192))  # (name, batch
 
 
 def main(out_path: str) -> None:
-    import torch
-
-    import kernels
-    from bwd_ab import gpu_note, official_bwd, sampled_round_robin, speed_vs
+    from bwd_ab import bwd_inputs, gpu_note, official_bwd, sampled_round_robin, speed_vs
     from kernels import AttnConfig
     from kernels.sm90.backward import attention_backward
 
     rows, hdim, heads = [], 64, 32
     for name, batch, sq, sk in SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, do = (torch.randn(batch, sq, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
-                 for _ in range(2))
-        k, v = (torch.randn(batch, sk, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
-                for _ in range(2))
-        scale = 1 / math.sqrt(hdim)
-        out, lse = kernels.attention(q, k, v, causal=False, return_lse=True)
+        q, k, v, do, out, lse, scale = bwd_inputs(batch, sq, sk, heads, hdim)
         cfgs = {"ours": None, "det": AttnConfig(deterministic=True),
                 "det_dq1": AttnConfig(deterministic=True, bwd_dq_stages=1),
                 "det_rot": AttnConfig(deterministic=True, det_schedule="rotate")}

@@ -10,7 +10,6 @@ results/h200/session_ab/bwd_det_lpt_g.jsonl. A session script; the committed ben
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -25,9 +24,8 @@ CASES = ((64, False, 32768, (16, 8, 4, 2, 1)), (64, False, 16384, (16, 8, 4, 2))
 def main(out_path: str) -> None:
     import torch
 
-    import kernels
     import kernels.sm90.bwd as bwd
-    from bwd_ab import gpu_note, official_bwd, sampled_round_robin, speed_vs
+    from bwd_ab import bwd_inputs, gpu_note, official_bwd, sampled_round_robin, speed_vs
     from kernels import AttnConfig
     from kernels.sm90.backward import attention_backward
 
@@ -35,11 +33,7 @@ def main(out_path: str) -> None:
     rows = []
     for hdim, causal, s, gs in CASES:
         heads, batch = 2048 // hdim, max(1, 32768 // s)
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, do = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
-                       for _ in range(4))
-        scale = 1 / math.sqrt(hdim)
-        out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+        q, k, v, do, out, lse, scale = bwd_inputs(batch, s, s, heads, hdim, causal=causal)
         extra = dict(bwd_dq_stages=2) if hdim == 64 else {}
         cfgs = {"ours": None, "det": AttnConfig(deterministic=True)}
         for g in gs:

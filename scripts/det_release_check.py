@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -30,8 +29,7 @@ def main() -> None:
 
     import torch
 
-    import kernels
-    from bwd_ab import gpu_note, official_bwd, sampled_round_robin, speed_vs
+    from bwd_ab import bwd_inputs, gpu_note, official_bwd, sampled_round_robin, speed_vs
     from fwd_ab import _import_base
     from kernels import AttnConfig
     from kernels.sm90.backward import attention_backward
@@ -45,12 +43,7 @@ def main() -> None:
     base_cfg = importlib.import_module("fa4lab_base.config").AttnConfig
     rows = []
     for hdim, causal, b, h, sq, sk, dt, extra in CHECKS:
-        dtype = getattr(torch, dt)
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q, do = (torch.randn(b, sq, h, hdim, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-        k, v = (torch.randn(b, sk, h, hdim, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
-        scale = 1 / math.sqrt(hdim)
-        out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+        q, k, v, do, out, lse, scale = bwd_inputs(b, sq, sk, h, hdim, causal=causal, seed=1, dtype=dt)
         new = [attention_backward(q, k, v, out, do, lse, causal, scale, AttnConfig(deterministic=True, **extra))[:3]
                for _ in range(3)]
         old = base_bwd(q, k, v, out, do, lse, causal, scale, base_cfg(deterministic=True, **extra))[:3]
@@ -63,11 +56,7 @@ def main() -> None:
                          extra=extra, bitwise_vs_base=equal, repeats_equal=repeat, finite=finite))
     for s in (8192, 16384):
         hdim, heads, batch = 64, 32, 32768 // s
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v, do = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
-                       for _ in range(4))
-        scale = 1 / math.sqrt(hdim)
-        out, lse = kernels.attention(q, k, v, causal=False, return_lse=True)
+        q, k, v, do, out, lse, scale = bwd_inputs(batch, s, s, heads, hdim)
         det, bdet = AttnConfig(deterministic=True), base_cfg(deterministic=True)
         fns = {"ours": lambda: attention_backward(q, k, v, out, do, lse, False, scale, None),
                "ours_det": lambda: attention_backward(q, k, v, out, do, lse, False, scale, det),
