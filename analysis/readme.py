@@ -193,7 +193,8 @@ def _section(parts: list, caption: str, tab: pd.DataFrame, rows: pd.DataFrame, m
 
 def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
     """The Markdown between the README's markers, from the rows of the peer experiments and compile_time (``small``:
-    the rows of the small-problem sets and fwd_gemm's matmul, targets.load_extra_sets; read by the issue-targets table only)."""
+    the rows of the small-problem sets and fwd_gemm's matmul, targets.load_extra_sets; read by the issue-targets
+    table only)."""
     parts, marks = [BEGIN, ""], []
     for mode, name in (("fwd", "Forward"), ("bwd", "Backward")):
         t, rows = ours_vs_official(df, mode)

@@ -127,7 +127,7 @@ def latest_round_robin_job(d: pd.DataFrame, per_entry: bool = False) -> pd.DataF
         return d
     none = pd.Series([""] * len(d), index=d.index)
 
-    def key(c: str) -> pd.Series:  # str of every value, NaN / None too (pandas' str dtype keeps NaN through astype(str))
+    def key(c: str) -> pd.Series:  # str of every value, NaN / None too (the str dtype keeps NaN through astype(str))
         return d[c].astype(object).map(str) if c in d else none
 
     job = key("job_key") + "/" + key("run_id")

@@ -136,6 +136,7 @@ def test_deferred_release_sass(tmp_path):
     immediate release, waits only for all groups and releases in one place."""
     red = lambda sass: len(re.findall(r"\bREDG\.E\.ADD\.S32", sass))  # noqa: E731
     lpt = _bwd_kernels_sass(tmp_path, "deterministic=True", 64, False)["main"][0]
-    rot = _bwd_kernels_sass(tmp_path, "deterministic=True, det_schedule='rotate', bwd_dq_stages=2", 64, False)["main"][0]
+    rot_cfg = "deterministic=True, det_schedule='rotate', bwd_dq_stages=2"
+    rot = _bwd_kernels_sass(tmp_path, rot_cfg, 64, False)["main"][0]
     assert "0x2" in _writer_waits(lpt) and "0x2" not in _writer_waits(rot)
     assert (red(lpt), red(rot)) == (2, 1)

@@ -102,8 +102,8 @@ def test_the_matmul_sets_give_the_targets_their_matmul_rows_only():
     matmul's rows of a GEMM set reach the targets; the small-problem sets keep every row."""
     from analysis.targets import matmul_rows_only
 
-    df = _rows([("fa4_official", "peer", "fwd", 128, False, 8192, 1.0), ("matmul_ref", None, "fwd", 128, False, 8192, 0.9),
-                ("sdpa_cudnn", "peer", "fwd", 128, False, 1024, 1.2)])
+    df = _rows([("fa4_official", "peer", "fwd", 128, False, 8192, 1.0),
+                ("matmul_ref", None, "fwd", 128, False, 8192, 0.9), ("sdpa_cudnn", "peer", "fwd", 128, False, 1024, 1.2)])
     df["experiment"] = ["fwd_gemm", "fwd_gemm", "fwd_small"]
     assert matmul_rows_only(df)["backend"].tolist() == ["matmul_ref", "sdpa_cudnn"]
     assert matmul_rows_only(pd.DataFrame()).empty
