@@ -8,30 +8,35 @@ memsets), for the fixed per-call costs at short sequences. ``--t64`` adds our ba
 tile at hd128 causal), ``--det`` our deterministic backward (its main kernel is a second FlashBwdSm90 launch in the
 report), ``--naive`` / ``--rotq`` the deterministic K/V-order walk / the non-deterministic rotated walk after it,
 ``--cfg NAME=field=value,...`` (repeatable) any other AttnConfig, last; ``--official-det`` official FA4's
-deterministic backward after its default one.
+deterministic backward after its default one; ``--seqlen-k`` / ``--batch`` another key length / batch (e.g. 128 keys:
+one K/V tile a head, so the deterministic kernel's dQ turns never wait, scripts/det_cost_probe.py's shape).
 A session script for kernel work; the committed benchmarks are the
 experiments.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main():
     import torch
 
     import kernels
+    from bwd_ab import bwd_inputs
     from kernels.sm90.backward import attention_backward
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--causal", type=int, default=0)
+    ap.add_argument("--seqlen-k", type=int, default=None,
+                    help="keys per sequence (default: --seqlen), e.g. 128 for one K/V tile a head: no dQ turn waits")
+    ap.add_argument("--batch", type=int, default=None, help="batch (default: 16k tokens / --seqlen)")
     ap.add_argument("--kernels", type=int, default=0, help="N calls each under torch.profiler: per-kernel times")
     ap.add_argument("--det", action="store_true", help="also our deterministic backward (ours_det), after ours")
     ap.add_argument("--naive", action="store_true", help="also the deterministic K/V-order walk (ours_det_naive)")
@@ -46,10 +51,8 @@ def main():
                          "after the others in the given order")
     a = ap.parse_args()
     s, d, causal = a.seqlen, a.hdim, bool(a.causal)
-    b, h = max(1, 16384 // s), 2048 // d
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    scale = 1.0 / math.sqrt(d)
-    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    b, h = a.batch or max(1, 16384 // s), 2048 // d
+    q, k, v, do, out, lse, scale = bwd_inputs(b, s, a.seqlen_k or s, h, d, causal=causal)
     calls = {"ours": lambda: attention_backward(q, k, v, out, do, lse, causal, scale, None)}
     if a.t64:
         t64 = kernels.AttnConfig(bwd_tile_m=64)
