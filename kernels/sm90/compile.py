@@ -43,7 +43,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         varlen=varlen, pack_gqa=bool(getattr(cfg, "pack_gqa", False)) and int(qhead_per_kvhead) > 1,
         rescale_before_pv=bool(cfg.rescale_before_pv), causal_split=bool(cfg.causal_split),
         exp_in_branch=bool(cfg.exp_in_branch), p_cvt_asm=bool(cfg.p_cvt_asm), pv_wait_mid=bool(cfg.pv_wait_mid),
-        early_v_release=bool(cfg.early_v_release), persistent_snake=bool(cfg.persistent_snake))
+        early_v_release=bool(cfg.early_v_release), persistent_snake=bool(cfg.persistent_snake),
+        q_in_regs=bool(cfg.q_in_regs))
 
 
 def tvm_ffi_available() -> bool:

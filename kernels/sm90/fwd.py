@@ -96,7 +96,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import exp2 as exp2_mod
@@ -123,6 +123,7 @@ class ConsumerFrags(NamedTuple):
     tSrQ: object
     tSrK: object
     tOrVt: object
+    q_copy: object = None  # q_in_regs: (ldmatrix tiled copy, this thread's sQ partition, the register fragment)
 
 
 class Tile(NamedTuple):
@@ -177,7 +178,8 @@ class FlashFwdSm90:
                  softcap: float = 0.0, varlen: bool = False, persistent: bool = False,
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
-                 pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False):
+                 pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
+                 q_in_regs: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -284,6 +286,10 @@ class FlashFwdSm90:
         # wait themselves, so it yields to them
         self.early_v_release = (bool(early_v_release) and intra_wg_overlap and not self.pv_wait_mid
                                 and not self.exp_in_branch)
+        # S = Q K^T with Q from registers (wgmma A operand in registers, loaded from shared memory once per Q tile by
+        # ldmatrix) instead of a shared-memory descriptor: every K/V block's QK^T then reads only K from shared memory
+        # (a third less of that GEMM's operand traffic; the GPU runs at its power cap in long calls)
+        self.q_in_regs = bool(q_in_regs)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -310,7 +316,8 @@ class FlashFwdSm90:
         wg_layout = (self.num_consumer_wg, 1, 1)
         mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            wg_layout, (64, self.tile_n))
+            wg_layout, (64, self.tile_n),
+            *((warpgroup.OperandSource.RMEM,) if self.q_in_regs else ()))
         mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
             wg_layout, (64, self.hdim_v), warpgroup.OperandSource.RMEM)
@@ -877,10 +884,26 @@ class FlashFwdSm90:
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * self.threads_per_wg)
         wg_mma_pv = tiled_mma_pv.get_slice(wg * self.threads_per_wg)
-        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt)
+        q_copy = None
+        if const_expr(self.q_in_regs):  # Q's register fragment, filled per Q tile by load_q_regs
+            tSrQ = tiled_mma_qk.make_fragment_A(thr_mma_qk.partition_shape_A((self.tile_m, self.hdim)))
+            copy_q = cute.make_tiled_copy_A(
+                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), tiled_mma_qk)
+            thr_copy_q = copy_q.get_slice(tidx)
+            q_copy = (copy_q, thr_copy_q.partition_S(sQ), thr_copy_q.retile(tSrQ))
+        else:
+            tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy)
+
+    @cute.jit
+    def load_q_regs(self, frags: ConsumerFrags):
+        """q_in_regs: this thread's share of the Q tile, shared memory -> its wgmma A fragment (ldmatrix), after the
+        tile's Q wait; the first QK^T's wgmma.fence orders these register writes before the GEMM reads them."""
+        copy_q, tCsQ, tCrQ = frags.q_copy
+        cute.copy(copy_q, tCsQ, tCrQ)
+        return frags.tSrQ
 
     @cute.jit
     def consume(self, mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
@@ -897,6 +920,8 @@ class FlashFwdSm90:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
+        if const_expr(self.q_in_regs):
+            frags = frags._replace(tSrQ=self.load_q_regs(frags))
 
         if const_expr(self.intra_wg_overlap):
             state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
