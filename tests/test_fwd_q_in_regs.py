@@ -1,0 +1,77 @@
+"""AttnConfig.q_in_regs (sm90 forward: S = Q K^T with Q in registers, kernels/sm90/fwd.py load_q_regs).
+
+Config checks (no compile) and CPU-compiled SASS (CUTE_DSL_ARCH=sm_90a, nvdisasm): with the switch every QK^T HGMMA
+takes its A operand from registers (``HGMMA... R<d>, R<a>, gdesc[..]``) loaded by LDSM once per Q tile, the P V
+HGMMAs are unchanged, the K/V loop has no more instructions than the default's, and hd128 / (192, 128) keep 0 LDL /
+STL; without it the kernel is the default's (no LDSM, A from a descriptor). The GPU half (bitwise the default's
+out / lse, accuracy with persistent / pingpong off / the serial loop) is tests/test_fwd_q_in_regs_gpu.py.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.sm90.sass import count, find_nvdisasm, opcode_counts  # noqa: E402
+from test_fwd_loop_shape import _loops, _sass  # noqa: E402  (one SASS cache for the forward loop-shape files)
+
+needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+
+
+def test_q_in_regs_is_opt_in_and_keeps_every_default_hash():
+    for hd in (64, 128, 192, 256):
+        for causal in (False, True):
+            r = AttnConfig().resolve("sm90", hd, causal)
+            assert r.q_in_regs is None and "q_in_regs" not in r.to_dict()
+            assert AttnConfig(q_in_regs=False).resolve("sm90", hd, causal).config_hash() == r.config_hash()
+            on = AttnConfig(q_in_regs=True).resolve("sm90", hd, causal)
+            assert on.to_dict()["q_in_regs"] is True and on.config_hash() != r.config_hash()
+    assert AttnConfig(q_in_regs=True).op_string == '{"q_in_regs":true}'
+
+
+def test_q_in_regs_refused_where_it_cannot_apply():
+    with pytest.raises(ConfigError, match="q_in_regs=1: must be None .per-arch default. or a bool"):
+        AttnConfig(q_in_regs=1)
+    with pytest.raises(ConfigError, match="q_in_regs=True with arch=sm100"):
+        AttnConfig(q_in_regs=True).resolve("sm100", 128, False)
+
+
+def test_q_in_regs_is_forward_only():
+    from kernels.tiles import compiled_config
+
+    cfg = AttnConfig(q_in_regs=True)
+    assert compiled_config(cfg, "sm90", 128, False, "fwd")["q_in_regs"] is True
+    assert compiled_config(cfg, "sm90", 128, False, "bwd") == compiled_config(None, "sm90", 128, False, "bwd")
+
+
+def _qk_operands(sass: str):
+    """(A operand kind, count) of the QK^T HGMMAs: tile_n columns (the P V HGMMAs have head-dim-v columns)."""
+    kinds = {}
+    for line in sass.splitlines():
+        m = re.search(r"HGMMA\.64x(\d+)x16\.F32\.BF16 R\d+, (\w+)", line)
+        if m:
+            kinds.setdefault((m.group(1), "reg" if re.fullmatch(r"R\d+", m.group(2)) else m.group(2)), 0)
+            kinds[(m.group(1), "reg" if re.fullmatch(r"R\d+", m.group(2)) else m.group(2))] += 1
+    return kinds
+
+
+@needs_nvdisasm
+@pytest.mark.compile
+@pytest.mark.parametrize("hdim,causal", [(128, False), (128, True), (192, False)])
+def test_q_from_registers_in_the_sass(tmp_path_factory, hdim, causal):
+    base = _sass(tmp_path_factory, hdim, causal)
+    on = _sass(tmp_path_factory, hdim, causal, q_in_regs=True)
+    cb, co = opcode_counts(base), opcode_counts(on)
+    assert count(cb, "LDSM") == 0 and count(co, "LDSM") == hdim // 16  # Q's 64 x hdim per warpgroup: x4 ldmatrix
+    assert len(re.findall(r"\b(?:LDL|STL)\b", on)) == 0
+    assert count(cb, "HGMMA") == count(co, "HGMMA")
+    kb, ko = _qk_operands(base), _qk_operands(on)
+    # hd128 the QK^T and P V HGMMAs are both 64x128: the default has every A of QK^T from a descriptor and P V's from
+    # registers; with Q in registers every HGMMA reads A from registers
+    assert any(kind == "gdesc" for (_, kind) in kb) and not any(kind == "gdesc" for (_, kind) in ko)
+    loop_b, loop_o = _loops(base)[-1], _loops(on)[-1]
+    assert len(loop_o) <= len(loop_b)  # no per-block Q descriptor arithmetic left in the K/V loop
