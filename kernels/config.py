@@ -60,6 +60,8 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   off at 8k / 16k: hd128 non-causal 1.017 / 1.026, hd64 1.007 / 1.005, (192, 128) 1.004 / 1.004,
 #                   hd256 1.004 / 1.003 (causal 1.006 / 1.005); causal hd64 0.992 / 0.990, hd128 0.999 / 0.998,
 #                   (192, 128) 0.998 / 0.998: off there
+#   q_in_regs     : (non-causal, causal) AttnConfig.q_in_regs=None: the sm90 forward's QK^T with Q in registers (absent:
+#                   off; resolve() fills it only on the table's 128 x 128 tile)
 #   bwd_diag_align : (non-causal, causal) AttnConfig.bwd_diag_align=None: the sm90 causal 80-row backward walks Q tiles
 #                   from each K/V tile's diagonal row (absent: off). H200 2026-12-01, 16k tokens, 10 rounds
 #                   (results/h200/session_ab/bwd_diag.jsonl), speed vs off at hd128 causal 1k / 2k / 4k / 8k: 1.001 /
@@ -113,7 +115,13 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # tokens (1k / 2k), 1.000-1.003 at 16k tokens, 0.999-1.000 at 32k tokens (4k / 16k)
                         bwd_pdl=(True, True),
                         # H200 2026-12-04 (docs/DEFAULTS_HISTORY.md, session 41): AttnConfig.bwd_stream_post
-                        bwd_stream_post=(True, True)),
+                        bwd_stream_post=(True, True),
+                        # S = Q K^T with Q in registers (AttnConfig.q_in_regs). H200 2026-12-04, one process, 10-12
+                        # rounds, outputs bitwise the default's; speed vs Q from shared memory, 32k tokens at 4k / 8k /
+                        # 16k / 32k: non-causal 1.003 / 1.005 / 1.007 / 1.003, causal 1.003 / 1.004 / 1.006 / 1.007
+                        # (p20 > 1 in 7 of 8; session_ab/fwd128_qrs_32ktok.jsonl); 16k tokens 1.002-1.007
+                        # (fwd128_192_qrs.jsonl). (192, 128): 0.992-1.001, off.
+                        q_in_regs=(True, True)),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -408,8 +416,9 @@ class AttnConfig:
     early_v_release: bool | None = None
     # sm90 forward: S = Q K^T with Q in registers (the wgmma A operand, loaded from shared memory by ldmatrix once per
     # Q tile) instead of read from shared memory by every K/V block's GEMM, so that GEMM reads only K there. Same
-    # products (kernels/sm90/fwd.py load_q_regs). None = DEFAULTS' (absent: off); left out of to_dict() while None or
-    # False. Opt-in.
+    # products (kernels/sm90/fwd.py load_q_regs). None = DEFAULTS' (on at hd128 with the table's 128 x 128 tile: 1.002-
+    # 1.007x on the H200; absent: off); left out of to_dict() while None or False. The Q fragment costs 32 registers per
+    # thread at hd128 (48 at (192, 128), both without spills; hd64's 160-register 192-row tile and hd256 spill).
     q_in_regs: bool | None = None
 
     def __post_init__(self) -> None:
@@ -545,6 +554,12 @@ class AttnConfig:
         updates.update({k: v for k, v in entry.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only
             updates["rescale_before_pv"] = False
+        frac = self.exp2_emu_fraction if self.exp2_emu_fraction is not None else updates.get("exp2_emu_fraction", 0.0)
+        if updates.get("q_in_regs") and ((self.tile_m or d["tile_m"]) != 128 or (self.tile_n or d["tile_n"]) > 128
+                                         or frac >= 0.5):
+            # measured on the table's 128 x 128 tile; 192-row or wider tiles have no registers for Q, and with half
+            # the exponentials emulated the hd128 causal kernel spills 4 LDL / STL (CPU SASS)
+            del updates["q_in_regs"]
         if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:
             del updates["pv_wait_mid"]  # 0.75-0.80x the speed without it ((192, 128) causal: 1.05x with it)
         if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them

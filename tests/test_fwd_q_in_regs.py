@@ -3,7 +3,7 @@
 Config checks (no compile) and CPU-compiled SASS (CUTE_DSL_ARCH=sm_90a, nvdisasm): with the switch every QK^T HGMMA
 takes its A operand from registers (``HGMMA... R<d>, R<a>, gdesc[..]``) loaded by LDSM once per Q tile, the P V
 HGMMAs are unchanged, the K/V loop has no more instructions than the default's, and hd128 / (192, 128) keep 0 LDL /
-STL; without it the kernel is the default's (no LDSM, A from a descriptor). The GPU half (bitwise the default's
+STL; without it no LDSM and A from a descriptor. On by default at hd128 (kernels/config.py DEFAULTS). The GPU half (bitwise the default's
 out / lse, accuracy with persistent / pingpong off / the serial loop) is tests/test_fwd_q_in_regs_gpu.py.
 """
 from __future__ import annotations
@@ -22,15 +22,27 @@ from test_fwd_loop_shape import _loops, _sass  # noqa: E402  (one SASS cache for
 needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
 
 
-def test_q_in_regs_is_opt_in_and_keeps_every_default_hash():
+def test_q_in_regs_default_at_hd128_table_tile_only():
+    """DEFAULTS' q_in_regs (H200: 1.002-1.007x at hd128): filled at hd128 on the table's 128 x 128 tile (not with
+    wider / taller tiles or half the exponentials emulated), None (left out of to_dict(): the hash of before the field)
+    everywhere else; an explicit value wins."""
     for hd in (64, 128, 192, 256):
         for causal in (False, True):
             r = AttnConfig().resolve("sm90", hd, causal)
-            assert r.q_in_regs is None and "q_in_regs" not in r.to_dict()
-            assert AttnConfig(q_in_regs=False).resolve("sm90", hd, causal).config_hash() == r.config_hash()
             on = AttnConfig(q_in_regs=True).resolve("sm90", hd, causal)
-            assert on.to_dict()["q_in_regs"] is True and on.config_hash() != r.config_hash()
+            off = AttnConfig(q_in_regs=False).resolve("sm90", hd, causal)
+            assert on.to_dict()["q_in_regs"] is True and "q_in_regs" not in off.to_dict()
+            if hd == 128:
+                assert r == on and off.config_hash() != r.config_hash()
+                for extra in (dict(tile_n=176), dict(tile_m=192, consumer_regs=160, producer_regs=32),
+                              dict(exp2_emu_fraction=0.5)):
+                    assert AttnConfig(**extra).resolve("sm90", hd, causal).q_in_regs is None
+                assert AttnConfig(exp2_emu_fraction=0.375).resolve("sm90", hd, causal).q_in_regs is True
+                continue
+            assert r.q_in_regs is None and "q_in_regs" not in r.to_dict()
+            assert off.config_hash() == r.config_hash() and on.config_hash() != r.config_hash()
     assert AttnConfig(q_in_regs=True).op_string == '{"q_in_regs":true}'
+    assert AttnConfig().resolve("sm100", 128, False).q_in_regs is None
 
 
 def test_q_in_regs_refused_where_it_cannot_apply():
@@ -63,7 +75,7 @@ def _qk_operands(sass: str):
 @pytest.mark.compile
 @pytest.mark.parametrize("hdim,causal", [(128, False), (128, True), (192, False)])
 def test_q_from_registers_in_the_sass(tmp_path_factory, hdim, causal):
-    base = _sass(tmp_path_factory, hdim, causal)
+    base = _sass(tmp_path_factory, hdim, causal, q_in_regs=False)
     on = _sass(tmp_path_factory, hdim, causal, q_in_regs=True)
     cb, co = opcode_counts(base), opcode_counts(on)
     assert count(cb, "LDSM") == 0 and count(co, "LDSM") == hdim // 16  # Q's 64 x hdim per warpgroup: x4 ldmatrix
