@@ -15,7 +15,6 @@ kernel without it unchanged (config hash; tests/test_fwd_loop_shape.py and scrip
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
@@ -24,6 +23,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 from kernels.config import AttnConfig  # noqa: E402
 from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 from test_fwd_loop_shape import _sass  # noqa: E402  (one SASS cache for the forward loop-shape files)
+from config_pairs import check_default_pair  # noqa: E402
 from test_fwd_p_cvt_asm import _main_loop, _spills, _vector_state  # noqa: E402
 
 
@@ -31,18 +31,7 @@ from test_fwd_p_cvt_asm import _main_loop, _spills, _vector_state  # noqa: E402
 def test_pv_wait_mid_default_only_at_192_causal_and_hashes():
     """None resolves to DEFAULTS' (on at (192, 128) causal and hd128 non-causal); None and False leave it out of to_dict (the hash of
     before the field); True is its own config."""
-    for hd in (64, 128, 192, 256):
-        for causal in (False, True):
-            r = AttnConfig().resolve("sm90", hd, causal)
-            off = AttnConfig(pv_wait_mid=False).resolve("sm90", hd, causal)
-            on = AttnConfig(pv_wait_mid=True).resolve("sm90", hd, causal)
-            assert on.to_dict()["pv_wait_mid"] is True and "pv_wait_mid" not in off.to_dict()
-            if (hd, causal) in ((192, True), (128, False)):  # DEFAULTS' pairs
-                assert r == on and off.config_hash() != r.config_hash()
-                continue
-            assert r.pv_wait_mid is None and "pv_wait_mid" not in r.to_dict()
-            assert off.config_hash() == r.config_hash() and on.config_hash() != r.config_hash()
-    assert AttnConfig(pv_wait_mid=True).op_string == '{"pv_wait_mid":true}'
+    check_default_pair("pv_wait_mid", ((192, True), (128, False)))  # DEFAULTS' pairs
 
 
 # validation (None / bool, sm90 only) and the forward-only compiled config: tests/test_fwd_loop_shape.py FIELDS

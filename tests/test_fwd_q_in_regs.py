@@ -15,6 +15,7 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
+from config_pairs import check_default_pair  # noqa: E402
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
 from kernels.sm90.sass import count, find_nvdisasm, opcode_counts  # noqa: E402
 from test_fwd_loop_shape import _loops, _sass  # noqa: E402  (one SASS cache for the forward loop-shape files)
@@ -26,22 +27,11 @@ def test_q_in_regs_default_at_hd128_table_tile_only():
     """DEFAULTS' q_in_regs (H200: 1.002-1.007x at hd128): filled at hd128 on the table's 128 x 128 tile (not with
     wider / taller tiles or half the exponentials emulated), None (left out of to_dict(): the hash of before the field)
     everywhere else; an explicit value wins."""
-    for hd in (64, 128, 192, 256):
-        for causal in (False, True):
-            r = AttnConfig().resolve("sm90", hd, causal)
-            on = AttnConfig(q_in_regs=True).resolve("sm90", hd, causal)
-            off = AttnConfig(q_in_regs=False).resolve("sm90", hd, causal)
-            assert on.to_dict()["q_in_regs"] is True and "q_in_regs" not in off.to_dict()
-            if hd == 128:
-                assert r == on and off.config_hash() != r.config_hash()
-                for extra in (dict(tile_n=176), dict(tile_m=192, consumer_regs=160, producer_regs=32),
-                              dict(exp2_emu_fraction=0.5)):
-                    assert AttnConfig(**extra).resolve("sm90", hd, causal).q_in_regs is None
-                assert AttnConfig(exp2_emu_fraction=0.375).resolve("sm90", hd, causal).q_in_regs is True
-                continue
-            assert r.q_in_regs is None and "q_in_regs" not in r.to_dict()
-            assert off.config_hash() == r.config_hash() and on.config_hash() != r.config_hash()
-    assert AttnConfig(q_in_regs=True).op_string == '{"q_in_regs":true}'
+    check_default_pair("q_in_regs", ((128, False), (128, True)))
+    for causal in (False, True):
+        for extra in (dict(tile_n=176), dict(tile_m=192, consumer_regs=160, producer_regs=32), dict(exp2_emu_fraction=0.5)):
+            assert AttnConfig(**extra).resolve("sm90", 128, causal).q_in_regs is None
+        assert AttnConfig(exp2_emu_fraction=0.375).resolve("sm90", 128, causal).q_in_regs is True
     assert AttnConfig().resolve("sm100", 128, False).q_in_regs is None
 
 
