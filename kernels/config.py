@@ -418,7 +418,9 @@ class AttnConfig:
     # Q tile) instead of read from shared memory by every K/V block's GEMM, so that GEMM reads only K there. Same
     # products (kernels/sm90/fwd.py load_q_regs). None = DEFAULTS' (on at hd128 with the table's 128 x 128 tile: 1.002-
     # 1.007x on the H200; absent: off); left out of to_dict() while None or False. The Q fragment costs 32 registers per
-    # thread at hd128 (48 at (192, 128), both without spills; hd64's 160-register 192-row tile and hd256 spill).
+    # thread at hd128 (48 at (192, 128), both without spills; hd64's 160-register 192-row tile and hd256 spill). A
+    # windowed call with intra_wg_overlap=False keeps Q in shared memory (the kernel ignores the field there: 9 LDL /
+    # STL at hd128 causal with a left window).
     q_in_regs: bool | None = None
 
     def __post_init__(self) -> None:

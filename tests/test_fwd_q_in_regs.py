@@ -77,3 +77,16 @@ def test_q_from_registers_in_the_sass(tmp_path_factory, hdim, causal):
     assert any(kind == "gdesc" for (_, kind) in kb) and not any(kind == "gdesc" for (_, kind) in ko)
     loop_b, loop_o = _loops(base)[-1], _loops(on)[-1]
     assert len(loop_o) <= len(loop_b)  # no per-block Q descriptor arithmetic left in the K/V loop
+
+
+def test_kernel_keeps_q_in_shared_memory_with_a_window_in_the_serial_loop():
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    bf = cutlass.BFloat16
+    assert FlashFwdSm90(bf, 128, 128, True, q_in_regs=True).q_in_regs
+    assert FlashFwdSm90(bf, 128, 128, True, q_in_regs=True, window_left=64).q_in_regs  # (the overlapped loop)
+    assert FlashFwdSm90(bf, 128, 128, True, q_in_regs=True, intra_wg_overlap=False).q_in_regs
+    assert not FlashFwdSm90(bf, 128, 128, True, q_in_regs=True, intra_wg_overlap=False, window_left=64).q_in_regs
+

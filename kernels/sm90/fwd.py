@@ -288,8 +288,9 @@ class FlashFwdSm90:
                                 and not self.exp_in_branch)
         # S = Q K^T with Q from registers (wgmma A operand in registers, loaded from shared memory once per Q tile by
         # ldmatrix) instead of a shared-memory descriptor: every K/V block's QK^T then reads only K from shared memory
-        # (a third less of that GEMM's operand traffic; the GPU runs at its power cap in long calls)
-        self.q_in_regs = bool(q_in_regs)
+        # (a third less of that GEMM's operand traffic; the GPU runs at its power cap in long calls). Not with a window
+        # in the non-overlapped loop: hd128 causal with a left window there spills 9 LDL / STL with Q in registers
+        self.q_in_regs = bool(q_in_regs) and (intra_wg_overlap or not self.has_window)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
