@@ -26,7 +26,9 @@ exponentials inside both arms of the warp's rescale decision, so the wait for th
 so the wait for P V(j) and the release of V(j)'s stage come after them, with the rest of the block (and P, converted by
 inline PTX) after the wait, as official FA4's SASS has it (wait after 11 of 66 exponentials); at causal it implies
 causal_split. ``exp2_emu_fraction`` moves whole register fragments of every row's exponentials from
-MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). Causal: only the K blocks a tile needs are
+MUFU.EX2 to an FMA-pipe polynomial (kernels/sm90/exp2.py). ``q_in_regs`` (hd128's default) loads each Q tile into
+registers once (ldmatrix, load_q_regs) and runs every QK^T with Q as the wgmma's register operand, so the K/V loop
+reads only K for it from shared memory. Causal: only the K blocks a tile needs are
 loaded, masking only on the diagonal blocks, and tiles are issued longest first (kernels/sm90/scheduler.py).
 O goes registers -> shared memory (stmatrix) -> global with one TMA store, which clips rows past seqlen_q;
 LSE (natural log, fp32, (batch, heads, seqlen_q)) is stored by the threads owning column 0.
