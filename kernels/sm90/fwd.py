@@ -901,12 +901,11 @@ class FlashFwdSm90:
         return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy)
 
     @cute.jit
-    def load_q_regs(self, frags: ConsumerFrags):
+    def load_q_regs(self, frags: ConsumerFrags) -> None:
         """q_in_regs: this thread's share of the Q tile, shared memory -> its wgmma A fragment (ldmatrix), after the
         tile's Q wait; the first QK^T's wgmma.fence orders these register writes before the GEMM reads them."""
-        copy_q, tCsQ, tCrQ = frags.q_copy
+        copy_q, tCsQ, tCrQ = frags.q_copy  # (tCrQ: tSrQ's registers, retiled for the copy)
         cute.copy(copy_q, tCsQ, tCrQ)
-        return frags.tSrQ
 
     @cute.jit
     def consume(self, mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
@@ -924,7 +923,7 @@ class FlashFwdSm90:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
         if const_expr(self.q_in_regs):
-            frags = frags._replace(tSrQ=self.load_q_regs(frags))
+            self.load_q_regs(frags)
 
         if const_expr(self.intra_wg_overlap):
             state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
