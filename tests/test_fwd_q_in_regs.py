@@ -1,10 +1,11 @@
-"""AttnConfig.q_in_regs (sm90 forward: S = Q K^T with Q in registers, kernels/sm90/fwd.py load_q_regs).
+"""AttnConfig.q_in_regs (sm90 forward: S = Q K^T with Q in registers, kernels/sm90/fwd.py load_q_regs; on by default
+at hd128, kernels/config.py DEFAULTS).
 
-Config checks (no compile) and CPU-compiled SASS (CUTE_DSL_ARCH=sm_90a, nvdisasm): with the switch every QK^T HGMMA
-takes its A operand from registers (``HGMMA... R<d>, R<a>, gdesc[..]``) loaded by LDSM once per Q tile, the P V
-HGMMAs are unchanged, the K/V loop has no more instructions than the default's, and hd128 / (192, 128) keep 0 LDL /
-STL; without it no LDSM and A from a descriptor. On by default at hd128 (kernels/config.py DEFAULTS). The GPU half (bitwise the default's
-out / lse, accuracy with persistent / pingpong off / the serial loop) is tests/test_fwd_q_in_regs_gpu.py.
+Config checks (no compile) and CPU-compiled SASS (CUTE_DSL_ARCH=sm_90a, nvdisasm): with the switch no HGMMA takes
+its A operand from a shared-memory descriptor (``HGMMA... R<d>, R<a>, gdesc[..]``), Q is loaded by LDSM once per Q
+tile, the HGMMA count is unchanged, the K/V loop has no more instructions than without it, and hd128 / (192, 128) keep
+0 LDL / STL; without it no LDSM and QK^T's A from a descriptor. The GPU half (out / lse bitwise those without it;
+accuracy with persistent / pingpong off / the serial loop) is tests/test_fwd_q_in_regs_gpu.py.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def test_q_in_regs_default_at_hd128_table_tile_only():
     everywhere else; an explicit value wins."""
     check_default_pair("q_in_regs", ((128, False), (128, True)))
     for causal in (False, True):
-        for extra in (dict(tile_n=176), dict(tile_m=192, consumer_regs=160, producer_regs=32), dict(exp2_emu_fraction=0.5)):
+        for extra in (dict(tile_n=176), dict(tile_m=192, consumer_regs=160, producer_regs=32),
+                      dict(exp2_emu_fraction=0.5)):
             assert AttnConfig(**extra).resolve("sm90", 128, causal).q_in_regs is None
         assert AttnConfig(exp2_emu_fraction=0.375).resolve("sm90", 128, causal).q_in_regs is True
     assert AttnConfig().resolve("sm100", 128, False).q_in_regs is None

@@ -1,6 +1,6 @@
-"""GPU checks of AttnConfig.q_in_regs (sm90 forward: S = Q K^T with Q in registers): the same products in the same
-order as the shared-memory operand, so out / lse equal those without it bit for bit (on by default at hd128); plus the accuracy bound of
-tests/test_fwd_gpu.py with the switches it combines with (persistent tiles reload Q per tile)."""
+"""GPU checks of AttnConfig.q_in_regs (sm90 forward: S = Q K^T with Q in registers; on by default at hd128): the
+same products in the same order as the shared-memory operand, so out / lse equal those without it bit for bit; plus
+the accuracy bound of tests/test_fwd_gpu.py with the switches it combines with (persistent tiles reload Q per tile)."""
 from __future__ import annotations
 
 import pytest
