@@ -107,3 +107,24 @@ def test_the_matmul_sets_give_the_targets_their_matmul_rows_only():
     df["experiment"] = ["fwd_gemm", "fwd_gemm", "fwd_small"]
     assert matmul_rows_only(df)["backend"].tolist() == ["matmul_ref", "sdpa_cudnn"]
     assert matmul_rows_only(pd.DataFrame()).empty
+
+
+def test_target_of_one_experiment_reads_its_own_baseline():
+    """A target with ``experiment`` / ``baseline`` (bwd_ablation's det line) reads only that set's rows against its
+    baseline entry, and the peers-grid target never pools them."""
+    peers = _rows([("fa4", "deterministic", "bwd", 128, c, 8192, 1 / 0.90) for c in (False, True)])
+    peers["experiment"] = "bwd_peers"
+    abl = _rows([("fa4", "deterministic", "bwd", 128, c, 8192, 1 / 0.95) for c in (False, True)])
+    abl["experiment"], abl["baseline"] = "bwd_ablation", "fa4[full]"
+    df = pd.concat([peers, abl], ignore_index=True)
+    grid_t = Target(9, "det", "bwd", "deterministic", 0.92, ((128, 128),), (8192, 8192), variant=True)
+    abl_t = Target(9, "det abl", "bwd", "deterministic", 0.92, ((128, 128),), (8192, 8192), variant=True,
+                   experiment="bwd_ablation", baseline="fa4[full]")
+    r = _one(df, grid_t)
+    assert r["status"] == "missed" and r["worst"].startswith("0.900")
+    r = _one(df, abl_t)
+    assert r["status"] == "met" and r["worst"].startswith("0.950")
+    # the experiment filter alone: bwd_peers' rows against fa4[full] do not exist, so the cells are untimed
+    none = Target(9, "det none", "bwd", "deterministic", 0.92, ((128, 128),), (8192, 8192), variant=True,
+                  experiment="bwd_peers", baseline="fa4[full]")
+    assert _one(df, none)["status"] == "untimed cells"
