@@ -2,7 +2,8 @@
 and the order in which a time budget visits them.
 
 Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows), tile_n, num_stages, the register split
-(producer_regs, consumer_regs), pingpong, exp2_emu_fraction and rescale_before_pv. Backward: bwd_tile_m. (``cluster_m`` is not
+(producer_regs, consumer_regs), pingpong, exp2_emu_fraction, rescale_before_pv and q_in_regs (only where
+kernels/config.py q_in_regs_fits: 128-row tiles at most 128 wide, exp2 fraction under 1/2). Backward: bwd_tile_m. (``cluster_m`` is not
 searched: an opt-in forward switch for non-causal calls only, A/B it with backend.config.cluster_m=2; ``persistent``
 is not searched either: its default is a per-call rule on seqlen_q,
 DEFAULTS' persistent_max_seqlen, which one tuned value per (hdim, causal) cannot express -- A/B it with
@@ -11,19 +12,21 @@ kernel class's constructor accepts it (its shared-memory and register-budget ass
 accumulators of a consumer thread fit its register budget (a lower bound, below): near that bound a kernel may still
 spill, which its timing then shows. Combinations that compile to the same kernel as another (the exp2 fraction is
 rounded to whole register fragments) are kept once. A field searched since after the first tune rows were recorded
-(LATE_FIELDS: rescale_before_pv) is left out of a job's config where it has the value that leaving it out resolves to
+(LATE_FIELDS: rescale_before_pv, q_in_regs) is left out of a job's config where it has the value that leaving it out resolves to
 (job_config), so the jobs, job keys and rows of the searches from before it are unchanged.
 
 Order: first every one-field change of the default (each field at each of its valid values, the others at the
 default), then a greedy all-pairs cover: candidates added one at a time, each covering the most value pairs (two
 fields at two values) not yet covered, until every pair that any valid combination has is covered by some candidate
-or the default. A budget that stops early has measured the one-field neighbourhood first.
+or the default. A budget that stops early has measured the one-field neighbourhood first. A neighbour whose new
+tile cannot take the default's Q in registers (q_in_regs_fits) runs without it and still counts as a one-field
+change.
 """
 from __future__ import annotations
 
 import itertools
 
-from kernels.config import AttnConfig, ConfigError, TUNED_FIELDS, normalize_arch, table_defaults
+from kernels.config import AttnConfig, ConfigError, TUNED_FIELDS, normalize_arch, q_in_regs_fits, table_defaults
 from kernels.tiles import compiled_config
 
 FWD_HDIMS = {64: 64, 128: 128, 192: 128, 256: 256}  # QK head dim -> V head dim of the shapes tuned
@@ -42,10 +45,11 @@ SM90_FWD_VALUES = {
     "pingpong": (True, False),
     "exp2_emu_fraction": (0.0, 0.125, 0.25, 0.5),
     "rescale_before_pv": (False, True),
+    "q_in_regs": (False, True),
 }
 SM90_BWD_VALUES = {"bwd_tile_m": (64, 80, 128)}  # 80: hd128 only (dQ^T; kernels/sm90/bwd.py)
 # searched fields added after tune rows existed: left out of a job's config at the value they resolve to when left out
-LATE_FIELDS = ("rescale_before_pv",)
+LATE_FIELDS = ("rescale_before_pv", "q_in_regs")
 REG_RESERVE = 16  # registers per consumer thread beyond the accumulators: row max/sum, indices, addresses (minimum)
 
 
@@ -95,7 +99,8 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
                          tile_n=point["tile_n"], num_stages=point["num_stages"],
                          exp2_emu_fraction=point["exp2_emu_fraction"], pingpong=point["pingpong"],
                          consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"],
-                         rescale_before_pv=bool(point.get("rescale_before_pv", False)))
+                         rescale_before_pv=bool(point.get("rescale_before_pv", False)),
+                         q_in_regs=bool(point.get("q_in_regs", False)))
         except (ValueError, AssertionError) as e:
             return str(e).splitlines()[0]
         return None
@@ -113,9 +118,10 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
 
 def register_floor(point: dict, hdim: int) -> int:
     """Registers a consumer thread needs at least: its O accumulator (64 rows x hdim_v fp32 over 128 threads), S of
-    the next block (64 x tile_n fp32) and P of the current one (bf16, held while PV(j) runs beside softmax(j+1))."""
+    the next block (64 x tile_n fp32) and P of the current one (bf16, held while PV(j) runs beside softmax(j+1));
+    with q_in_regs also its Q fragment (64 rows x hdim bf16)."""
     dv, tn = FWD_HDIMS[hdim], point["tile_n"]
-    return dv // 2 + tn // 2 + tn // 4 + REG_RESERVE
+    return dv // 2 + tn // 2 + tn // 4 + (hdim // 4 if point.get("q_in_regs") else 0) + REG_RESERVE
 
 
 def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str | None:
@@ -125,10 +131,14 @@ def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str)
     except (ConfigError, TypeError) as e:
         return str(e)
     if direction == "fwd":
+        if point.get("q_in_regs") and not q_in_regs_fits(point["tile_m"], point["tile_n"], point["exp2_emu_fraction"]):
+            return ("q_in_regs: Q stays in registers only on 128-row tiles at most 128 wide with an exp2 fraction under "
+                    "1/2 (kernels/config.py q_in_regs_fits)")
         need = register_floor(point, hdim)
         if need > point["consumer_regs"]:
             return (f"registers: the accumulators need >= {need} per consumer thread (O {FWD_HDIMS[hdim] // 2}, "
-                    f"S {point['tile_n'] // 2}, P {point['tile_n'] // 4}, +{REG_RESERVE}); budget {point['consumer_regs']}")
+                    f"S {point['tile_n'] // 2}, P {point['tile_n'] // 4}, "
+                    f"{f'Q {hdim // 4}, ' if point.get('q_in_regs') else ''}+{REG_RESERVE}); budget {point['consumer_regs']}")
     return _kernel_check(point, hdim, causal, direction)
 
 
@@ -138,11 +148,12 @@ def _raw_points(direction: str):
             yield {"bwd_tile_m": v}
         return
     V = SM90_FWD_VALUES
-    for tm, tn, st, lv, pp, ex, rb in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
-                                                         V["pingpong"], V["exp2_emu_fraction"], V["rescale_before_pv"]):
+    for tm, tn, st, lv, pp, ex, rb, qr in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
+                                                             V["pingpong"], V["exp2_emu_fraction"],
+                                                             V["rescale_before_pv"], V["q_in_regs"]):
         pr, cr = REG_SPLITS[tm][lv]
         yield {"tile_m": tm, "tile_n": tn, "num_stages": st, "consumer_regs": cr, "producer_regs": pr,
-               "exp2_emu_fraction": ex, "pingpong": pp, "rescale_before_pv": rb}
+               "exp2_emu_fraction": ex, "pingpong": pp, "rescale_before_pv": rb, "q_in_regs": qr}
 
 
 def kernel_id(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str:
@@ -174,7 +185,7 @@ def job_config(point: dict, arch: str, hdim: int, causal: bool) -> dict:
     if not late:
         return dict(point)
     implicit = AttnConfig(**{k: v for k, v in point.items() if k not in LATE_FIELDS}).resolve(arch, hdim, causal)
-    return {k: v for k, v in point.items() if not (k in late and v == getattr(implicit, k))}
+    return {k: v for k, v in point.items() if not (k in late and v == bool(getattr(implicit, k)))}
 
 
 def reg_split(point: dict):
@@ -208,8 +219,8 @@ def candidates(arch: str, hdim: int, causal: bool, direction: str, valid: list[d
     base_id = kernel_id(base, arch, hdim, causal, direction)
     pool = [p for p in valid if kernel_id(p, arch, hdim, causal, direction) != base_id]
     fb = factors(base)
-    ofat = [p for p in pool if sum(v != fb[k] for k, v in factors(p).items()) == 1]
-    order = sorted(ofat, key=lambda p: [list(factors(p)).index(k) for k, v in factors(p).items() if v != fb[k]])
+    ofat = [p for p in pool if len(_changed(p, fb)) == 1]
+    order = sorted(ofat, key=lambda p: [list(factors(p)).index(k) for k in _changed(p, fb)])
     covered = pairs(base).union(*(pairs(p) for p in order)) if order else set(pairs(base))
     goal = set().union(*(pairs(p) for p in valid)) if valid else set()
     rest = [p for p in pool if p not in order]
@@ -221,6 +232,15 @@ def candidates(arch: str, hdim: int, causal: bool, direction: str, valid: list[d
         order.append(rest.pop(i))
         covered |= pairs(order[-1])
     return order
+
+
+def _changed(point: dict, fb: dict) -> list:
+    """The factors where ``point`` differs from the default's factors ``fb``; q_in_regs does not count where the
+    default's is on and the point's tile cannot take it (the neighbour runs without it: q_in_regs_fits)."""
+    f = factors(point)
+    forced = ("q_in_regs" in f and fb.get("q_in_regs") and not f["q_in_regs"]
+              and not q_in_regs_fits(point["tile_m"], point["tile_n"], point["exp2_emu_fraction"]))
+    return [k for k, v in f.items() if v != fb.get(k) and not (forced and k == "q_in_regs")]
 
 
 def variant_name(point: dict, base: dict) -> str:

@@ -557,11 +557,9 @@ class AttnConfig:
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only
             updates["rescale_before_pv"] = False
         frac = self.exp2_emu_fraction if self.exp2_emu_fraction is not None else updates.get("exp2_emu_fraction", 0.0)
-        if updates.get("q_in_regs") and ((self.tile_m or d["tile_m"]) != 128 or (self.tile_n or d["tile_n"]) > 128
-                                         or frac >= 0.5):
-            # measured on the table's 128 x 128 tile; 192-row or wider tiles have no registers for Q, and with half
-            # the exponentials emulated the hd128 causal kernel spills 4 LDL / STL (CPU SASS)
-            del updates["q_in_regs"]
+        if updates.get("q_in_regs") and not q_in_regs_fits(self.tile_m or updates.get("tile_m"),
+                                                           self.tile_n or updates.get("tile_n"), frac):
+            del updates["q_in_regs"]  # (the tile of the call, the tuned entry or the table: whichever resolves)
         if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:
             del updates["pv_wait_mid"]  # 0.75-0.80x the speed without it ((192, 128) causal: 1.05x with it)
         if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them
@@ -654,7 +652,7 @@ def quantized_exp2_fraction(fraction: float, fragments_per_row: int) -> float:
 #     - {hdim: 128, causal: false, direction: fwd, config: {tile_m: 128, tile_n: 176, ...}, evidence: {...}}
 # An entry overrides the table above for its (hdim, causal), only for the fields of its direction. No file: the table.
 TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction",
-                        "rescale_before_pv"),
+                        "rescale_before_pv", "q_in_regs"),
                 "bwd": ("bwd_tile_m",)}
 # fields that only one direction's kernels read (kernels/tiles.py compiled_config drops the other direction's)
 BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads", "bwd_rotate_q", "bwd_pdl",
@@ -802,6 +800,13 @@ def _load_tuned_dir(folder: Path = TUNED_DIR, stale: dict | None = None) -> dict
     return out
 
 
+def q_in_regs_fits(tile_m: int, tile_n: int, exp2_fraction: float) -> bool:
+    """Where ``q_in_regs`` is a default (resolve) and a tune candidate (experiments/tune_space.py): measured on the
+    table's 128 x 128 tile; 192-row or wider tiles have no registers for Q, and with half the exponentials emulated
+    the hd128 causal kernel spills 4 LDL / STL (CPU SASS)."""
+    return int(tile_m) == 128 and int(tile_n) <= 128 and float(exp2_fraction) < 0.5
+
+
 def for_causal(v, causal: bool):
     """A DEFAULTS value: one for both, or a (non-causal, causal) pair."""
     return v[1 if causal else 0] if isinstance(v, tuple) else v
@@ -816,11 +821,14 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
     d = dict(DEFAULTS[(arch, int(hdim))])
     d["exp2_emu_fraction"] = d.pop("exp2_emu")[1 if causal else 0]
     d["rescale_before_pv"] = for_causal(d["rescale_before_pv"], causal)  # the value resolve() fills
+    d["q_in_regs"] = bool(for_causal(d.get("q_in_regs", False), causal))  # likewise (where the tile takes it, below)
     d.pop("persistent_max_seqlen")  # a per-call rule, not a field (persistent_by_default)
     d.pop("persistent_tile", None)  # a per-call rule too (persistent_tile_for)
     d.pop("two_cta")  # a per-call rule (two_cta_by_default), not filled in by resolve()
     if tuned:
         d.update(TUNED.get((arch, int(hdim), bool(causal)), {}))
+    if d["q_in_regs"] and not q_in_regs_fits(d["tile_m"], d["tile_n"], d["exp2_emu_fraction"]):
+        d["q_in_regs"] = False  # a tuned tile that does not take it (resolve drops the default there too)
     return d
 
 
