@@ -52,6 +52,7 @@ from torch import Tensor
 
 from .config import AttnConfig, ConfigError, resolve_cached
 from .interface import ARCH, _check_arch, attention_forward
+from .sm90 import cpp_backward
 from .sm90.backward import attention_backward, backward_trusted
 from .validate import (InputError, canonical_window, check_cluster, check_devices, check_qkv, check_scale,
                        check_softcap)
@@ -241,7 +242,11 @@ def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
     if type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling():  # eager, real GPU tensors:
         # no custom-op dispatch layer (fake tensors, tensor subclasses and tracing take the op)
-        out, lse = _EagerAttention.apply(q, k, v, causal, scale, cstr, *features)
+        got = None
+        if cpp_backward.enabled() and cpp_backward.covers(q, k, v, features):  # FA4LAB_CPP_BWD=1: the C++ node
+            _check_arch(q.device)
+            got = cpp_backward.attention(q, k, v, causal, scale, _resolved(cstr, q.shape[3], causal))
+        out, lse = got if got is not None else _EagerAttention.apply(q, k, v, causal, scale, cstr, *features)
     else:  # traced (fake kernels, registered autograd), or another device's registered kernel
         out, lse = fwd_op(q, k, v, causal, scale, cstr, *features)
     return (out, lse) if return_lse else out

@@ -186,6 +186,23 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
                 gc.enable()
         return run
     ours_fb = p["ours fwd+bwd"]
+    from kernels.sm90 import cpp_backward
+
+    def cpp_node(fn):  # the eager backward as the C++ autograd node (FA4LAB_CPP_BWD=1, kernels/sm90/cpp_backward.py)
+        def run():
+            cpp_backward.force = True
+            try:
+                return fn()
+            finally:
+                cpp_backward.force = None
+        return run
+    p["ours fwd+bwd, C++ backward node"] = cpp_node(ours_fb)
+    p["ours fwd, C++ backward node (autograd)"] = cpp_node(p["ours fwd (autograd)"])
+    cpp_backward.force = True
+    o_cpp = kernels.attention(q, k, v, causal=causal)
+    cpp_backward.force = None
+    p["ours bwd only (autograd.grad), C++ backward node"] = lambda: torch.autograd.grad(o_cpp, (q, k, v), do,
+                                                                                        retain_graph=True)
     p["ours fwd+bwd, autograd single-threaded"] = single_thread(ours_fb)
     # where autograd's device thread costs ours more than cuDNN (run 8): the same pieces on the calling thread
     for name in ("engine: our Function, no kernels, fwd+bwd", "engine: identity Function fwd+bwd",
@@ -277,6 +294,10 @@ def main():
     res = {"dlpack": st, "pieces": {}}
     fns = {name: fn for name, fn in pieces().items() if not a.only or any(t in name for t in a.only.split("|"))}
     res["pieces"] = time_round_robin(fns, a.n, a.reps)
+    from kernels.sm90 import cpp_backward
+
+    res["cpp_backward_node"] = cpp_backward.status()
+    print(f"C++ backward node: {res['cpp_backward_node']}", flush=True)
     for name, r in res["pieces"].items():
         print(f"{name:48s} enqueue {r['enqueue_us']:8.1f} us   wall {r['wall_us']:8.1f} us", flush=True)
     if a.profile:

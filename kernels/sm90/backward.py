@@ -568,6 +568,25 @@ def check_backward_inputs(q, k, v, out, dout, lse) -> None:
                              f"got {tuple(t.shape)}")
 
 
+def compiled_for_call(config, dtype_name: str, d: int, dv_dim: int, causal: bool, group: int, window_left: int,
+                      window_right: int, softcap: float, seqlen_k: int, sm_count: int):
+    """(the config the backward runs, its compile key, its compiled (pre, main, post) dict) for one call's canonical
+    arguments (_call_config), compiled on first use; shared by backward_trusted and the C++ node's plans
+    (cpp_backward.py)."""
+    cfg, key = _call_config(config, dtype_name, d, dv_dim, causal, group, window_left, window_right, softcap, seqlen_k,
+                            sm_count)
+    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
+                                              qhead_per_kvhead=group,
+                                              features=_features(window_left, window_right, softcap)))
+    return cfg, key, kern
+
+
+def sem_multiple(cfg: AttnConfig, kern: dict) -> int:
+    """dQ semaphores per sem_rows Q rows: one per (Q tile, CTA of the cluster); deterministic diag_align: per
+    sem_rows (8) Q rows (dq_claim: each unit's claim state after the counters, bwd.py _set_dq_claim)."""
+    return 2 if cfg.two_cta is True or kern.get("dq_claim") else 1
+
+
 def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=None, dk=None, dv=None,
                      window_left: int = -1, window_right: int = -1, softcap: float = 0.0):
     """``attention_backward`` without ``check_backward_inputs``: for callers whose tensors passed it already or come
@@ -588,18 +607,14 @@ def backward_trusted(q, k, v, out, dout, lse, causal, softmax_scale, config, dq=
     current = torch.cuda.current_device()
     sms = _sm_count(current if index is None else index)
     dtype_name = _DTYPE_NAMES[q.dtype]
-    cfg, key = _call_config(config, dtype_name, d, dv_dim, causal, group, window_left, window_right, softcap, sk, sms)
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and out.is_contiguous()
             and dout.is_contiguous() and lse.is_contiguous()):
         q, k, v, out, dout, lse = (t.contiguous() for t in (q, k, v, out, dout, lse))
-    kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,
-                                              qhead_per_kvhead=group,
-                                              features=_features(window_left, window_right, softcap)))
+    cfg, key, kern = compiled_for_call(config, dtype_name, d, dv_dim, causal, group, window_left, window_right,
+                                       softcap, sk, sms)
     tile_m = cfg.bwd_tile_m
     sqp = (sq + tile_m - 1) // tile_m * tile_m + kern.get("q_pad_rows", 0)
-    # one dQ semaphore per (Q tile, CTA of the cluster); deterministic diag_align: per sem_rows (8) Q rows
-    # (dq_claim: each unit's claim state after the counters, bwd.py _set_dq_claim)
-    n_m = sqp // kern["sem_rows"] * (2 if cfg.two_cta is True or kern.get("dq_claim") else 1)
+    n_m = sqp // kern["sem_rows"] * sem_multiple(cfg, kern)
     lse2 = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dpsum = torch.empty(b, h, sqp, device=dev, dtype=torch.float32)
     dqacc = torch.empty(b, h, sqp, d, device=dev, dtype=torch.float32)

@@ -1,0 +1,137 @@
+"""The eager backward of ``kernels.attention`` as a C++ autograd node (kernels/csrc/bwd_node.cpp), opt-in.
+
+Autograd runs the backward of CUDA tensors on its device thread. With a Python node (kernels/ops.py's autograd
+Function) that thread takes the GIL and runs our Python launcher; on the H200 that was where our fixed cost per
+forward+backward call exceeded cuDNN's (README, "Host time per call"). Here the forward runs as before and ``attach``
+returns its output through a C++ node whose backward allocates the scratch and calls the three compiled kernels
+through TVM FFI's C ABI, with no Python on that thread. The kernels, their order and arguments are
+backward.py ``backward_trusted``'s (tests/test_cpp_backward.py, and bit for bit on the GPU).
+
+``FA4LAB_CPP_BWD=1`` turns it on for eager calls it covers: CUDA tensors, no GQA (dK / dV summed per group in
+Python), no window / softcap, q / k / v contiguous, a gradient wanted. The extension is built on first use with
+torch.utils.cpp_extension (a C++ compiler; about a minute, cached by torch); a build or load failure leaves the
+Python node in place and says why once (``status()``).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc" / "bwd_node.cpp"
+ENV = "FA4LAB_CPP_BWD"
+
+_lock = threading.Lock()
+_ext = None  # the loaded extension module
+_why_not: str | None = None  # why it could not be loaded (once set, not retried)
+_plans: dict = {}  # (compile key, device index) -> plan id
+_keep: list = []  # the compiled functions whose handles a plan holds (kept alive with it)
+
+
+force: bool | None = None  # scripts / tests: True / False overrides the environment variable
+
+
+def enabled() -> bool:
+    return force if force is not None else os.environ.get(ENV, "0") == "1"
+
+
+def load_extension():
+    """The built module (torch.utils.cpp_extension.load of kernels/csrc/bwd_node.cpp), without any TVM FFI API set."""
+    from torch.utils.cpp_extension import load
+
+    return load(name="fa4lab_bwd_node", sources=[str(CSRC)], extra_cflags=["-O2"], verbose=False)
+
+
+def _tvm_ffi_api() -> tuple[int, int, int, int]:
+    """Addresses of TVMFFIFunctionCall, TVMFFIEnvSetStream, TVMFFIErrorMoveFromRaised, TVMFFIObjectDecRef in the
+    libtvm_ffi that the tvm_ffi package (the kernels' runtime) loaded."""
+    import tvm_ffi.libinfo as info
+
+    lib = ctypes.CDLL(info.find_libtvm_ffi())
+    return tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in
+                 ("TVMFFIFunctionCall", "TVMFFIEnvSetStream", "TVMFFIErrorMoveFromRaised", "TVMFFIObjectDecRef"))
+
+
+def extension():
+    """The extension with the real TVM FFI entry points, or None (``status()`` says why)."""
+    global _ext, _why_not
+    if _ext is not None or _why_not is not None:
+        return _ext
+    with _lock:
+        if _ext is None and _why_not is None:
+            try:
+                ext = load_extension()
+                ext.set_api(*_tvm_ffi_api())
+                _ext = ext
+            except Exception as e:  # no compiler, no tvm_ffi, a build error: the Python node stays
+                _why_not = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
+                warnings.warn(f"{ENV}=1 but the C++ backward node is unavailable ({_why_not}); the Python autograd "
+                              "node runs", RuntimeWarning, stacklevel=3)
+    return _ext
+
+
+def status() -> str:
+    return "loaded" if _ext is not None else (f"unavailable: {_why_not}" if _why_not else "not loaded")
+
+
+def handle(fn) -> int:
+    """The TVM FFI function handle of a compiled kernel (a tvm_ffi.Function, or the DSL's kwargs wrapper of one)."""
+    h = fn.__chandle__() if hasattr(fn, "__chandle__") else fn.__tvm_ffi_object__().__chandle__()
+    if not h:
+        raise RuntimeError("a compiled backward kernel without a TVM FFI handle (compiled without --enable-tvm-ffi?)")
+    return int(h)
+
+
+def plan_fields(cfg, kern: dict, sm_count: int) -> dict:
+    """The plan of one compiled backward: what backward_trusted reads from (cfg, kern) to size and launch it."""
+    from .backward import sem_multiple
+
+    return dict(tile_m=int(cfg.bwd_tile_m), q_pad_rows=int(kern.get("q_pad_rows", 0)), sem_rows=int(kern["sem_rows"]),
+                sem_mult=int(sem_multiple(cfg, kern)), tile_n=int(kern["tile_n"]),
+                ctas=int(sm_count) if kern.get("persistent") else 0, zero_sem=bool(cfg.deterministic),
+                stream_pre=bool(kern.get("stream_pre")), stream_post=bool(kern.get("stream_post")))
+
+
+def _register(ext, kern: dict, fields: dict) -> int:
+    f = fields
+    pid = ext.register_plan(handle(kern["pre"]), handle(kern["main"]), handle(kern["post"]), f["tile_m"],
+                            f["q_pad_rows"], f["sem_rows"], f["sem_mult"], f["tile_n"], f["ctas"], f["zero_sem"],
+                            f["stream_pre"], f["stream_post"])
+    _keep.append((kern["pre"], kern["main"], kern["post"]))
+    return pid
+
+
+def covers(q, k, v, features: tuple) -> bool:
+    """Whether an eager call can take the C++ node (see the module docstring)."""
+    return (not features and q.shape[2] == k.shape[2] and torch.is_grad_enabled()
+            and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+
+
+def attention(q, k, v, causal: bool, scale: float, config) -> tuple | None:
+    """(out, lse) with out's grad_fn the C++ node, or None when the extension is unavailable (then the caller runs
+    the Python node). ``config``: the resolved AttnConfig of the call (kernels/ops.py _resolved)."""
+    ext = extension()
+    if ext is None:
+        return None
+    from .backward import _DTYPE_NAMES, _sm_count, compiled_for_call
+    from ..interface import attention_forward
+
+    b, sq, h, d = q.shape
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    sms = _sm_count(index)
+    cfg, key, kern = compiled_for_call(config, _DTYPE_NAMES[q.dtype], d, v.shape[-1], bool(causal), 1, -1, -1, 0.0,
+                                       k.shape[1], sms)
+    pid = _plans.get((key, index))
+    if pid is None:
+        with _lock:
+            pid = _plans.get((key, index))
+            if pid is None:
+                pid = _plans[(key, index)] = _register(ext, kern, plan_fields(cfg, kern, sms))
+    with torch.no_grad():
+        out, lse = attention_forward(q, k, v, causal, scale, config)
+    return ext.attach(q, k, v, out, lse, pid, float(scale)), lse
