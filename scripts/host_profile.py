@@ -188,21 +188,24 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
     ours_fb = p["ours fwd+bwd"]
     from kernels.sm90 import cpp_backward
 
-    def cpp_node(fn):  # the eager backward as the C++ autograd node (FA4LAB_CPP_BWD=1, kernels/sm90/cpp_backward.py)
+    def cpp_node(fn, on: bool):  # the eager backward as the C++ autograd node (the default) or the Python one
         def run():
-            cpp_backward.force = True
+            cpp_backward.force = on
             try:
                 return fn()
             finally:
                 cpp_backward.force = None
         return run
-    p["ours fwd+bwd, C++ backward node"] = cpp_node(ours_fb)
-    p["ours fwd, C++ backward node (autograd)"] = cpp_node(p["ours fwd (autograd)"])
-    cpp_backward.force = True
-    o_cpp = kernels.attention(q, k, v, causal=causal)
-    cpp_backward.force = None
-    p["ours bwd only (autograd.grad), C++ backward node"] = lambda: torch.autograd.grad(o_cpp, (q, k, v), do,
-                                                                                        retain_graph=True)
+    p["ours fwd+bwd, C++ backward node"] = cpp_node(ours_fb, True)
+    p["ours fwd+bwd, Python backward node"] = cpp_node(ours_fb, False)
+    p["ours fwd, C++ backward node (autograd)"] = cpp_node(p["ours fwd (autograd)"], True)
+    p["ours fwd, Python backward node (autograd)"] = cpp_node(p["ours fwd (autograd)"], False)
+    for on, name in ((True, "C++"), (False, "Python")):
+        cpp_backward.force = on
+        o_node = kernels.attention(q, k, v, causal=causal)
+        cpp_backward.force = None
+        p[f"ours bwd only (autograd.grad), {name} backward node"] = (lambda o: lambda: torch.autograd.grad(
+            o, (q, k, v), do, retain_graph=True))(o_node)
     p["ours fwd+bwd, autograd single-threaded"] = single_thread(ours_fb)
     # where autograd's device thread costs ours more than cuDNN (run 8): the same pieces on the calling thread
     for name in ("engine: our Function, no kernels, fwd+bwd", "engine: identity Function fwd+bwd",

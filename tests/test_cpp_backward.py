@@ -1,4 +1,4 @@
-"""kernels/csrc/bwd_node.cpp (the eager backward as a C++ autograd node, FA4LAB_CPP_BWD=1): built here with the CPU
+"""kernels/csrc/bwd_node.cpp (the eager backward as a C++ autograd node; FA4LAB_CPP_BWD=0 turns it off): built here with the CPU
 torch, its three kernel calls recorded through a fake TVM FFI and checked against backward_trusted's argument lists
 (shapes, dtypes, order, scalars) for the plan kinds it takes; errors; the autograd node on CPU tensors; which calls
 take it. The real kernels and the bitwise comparison with the Python node: tests/test_cpp_backward_gpu.py."""
@@ -119,6 +119,8 @@ def test_which_calls_take_it(monkeypatch):
     with torch.no_grad():
         assert not cb.covers(q, k, v, ())
     monkeypatch.delenv(cb.ENV, raising=False)
+    assert cb.enabled()  # on unless FA4LAB_CPP_BWD=0
+    monkeypatch.setenv(cb.ENV, "0")
     assert not cb.enabled()
-    monkeypatch.setenv(cb.ENV, "1")
+    monkeypatch.setattr(cb, "force", True)
     assert cb.enabled()

@@ -1,4 +1,4 @@
-"""GPU checks of the C++ backward node (FA4LAB_CPP_BWD=1, kernels/sm90/cpp_backward.py): it loads with the real TVM
+"""GPU checks of the C++ backward node (the eager default; FA4LAB_CPP_BWD=0 off; kernels/sm90/cpp_backward.py): it loads with the real TVM
 FFI, the eager call takes it (grad_fn), and out / dq / dk / dv equal the Python node's (same kernels, same
 arguments): bit for bit where the kernels are deterministic (out, dk, dv always; dq with deterministic=True), dq
 within the accuracy of atomics' order otherwise; calls it does not cover (GQA, a window) keep the Python node."""

@@ -122,7 +122,7 @@ class Args {
       if (g_api.move_error != nullptr) g_api.move_error(&err);  // take the raised error off this thread
       if (err != nullptr && g_api.dec_ref != nullptr) g_api.dec_ref(err);
       TORCH_CHECK(false, "fa4lab backward node: the ", what, " kernel call failed (TVM FFI returned ", rc,
-                  "); FA4LAB_CPP_BWD=0 runs the Python path, whose error names the cause");
+                  "); FA4LAB_CPP_BWD=0 runs the Python node, whose error names the cause");
     }
     if (result.type_index >= kFFIStaticObjectBegin && result.v_ptr != nullptr && g_api.dec_ref != nullptr) {
       g_api.dec_ref(result.v_ptr);
