@@ -101,17 +101,13 @@ class Args {
   }
   Args& integer(int64_t v) {
     FFIAny a{};
-    a.type_index = kFFIInt;
     a.v_int64 = v;
-    any_.push_back(a);
-    return *this;
+    return scalar(kFFIInt, a);
   }
   Args& real(double v) {
     FFIAny a{};
-    a.type_index = kFFIFloat;
     a.v_float64 = v;
-    any_.push_back(a);
-    return *this;
+    return scalar(kFFIFloat, a);
   }
   void call(void* fn, const char* what) {
     FFIAny result{};
@@ -130,6 +126,11 @@ class Args {
   }
 
  private:
+  Args& scalar(int32_t type_index, FFIAny a) {
+    a.type_index = type_index;
+    any_.push_back(a);
+    return *this;
+  }
   std::vector<DLTensor> dl_;
   std::vector<FFIAny> any_;
 };
