@@ -73,6 +73,12 @@ def get_or_compile(key: tuple, build: Callable[[], Any]) -> Any:
         return _CACHE[key]
 
 
+def cached(key: tuple) -> Any:
+    """The compiled object for ``key`` if it was built already, else None (nothing is compiled; no hit counted)."""
+    with _LOCK:
+        return _CACHE.get(key)
+
+
 def compile_records() -> list[CompileRecord]:
     with _LOCK:
         return list(_RECORDS.values())

@@ -1,5 +1,6 @@
 """GPU checks of the C++ backward node (the eager default; FA4LAB_CPP_BWD=0 off; kernels/sm90/cpp_backward.py): it loads with the real TVM
-FFI, the eager call takes it (grad_fn), and out / dq / dk / dv equal the Python node's (same kernels, same
+FFI, the eager call takes it (grad_fn) once the call's backward is compiled (the first call of a key keeps the Python
+node), and out / dq / dk / dv equal the Python node's (same kernels, same
 arguments): bit for bit where the kernels are deterministic (out, dk, dv always; dq with deterministic=True), dq
 within the accuracy of atomics' order otherwise; calls it does not cover (GQA, a window) keep the Python node."""
 from __future__ import annotations
@@ -72,7 +73,11 @@ def test_cpp_node_matches_the_python_node(node, d, dv_dim, causal, det):
 def test_cpp_node_fp16_and_the_calls_it_leaves_alone(node):
     torch.manual_seed(1)
     q, k, v, do = (torch.randn(2, 333, 4, 128, device="cuda", dtype=torch.float16) for _ in range(4))
+    # a key whose backward is not compiled yet: the Python node runs (its backward compiles it), the next call not
+    *first, n_first = _grads(q, k, v, do, True, AttnConfig(deterministic=True), cpp=True)
+    assert "AttentionBackwardNode" not in n_first
     o_py, dq_py, dk_py, dv_py, _ = _grads(q, k, v, do, True, AttnConfig(deterministic=True), cpp=False)
+    assert all(torch.equal(a, b) for a, b in zip(first, (o_py, dq_py, dk_py, dv_py)))
     o_c, dq_c, dk_c, dv_c, n_c = _grads(q, k, v, do, True, AttnConfig(deterministic=True), cpp=True)
     assert "AttentionBackwardNode" in n_c
     assert all(torch.equal(a, b) for a, b in ((o_c, o_py), (dq_c, dq_py), (dk_c, dk_py), (dv_c, dv_py)))

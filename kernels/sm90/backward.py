@@ -571,8 +571,7 @@ def check_backward_inputs(q, k, v, out, dout, lse) -> None:
 def compiled_for_call(config, dtype_name: str, d: int, dv_dim: int, causal: bool, group: int, window_left: int,
                       window_right: int, softcap: float, seqlen_k: int, sm_count: int):
     """(the config the backward runs, its compile key, its compiled (pre, main, post) dict) for one call's canonical
-    arguments (_call_config), compiled on first use; shared by backward_trusted and the C++ node's plans
-    (cpp_backward.py)."""
+    arguments (_call_config), compiled on first use (the C++ node, cpp_backward.py, only reads what this built)."""
     cfg, key = _call_config(config, dtype_name, d, dv_dim, causal, group, window_left, window_right, softcap, seqlen_k,
                             sm_count)
     kern = get_or_compile(key, lambda: _build(cfg, dtype_name, d, causal, tvm_ffi=True, hdim_v=dv_dim,

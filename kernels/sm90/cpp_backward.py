@@ -8,8 +8,9 @@ through TVM FFI's C ABI, with no Python on that thread. The kernels, their order
 backward.py ``backward_trusted``'s (tests/test_cpp_backward.py, and bit for bit on the GPU).
 
 It takes the eager calls it covers: CUDA tensors, no GQA (dK / dV summed per group in Python), no window / softcap,
-q / k / v contiguous, a gradient wanted (the backward kernels then compile at the forward, not at the first
-backward). ``FA4LAB_CPP_BWD=0`` keeps the Python node everywhere. The extension is built on first use with
+q / k / v contiguous, a gradient wanted, and a backward already compiled for the call's key: the first call of a key
+keeps the Python node, whose first backward compiles the kernels as before (so first-call and compile times mean
+what they did, and a forward alone compiles no backward). ``FA4LAB_CPP_BWD=0`` keeps the Python node everywhere. The extension is built on first use with
 torch.utils.cpp_extension (a C++ compiler; under a minute, cached by torch); a build or load failure leaves the
 Python node in place and says why once (``status()``). H200 (2026-12-04, scripts/host_profile.py, 9 rounds):
 forward+backward of 1 x 128 x 16 x 128 causal, ours / cuDNN per round 0.75 enqueue, 0.80 wall with this node,
@@ -116,19 +117,24 @@ def covers(q, k, v, features: tuple) -> bool:
 
 
 def attention(q, k, v, causal: bool, scale: float, config) -> tuple | None:
-    """(out, lse) with out's grad_fn the C++ node, or None when the extension is unavailable (then the caller runs
-    the Python node). ``config``: the resolved AttnConfig of the call (kernels/ops.py _resolved)."""
+    """(out, lse) with out's grad_fn the C++ node, or None (then the caller runs the Python node): the extension is
+    unavailable, or the call's backward is not compiled yet. ``config``: the resolved AttnConfig of the call
+    (kernels/ops.py _resolved)."""
     ext = extension()
     if ext is None:
         return None
-    from .backward import _DTYPE_NAMES, _sm_count, compiled_for_call
+    from ..compile_cache import cached
     from ..interface import attention_forward
+    from .backward import _DTYPE_NAMES, _call_config, _sm_count
 
-    b, sq, h, d = q.shape
+    d = q.shape[3]
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     sms = _sm_count(index)
-    cfg, key, kern = compiled_for_call(config, _DTYPE_NAMES[q.dtype], d, v.shape[-1], bool(causal), 1, -1, -1, 0.0,
-                                       k.shape[1], sms)
+    cfg, key = _call_config(config, _DTYPE_NAMES[q.dtype], d, v.shape[-1], bool(causal), 1, -1, -1, 0.0, k.shape[1],
+                            sms)
+    kern = cached(key)
+    if kern is None:  # the Python node's first backward compiles it; later calls of this key come here
+        return None
     pid = _plans.get((key, index))
     if pid is None:
         with _lock:
