@@ -200,10 +200,12 @@ def pieces(shape=(1, 128, 16, 128), causal=True) -> dict:
     p["ours fwd+bwd, Python backward node"] = cpp_node(ours_fb, False)
     p["ours fwd, C++ backward node (autograd)"] = cpp_node(p["ours fwd (autograd)"], True)
     p["ours fwd, Python backward node (autograd)"] = cpp_node(p["ours fwd (autograd)"], False)
+    kernels.attention(q, k, v, causal=causal).backward(do)  # the backward compiled: the C++ node takes the calls
     for on, name in ((True, "C++"), (False, "Python")):
         cpp_backward.force = on
         o_node = kernels.attention(q, k, v, causal=causal)
         cpp_backward.force = None
+        print(f"{name} backward node piece: grad_fn {o_node.grad_fn.name()}", flush=True)
         p[f"ours bwd only (autograd.grad), {name} backward node"] = (lambda o: lambda: torch.autograd.grad(
             o, (q, k, v), do, retain_graph=True))(o_node)
     p["ours fwd+bwd, autograd single-threaded"] = single_thread(ours_fb)
