@@ -243,9 +243,9 @@ def attention(q, k, v, causal=False, softmax_scale=None, config=None, return_lse
     if type(q) is torch.Tensor and q.is_cuda and not torch.compiler.is_compiling():  # eager, real GPU tensors:
         # no custom-op dispatch layer (fake tensors, tensor subclasses and tracing take the op)
         got = None
-        if cpp_backward.enabled() and cpp_backward.covers(q, k, v, features):  # the C++ node (FA4LAB_CPP_BWD=0: off)
+        if cpp_backward.enabled() and cpp_backward.covers(q, k, v):  # the C++ node (FA4LAB_CPP_BWD=0: off)
             _check_arch(q.device)
-            got = cpp_backward.attention(q, k, v, causal, scale, _resolved(cstr, q.shape[3], causal))
+            got = cpp_backward.attention(q, k, v, causal, scale, _resolved(cstr, q.shape[3], causal), features)
         out, lse = got if got is not None else _EagerAttention.apply(q, k, v, causal, scale, cstr, *features)
     else:  # traced (fake kernels, registered autograd), or another device's registered kernel
         out, lse = fwd_op(q, k, v, causal, scale, cstr, *features)

@@ -110,14 +110,23 @@ def test_plan_fields_follow_backward_trusted():
     assert f["sem_mult"] == 2 and f["ctas"] == 132 and f["zero_sem"] is False
 
 
+def test_gqa_plan_sums_the_per_head_gradients_into_kv_heads(ext):
+    q, _, _, out, lse = _inputs(h=4)
+    k, v = (torch.randn(2, 130, 2, 64, dtype=torch.bfloat16) for _ in range(2))  # 2 K/V heads for 4 Q heads
+    dq, dk, dv = ext.run_backward(q, k, v, out, torch.randn_like(out), lse, _plan(ext), 0.125)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    main = ext.fake_calls()[1][1]
+    assert main[1] == _t(2, 130, 2, 64, BF16)  # K with its own heads
+    assert main[7] == main[8] == _t(2, 130, 4, 64, BF16)  # dK / dV per Q head (scratch), summed after the kernels
+
+
 def test_which_calls_take_it(monkeypatch):
     q, k, v, *_ = _inputs(grad=True)
-    assert cb.covers(q, k, v, ())
-    assert not cb.covers(q, k, v, (64, 0, 0.0))  # a window: the Python node
-    assert not cb.covers(q, k[:, :, :1].contiguous(), v[:, :, :1].contiguous(), ())  # GQA
-    assert not cb.covers(q.transpose(1, 2), k, v, ())  # not contiguous
+    assert cb.covers(q, k, v)
+    assert cb.covers(q, k[:, :, :1].contiguous(), v[:, :, :1].contiguous())  # GQA too
+    assert not cb.covers(q.transpose(1, 2), k, v)  # not contiguous
     with torch.no_grad():
-        assert not cb.covers(q, k, v, ())
+        assert not cb.covers(q, k, v)
     monkeypatch.delenv(cb.ENV, raising=False)
     assert cb.enabled()  # on unless FA4LAB_CPP_BWD=0
     monkeypatch.setenv(cb.ENV, "0")

@@ -2,7 +2,8 @@
 FFI, the eager call takes it (grad_fn) once the call's backward is compiled (the first call of a key keeps the Python
 node), and out / dq / dk / dv equal the Python node's (same kernels, same
 arguments): bit for bit where the kernels are deterministic (out, dk, dv always; dq with deterministic=True), dq
-within the accuracy of atomics' order otherwise; calls it does not cover (GQA, a window) keep the Python node."""
+within the accuracy of atomics' order otherwise; GQA / MQA, windows and softcap too; a call it does not cover (q not
+contiguous) keeps the Python node."""
 from __future__ import annotations
 
 import pytest
@@ -34,11 +35,11 @@ def node():
     cb.force = None
 
 
-def _grads(q, k, v, do, causal, config, cpp: bool):
+def _grads(q, k, v, do, causal, config, cpp: bool, **kw):
     cb.force = cpp
     try:
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        out = kernels.attention(*leaves, causal=causal, config=config)
+        out = kernels.attention(*leaves, causal=causal, config=config, **kw)
         node = out.grad_fn.name()
         dq, dk, dv = torch.autograd.grad(out, leaves, do)
         torch.cuda.synchronize()
@@ -70,6 +71,27 @@ def test_cpp_node_matches_the_python_node(node, d, dv_dim, causal, det):
             assert (dq_c.float() - dq_py.float()).abs().max().item() <= 2e-2 * scale + 1e-6, (b, sq, sk, h)
 
 
+# GQA (group 2 and MQA), a sliding window, a softcap: the same kernel arguments, the features in the compile key
+FEATURE_CASES = [dict(hdim=128, h=4, h_kv=2, causal=True, kw={}), dict(hdim=64, h=4, h_kv=1, causal=False, kw={}),
+                 dict(hdim=64, h=2, h_kv=2, causal=True, kw=dict(window_size=(96, 0))),
+                 dict(hdim=128, h=2, h_kv=2, causal=False, kw=dict(window_size=(128, 64), softcap=30.0))]
+
+
+@pytest.mark.parametrize("case", FEATURE_CASES, ids=["gqa2", "mqa", "window", "window_softcap"])
+def test_cpp_node_gqa_window_softcap_match_the_python_node(node, case):
+    torch.manual_seed(3)
+    d, h, h_kv, causal, kw = case["hdim"], case["h"], case["h_kv"], case["causal"], case["kw"]
+    det = AttnConfig(deterministic=True)
+    for b, sq, sk in ((2, 301, 301), (1, 200, 517)):
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, h_kv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        do = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+        py = _grads(q, k, v, do, causal, det, cpp=False, **kw)
+        c = _grads(q, k, v, do, causal, det, cpp=True, **kw)
+        assert "AttentionBackwardNode" in c[4] and "AttentionBackwardNode" not in py[4]
+        assert all(torch.equal(x, y) for x, y in zip(c[:4], py[:4])), (case, b, sq, sk)
+
+
 def test_cpp_node_fp16_and_the_calls_it_leaves_alone(node):
     torch.manual_seed(1)
     q, k, v, do = (torch.randn(2, 333, 4, 128, device="cuda", dtype=torch.float16) for _ in range(4))
@@ -81,8 +103,9 @@ def test_cpp_node_fp16_and_the_calls_it_leaves_alone(node):
     o_c, dq_c, dk_c, dv_c, n_c = _grads(q, k, v, do, True, AttnConfig(deterministic=True), cpp=True)
     assert "AttentionBackwardNode" in n_c
     assert all(torch.equal(a, b) for a, b in ((o_c, o_py), (dq_c, dq_py), (dk_c, dk_py), (dv_c, dv_py)))
-    leaves = [t.detach().requires_grad_(True) for t in (q, k[:, :, :1].contiguous(), v[:, :, :1].contiguous())]
-    assert "AttentionBackwardNode" not in kernels.attention(*leaves, causal=True).grad_fn.name()  # GQA
-    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    out = kernels.attention(*leaves, causal=True, window_size=(64, 0))
-    assert "AttentionBackwardNode" not in out.grad_fn.name()  # a window
+    cfg = AttnConfig(deterministic=True)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2).detach().requires_grad_(True)  # same values, not contiguous
+    leaves = [qt] + [t.detach().requires_grad_(True) for t in (k, v)]
+    out = kernels.attention(*leaves, causal=True, config=cfg)
+    assert "AttentionBackwardNode" not in out.grad_fn.name()  # not contiguous: the Python node
+    assert torch.equal(torch.autograd.grad(out, leaves[0], do)[0], dq_py)

@@ -163,7 +163,8 @@ std::vector<at::Tensor> run_backward(const at::Tensor& q, const at::Tensor& k, c
   const Plan& p = plan_at(plan_id);
   at::Tensor dout = dout_in.contiguous();
   c10::DeviceGuard guard(q.device());
-  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1);
+  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1), h_kv = k.size(2);
+  const int64_t group = h / h_kv, d_v = v.size(3);
   const int64_t sqp = (sq + p.tile_m - 1) / p.tile_m * p.tile_m + p.q_pad_rows;
   const int64_t n_m = sqp / p.sem_rows * p.sem_mult;
   auto f32 = q.options().dtype(at::kFloat);
@@ -173,6 +174,9 @@ std::vector<at::Tensor> run_backward(const at::Tensor& q, const at::Tensor& k, c
   at::Tensor dqacc = at::empty({b, h, sqp, d}, f32);
   at::Tensor sem = p.zero_sem ? at::zeros({b, h, n_m}, i32) : at::empty({b, h, n_m}, i32);
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  // GQA: the main kernel writes dK / dV per Q head into scratch, summed over each group after it
+  at::Tensor dk_h = group == 1 ? dk : at::empty({b, sk, h, d}, k.options());
+  at::Tensor dv_h = group == 1 ? dv : at::empty({b, sk, h, d_v}, v.options());
   EnvStream env(q);
   {
     Args a(7);
@@ -182,7 +186,7 @@ std::vector<at::Tensor> run_backward(const at::Tensor& q, const at::Tensor& k, c
   }
   {
     Args a(10);
-    a.tensor(q).tensor(k).tensor(v).tensor(dout).tensor(lse2).tensor(dpsum).tensor(dqacc).tensor(dk).tensor(dv);
+    a.tensor(q).tensor(k).tensor(v).tensor(dout).tensor(lse2).tensor(dpsum).tensor(dqacc).tensor(dk_h).tensor(dv_h);
     a.tensor(sem).real(scale);
     if (p.ctas > 0) {  // the persistent main kernel: one CTA per SM at most
       const int64_t tiles = (sk + p.tile_n - 1) / p.tile_n * h * b;
@@ -196,6 +200,10 @@ std::vector<at::Tensor> run_backward(const at::Tensor& q, const at::Tensor& k, c
     if (p.stream_post) a.tensor(sem).integer(sk);
     a.real(scale);
     a.call(p.post, "postprocess");
+  }
+  if (group > 1) {  // Q head i belongs to K/V head i / group (backward.py: torch.sum over dim 3, out=dk / dv)
+    at::sum_out(dk, dk_h.view({b, sk, h_kv, group, d}), {3});
+    at::sum_out(dv, dv_h.view({b, sk, h_kv, group, d_v}), {3});
   }
   return {dq, dk, dv};
 }

@@ -7,8 +7,9 @@ returns its output through a C++ node whose backward allocates the scratch and c
 through TVM FFI's C ABI, with no Python on that thread. The kernels, their order and arguments are
 backward.py ``backward_trusted``'s (tests/test_cpp_backward.py, and bit for bit on the GPU).
 
-It takes the eager calls it covers: CUDA tensors, no GQA (dK / dV summed per group in Python), no window / softcap,
-q / k / v contiguous, a gradient wanted, and a backward already compiled for the call's key: the first call of a key
+It takes the eager calls it covers: CUDA tensors (GQA, windows and softcap too: a window / softcap is in the compiled
+kernels, the calls' arguments are the same), q / k / v contiguous, a gradient wanted, and a backward already compiled
+for the call's key: the first call of a key
 keeps the Python node, whose first backward compiles the kernels as before (so first-call and compile times mean
 what they did, and a forward alone compiles no backward). ``FA4LAB_CPP_BWD=0`` keeps the Python node everywhere. The extension is built on first use with
 torch.utils.cpp_extension (a C++ compiler; under a minute, cached by torch); a build or load failure leaves the
@@ -109,29 +110,29 @@ def _register(ext, kern: dict, fields: dict) -> int:
     return pid
 
 
-def covers(q, k, v, features: tuple) -> bool:
+def covers(q, k, v) -> bool:
     """Whether an eager call can take the C++ node (see the module docstring)."""
-    return (not features and q.shape[2] == k.shape[2] and torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             and q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
 
 
-def attention(q, k, v, causal: bool, scale: float, config) -> tuple | None:
+def attention(q, k, v, causal: bool, scale: float, config, features: tuple = ()) -> tuple | None:
     """(out, lse) with out's grad_fn the C++ node, or None (then the caller runs the Python node): the extension is
     unavailable, or the call's backward is not compiled yet. ``config``: the resolved AttnConfig of the call
-    (kernels/ops.py _resolved)."""
+    (kernels/ops.py _resolved); ``features``: kernels/ops.py's (window_left, window_right, softcap), or ()."""
     ext = extension()
     if ext is None:
         return None
     from ..compile_cache import cached
     from ..interface import attention_forward
-    from .backward import _DTYPE_NAMES, _call_config, _sm_count
+    from .backward import _DTYPE_NAMES, _call_config, _canonical, _sm_count
 
     d = q.shape[3]
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     sms = _sm_count(index)
-    cfg, key = _call_config(config, _DTYPE_NAMES[q.dtype], d, v.shape[-1], bool(causal), 1, -1, -1, 0.0, k.shape[1],
-                            sms)
+    b_causal, wl, wr, cap = _canonical(causal, *features) if features else (bool(causal), -1, -1, 0.0)
+    cfg, key = _call_config(config, _DTYPE_NAMES[q.dtype], d, v.shape[-1], b_causal, q.shape[2] // k.shape[2], wl, wr,
+                            cap, k.shape[1], sms)  # backward_trusted's key for this call
     kern = cached(key)
     if kern is None:  # the Python node's first backward compiles it; later calls of this key come here
         return None
@@ -141,6 +142,7 @@ def attention(q, k, v, causal: bool, scale: float, config) -> tuple | None:
             pid = _plans.get((key, index))
             if pid is None:
                 pid = _plans[(key, index)] = _register(ext, kern, plan_fields(cfg, kern, sms))
-    with torch.no_grad():
-        out, lse = attention_forward(q, k, v, causal, scale, config)
+    with torch.no_grad():  # kernels/ops.py _fwd_impl's call
+        kw = dict(window_left=features[0], window_right=features[1], softcap=features[2]) if features else {}
+        out, lse = attention_forward(q, k, v, causal, scale, config, **kw)
     return ext.attach(q, k, v, out, lse, pid, float(scale)), lse
