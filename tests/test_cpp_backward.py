@@ -133,3 +133,22 @@ def test_which_calls_take_it(monkeypatch):
     assert not cb.enabled()
     monkeypatch.setattr(cb, "force", True)
     assert cb.enabled()
+
+
+def test_a_backward_the_kernels_refuse_keeps_the_python_node(monkeypatch):
+    """The forward of a call whose backward raises ConfigError (e.g. two_cta at (192, 128)) does not raise: the C++
+    path steps aside and the Python node's backward raises it, as before; an uncompiled key steps aside too."""
+    from kernels import ConfigError
+    from kernels.sm90 import backward as bwd
+
+    monkeypatch.setattr(cb, "extension", lambda: object())
+    monkeypatch.setattr(bwd, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q, k, v, *_ = _inputs(grad=True)
+
+    def refuse(*a, **kw):
+        raise ConfigError("two_cta=True at hdim (192, 128)")
+    monkeypatch.setattr(bwd, "_call_config", refuse)
+    assert cb.attention(q, k, v, True, 0.125, None) is None
+    monkeypatch.setattr(bwd, "_call_config", lambda *a, **kw: (None, ("bwd", "a key never compiled")))
+    assert cb.attention(q, k, v, True, 0.125, None) is None

@@ -124,6 +124,7 @@ def attention(q, k, v, causal: bool, scale: float, config, features: tuple = ())
     if ext is None:
         return None
     from ..compile_cache import cached
+    from ..config import ConfigError
     from ..interface import attention_forward
     from .backward import _DTYPE_NAMES, _call_config, _canonical, _sm_count
 
@@ -131,8 +132,11 @@ def attention(q, k, v, causal: bool, scale: float, config, features: tuple = ())
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     sms = _sm_count(index)
     b_causal, wl, wr, cap = _canonical(causal, *features) if features else (bool(causal), -1, -1, 0.0)
-    cfg, key = _call_config(config, _DTYPE_NAMES[q.dtype], d, v.shape[-1], b_causal, q.shape[2] // k.shape[2], wl, wr,
-                            cap, k.shape[1], sms)  # backward_trusted's key for this call
+    try:
+        cfg, key = _call_config(config, _DTYPE_NAMES[q.dtype], d, v.shape[-1], b_causal, q.shape[2] // k.shape[2], wl,
+                                wr, cap, k.shape[1], sms)  # backward_trusted's key for this call
+    except ConfigError:  # a backward the kernels refuse: the Python node's backward raises it, as it did
+        return None
     kern = cached(key)
     if kern is None:  # the Python node's first backward compiles it; later calls of this key come here
         return None
