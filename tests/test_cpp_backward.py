@@ -1,7 +1,8 @@
-"""kernels/csrc/bwd_node.cpp (the eager backward as a C++ autograd node; FA4LAB_CPP_BWD=0 turns it off): built here with the CPU
-torch, its three kernel calls recorded through a fake TVM FFI and checked against backward_trusted's argument lists
-(shapes, dtypes, order, scalars) for the plan kinds it takes; errors; the autograd node on CPU tensors; which calls
-take it. The real kernels and the bitwise comparison with the Python node: tests/test_cpp_backward_gpu.py."""
+"""kernels/csrc/bwd_node.cpp (the eager backward as a C++ autograd node; FA4LAB_CPP_BWD=0 turns it off): built here
+with the CPU torch, its three kernel calls recorded through a fake TVM FFI and checked against backward_trusted's
+argument lists (shapes, dtypes, order, scalars) for the plan kinds it takes; errors; the autograd node on CPU
+tensors; which calls take it. The real kernels and the bitwise comparison with the Python node:
+tests/test_cpp_backward_gpu.py."""
 from __future__ import annotations
 
 import types

@@ -1,9 +1,9 @@
-"""GPU checks of the C++ backward node (the eager default; FA4LAB_CPP_BWD=0 off; kernels/sm90/cpp_backward.py): it loads with the real TVM
-FFI, the eager call takes it (grad_fn) once the call's backward is compiled (the first call of a key keeps the Python
-node), and out / dq / dk / dv equal the Python node's (same kernels, same
-arguments): bit for bit where the kernels are deterministic (out, dk, dv always; dq with deterministic=True), dq
-within the accuracy of atomics' order otherwise; GQA / MQA, windows and softcap too; a call it does not cover (q not
-contiguous) keeps the Python node."""
+"""GPU checks of the C++ backward node (the eager default; FA4LAB_CPP_BWD=0 off; kernels/sm90/cpp_backward.py): it
+loads with the real TVM FFI, the eager call takes it (grad_fn) once the call's backward is compiled (the first call
+of a key keeps the Python node), and out / dq / dk / dv equal the Python node's (same kernels, same arguments): bit
+for bit where the kernels are deterministic (out, dk, dv always; dq with deterministic=True), dq within the accuracy
+of atomics' order otherwise; GQA / MQA, windows and softcap too; a call it does not cover (q not contiguous) keeps
+the Python node."""
 from __future__ import annotations
 
 import pytest

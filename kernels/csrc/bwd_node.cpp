@@ -38,10 +38,11 @@ struct FFIAny {
 static_assert(sizeof(FFIAny) == 16, "TVMFFIAny is 16 bytes");
 constexpr int32_t kFFINone = 0, kFFIInt = 1, kFFIFloat = 3, kFFIDLTensorPtr = 7, kFFIStaticObjectBegin = 64;
 
-using CallFn = int (*)(void* func, FFIAny* args, int32_t num_args, FFIAny* result);          // TVMFFIFunctionCall
-using SetStreamFn = int (*)(int32_t device_type, int32_t device_id, void* stream, void** original);  // TVMFFIEnvSetStream
-using MoveErrorFn = void (*)(void** error);                                                    // TVMFFIErrorMoveFromRaised
-using DecRefFn = int (*)(void* object);                                                        // TVMFFIObjectDecRef
+// TVMFFIFunctionCall, TVMFFIEnvSetStream, TVMFFIErrorMoveFromRaised, TVMFFIObjectDecRef
+using CallFn = int (*)(void* func, FFIAny* args, int32_t num_args, FFIAny* result);
+using SetStreamFn = int (*)(int32_t device_type, int32_t device_id, void* stream, void** original);
+using MoveErrorFn = void (*)(void** error);
+using DecRefFn = int (*)(void* object);
 
 struct Api {
   CallFn call = nullptr;

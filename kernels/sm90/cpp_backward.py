@@ -12,8 +12,8 @@ kernels, the calls' arguments are the same), q / k / v contiguous, a gradient wa
 and one already compiled for the call's key: the first call of a key keeps the Python node, whose first backward
 compiles the kernels as before (so first-call and compile times mean what they did, and a forward alone compiles no
 backward). ``FA4LAB_CPP_BWD=0`` keeps the Python node everywhere. The extension is built on first use with
-torch.utils.cpp_extension (a C++ compiler and ninja; under a minute, cached by torch); a build or load failure leaves the
-Python node in place and says why once (``status()``). H200 (2026-12-04, scripts/host_profile.py, two machines, 9
+torch.utils.cpp_extension (a C++ compiler and ninja; under a minute, cached by torch); a build or load failure
+leaves the Python node in place and says why once (``status()``). H200 (2026-12-04, scripts/host_profile.py, two machines, 9
 and 11 rounds): forward+backward of 1 x 128 x 16 x 128 causal, ours / cuDNN per round 0.75 / 0.87 enqueue and 0.80 /
 0.85 wall with this node, 1.19 / 1.03 and 1.11 / 1.08 with the Python node in the same rounds.
 """
