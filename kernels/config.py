@@ -187,12 +187,13 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False), "persistent_snake": (None, False),
-                                "q_in_regs": (None, False)}
+                                "q_in_regs": (None, False), "split_tail": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
-                  "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs")
+                  "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
+                  "split_tail")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -422,6 +423,13 @@ class AttnConfig:
     # windowed call with intra_wg_overlap=False keeps Q in shared memory (the kernel ignores the field there: 9 LDL /
     # STL at hd128 causal with a left window).
     q_in_regs: bool | None = None
+    # sm90 persistent non-causal forward: the tiles of the last partial round (tiles mod grid) cut into K/V block pieces
+    # spread over every CTA, each piece's O and LSE merged after the kernel (kernels/sm90/fwd_tail.py), instead of
+    # running on (tiles mod grid) CTAs while the rest idle. Same products per piece; the merge rounds once more, so the
+    # tail tiles' outputs are not bitwise the plain kernel's. Applies only where a call runs persistent, non-causal,
+    # without a window and has a partial round (kernels/interface.py forward_call_config); elsewhere ignored. None =
+    # DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in.
+    split_tail: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -519,7 +527,8 @@ class AttnConfig:
             raise ConfigError(f"rescale_before_pv=True with arch={arch}: an sm90 (Hopper) forward switch (the O rescale "
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
-        for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs"):
+        for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
+                     "split_tail"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
@@ -533,7 +542,7 @@ class AttnConfig:
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                      "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
-                     "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs"):
+                     "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
@@ -662,7 +671,7 @@ BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bw
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
-                   "q_in_regs")
+                   "q_in_regs", "split_tail")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -8,7 +8,10 @@ key only when used. The public, differentiable ``attention(q, k, v, ...)`` is in
 torch.library op ``fa4lab::fwd`` (its backward, ``fa4lab::bwd``, calls ``kernels.sm90.backward.attention_backward``).
 Persistent forward: ``cfg.persistent`` True / False forces it; None runs it when seqlen_q <= the per-(arch, hdim, causal)
 bound of kernels.config.DEFAULTS (``persistent_by_default``); a persistent launch has min(SM count of the tensors'
-device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA).
+device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA). ``cfg.split_tail``
+(opt-in): a persistent non-causal call without a window whose tiles leave a partial round cuts that round's tiles into
+K/V block pieces over every CTA and merges them after (kernels/sm90/fwd_tail.py; ``split_tail_config`` drops it
+elsewhere).
 ``cfg.cluster_m`` = 2 (opt-in): the 2x1-cluster forward with K/V multicast, same launch arguments; non-causal without a
 window only (kernels.validate.check_cluster, a ConfigError before anything compiles), never persistent.
 ``cfg.pack_gqa``: with grouped K/V (h_kv < h) the packed-GQA forward (one CTA per K/V head and tile of (position,
@@ -75,6 +78,16 @@ def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, grou
     return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 
 
+@functools.lru_cache(maxsize=1024)
+def split_tail_config(cfg: AttnConfig, excluded: bool, tail_tiles: int, n_blocks: int) -> AttnConfig:
+    """``cfg`` (split_tail=True) for one call: kept where the split tail applies and pays, else with split_tail=None
+    (the plain persistent kernel and its key): ``excluded`` (causal, a window, or not persistent), no partial round
+    (``tail_tiles`` = tiles mod grid is 0), or fewer than 2 K/V blocks per tile to cut. Memoised."""
+    if excluded or tail_tiles == 0 or n_blocks < 2:
+        return dataclasses.replace(cfg, split_tail=None)
+    return cfg
+
+
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
     if config is not None and not isinstance(config, AttnConfig):
         raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
@@ -135,9 +148,17 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     check_cluster(cfg, causal, window_left, window_right)
     cfg = forward_config(cfg, d, causal, s_q, group)
     persistent = bool(cfg.persistent)
+    dev = q.device
+    index, current = dev.index, torch.cuda.current_device()
+    grid = 0
+    if persistent:
+        grid = persistent_grid(_sm_count(current if index is None else index), s_q, cfg.tile_m, h, b)
+    if cfg.split_tail:
+        tiles = -(-s_q // cfg.tile_m) * h * b
+        cfg = split_tail_config(cfg, causal or window_left >= 0 or window_right >= 0 or not persistent,
+                                tiles % grid if grid else 0, -(-s_k // cfg.tile_n))
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
-    dev = q.device
     if out is None:
         out = torch.empty((b, s_q, h, d_v), dtype=q.dtype, device=dev)
     elif out.shape != (b, s_q, h, d_v) or out.dtype != q.dtype or not out.is_contiguous():
@@ -148,11 +169,13 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
         raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
     tile_heads = h // group if cfg.pack_gqa else h  # packed GQA: a tile per K/V head
     hb_group = _lpt_group(tile_heads, b, s_k, d, d_v, q.element_size(), cfg.lpt_l2_mb) if causal else 1
-    index, current = dev.index, torch.cuda.current_device()
     with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
-        if persistent:
-            sms = _sm_count(current if index is None else index)
-            compiled(q, k, v, out, lse, float(softmax_scale), hb_group, persistent_grid(sms, s_q, cfg.tile_m, h, b))
+        if cfg.split_tail:  # the tail pieces' workspace: two slots per CTA (kernels/sm90/fwd_tail.py)
+            o_acc = torch.empty((2 * grid, cfg.tile_m, d_v), dtype=torch.float32, device=dev)
+            lse_acc = torch.empty((2 * grid, cfg.tile_m), dtype=torch.float32, device=dev)
+            compiled(q, k, v, out, lse, o_acc, lse_acc, float(softmax_scale), hb_group, grid)
+        elif persistent:
+            compiled(q, k, v, out, lse, float(softmax_scale), hb_group, grid)
         else:
             compiled(q, k, v, out, lse, float(softmax_scale), hb_group)
     return out, lse

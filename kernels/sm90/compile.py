@@ -12,6 +12,8 @@ with num_ctas = min(SM count, tiles), the grid (kernels/interface.py computes it
 with ``qhead_per_kvhead`` > 1 compiles the packed-GQA kernel (one CTA per K/V head and tile of (position, head) rows; same
 arguments); with a group of 1 the plain kernel. ``cfg.rescale_before_pv`` compiles the overlapped main loop with O
 rescaled between issuing the next QK^T and this block's P V (same arguments; False: the default kernel, its key).
+``cfg.split_tail`` (persistent, non-causal) compiles ``call_persistent_split``: ``compiled(q, k, v, out, lse, o_acc,
+lse_acc, softmax_scale, hb_group, num_ctas)`` with the tail pieces' fp32 workspace (kernels/sm90/fwd_tail.py).
 """
 from __future__ import annotations
 
@@ -44,7 +46,10 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         rescale_before_pv=bool(cfg.rescale_before_pv), causal_split=bool(cfg.causal_split),
         exp_in_branch=bool(cfg.exp_in_branch), p_cvt_asm=bool(cfg.p_cvt_asm), pv_wait_mid=bool(cfg.pv_wait_mid),
         early_v_release=bool(cfg.early_v_release), persistent_snake=bool(cfg.persistent_snake),
-        q_in_regs=bool(cfg.q_in_regs))
+        q_in_regs=bool(cfg.q_in_regs),
+        # only where it applies (kernels/interface.py split_tail_config normalises the call's config the same way)
+        split_tail=bool(cfg.split_tail) and bool(cfg.persistent) and not causal and not varlen and window_left < 0
+        and window_right < 0)
 
 
 def tvm_ffi_available() -> bool:
@@ -84,6 +89,12 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str
 
         os.makedirs(dump_dir, exist_ok=True)
         options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
+    if kernel.split_tail:  # the tail pieces' workspace (2 * num_ctas slots of fp32 O and LSE), then the grid
+        slots = cute.sym_int()
+        oacc = fake(cutlass.Float32, (slots, kernel.tile_m, kernel.hdim_v))
+        lseacc = fake(cutlass.Float32, (slots, kernel.tile_m), align=4, div=1)
+        return cute.compile(kernel.call_persistent_split, q, k, v, o, lse, oacc, lseacc, cutlass.Float32(1.0),
+                            cutlass.Int32(1), cutlass.Int32(1), stream, options=options)
     if kernel.persistent:  # one more argument: the grid (num_ctas)
         return cute.compile(kernel.call_persistent, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1),
                             cutlass.Int32(1), stream, options=options)

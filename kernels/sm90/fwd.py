@@ -106,6 +106,7 @@ from .barriers import Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
+from .fwd_tail import TailCombine, tail_piece, tail_pieces
 from .scheduler import snake_tile, tile_at, tile_coords
 from .softmax import apply_softcap, finalize, online_softmax_finish, online_softmax_step, rescale_o, store_p_asm
 
@@ -181,7 +182,7 @@ class FlashFwdSm90:
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
-                 q_in_regs: bool = False):
+                 q_in_regs: bool = False, split_tail: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -222,12 +223,22 @@ class FlashFwdSm90:
         self.window_right = -1 if causal else int(window_right)
         self.has_left = self.window_left >= 0  # blocks left of the window are skipped, the boundary ones masked
         self.has_window = self.has_left or self.window_right >= 0
+        # a tile's first K/V block is a runtime value (n_block_min): a left window bound, or a split-tail piece
+        self.runtime_n_min = self.has_left or bool(split_tail)
         self.softcap = float(softcap)
         self.varlen = bool(varlen)  # packed (total, h, d) tensors + cu_seqlens: launched through call_varlen
         if persistent and varlen:
             raise ValueError("persistent=True with varlen=True: the variable-length forward has one tile per CTA")
         self.persistent = bool(persistent)  # grid = num_ctas, tiles walked per CTA: launched through call_persistent
         self.snake = self.persistent and causal and bool(persistent_snake)  # odd full rounds in reverse CTA order
+        if split_tail:
+            for bad, why in ((not self.persistent, "persistent=False"), (causal, "causal"),
+                             (self.has_window, "a sliding window"), (self.varlen, "varlen")):
+                if bad:
+                    raise ValueError(f"split_tail=True with {why}: the split tail is the persistent non-causal "
+                                     "forward's (every tile the same K/V blocks; kernels/sm90/fwd_tail.py)")
+        # the last partial round's tiles cut into K/V block pieces over every CTA, merged by fwd_tail.TailCombine
+        self.split_tail = bool(split_tail)
         if isinstance(cluster_m, bool) or cluster_m not in (1, 2):
             raise ValueError(f"cluster_m={cluster_m!r}: must be 1 or 2 (CTAs per cluster along the Q tiles)")
         if cluster_m > 1:
@@ -458,6 +469,33 @@ class FlashFwdSm90:
         ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.jit
+    def call_persistent_split(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                              mLSE: cute.Tensor, mOacc: cute.Tensor, mLSEacc: cute.Tensor, softmax_scale: Float32,
+                              hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
+        """``call_persistent`` with the split tail (``split_tail=True``): mOacc (2 * num_ctas, tile_m, dv) and mLSEacc
+        (2 * num_ctas, tile_m) fp32 hold the tail pieces (kernels/sm90/fwd_tail.py); the caller launches it only when
+        the tiles leave a partial round (tiles % num_ctas > 0). Then fwd_tail.TailCombine on the same stream."""
+        assert self.persistent and self.split_tail, "call_persistent_split needs FlashFwdSm90(split_tail=True)"
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                          for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        mOacc = cute.make_tensor(mOacc.iterator, cute.select(mOacc.layout, mode=[1, 2, 0]))  # (tile_m, dv, slots)
+        mLSEacc = cute.make_tensor(mLSEacc.iterator, cute.select(mLSEacc.layout, mode=[1, 0]))  # (tile_m, slots)
+        (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
+         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
+        scale_log2 = self.score_scale(softmax_scale)
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
+            SharedStorage, None, None, mOacc, mLSEacc,
+        ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        num_tiles = (mQ.shape[0] + self.tile_m - 1) // self.tile_m * mQ.shape[2] * mQ.shape[3]
+        n_tail = num_tiles % num_ctas
+        n_blocks = (mK.shape[0] + self.tile_n - 1) // self.tile_n
+        TailCombine(self.dtype, self.tile_m, self.hdim_v).launch(mOacc, mLSEacc, mO, mLSE, num_tiles - n_tail, n_tail,
+                                                                 n_blocks, num_ctas, stream)
+
+    @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                     mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32, softmax_scale: Float32,
                     stream: cuda.CUstream):
@@ -485,7 +523,8 @@ class FlashFwdSm90:
                tma_atom_O: cute.CopyAtom, scale_log2: Float32, hb_group: Int32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor = None, mCuSeqlensK: cute.Tensor = None):
+               SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor = None, mCuSeqlensK: cute.Tensor = None,
+               mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -504,7 +543,7 @@ class FlashFwdSm90:
         if const_expr(self.persistent):
             self.roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                                   tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, hb_group,
-                                  warp_idx, tidx)
+                                  warp_idx, tidx, mOacc, mLSEacc)
         else:
             tile = self.cta_tile(mQ, mK, hb_group, mCuSeqlensQ, mCuSeqlensK)
             if const_expr(self.varlen):
@@ -638,9 +677,11 @@ class FlashFwdSm90:
     @cute.jit
     def roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                          tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32,
-                         hb_group: Int32, warp_idx: Int32, tidx: Int32):
+                         hb_group: Int32, warp_idx: Int32, tidx: Int32, mOacc=None, mLSEacc=None):
         """Persistent warp roles: the producer warp and the consumer warpgroups walk the same static round robin
-        over the tiles (CTA c: tiles c, c + grid, ...), their pipeline states carried from tile to tile."""
+        over the tiles (CTA c: tiles c, c + grid, ...), their pipeline states carried from tile to tile. split_tail:
+        first the CTA's pieces of the last partial round's tiles (steps t < 0; kernels/sm90/fwd_tail.py), then the
+        whole tiles of the full rounds."""
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         heads = mQ.shape[2]
@@ -649,15 +690,20 @@ class FlashFwdSm90:
         num_tiles = m_blocks * heads * batch
         bx, _, _ = cute.arch.block_idx()
         gx, _, _ = cute.arch.grid_dim()
+        n_full = num_tiles  # split_tail: the tiles of the full rounds; the rest are cut into pieces
+        t_first = bx
+        if const_expr(self.split_tail):
+            n_tail = num_tiles % gx
+            n_full = num_tiles - n_tail
+            t_first = bx - tail_pieces(bx, n_tail, (seqlen_k + self.tile_n - 1) // self.tile_n, gx) * gx
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                for tile in cutlass.range(bx, num_tiles, gx, unroll=1):
-                    m_block, head, bidx = tile_at(self.walk_tile(tile, bx, gx, num_tiles), m_blocks, heads, batch,
-                                                  hb_group, self.causal)
-                    n_block_min, n_block_max, _, _ = self.tile_blocks(m_block, seqlen_q, seqlen_k)
+                for tile in cutlass.range(t_first, n_full, gx, unroll=1):
+                    m_block, head, bidx, n_block_min, n_block_max, _, _, _ = self.step_tile(
+                        tile, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k)
                     state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
                                                pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
                                                state=state, q_state=q_state)
@@ -671,18 +717,50 @@ class FlashFwdSm90:
                     cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            for t in cutlass.range(bx, num_tiles, gx, unroll=1):
-                m_block, head, bidx = tile_at(self.walk_tile(t, bx, gx, num_tiles), m_blocks, heads, batch, hb_group,
-                                              self.causal)
-                n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(
-                    m_block, seqlen_q, seqlen_k)
+            for t in cutlass.range(t_first, n_full, gx, unroll=1):
+                m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot = \
+                    self.step_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q,
+                                   seqlen_k)
                 tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
                             n_block_local_end)
                 state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                                              pipe_v, scale_log2, tile, ctidx, frags, state, q_state)
+                                              pipe_v, scale_log2, tile, ctidx, frags, state, q_state, mOacc, mLSEacc,
+                                              slot)
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def step_tile(self, t: Int32, bx: Int32, gx: Int32, t_first: Int32, n_full: Int32, num_tiles: Int32,
+                  m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """Persistent step ``t``: (m_block, head, batch, n_block_min, n_block_max, n_block_min_masked,
+        n_block_local_end, slot); slot -1 for a whole tile, else (split_tail, t < 0) the workspace slot of the CTA's
+        piece (t - t_first) // gx of the tail (fwd_tail.tail_piece)."""
+        slot = Int32(-1)
+        if const_expr(self.split_tail):
+            tile = t
+            n_min = Int32(0)
+            n_max = Int32(0)
+            if t < 0:
+                n_blocks = (seqlen_k + self.tile_n - 1) // self.tile_n
+                k = (t - t_first) // gx
+                i, lo, hi = tail_piece(bx, k, num_tiles - n_full, n_blocks, gx)
+                tile = n_full + i
+                n_min = lo
+                n_max = hi
+                slot = 2 * bx + k
+            m_block, head, bidx = tile_at(tile, m_blocks, heads, batch, hb_group, self.causal)
+            _, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(m_block, seqlen_q, seqlen_k)
+            n_block_min = Int32(0)
+            if t < 0:
+                n_block_min = n_min
+                n_block_max = n_max
+        else:
+            m_block, head, bidx = tile_at(self.walk_tile(t, bx, gx, num_tiles), m_blocks, heads, batch, hb_group,
+                                          self.causal)
+            n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(m_block, seqlen_q,
+                                                                                              seqlen_k)
+        return m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot
 
     def walk_tile(self, t, bx, gx, num_tiles):
         """The tile number of persistent step ``t`` (CTA ``bx`` of ``gx``): ``t`` itself, or with persistent_snake
@@ -737,7 +815,7 @@ class FlashFwdSm90:
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         n_pairs = n_block_max - 1
-        if const_expr(self.has_left):
+        if const_expr(self.runtime_n_min):
             n_pairs = n_block_max - 1 - n_block_min
         for i in cutlass.range(n_pairs, unroll=1):
             n_block = n_block_max - 1 - i
@@ -750,7 +828,7 @@ class FlashFwdSm90:
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state_v.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(state_v), **kv_mcast)
         pipe_v.producer_acquire(state)
-        if const_expr(self.has_left):
+        if const_expr(self.runtime_n_min):
             cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, state.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(state))
         else:
@@ -909,7 +987,8 @@ class FlashFwdSm90:
 
     @cute.jit
     def consume(self, mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                scale_log2: Float32, tile: Tile, tidx: Int32, frags: ConsumerFrags, state=None, q_state=None):
+                scale_log2: Float32, tile: Tile, tidx: Int32, frags: ConsumerFrags, state=None, q_state=None,
+                mOacc=None, mLSEacc=None, slot=None):
         """One tile of the consumer warpgroups: the main loop over the tile's K/V blocks (mainloop_overlap or
         mainloop_serial), then the epilogue (normalise, LSE, O). Persistent: the consumer states in and out; the
         pingpong token is handed out once per CTA by the caller."""
@@ -933,8 +1012,15 @@ class FlashFwdSm90:
                                          tile.n_block_max, n_iter, state, q_state)
 
         rO, lse = self.normalize(regs, args.scale_log2)
-        self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
-        self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx)
+        if const_expr(self.split_tail):
+            if slot >= 0:  # a piece of a tail tile: normalised O (fp32) and LSE to its workspace slot
+                self.store_piece(mOacc, mLSEacc, frags.thr_mma_pv, regs.acc_O, lse, slot)
+            else:
+                self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
+                self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx)
+        else:
+            self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
+            self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx)
         if const_expr(not self.separate_o):
             pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
         if const_expr(self.persistent):
@@ -951,7 +1037,7 @@ class FlashFwdSm90:
             softcap_mul = scale_log2
             scale_log2 = Float32(self.softcap * LOG2_E)
         n_iter = tile.n_block_max  # K/V blocks this tile visits
-        if const_expr(self.has_left):
+        if const_expr(self.runtime_n_min):
             n_iter = tile.n_block_max - tile.n_block_min
         thr_mma_qk, thr_mma_pv = frags.thr_mma_qk, frags.thr_mma_pv
         acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
@@ -1173,6 +1259,19 @@ class FlashFwdSm90:
                         mLSE[tile.offset_q + row, tile.head] = lse[r]
                     else:
                         mLSE[row, tile.head, tile.bidx] = lse[r]
+
+    @cute.jit
+    def store_piece(self, mOacc, mLSEacc, thr_mma_pv, acc_O, lse, slot: Int32):
+        """split_tail: a tail piece's O (normalised by the piece's row sums, fp32, from the accumulator registers) and
+        LSE into workspace slot ``slot`` (mOacc (tile_m, dv, slots), mLSEacc (tile_m, slots)); every row, the combine
+        skips those past seqlen_q."""
+        tOgO = thr_mma_pv.partition_C(mOacc[None, None, slot])
+        for i in cutlass.range(cute.size(acc_O), unroll_full=True):
+            tOgO[i] = acc_O[i]
+        tOcO = acc_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))
+        if tOcO[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                mLSEacc[tOcO[r, 0][0], slot] = lse[r]
 
     @cute.jit
     def store_o(self, mO, sO, tma_atom_O, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
