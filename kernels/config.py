@@ -427,7 +427,8 @@ class AttnConfig:
     # spread over every CTA, each piece's O and LSE merged after the kernel (kernels/sm90/fwd_tail.py), instead of
     # running on (tiles mod grid) CTAs while the rest idle. Same products per piece; the merge rounds once more, so the
     # tail tiles' outputs are not bitwise the plain kernel's. Applies only where a call runs persistent, non-causal,
-    # without a window and has a partial round (kernels/interface.py forward_call_config); elsewhere ignored. None =
+    # without a window and has a partial round, or fewer tiles than SMs (then every tile is cut: a short query over a
+    # long K/V fills the GPU; kernels/interface.py split_tail_launch); elsewhere ignored. None =
     # DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in.
     split_tail: bool | None = None
 

@@ -79,13 +79,15 @@ def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, grou
 
 
 @functools.lru_cache(maxsize=1024)
-def split_tail_config(cfg: AttnConfig, excluded: bool, tail_tiles: int, n_blocks: int) -> AttnConfig:
-    """``cfg`` (split_tail=True) for one call: kept where the split tail applies and pays, else with split_tail=None
-    (the plain persistent kernel and its key): ``excluded`` (causal, a window, or not persistent), no partial round
-    (``tail_tiles`` = tiles mod grid is 0), or fewer than 2 K/V blocks per tile to cut. Memoised."""
-    if excluded or tail_tiles == 0 or n_blocks < 2:
-        return dataclasses.replace(cfg, split_tail=None)
-    return cfg
+def split_tail_launch(cfg: AttnConfig, excluded: bool, sms: int, tiles: int, n_blocks: int) -> tuple[AttnConfig, int]:
+    """(config, grid) of a persistent call with ``cfg.split_tail`` True: the split tail on a grid of one CTA per SM
+    where it applies -- not ``excluded`` (causal or a window), a partial round to cut (tiles mod SMs > 0; fewer tiles
+    than SMs count: every tile is then cut, so a short query over a long K/V fills the GPU), at least 2 K/V blocks per
+    tile; else split_tail=None (the plain persistent kernel and its key) on its usual grid (persistent_grid).
+    Memoised."""
+    if excluded or tiles % sms == 0 or n_blocks < 2:
+        return dataclasses.replace(cfg, split_tail=None), max(1, min(sms, tiles))
+    return cfg, sms
 
 
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
@@ -152,11 +154,11 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     index, current = dev.index, torch.cuda.current_device()
     grid = 0
     if persistent:
-        grid = persistent_grid(_sm_count(current if index is None else index), s_q, cfg.tile_m, h, b)
-    if cfg.split_tail:
-        tiles = -(-s_q // cfg.tile_m) * h * b
-        cfg = split_tail_config(cfg, causal or window_left >= 0 or window_right >= 0 or not persistent,
-                                tiles % grid if grid else 0, -(-s_k // cfg.tile_n))
+        sms = _sm_count(current if index is None else index)
+        grid = persistent_grid(sms, s_q, cfg.tile_m, h, b)
+        if cfg.split_tail:
+            cfg, grid = split_tail_launch(cfg, causal or window_left >= 0 or window_right >= 0, sms,
+                                          -(-s_q // cfg.tile_m) * h * b, -(-s_k // cfg.tile_n))
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
     if out is None:

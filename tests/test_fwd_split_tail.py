@@ -4,6 +4,7 @@ loop unchanged, the merge kernel present)."""
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
 import pytest
@@ -31,12 +32,17 @@ def test_schedule_covers_each_tail_block_once(n_tail, n_blocks, ctas):
 
 
 def test_split_tail_per_call_rule():
-    from kernels.interface import split_tail_config
+    from kernels.interface import split_tail_launch
 
     cfg = AttnConfig(split_tail=True, persistent=True).resolve("sm90", 128, False)
-    assert split_tail_config(cfg, False, 4, 32).split_tail
-    for excluded, tail, nb in ((True, 4, 32), (False, 0, 32), (False, 4, 1)):
-        assert split_tail_config(cfg, excluded, tail, nb).split_tail is None
+    c, grid = split_tail_launch(cfg, False, 132, 4096, 32)  # paper grid hd128: 4 tiles past 31 rounds
+    assert c.split_tail and grid == 132
+    c, grid = split_tail_launch(cfg, False, 132, 16, 256)  # fewer tiles than SMs: every tile cut, one CTA per SM
+    assert c.split_tail and grid == 132
+    for excluded, tiles, nb, want_grid in ((True, 4096, 32, 132), (False, 3960, 32, 132), (False, 4096, 1, 132),
+                                           (True, 16, 256, 16), (False, 16, 1, 16)):
+        c, grid = split_tail_launch(cfg, excluded, 132, tiles, nb)
+        assert c.split_tail is None and grid == want_grid
     assert "split_tail" not in AttnConfig().to_dict()
     with pytest.raises(Exception, match="split_tail"):
         AttnConfig(split_tail=True).resolve("sm100", 128, False)
@@ -77,3 +83,32 @@ def test_split_tail_ignored_where_it_does_not_apply():
         cfg = AttnConfig(persistent=persistent or None, split_tail=True).resolve("sm90", 128, causal)
         kern = make_fwd_kernel(cfg, "bfloat16", 128, 128, causal, window_left=window)
         assert kern.split_tail is (persistent and not causal and window < 0)
+
+
+@pytest.mark.parametrize("n_tail,n_blocks,ctas", [(3, 5, 7), (2, 4, 5), (1, 6, 4)])
+def test_pieces_merge_to_the_whole_tile(n_tail, n_blocks, ctas):
+    """The merge TailCombine computes (LSE = log sum exp LSE_i, O = sum exp(LSE_i - LSE) O_i), in fp32 on the CPU
+    over the schedule's pieces, gives each tail tile's attention over all its keys."""
+    torch = pytest.importorskip("torch")
+    tile_m, tile_n, d = 8, 16, 32
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(n_tail, tile_m, d, generator=g)
+    k = torch.randn(n_tail, n_blocks * tile_n, d, generator=g)
+    v = torch.randn(n_tail, n_blocks * tile_n, d, generator=g)
+    s = q @ k.transpose(1, 2) / math.sqrt(d)
+    want = torch.softmax(s, -1) @ v
+    want_lse = torch.logsumexp(s, -1)
+    o_acc = torch.full((2 * ctas, tile_m, d), float("nan"))
+    lse_acc = torch.full((2 * ctas, tile_m), float("nan"))
+    for c, i, lo, hi, slot in schedule(n_tail, n_blocks, ctas):  # each piece: a tile over its blocks only
+        sp = s[i, :, lo * tile_n:hi * tile_n]
+        o_acc[slot] = torch.softmax(sp, -1) @ v[i, lo * tile_n:hi * tile_n]
+        lse_acc[slot] = torch.logsumexp(sp, -1)
+    for i in range(n_tail):
+        slots = [slot for _, ti, _, _, slot in schedule(n_tail, n_blocks, ctas) if ti == i]
+        m = torch.stack([lse_acc[sl] for sl in slots]).max(0).values
+        w = [torch.exp2((lse_acc[sl] - m) * math.log2(math.e)) for sl in slots]
+        wsum = sum(w)
+        out = sum(wi[:, None] * o_acc[sl] for wi, sl in zip(w, slots)) / wsum[:, None]
+        assert torch.allclose(out, want[i], atol=1e-5, rtol=1e-5)
+        assert torch.allclose(m + torch.log(wsum), want_lse[i], atol=1e-5)

@@ -24,6 +24,7 @@ CASES = [  # b, sq, sk, h, hkv, d, dv
     (2, 1000, 777, 24, 24, 64, 64),
     (1, 2048, 2048, 11, 11, 192, 128),
     (2, 1000, 1000, 9, 9, 256, 256),
+    (1, 128, 4096, 8, 8, 128, 128),  # fewer tiles than SMs: every tile cut (a short query over a long K/V)
 ]
 
 
@@ -49,7 +50,7 @@ def test_split_tail_full_rounds_bitwise(case, sms, monkeypatch):
     (the merge rounds once more)."""
     import kernels.interface as itf
     from kernels import AttnConfig
-    from kernels.interface import attention_forward, persistent_grid, resolve_config
+    from kernels.interface import attention_forward, resolve_config, split_tail_launch
 
     if sms is not None:
         monkeypatch.setattr(itf, "_sm_count", lambda index: sms)
@@ -67,9 +68,10 @@ def test_split_tail_full_rounds_bitwise(case, sms, monkeypatch):
     cfg = resolve_config(AttnConfig(persistent=True), d, False)
     m_blocks = -(-sq // cfg.tile_m)
     tiles = m_blocks * h * b
-    grid = persistent_grid(itf._sm_count(0), sq, cfg.tile_m, h, b)
+    split_cfg, grid = split_tail_launch(resolve_config(AttnConfig(persistent=True, split_tail=True), d, False), False,
+                                       itf._sm_count(0), tiles, -(-sk // cfg.tile_n))
+    assert split_cfg.split_tail, "the case must leave a partial round"
     n_full = tiles - tiles % grid
-    assert tiles % grid, "the case must leave a partial round"
     full = torch.zeros(b, h, sq, dtype=torch.bool, device="cuda")
     for t in range(n_full):  # non-causal tile order: m_block fastest, then head, then batch
         hb, m = divmod(t, m_blocks)
