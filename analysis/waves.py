@@ -1,0 +1,56 @@
+"""Wave quantization of the forward's tile schedule: the share of the GPU the last partial round leaves idle.
+
+A non-causal forward runs T tiles of equal cost, one CTA per SM at a time (ours persistent or not, official FA4's
+one tile per CTA alike: both hold one CTA per SM at every head dim), so it takes ceil(T / G) rounds on G SMs while
+the work is T / G rounds: the efficiency is T / (G ceil(T / G)), and the rest is what ``AttnConfig.split_tail``
+(kernels/sm90/fwd_tail.py) can win at most, before its own cost (each piece's Q load and fp32 store, the merge kernel).
+A model, not a measurement: it assumes equal tile times and ignores launch and epilogue costs (analysis/roofline.py
+spreads the tiles evenly over the SMs instead). Causal tiles differ in length (LPT order), so only non-causal rows.
+
+    python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+from kernels.config import AttnConfig
+from kernels.hardware import get_gpu
+
+HEAD_DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
+SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def wave_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048) -> dict:
+    """One paper-grid cell (batch = tokens / seqlen, heads = hidden / hdim, the sm90 default forward tile)."""
+    cfg = AttnConfig().resolve("sm90", hdim, False)
+    batch, heads = max(1, tokens // seqlen), max(1, hidden // hdim)
+    tiles = math.ceil(seqlen / cfg.tile_m) * heads * batch
+    rounds = math.ceil(tiles / sms)
+    eff = tiles / (sms * rounds)
+    return dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, batch=batch, heads=heads, tile_m=cfg.tile_m, tiles=tiles,
+                rounds=rounds, tail_tiles=tiles % sms, efficiency=round(eff, 4), idle_share=round(1 - eff, 4))
+
+
+def table(gpu: str = "h200", tokens: int = 32768, hidden: int = 2048) -> list[dict]:
+    sms = get_gpu(gpu).sms
+    return [wave_row(sms, d, dv, s, tokens, hidden) for d, dv in HEAD_DIMS for s in SEQLENS]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="h200")
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--hidden", type=int, default=2048)
+    a = ap.parse_args(argv)
+    rows = table(a.gpu, a.tokens, a.hidden)
+    cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "rounds", "tail_tiles", "efficiency", "idle_share")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
