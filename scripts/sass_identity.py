@@ -3,7 +3,7 @@
     python scripts/sass_identity.py [--base-rev HEAD] [--jobs 2] [--only fwd|bwd]
 
 Compiles the forward and the three backward kernels (pre, main, post) of a fixed list of configs -- head dims 64, 128,
-256, (192, 128), causal both, defaults; forward without intra-warpgroup overlap / pingpong; deterministic and two_cta backward (hd256: one CTA, its default being two) -- once from
+256, (192, 128), causal both, defaults; forward without intra-warpgroup overlap / pingpong, persistent; deterministic and two_cta backward (hd256: one CTA, its default being two) -- once from
 ``git archive <base-rev> kernels conf/tuned`` and once from the working tree, disassembles every cubin (nvdisasm) and compares
 the SASS text file by file. Exit status 1 if any differs or is missing. Used to show that a change which should
 compile out (e.g. the GQA group at 1) leaves the existing kernels byte-identical.
@@ -32,6 +32,9 @@ def configs():
                 ("bwd", 128, 128, c, "deterministic=True"), ("bwd", 128, 128, c, "two_cta=True"),
                 ("bwd", 64, 64, c, "two_cta=True"), ("bwd", 256, 256, c, "two_cta=False")]  # hd256: one CTA
     out.append(("bwd", 256, 256, True, "deterministic=True"))
+    # the persistent forward (hd128 non-causal's default up to 16k; hd256: O in Q's buffer)
+    out += [("fwd", 128, 128, False, "persistent=True"), ("fwd", 64, 64, True, "persistent=True"),
+            ("fwd", 256, 256, False, "persistent=True")]
     return out
 
 

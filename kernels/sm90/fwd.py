@@ -456,17 +456,7 @@ class FlashFwdSm90:
         """Persistent launch (``persistent=True``): the tensors as ``__call__`` takes them; grid (num_ctas,), num_ctas =
         min(SM count, tiles) (the caller computes it: kernels/interface.py)."""
         assert self.persistent, "call_persistent needs FlashFwdSm90(persistent=True)"
-        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-                          for t in (mQ, mK, mV, mO)]
-        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
-        (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
-         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
-        scale_log2 = self.score_scale(softmax_scale)
-        self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-            scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage,
-        ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream)
 
     @cute.jit
     def call_persistent_split(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -476,11 +466,25 @@ class FlashFwdSm90:
         (2 * num_ctas, tile_m) fp32 hold the tail pieces (kernels/sm90/fwd_tail.py); the caller launches it only when
         the tiles leave a partial round (tiles % num_ctas > 0). Then fwd_tail.TailCombine on the same stream."""
         assert self.persistent and self.split_tail, "call_persistent_split needs FlashFwdSm90(split_tail=True)"
+        mOacc = cute.make_tensor(mOacc.iterator, cute.select(mOacc.layout, mode=[1, 2, 0]))  # (tile_m, dv, slots)
+        mLSEacc = cute.make_tensor(mLSEacc.iterator, cute.select(mLSEacc.layout, mode=[1, 0]))  # (tile_m, slots)
+        mQ, mK, mO, mLSE = self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream,
+                                                  mOacc, mLSEacc)
+        num_tiles = (mQ.shape[0] + self.tile_m - 1) // self.tile_m * mQ.shape[2] * mQ.shape[3]
+        n_tail = num_tiles % num_ctas
+        n_blocks = (mK.shape[0] + self.tile_n - 1) // self.tile_n
+        TailCombine(self.dtype, self.tile_m, self.hdim_v).launch(mOacc, mLSEacc, mO, mLSE, num_tiles - n_tail, n_tail,
+                                                                 n_blocks, num_ctas, stream)
+
+    @cute.jit
+    def launch_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                          softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream,
+                          mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None):
+        """The persistent kernel's launch on grid (num_ctas,) (split_tail: with the pieces' workspace); returns the
+        kernel's views of Q, K, O (s, d, h, b) and LSE (s, h, b)."""
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
-        mOacc = cute.make_tensor(mOacc.iterator, cute.select(mOacc.layout, mode=[1, 2, 0]))  # (tile_m, dv, slots)
-        mLSEacc = cute.make_tensor(mLSEacc.iterator, cute.select(mLSEacc.layout, mode=[1, 0]))  # (tile_m, slots)
         (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
          sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
         scale_log2 = self.score_scale(softmax_scale)
@@ -489,11 +493,7 @@ class FlashFwdSm90:
             scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
             SharedStorage, None, None, mOacc, mLSEacc,
         ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
-        num_tiles = (mQ.shape[0] + self.tile_m - 1) // self.tile_m * mQ.shape[2] * mQ.shape[3]
-        n_tail = num_tiles % num_ctas
-        n_blocks = (mK.shape[0] + self.tile_n - 1) // self.tile_n
-        TailCombine(self.dtype, self.tile_m, self.hdim_v).launch(mOacc, mLSEacc, mO, mLSE, num_tiles - n_tail, n_tail,
-                                                                 n_blocks, num_ctas, stream)
+        return mQ, mK, mO, mLSE
 
     @cute.jit
     def call_varlen(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
