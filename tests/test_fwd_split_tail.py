@@ -112,3 +112,15 @@ def test_pieces_merge_to_the_whole_tile(n_tail, n_blocks, ctas):
         out = sum(wi[:, None] * o_acc[sl] for wi, sl in zip(w, slots)) / wsum[:, None]
         assert torch.allclose(out, want[i], atol=1e-5, rtol=1e-5)
         assert torch.allclose(m + torch.log(wsum), want_lse[i], atol=1e-5)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype,group", [("float16", 1), ("bfloat16", 4)])
+def test_split_tail_compiles_fp16_and_gqa(dtype, group, tmp_path):
+    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
+
+    cfg = AttnConfig(persistent=True, split_tail=True).resolve("sm90", 128, False)
+    kern = make_fwd_kernel(cfg, dtype, 128, 128, False, qhead_per_kvhead=group)
+    assert kern.split_tail
+    compile_fwd(kern, tvm_ffi=False, dump_dir=str(tmp_path))
+    assert list(tmp_path.glob("*.cubin"))

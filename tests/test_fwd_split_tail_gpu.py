@@ -46,8 +46,8 @@ def test_split_tail_matches_reference(case, sms, monkeypatch):
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 @pytest.mark.parametrize("sms", [None, 5])
 def test_split_tail_full_rounds_bitwise(case, sms, monkeypatch):
-    """Rows of the full rounds' tiles equal the plain persistent kernel's bit for bit; the tail's within 2 bf16 ulps
-    (the merge rounds once more)."""
+    """Rows of the full rounds' tiles equal the plain persistent kernel's bit for bit; the tail's within 2^-6 of the
+    largest output (the merge rounds once more)."""
     import kernels.interface as itf
     from kernels import AttnConfig
     from kernels.interface import attention_forward, resolve_config, split_tail_launch
@@ -83,5 +83,5 @@ def test_split_tail_full_rounds_bitwise(case, sms, monkeypatch):
     tail = ~fo
     assert tail.any()
     diff = (o0[tail].float() - o1[tail].float()).abs().max().item()
-    assert diff <= 2 * 2 ** -8 * o0[tail].float().abs().max().item() + 1e-3
+    assert diff <= 2 ** -6 * o0[tail].float().abs().max().item() + 1e-3  # one more rounding than the plain kernel
     assert (l0[~full] - l1[~full]).abs().max().item() < 1e-4
