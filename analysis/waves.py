@@ -5,13 +5,16 @@ one tile per CTA alike: both hold one CTA per SM at every head dim), so it takes
 the work is T / G rounds: the efficiency is T / (G ceil(T / G)), and the rest is what ``AttnConfig.split_tail``
 (kernels/sm90/fwd_tail.py) can win at most, before its own cost (each piece's Q load and fp32 store, the merge kernel).
 A model, not a measurement: it assumes equal tile times and ignores launch and epilogue costs (analysis/roofline.py
-spreads the tiles evenly over the SMs instead). Causal tiles differ in length (LPT order), so only non-causal rows.
+spreads the tiles evenly over the SMs instead). Causal rows (``--causal``): tiles of 1 .. N K/V blocks handed out
+longest first to whichever SM frees up first (the hardware's block scheduler on the one-tile-per-CTA grid), each tile
+costing its blocks plus ``overhead`` blocks (prologue and epilogue); efficiency = work / (SMs x the last SM's finish).
 
-    python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048]
+    python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048] [--causal] [--overhead 1.0]
 """
 from __future__ import annotations
 
 import argparse
+import heapq
 import math
 
 from kernels.config import AttnConfig
@@ -32,8 +35,27 @@ def wave_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768,
                 rounds=rounds, tail_tiles=tiles % sms, efficiency=round(eff, 4), idle_share=round(1 - eff, 4))
 
 
-def table(gpu: str = "h200", tokens: int = 32768, hidden: int = 2048) -> list[dict]:
+def causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048,
+               overhead: float = 1.0) -> dict:
+    """One causal paper-grid cell: list scheduling of the tiles, longest first, on ``sms`` SMs."""
+    cfg = AttnConfig().resolve("sm90", hdim, True)
+    batch, heads = max(1, tokens // seqlen), max(1, hidden // hdim)
+    m_blocks = math.ceil(seqlen / cfg.tile_m)
+    lengths = [math.ceil(min((m + 1) * cfg.tile_m, seqlen) / cfg.tile_n) + overhead for m in range(m_blocks)]
+    jobs = sorted(lengths * (heads * batch), reverse=True)
+    free = [0.0] * sms
+    for t in jobs:
+        heapq.heapreplace(free, free[0] + t)
+    eff = sum(jobs) / (sms * max(free))
+    return dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, batch=batch, heads=heads, tile_m=cfg.tile_m,
+                tiles=len(jobs), rounds="-", tail_tiles="-", efficiency=round(eff, 4), idle_share=round(1 - eff, 4))
+
+
+def table(gpu: str = "h200", tokens: int = 32768, hidden: int = 2048, causal: bool = False,
+          overhead: float = 1.0) -> list[dict]:
     sms = get_gpu(gpu).sms
+    if causal:
+        return [causal_row(sms, d, dv, s, tokens, hidden, overhead) for d, dv in HEAD_DIMS for s in SEQLENS]
     return [wave_row(sms, d, dv, s, tokens, hidden) for d, dv in HEAD_DIMS for s in SEQLENS]
 
 
@@ -42,8 +64,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--causal", action="store_true", help="the causal grid (list scheduling, longest first)")
+    ap.add_argument("--overhead", type=float, default=1.0, help="causal: per-tile cost beyond its blocks, in blocks")
     a = ap.parse_args(argv)
-    rows = table(a.gpu, a.tokens, a.hidden)
+    rows = table(a.gpu, a.tokens, a.hidden, a.causal, a.overhead)
     cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "rounds", "tail_tiles", "efficiency", "idle_share")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
