@@ -80,10 +80,10 @@ def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, grou
 
 @functools.lru_cache(maxsize=1024)
 def split_tail_launch(cfg: AttnConfig, excluded: bool, sms: int, tiles: int, n_blocks: int) -> tuple[AttnConfig, int]:
-    """(config, grid) of a persistent call with ``cfg.split_tail`` True: the split tail on a grid of one CTA per SM
-    where it applies -- not ``excluded`` (causal or a window), a partial round to cut (tiles mod SMs > 0; fewer tiles
-    than SMs count: every tile is then cut, so a short query over a long K/V fills the GPU), at least 2 K/V blocks per
-    tile; else split_tail=None (the plain persistent kernel and its key) on its usual grid (persistent_grid).
+    """(config, grid) of a call with ``cfg.split_tail`` True: the split tail on a grid of one CTA per SM where it
+    applies -- not ``excluded`` (causal, a window, or not persistent), a partial round to cut (tiles mod SMs > 0;
+    fewer tiles than SMs count: every tile is then cut, so a short query over a long K/V fills the GPU), at least 2
+    K/V blocks per tile; else split_tail=None (the plain kernel and its key) on the persistent grid (persistent_grid).
     Memoised."""
     if excluded or tiles % sms == 0 or n_blocks < 2:
         return dataclasses.replace(cfg, split_tail=None), max(1, min(sms, tiles))
@@ -153,12 +153,12 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     dev = q.device
     index, current = dev.index, torch.cuda.current_device()
     grid = 0
-    if persistent:
+    if persistent or cfg.split_tail:
         sms = _sm_count(current if index is None else index)
         grid = persistent_grid(sms, s_q, cfg.tile_m, h, b)
-        if cfg.split_tail:
-            cfg, grid = split_tail_launch(cfg, causal or window_left >= 0 or window_right >= 0, sms,
-                                          -(-s_q // cfg.tile_m) * h * b, -(-s_k // cfg.tile_n))
+        if cfg.split_tail:  # not persistent: dropped (the one-tile kernel and its key)
+            cfg, grid = split_tail_launch(cfg, causal or window_left >= 0 or window_right >= 0 or not persistent,
+                                          sms, -(-s_q // cfg.tile_m) * h * b, -(-s_k // cfg.tile_n))
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
     if out is None:

@@ -70,7 +70,11 @@ after the tile's last QK^T (the next Q loads under the last PV and the epilogue)
 before the next epilogue writes the buffer (it runs under the next tile's main loop) and at exit; otherwise O shares
 Q's buffer and the next Q waits for the O store to have read it. The tile-independent wgmma views are built once per
 CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS). ``persistent_snake``
-(causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile).
+(causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile). ``split_tail``
+(compile-time; persistent non-causal, no window; launched through ``call_persistent_split``): the tiles of the last
+partial round are cut into K/V block pieces over every CTA, computed first (steps t < 0 of the walk, ``step_tile``) with
+their normalised O (fp32) and LSE stored to a workspace (``store_piece``), and merged after the kernel by
+kernels/sm90/fwd_tail.py TailCombine. Off, the code is the plain kernel's (byte-identical SASS).
 Thread-block cluster ``cluster_m`` = 2 (compile-time; FA3's 2x1 cluster, non-causal only): the CTAs of a cluster compute
 the adjacent Q tiles 2i, 2i+1 of one (head, batch) -- grid x rounded up to even, launched with cluster (2, 1, 1) -- and
 visit the same K/V blocks, so every K/V tile is loaded once per cluster: each CTA's producer issues the TMA for its half
