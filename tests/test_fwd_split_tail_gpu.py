@@ -25,6 +25,7 @@ CASES = [  # b, sq, sk, h, hkv, d, dv
     (1, 2048, 2048, 11, 11, 192, 128),
     (2, 1000, 1000, 9, 9, 256, 256),
     (1, 128, 4096, 8, 8, 128, 128),  # fewer tiles than SMs: every tile cut (a short query over a long K/V)
+    (1, 128, 256, 4, 4, 128, 128),  # 8 blocks in all: on 132 SMs most CTAs get no piece and no tile
 ]
 
 
