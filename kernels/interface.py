@@ -10,7 +10,7 @@ Persistent forward: ``cfg.persistent`` True / False forces it; None runs it when
 bound of kernels.config.DEFAULTS (``persistent_by_default``); a persistent launch has min(SM count of the tensors'
 device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA). ``cfg.split_tail``
 (opt-in): a persistent non-causal call without a window whose tiles leave a partial round cuts that round's tiles into
-K/V block pieces over every CTA and merges them after (kernels/sm90/fwd_tail.py; ``split_tail_config`` drops it
+K/V block pieces over every CTA and merges them after (kernels/sm90/fwd_tail.py; ``split_tail_launch`` drops it
 elsewhere).
 ``cfg.cluster_m`` = 2 (opt-in): the 2x1-cluster forward with K/V multicast, same launch arguments; non-causal without a
 window only (kernels.validate.check_cluster, a ConfigError before anything compiles), never persistent.

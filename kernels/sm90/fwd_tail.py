@@ -16,7 +16,9 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
+
+from .scheduler import tile_at
 
 LOG2_E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -107,17 +109,12 @@ class TailCombine:
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
         seqlen_q = mO.shape[0]
-        heads = mO.shape[2]
         m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
         row_t = bid * self.rows_per_cta + tidx // self.tpr  # row among the tail tiles' rows
         c0 = (tidx % self.tpr) * 4
         i = row_t // self.tile_m
         r = row_t - i * self.tile_m
-        tile = n_full + i  # non-causal order: m_block fastest, then head, then batch (scheduler.tile_at)
-        hb = tile // m_blocks
-        m_block = tile - hb * m_blocks
-        bidx = hb // heads
-        head = hb - bidx * heads
+        m_block, head, bidx = tile_at(n_full + i, m_blocks, mO.shape[2], mO.shape[3], Int32(1), False)
         row = m_block * self.tile_m + r
         if row < seqlen_q:
             total = n_tail * n_blocks
