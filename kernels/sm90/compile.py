@@ -47,7 +47,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         exp_in_branch=bool(cfg.exp_in_branch), p_cvt_asm=bool(cfg.p_cvt_asm), pv_wait_mid=bool(cfg.pv_wait_mid),
         early_v_release=bool(cfg.early_v_release), persistent_snake=bool(cfg.persistent_snake),
         q_in_regs=bool(cfg.q_in_regs),
-        # only where it applies (kernels/interface.py split_tail_config normalises the call's config the same way)
+        # only where it applies (kernels/interface.py split_tail_launch normalises the call's config the same way)
         split_tail=bool(cfg.split_tail) and bool(cfg.persistent) and not causal and not varlen and window_left < 0
         and window_right < 0)
 
