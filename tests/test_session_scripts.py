@@ -66,3 +66,22 @@ def test_speed_vs_is_the_per_round_ratio_to_the_base():
         import flash_attn.cute  # noqa: F401
     except ImportError:
         assert bwd_ab.official_bwd(*[None] * 7, False) == {}
+
+
+def test_official_loop_mix_counts_a_loop_body_and_its_pv_wait():
+    import official_loop_mix
+
+    body = [("HGMMA.64x128x16.F32.BF16", " R24, gdesc[UR8], RZ"), ("MUFU.EX2", " R1, R2"),
+            ("FFMA", " R3, R4, R5, R6"), ("WARPGROUP.DEPBAR.LE", " gsb0, 0x1"), ("MUFU.EX2", " R7, R8"),
+            ("WARPGROUP.DEPBAR.LE", " gsb0, 0x0"), ("MUFU.EX2", " R9, R10"), ("FMNMX", " R1, R2, R3, !PT"),
+            ("SYNCS.ARRIVE.TRANS64.ART0", " RZ, [UR5+0x20], R11"), ("BRA", " `(.L_x_1)")]
+    m = official_loop_mix.loop_mix(body)
+    assert (m["insns"], m["HGMMA"], m["MUFU.EX2"], m["FFMA/FADD/FMUL"], m["FMNMX"], m["SYNCS"]) == (10, 1, 3, 1, 1, 1)
+    assert m["wait0_at"] == 5 and m["ex2_before_wait0"] == 2  # the 0x1 wait (QK^T's) is not P V's
+    assert official_loop_mix.loop_mix(body[:3])["wait0_at"] == -1
+
+
+def test_split_tail_check_script_parses():
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "split_tail_check.sh")]).returncode == 0
