@@ -8,8 +8,13 @@ A model, not a measurement: it assumes equal tile times and ignores launch and e
 spreads the tiles evenly over the SMs instead). Causal rows (``--causal``): tiles of 1 .. N K/V blocks handed out
 longest first to whichever SM frees up first (the hardware's block scheduler on the one-tile-per-CTA grid), each tile
 costing its blocks plus ``overhead`` blocks (prologue and epilogue); efficiency = work / (SMs x the last SM's finish).
+``--causal --persistent``: the persistent causal forward's walks on the same cost model, over the kernel's own tile
+order (L2 groups of (head, batch) pairs, m_block descending within a group: scheduler.tile_at): the static round robin
+(``rr``: CTA c takes tiles c, c + G, ...), its snake order (``snake``: odd full rounds reversed, AttnConfig.
+persistent_snake) and list scheduling of that order (``greedy``: what the one-tile grid gets from the hardware, and
+AttnConfig.persistent_greedy's walk, kernels/sm90/greedy_walk.py).
 
-    python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048] [--causal] [--overhead 1.0]
+    python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048] [--causal [--persistent]] [--overhead 1.0]
 """
 from __future__ import annotations
 
@@ -51,9 +56,38 @@ def causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 3276
                 tiles=len(jobs), rounds="-", tail_tiles="-", efficiency=round(eff, 4), idle_share=round(1 - eff, 4))
 
 
+def persistent_causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048,
+                          overhead: float = 1.0) -> dict:
+    """One causal paper-grid cell's persistent walks (grid min(SMs, tiles)): efficiency = work / (grid x the busiest
+    CTA's work) for the round robin, snake and greedy walks of the kernel's tile order."""
+    from kernels.sm90.greedy_walk import causal_blocks, causal_tile_order, list_schedule
+    from kernels.sm90.scheduler import lpt_group_size
+
+    cfg = AttnConfig().resolve("sm90", hdim, True)
+    batch, heads = max(1, tokens // seqlen), max(1, hidden // hdim)
+    m_blocks = math.ceil(seqlen / cfg.tile_m)
+    pairs = heads * batch
+    hb_group = lpt_group_size(heads, batch, seqlen, hdim, hdim_v, 2)
+    costs = [causal_blocks(m, cfg.tile_m, cfg.tile_n, seqlen, seqlen) + overhead
+             for m, _ in causal_tile_order(m_blocks, pairs, hb_group)]
+    n, g = len(costs), min(sms, len(costs))
+    work = sum(costs)
+
+    def eff(walks):
+        return round(work / (g * max(sum(costs[t] for t in w) for w in walks)), 4)
+
+    rr = [list(range(c, n, g)) for c in range(g)]
+    snake = [[k * g + (g - 1 - c if k % 2 == 1 and (k + 1) * g <= n else c) for k in range(len(rr[c]))]
+             for c in range(g)]
+    return dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, batch=batch, heads=heads, tile_m=cfg.tile_m, tiles=n,
+                hb_group=hb_group, rr=eff(rr), snake=eff(snake), greedy=eff(list_schedule(costs, g)))
+
+
 def table(gpu: str = "h200", tokens: int = 32768, hidden: int = 2048, causal: bool = False,
-          overhead: float = 1.0) -> list[dict]:
+          overhead: float = 1.0, persistent: bool = False) -> list[dict]:
     sms = get_gpu(gpu).sms
+    if causal and persistent:
+        return [persistent_causal_row(sms, d, dv, s, tokens, hidden, overhead) for d, dv in HEAD_DIMS for s in SEQLENS]
     if causal:
         return [causal_row(sms, d, dv, s, tokens, hidden, overhead) for d, dv in HEAD_DIMS for s in SEQLENS]
     return [wave_row(sms, d, dv, s, tokens, hidden) for d, dv in HEAD_DIMS for s in SEQLENS]
@@ -66,9 +100,14 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--causal", action="store_true", help="the causal grid (list scheduling, longest first)")
     ap.add_argument("--overhead", type=float, default=1.0, help="causal: per-tile cost beyond its blocks, in blocks")
+    ap.add_argument("--persistent", action="store_true", help="with --causal: the persistent walks (rr, snake, greedy)")
     a = ap.parse_args(argv)
-    rows = table(a.gpu, a.tokens, a.hidden, a.causal, a.overhead)
+    if a.persistent and not a.causal:
+        ap.error("--persistent models the causal walks: pass --causal too")
+    rows = table(a.gpu, a.tokens, a.hidden, a.causal, a.overhead, a.persistent)
     cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "rounds", "tail_tiles", "efficiency", "idle_share")
+    if a.persistent:
+        cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "hb_group", "rr", "snake", "greedy")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -187,13 +187,14 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "bwd_two_cta_dv_first": (None, False), "bwd_two_cta_n80": (None, False),
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False), "persistent_snake": (None, False),
-                                "q_in_regs": (None, False), "split_tail": (None, False)}
+                                "q_in_regs": (None, False), "split_tail": (None, False),
+                                "persistent_greedy": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
-                  "split_tail")
+                  "split_tail", "persistent_greedy")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -431,6 +432,13 @@ class AttnConfig:
     # long K/V fills the GPU; kernels/interface.py split_tail_launch); elsewhere ignored. None =
     # DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in.
     split_tail: bool | None = None
+    # sm90 forward, persistent and causal (elsewhere no effect): each CTA walks its own list of tiles, built on the host
+    # by list scheduling of the longest-first order on a cost model (a tile's K/V blocks + 1), as the hardware hands
+    # the one-tile grid's CTAs to SMs, instead of the static round robin (kernels/sm90/greedy_walk.py; the table is
+    # cached per shape and device; build it outside a CUDA graph capture: the first call of a shape copies it to the
+    # GPU). Same tiles, same products: outputs bitwise the round robin's. persistent_snake yields to it. None = off;
+    # left out of to_dict() while None or False. Opt-in, not yet timed.
+    persistent_greedy: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -672,7 +680,7 @@ BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bw
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
-                   "q_in_regs", "split_tail")
+                   "q_in_regs", "split_tail", "persistent_greedy")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

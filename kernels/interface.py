@@ -11,7 +11,8 @@ bound of kernels.config.DEFAULTS (``persistent_by_default``); a persistent launc
 device, tiles) CTAs (``_sm_count``, which tests may monkeypatch to force several tiles per CTA). ``cfg.split_tail``
 (opt-in): a persistent non-causal call without a window whose tiles leave a partial round cuts that round's tiles into
 K/V block pieces over every CTA and merges them after (kernels/sm90/fwd_tail.py; ``split_tail_launch`` drops it
-elsewhere).
+elsewhere). ``cfg.persistent_greedy`` (opt-in, persistent causal calls; dropped elsewhere): the CTAs walk a host-built
+table of tiles (kernels/sm90/greedy_walk.py, ``_greedy_walk_table`` caches it per shape and device).
 ``cfg.cluster_m`` = 2 (opt-in): the 2x1-cluster forward with K/V multicast, same launch arguments; non-causal without a
 window only (kernels.validate.check_cluster, a ConfigError before anything compiles), never persistent.
 ``cfg.pack_gqa``: with grouped K/V (h_kv < h) the packed-GQA forward (one CTA per K/V head and tile of (position,
@@ -21,6 +22,7 @@ kernel (``forward_config`` drops the field, so the key is the plain one).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -159,6 +161,8 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
         if cfg.split_tail:  # not persistent: dropped (the one-tile kernel and its key)
             cfg, grid = split_tail_launch(cfg, causal or window_left >= 0 or window_right >= 0 or not persistent,
                                           sms, -(-s_q // cfg.tile_m) * h * b, -(-s_k // cfg.tile_n))
+    if cfg.persistent_greedy and not (persistent and causal):  # applies only there: else the plain kernel and its key
+        cfg = dataclasses.replace(cfg, persistent_greedy=None)
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
     if out is None:
@@ -176,11 +180,38 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
             o_acc = torch.empty((2 * grid, cfg.tile_m, d_v), dtype=torch.float32, device=dev)
             lse_acc = torch.empty((2 * grid, cfg.tile_m), dtype=torch.float32, device=dev)
             compiled(q, k, v, out, lse, o_acc, lse_acc, float(softmax_scale), hb_group, grid)
+        elif cfg.persistent_greedy:  # each CTA's tiles (kernels/sm90/greedy_walk.py), cached per shape and device
+            walk = _greedy_walk_table(dev, -(-s_q // cfg.tile_m), h * b, hb_group, cfg.tile_m, cfg.tile_n, s_q, s_k,
+                                      grid, window_left)
+            compiled(q, k, v, out, lse, walk, float(softmax_scale), hb_group, grid)
         elif persistent:
             compiled(q, k, v, out, lse, float(softmax_scale), hb_group, grid)
         else:
             compiled(q, k, v, out, lse, float(softmax_scale), hb_group)
     return out, lse
+
+
+_WALK_TABLES: collections.OrderedDict = collections.OrderedDict()
+_WALK_TABLES_MAX = 64
+
+
+def _greedy_walk_table(dev, m_blocks: int, pairs: int, hb_group: int, tile_m: int, tile_n: int, s_q: int, s_k: int,
+                       grid: int, window_left: int):
+    """persistent_greedy's int32 walk table on ``dev`` (kernels/sm90/greedy_walk.py), built once per shape and
+    device and kept (the last 64): a later call of the shape only looks it up."""
+    key = (str(dev), m_blocks, pairs, hb_group, tile_m, tile_n, s_q, s_k, grid, window_left)
+    table = _WALK_TABLES.get(key)
+    if table is None:
+        from .sm90.greedy_walk import greedy_walks, walk_table
+
+        rows = walk_table(greedy_walks(m_blocks, pairs, hb_group, tile_m, tile_n, s_q, s_k, grid, window_left))
+        table = torch.tensor(rows, dtype=torch.int32).to(dev)
+        _WALK_TABLES[key] = table
+        if len(_WALK_TABLES) > _WALK_TABLES_MAX:
+            _WALK_TABLES.popitem(last=False)
+    else:
+        _WALK_TABLES.move_to_end(key)
+    return table
 
 
 @functools.lru_cache(maxsize=4096)

@@ -81,7 +81,7 @@ def test_official_loop_mix_counts_a_loop_body_and_its_pv_wait():
     assert official_loop_mix.loop_mix(body[:3])["wait0_at"] == -1
 
 
-def test_split_tail_check_script_parses():
+def test_sched_check_script_parses():
     import subprocess
 
-    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "split_tail_check.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "sched_check.sh")]).returncode == 0

@@ -14,6 +14,8 @@ arguments); with a group of 1 the plain kernel. ``cfg.rescale_before_pv`` compil
 rescaled between issuing the next QK^T and this block's P V (same arguments; False: the default kernel, its key).
 ``cfg.split_tail`` (persistent, non-causal) compiles ``call_persistent_split``: ``compiled(q, k, v, out, lse, o_acc,
 lse_acc, softmax_scale, hb_group, num_ctas)`` with the tail pieces' fp32 workspace (kernels/sm90/fwd_tail.py).
+``cfg.persistent_greedy`` (persistent, causal) compiles ``call_persistent_walk``: ``compiled(q, k, v, out, lse, walk,
+softmax_scale, hb_group, num_ctas)`` with the int32 walk table (kernels/sm90/greedy_walk.py).
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         q_in_regs=bool(cfg.q_in_regs),
         # only where it applies (kernels/interface.py split_tail_launch normalises the call's config the same way)
         split_tail=bool(cfg.split_tail) and bool(cfg.persistent) and not causal and not varlen and window_left < 0
-        and window_right < 0)
+        and window_right < 0,
+        persistent_greedy=bool(cfg.persistent_greedy) and bool(cfg.persistent) and causal and not varlen)
 
 
 def tvm_ffi_available() -> bool:
@@ -94,6 +97,10 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str
         oacc = fake(cutlass.Float32, (slots, kernel.tile_m, kernel.hdim_v))
         lseacc = fake(cutlass.Float32, (slots, kernel.tile_m), align=4, div=1)
         return cute.compile(kernel.call_persistent_split, q, k, v, o, lse, oacc, lseacc, cutlass.Float32(1.0),
+                            cutlass.Int32(1), cutlass.Int32(1), stream, options=options)
+    if kernel.greedy:  # the walk table (num_ctas, 1 + longest walk) int32, then the grid
+        walk = fake(cutlass.Int32, (cute.sym_int(), cute.sym_int()), align=4, div=1)
+        return cute.compile(kernel.call_persistent_walk, q, k, v, o, lse, walk, cutlass.Float32(1.0),
                             cutlass.Int32(1), cutlass.Int32(1), stream, options=options)
     if kernel.persistent:  # one more argument: the grid (num_ctas)
         return cute.compile(kernel.call_persistent, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1),

@@ -70,7 +70,9 @@ after the tile's last QK^T (the next Q loads under the last PV and the epilogue)
 before the next epilogue writes the buffer (it runs under the next tile's main loop) and at exit; otherwise O shares
 Q's buffer and the next Q waits for the O store to have read it. The tile-independent wgmma views are built once per
 CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS). ``persistent_snake``
-(causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile). ``split_tail``
+(causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile). ``persistent_greedy``
+(causal; launched through ``call_persistent_walk``): CTA c walks row c of a host-built table instead, the tiles that
+list scheduling of the longest-first order gives it (kernels/sm90/greedy_walk.py). ``split_tail``
 (compile-time; persistent non-causal, no window; launched through ``call_persistent_split``): the tiles of the last
 partial round are cut into K/V block pieces over every CTA, computed first (steps t < 0 of the walk, ``step_tile``) with
 their normalised O (fp32) and LSE stored to a workspace (``store_piece``), and merged after the kernel by
@@ -186,7 +188,7 @@ class FlashFwdSm90:
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
-                 q_in_regs: bool = False, split_tail: bool = False):
+                 q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -234,7 +236,9 @@ class FlashFwdSm90:
         if persistent and varlen:
             raise ValueError("persistent=True with varlen=True: the variable-length forward has one tile per CTA")
         self.persistent = bool(persistent)  # grid = num_ctas, tiles walked per CTA: launched through call_persistent
-        self.snake = self.persistent and causal and bool(persistent_snake)  # odd full rounds in reverse CTA order
+        # causal: each CTA walks its host-built list of tiles (kernels/sm90/greedy_walk.py); snake yields to it
+        self.greedy = self.persistent and causal and bool(persistent_greedy)
+        self.snake = self.persistent and causal and bool(persistent_snake) and not self.greedy  # odd rounds reversed
         if split_tail:
             for bad, why in ((not self.persistent, "persistent=False"), (causal, "causal"),
                              (self.has_window, "a sliding window"), (self.varlen, "varlen")):
@@ -463,6 +467,15 @@ class FlashFwdSm90:
         self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream)
 
     @cute.jit
+    def call_persistent_walk(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                             mLSE: cute.Tensor, mWalk: cute.Tensor, softmax_scale: Float32, hb_group: Int32,
+                             num_ctas: Int32, stream: cuda.CUstream):
+        """``call_persistent`` with the greedy walk (``persistent_greedy=True``, causal): mWalk int32 (num_ctas, 1 +
+        longest walk), row c = [count, tiles...] in scheduler.tile_at's numbering (kernels/sm90/greedy_walk.py)."""
+        assert self.greedy, "call_persistent_walk needs FlashFwdSm90(persistent=True, persistent_greedy=True), causal"
+        self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream, mWalk=mWalk)
+
+    @cute.jit
     def call_persistent_split(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                               mLSE: cute.Tensor, mOacc: cute.Tensor, mLSEacc: cute.Tensor, softmax_scale: Float32,
                               hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
@@ -483,8 +496,9 @@ class FlashFwdSm90:
     @cute.jit
     def launch_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                           softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream,
-                          mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None):
-        """The persistent kernel's launch on grid (num_ctas,) (split_tail: with the pieces' workspace); returns the
+                          mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None):
+        """The persistent kernel's launch on grid (num_ctas,) (split_tail: with the pieces' workspace; greedy: with
+        the walk table); returns the
         kernel's views of Q, K, O (s, d, h, b) and LSE (s, h, b)."""
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -495,7 +509,7 @@ class FlashFwdSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage, None, None, mOacc, mLSEacc,
+            SharedStorage, None, None, mOacc, mLSEacc, mWalk,
         ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
         return mQ, mK, mO, mLSE
 
@@ -528,7 +542,7 @@ class FlashFwdSm90:
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor = None, mCuSeqlensK: cute.Tensor = None,
-               mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None):
+               mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -547,7 +561,7 @@ class FlashFwdSm90:
         if const_expr(self.persistent):
             self.roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                                   tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, hb_group,
-                                  warp_idx, tidx, mOacc, mLSEacc)
+                                  warp_idx, tidx, mOacc, mLSEacc, mWalk)
         else:
             tile = self.cta_tile(mQ, mK, hb_group, mCuSeqlensQ, mCuSeqlensK)
             if const_expr(self.varlen):
@@ -681,11 +695,11 @@ class FlashFwdSm90:
     @cute.jit
     def roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                          tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32,
-                         hb_group: Int32, warp_idx: Int32, tidx: Int32, mOacc=None, mLSEacc=None):
+                         hb_group: Int32, warp_idx: Int32, tidx: Int32, mOacc=None, mLSEacc=None, mWalk=None):
         """Persistent warp roles: the producer warp and the consumer warpgroups walk the same static round robin
         over the tiles (CTA c: tiles c, c + grid, ...), their pipeline states carried from tile to tile. split_tail:
         first the CTA's pieces of the last partial round's tiles (steps t < 0; kernels/sm90/fwd_tail.py), then the
-        whole tiles of the full rounds."""
+        whole tiles of the full rounds. greedy: steps 0 .. mWalk[c, 0] - 1 of CTA c's row of the walk table."""
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         heads = mQ.shape[2]
@@ -696,6 +710,11 @@ class FlashFwdSm90:
         gx, _, _ = cute.arch.grid_dim()
         n_full = num_tiles  # split_tail: the tiles of the full rounds; the rest are cut into pieces
         t_first = bx
+        step = gx
+        if const_expr(self.greedy):  # this CTA's row of the walk table: its count, then its tiles
+            t_first = Int32(0)
+            n_full = mWalk[bx, 0]
+            step = Int32(1)
         if const_expr(self.split_tail):
             n_tail = num_tiles % gx
             n_full = num_tiles - n_tail
@@ -705,9 +724,10 @@ class FlashFwdSm90:
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                for tile in cutlass.range(t_first, n_full, gx, unroll=1):
+                for tile in cutlass.range(t_first, n_full, step, unroll=1):
                     m_block, head, bidx, n_block_min, n_block_max, _, _, _ = self.step_tile(
-                        tile, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k)
+                        tile, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k,
+                        mWalk)
                     state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
                                                pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
                                                state=state, q_state=q_state)
@@ -721,10 +741,10 @@ class FlashFwdSm90:
                     cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            for t in cutlass.range(t_first, n_full, gx, unroll=1):
+            for t in cutlass.range(t_first, n_full, step, unroll=1):
                 m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot = \
                     self.step_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q,
-                                   seqlen_k)
+                                   seqlen_k, mWalk)
                 tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
                             n_block_local_end)
                 state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
@@ -736,7 +756,8 @@ class FlashFwdSm90:
 
     @cute.jit
     def step_tile(self, t: Int32, bx: Int32, gx: Int32, t_first: Int32, n_full: Int32, num_tiles: Int32,
-                  m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, seqlen_q: Int32, seqlen_k: Int32):
+                  m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                  mWalk=None):
         """Persistent step ``t``: (m_block, head, batch, n_block_min, n_block_max, n_block_min_masked,
         n_block_local_end, slot); slot -1 for a whole tile, else (split_tail, t < 0) the workspace slot of the CTA's
         piece (t - t_first) // gx of the tail (fwd_tail.tail_piece)."""
@@ -760,15 +781,18 @@ class FlashFwdSm90:
                 n_block_min = n_min
                 n_block_max = n_max
         else:
-            m_block, head, bidx = tile_at(self.walk_tile(t, bx, gx, num_tiles), m_blocks, heads, batch, hb_group,
-                                          self.causal)
+            m_block, head, bidx = tile_at(self.walk_tile(t, bx, gx, num_tiles, mWalk), m_blocks, heads, batch,
+                                          hb_group, self.causal)
             n_block_min, n_block_max, n_block_min_masked, n_block_local_end = self.tile_blocks(m_block, seqlen_q,
                                                                                               seqlen_k)
         return m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot
 
-    def walk_tile(self, t, bx, gx, num_tiles):
-        """The tile number of persistent step ``t`` (CTA ``bx`` of ``gx``): ``t`` itself, or with persistent_snake
-        (causal) odd full rounds in reverse CTA order (scheduler.snake_tile)."""
+    def walk_tile(self, t, bx, gx, num_tiles, mWalk=None):
+        """The tile number of persistent step ``t`` (CTA ``bx`` of ``gx``): ``t`` itself, with persistent_snake
+        (causal) odd full rounds in reverse CTA order (scheduler.snake_tile), with persistent_greedy entry t of the
+        CTA's walk (step t of 0 .. count - 1)."""
+        if const_expr(self.greedy):
+            return mWalk[bx, t + 1]
         if const_expr(self.snake):
             return snake_tile(t, bx, gx, num_tiles)
         return t

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The forward's two scheduling candidates on the GPU host, in three device calls of at most 10 minutes each:
+# split_tail (kernels/sm90/fwd_tail.py, non-causal) and persistent_greedy (kernels/sm90/greedy_walk.py, causal).
+# Part 1: split_tail's GPU tests, then round-robin A/Bs at the paper grid's 32k tokens (non-causal): ours (the default),
+#   pers (persistent=True), split (persistent + split_tail), official FA4 and cuDNN, hd128 at 4k / 16k / 8k / 32k (16k
+#   also times a bf16 8192^3 matmul: the issue-11 "of GEMM" target).
+# Part 2: the same at hd256, (192, 128) and hd64, 4k / 16k, and a decode-like call (hd128, 512 queries over 32k keys,
+#   batch 2: 128 tiles, fewer than the SMs, so every tile is cut).
+# Part 3: persistent_greedy's GPU tests, then causal A/Bs at 32k tokens: ours (the default), pers (the round robin),
+#   greedy (persistent + persistent_greedy), official, cuDNN; hd128 also greedy_exb (+ exp_in_branch + causal_split:
+#   the persistent kernel spills with exp_in_branch alone, not with both); hd64 / hd128 at 4k / 8k / 2k / 16k, then
+#   hd256 and (192, 128) at 4k (analysis.waves --causal --persistent: the model's round robin / greedy balance).
+# Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
+# Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3]
+set -u
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3]}
+PART=${2:-1}
+DEADLINE=${DEADLINE:-570}
+START=$SECONDS
+mkdir -p "$O"
+export PYTHONPATH=${PYTHONPATH:-}:$PWD:$PWD/tests CUTE_DSL_ARCH=sm_90a PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv >"$O/gpu_part$PART.txt"
+cap() {  # min(cap, seconds left before the deadline minus 10); 0 when none are left
+  local left=$((DEADLINE - (SECONDS - START) - 10))
+  ((left < 0)) && left=0
+  echo $(($1 < left ? $1 : left))
+}
+ab() {  # causal hdim seqlen repeats cap [extra fwd_ab args]
+  local causal=$1 hd=$2 s=$3 r=$4 c
+  c=$(cap "$5")
+  shift 5
+  if ((c < 30)); then echo "causal=$causal hd$hd s$s skipped: no time left" >>"$O/ab.log"; return; fi
+  timeout "$c" python scripts/fwd_ab.py --base-rev '' --hdims "$hd" --causal "$causal" --seqlens "$s" --cudnn \
+    --repeats "$r" --out "$O/ab.jsonl" "$@" >>"$O/ab.log" 2>&1
+  echo "causal=$causal hd$hd s$s $* rc=$?" >>"$O/ab.log"
+}
+tests() {  # test file, cap
+  timeout "$(cap "$2")" python -m pytest -q -x -p no:cacheprovider "$1" >>"$O/tests.log" 2>&1
+  echo "$1 rc=$?" >>"$O/tests.log"
+  tail -n 3 "$O/tests.log"
+}
+SPLIT=(--cfg pers=persistent:true split=persistent:true,split_tail:true)
+GREEDY=(pers=persistent:true greedy=persistent:true,persistent_greedy:true)
+case "$PART" in
+1)
+  tests tests/test_fwd_split_tail_gpu.py 180
+  ab 0 128 4096 12 90 --batch 8 "${SPLIT[@]}"
+  ab 0 128 16384 12 100 --batch 2 --gemm 8192 "${SPLIT[@]}"
+  ab 0 128 8192 12 90 --batch 4 "${SPLIT[@]}"
+  ab 0 128 32768 10 100 --batch 1 "${SPLIT[@]}"
+  ;;
+2)
+  ab 0 128 512 12 80 --batch 2 --seqlen-k 32768 "${SPLIT[@]}"
+  for hd in 256 192 64; do for s in 4096 16384; do ab 0 $hd $s 10 75 --batch $((32768 / s)) "${SPLIT[@]}"; done; done
+  ;;
+3)
+  tests tests/test_persistent_greedy_gpu.py 150
+  for s in 4096 8192 2048 16384; do
+    ab 1 128 $s 10 75 --batch $((32768 / s)) --cfg "${GREEDY[@]}" \
+      greedy_exb=persistent:true,persistent_greedy:true,exp_in_branch:true,causal_split:true
+    ab 1 64 $s 10 60 --batch $((32768 / s)) --cfg "${GREEDY[@]}"
+  done
+  for hd in 256 192; do ab 1 $hd 4096 10 60 --batch 8 --cfg "${GREEDY[@]}"; done
+  ;;
+*) echo "part must be 1, 2 or 3" >&2; exit 2 ;;
+esac
+grep -E "TFLOP|rc=|skipped" "$O/ab.log"
