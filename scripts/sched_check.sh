@@ -4,8 +4,8 @@
 # Part 1: split_tail's GPU tests, then round-robin A/Bs at the paper grid's 32k tokens (non-causal): ours (the default),
 #   pers (persistent=True), split (persistent + split_tail), official FA4 and cuDNN, hd128 at 4k / 16k / 8k / 32k (16k
 #   also times a bf16 8192^3 matmul: the issue-11 "of GEMM" target).
-# Part 2: the same at hd256, (192, 128) and hd64, 4k / 16k, and a decode-like call (hd128, 512 queries over 32k keys,
-#   batch 2: 128 tiles, fewer than the SMs, so every tile is cut).
+# Part 2: two decode-like calls (hd128 over 32k keys, batch 2: 128 queries = 32 tiles, 512 queries = 128 tiles; fewer
+#   tiles than SMs, so every tile is cut), then the same A/B as part 1 at hd256, (192, 128) and hd64, 4k / 16k.
 # Part 3: persistent_greedy's GPU tests, then causal A/Bs at 32k tokens: ours (the default), pers (the round robin),
 #   greedy (persistent + persistent_greedy), official, cuDNN; hd128 also greedy_exb (+ exp_in_branch + causal_split:
 #   the persistent kernel spills with exp_in_branch alone, not with both); hd64 / hd128 at 4k / 8k / 2k / 16k, then
@@ -51,6 +51,7 @@ case "$PART" in
   ab 0 128 32768 10 100 --batch 1 "${SPLIT[@]}"
   ;;
 2)
+  ab 0 128 128 12 60 --batch 2 --seqlen-k 32768 "${SPLIT[@]}"
   ab 0 128 512 12 80 --batch 2 --seqlen-k 32768 "${SPLIT[@]}"
   for hd in 256 192 64; do for s in 4096 16384; do ab 0 $hd $s 10 75 --batch $((32768 / s)) "${SPLIT[@]}"; done; done
   ;;
