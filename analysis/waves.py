@@ -12,7 +12,13 @@ costing its blocks plus ``overhead`` blocks (prologue and epilogue); efficiency 
 order (L2 groups of (head, batch) pairs, m_block descending within a group: scheduler.tile_at): the static round robin
 (``rr``: CTA c takes tiles c, c + G, ...), its snake order (``snake``: odd full rounds reversed, AttnConfig.
 persistent_snake) and list scheduling of that order (``greedy``: what the one-tile grid gets from the hardware, and
-AttnConfig.persistent_greedy's walk, kernels/sm90/greedy_walk.py).
+AttnConfig.persistent_greedy's walk, kernels/sm90/greedy_walk.py). ``pred_*``: each walk's speed over the one-tile
+grid, (walk balance / list-scheduling balance) x (1 + ``overlap`` / the mean blocks per tile): a persistent CTA hides
+about ``overlap`` blocks of each tile's start and end under its neighbours' (``OVERLAP_BLOCKS``, fitted from the
+non-causal A/B: persistent / one tile 1.110 / 1.057 / 1.027 / 1.012 at 8 / 16 / 32 / 64 blocks per tile, hd128, 16k
+tokens; results/h200/session_ab archive of 2026-12-03, fwd128_persistent_*.jsonl). It reproduces the causal
+measurements of that archive (fwd_pers_snake.jsonl, 16k tokens: round robin and snake at hd64 / hd128, 2k-8k) within
+4%, most within 2% (tests/test_waves.py).
 
     python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048] [--causal [--persistent]] [--overhead 1.0]
 """
@@ -26,6 +32,7 @@ from kernels.config import AttnConfig
 from kernels.hardware import get_gpu
 
 HEAD_DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
+OVERLAP_BLOCKS = 0.85  # blocks of a tile's start / end a persistent CTA hides (fit: module docstring)
 SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -57,19 +64,21 @@ def causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 3276
 
 
 def persistent_causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048,
-                          overhead: float = 1.0) -> dict:
+                          overhead: float = 1.0, overlap: float = OVERLAP_BLOCKS, tile_m: int | None = None) -> dict:
     """One causal paper-grid cell's persistent walks (grid min(SMs, tiles)): efficiency = work / (grid x the busiest
-    CTA's work) for the round robin, snake and greedy walks of the kernel's tile order."""
+    CTA's work) for the round robin, snake and greedy walks of the kernel's tile order, and each walk's predicted
+    speed over the one-tile grid (``pred_*``, module docstring). ``tile_m``: another Q tile than the table's."""
     from kernels.sm90.greedy_walk import causal_blocks, causal_tile_order, list_schedule
     from kernels.sm90.scheduler import lpt_group_size
 
     cfg = AttnConfig().resolve("sm90", hdim, True)
     batch, heads = max(1, tokens // seqlen), max(1, hidden // hdim)
-    m_blocks = math.ceil(seqlen / cfg.tile_m)
+    tm = tile_m or cfg.tile_m
+    m_blocks = math.ceil(seqlen / tm)
     pairs = heads * batch
     hb_group = lpt_group_size(heads, batch, seqlen, hdim, hdim_v, 2)
-    costs = [causal_blocks(m, cfg.tile_m, cfg.tile_n, seqlen, seqlen) + overhead
-             for m, _ in causal_tile_order(m_blocks, pairs, hb_group)]
+    blocks = [causal_blocks(m, tm, cfg.tile_n, seqlen, seqlen) for m, _ in causal_tile_order(m_blocks, pairs, hb_group)]
+    costs = [b + overhead for b in blocks]
     n, g = len(costs), min(sms, len(costs))
     work = sum(costs)
 
@@ -79,8 +88,12 @@ def persistent_causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens:
     rr = [list(range(c, n, g)) for c in range(g)]
     snake = [[k * g + (g - 1 - c if k % 2 == 1 and (k + 1) * g <= n else c) for k in range(len(rr[c]))]
              for c in range(g)]
-    return dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, batch=batch, heads=heads, tile_m=cfg.tile_m, tiles=n,
-                hb_group=hb_group, rr=eff(rr), snake=eff(snake), greedy=eff(list_schedule(costs, g)))
+    row = dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, batch=batch, heads=heads, tile_m=tm, tiles=n,
+               hb_group=hb_group, rr=eff(rr), snake=eff(snake), greedy=eff(list_schedule(costs, g)))
+    gain = 1.0 + overlap * n / sum(blocks)
+    for w in ("rr", "snake", "greedy"):
+        row["pred_" + w] = round(row[w] / row["greedy"] * gain, 3)
+    return row
 
 
 def table(gpu: str = "h200", tokens: int = 32768, hidden: int = 2048, causal: bool = False,
@@ -107,7 +120,8 @@ def main(argv=None) -> int:
     rows = table(a.gpu, a.tokens, a.hidden, a.causal, a.overhead, a.persistent)
     cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "rounds", "tail_tiles", "efficiency", "idle_share")
     if a.persistent:
-        cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "hb_group", "rr", "snake", "greedy")
+        cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "hb_group", "rr", "snake", "greedy", "pred_rr",
+                "pred_snake", "pred_greedy")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

@@ -42,3 +42,42 @@ def test_persistent_causal_walks_match_what_was_measured():
         assert min(r64["greedy"], r128["greedy"]) > 0.99
     r = persistent_causal_row(132, 256, 256, 8192)
     assert r["rr"] < 0.8 < 0.99 < r["greedy"]
+
+
+def _archived_rows(archive: str, member: str) -> list[dict]:
+    import json
+    import tarfile
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "results" / "h200" / "session_ab" / archive
+    with tarfile.open(path, "r:xz") as tar:
+        return [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+
+
+def test_persistent_model_reproduces_the_measured_causal_walks():
+    """The H200 rows of 2026-12-03 (16k tokens, causal, 12 rounds round-robin; pers_base = the round robin, pers =
+    snake order, both against the one-tile kernel `ours`): analysis.waves' pred_rr / pred_snake within 4% at 2k-8k,
+    and the order of the two walks right in every cell."""
+    from analysis.waves import persistent_causal_row
+
+    rows = _archived_rows("archive_2026-12-03.tar.xz", "fwd_pers_snake.jsonl")
+    measured = {(r["hdim"], r["seqlen"], r["backend"]): r["speed_vs_ours"] for r in rows}
+    for hd in (64, 128):
+        for s in (2048, 4096, 8192):
+            p = persistent_causal_row(132, hd, hd, s, tokens=16384)
+            rr, snake = measured[(hd, s, "pers_base")], measured[(hd, s, "pers")]
+            assert abs(p["pred_rr"] / rr - 1) < 0.04 and abs(p["pred_snake"] / snake - 1) < 0.04, (hd, s, p, rr, snake)
+            assert (p["pred_snake"] > p["pred_rr"]) == (snake > rr)
+
+
+def test_overlap_blocks_fits_the_noncausal_persistent_rows():
+    """OVERLAP_BLOCKS against the non-causal A/B it was fitted to: persistent / one tile = 1 + overlap / blocks per
+    tile within 1.5% at 1k-16k (hd128, 16k tokens; every tile the same, so no balance term)."""
+    from analysis.waves import OVERLAP_BLOCKS
+
+    rows = (_archived_rows("archive_2026-12-03.tar.xz", "fwd128_persistent_1k16k.jsonl")
+            + _archived_rows("archive_2026-12-03.tar.xz", "fwd128_persistent_2k8k.jsonl"))
+    got = {r["seqlen"]: r["speed_vs_ours"] for r in rows if r["backend"] == "pers"}
+    assert sorted(got) == [1024, 2048, 4096, 8192, 16384]
+    for s, speed in got.items():
+        assert abs((1 + OVERLAP_BLOCKS / (s / 128)) / speed - 1) < 0.015, (s, speed)
