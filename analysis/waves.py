@@ -3,7 +3,8 @@
 A non-causal forward runs T tiles of equal cost, one CTA per SM at a time (ours persistent or not, official FA4's
 one tile per CTA alike: both hold one CTA per SM at every head dim), so it takes ceil(T / G) rounds on G SMs while
 the work is T / G rounds: the efficiency is T / (G ceil(T / G)), and the rest is what ``AttnConfig.split_tail``
-(kernels/sm90/fwd_tail.py) can win at most, before its own cost (each piece's Q load and fp32 store, the merge kernel).
+(kernels/sm90/fwd_tail.py) can win at most, before its own cost (each piece's Q load and fp32 store, the merge kernel;
+``pred_split`` charges each CTA ``PIECE_OVERHEAD_BLOCKS`` for its pieces, a guess, and nothing for the merge).
 A model, not a measurement: it assumes equal tile times and ignores launch and epilogue costs (analysis/roofline.py
 spreads the tiles evenly over the SMs instead). Causal rows (``--causal``): tiles of 1 .. N K/V blocks handed out
 longest first to whichever SM frees up first (the hardware's block scheduler on the one-tile-per-CTA grid), each tile
@@ -33,18 +34,27 @@ from kernels.hardware import get_gpu
 
 HEAD_DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
 OVERLAP_BLOCKS = 0.85  # blocks of a tile's start / end a persistent CTA hides (fit: module docstring)
+# a split-tail piece's own cost beyond its blocks (its Q load and first QK^T, the fp32 O store), in blocks: a guess
+PIECE_OVERHEAD_BLOCKS = 2.0
 SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
-def wave_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048) -> dict:
-    """One paper-grid cell (batch = tokens / seqlen, heads = hidden / hdim, the sm90 default forward tile)."""
+def wave_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048,
+             piece_overhead: float = PIECE_OVERHEAD_BLOCKS) -> dict:
+    """One paper-grid cell (batch = tokens / seqlen, heads = hidden / hdim, the sm90 default forward tile).
+    ``pred_split``: the split tail's predicted speed over the persistent kernel, (full rounds + a tail round) against
+    (full rounds + the CTA's share of the tail's blocks + ``piece_overhead`` blocks), in K/V blocks."""
     cfg = AttnConfig().resolve("sm90", hdim, False)
     batch, heads = max(1, tokens // seqlen), max(1, hidden // hdim)
     tiles = math.ceil(seqlen / cfg.tile_m) * heads * batch
     rounds = math.ceil(tiles / sms)
     eff = tiles / (sms * rounds)
+    n_blocks = math.ceil(seqlen / cfg.tile_n)
+    tail = tiles % sms
+    split = (tiles // sms) * n_blocks + (tail * n_blocks / sms + piece_overhead if tail else 0)
     return dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, batch=batch, heads=heads, tile_m=cfg.tile_m, tiles=tiles,
-                rounds=rounds, tail_tiles=tiles % sms, efficiency=round(eff, 4), idle_share=round(1 - eff, 4))
+                rounds=rounds, tail_tiles=tail, efficiency=round(eff, 4), idle_share=round(1 - eff, 4),
+                pred_split=round(rounds * n_blocks / split, 3))
 
 
 def causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048,
@@ -119,6 +129,8 @@ def main(argv=None) -> int:
         ap.error("--persistent models the causal walks: pass --causal too")
     rows = table(a.gpu, a.tokens, a.hidden, a.causal, a.overhead, a.persistent)
     cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "rounds", "tail_tiles", "efficiency", "idle_share")
+    if not a.causal:
+        cols += ("pred_split",)
     if a.persistent:
         cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "hb_group", "rr", "snake", "greedy", "pred_rr",
                 "pred_snake", "pred_greedy")

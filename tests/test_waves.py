@@ -81,3 +81,10 @@ def test_overlap_blocks_fits_the_noncausal_persistent_rows():
     assert sorted(got) == [1024, 2048, 4096, 8192, 16384]
     for s, speed in got.items():
         assert abs((1 + OVERLAP_BLOCKS / (s / 128)) / speed - 1) < 0.015, (s, speed)
+
+
+def test_split_tail_prediction_stays_under_the_idle_share():
+    r = wave_row(132, 128, 128, 8192)
+    assert 1.0 < r["pred_split"] < 1 / r["efficiency"]  # the piece overhead costs part of the tail round
+    assert wave_row(128, 128, 128, 8192)["pred_split"] == 1.0  # whole rounds: nothing to split
+    assert wave_row(132, 128, 128, 8192, piece_overhead=0.0)["pred_split"] > r["pred_split"]
