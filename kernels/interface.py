@@ -22,7 +22,6 @@ kernel (``forward_config`` drops the field, so the key is the plain one).
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -85,9 +84,10 @@ def split_tail_launch(cfg: AttnConfig, excluded: bool, sms: int, tiles: int, n_b
     """(config, grid) of a call with ``cfg.split_tail`` True: the split tail on a grid of one CTA per SM where it
     applies -- not ``excluded`` (causal, a window, or not persistent), a partial round to cut (tiles mod SMs > 0;
     fewer tiles than SMs count: every tile is then cut, so a short query over a long K/V fills the GPU), at least 2
-    K/V blocks per tile; else split_tail=None (the plain kernel and its key) on the persistent grid (persistent_grid).
-    Memoised."""
-    if excluded or tiles % sms == 0 or n_blocks < 2:
+    K/V blocks per tile, and the tail's blocks times the grid within int32 (the kernels' schedule arithmetic:
+    fwd_tail.tail_range); else split_tail=None (the plain kernel and its key) on the persistent grid
+    (persistent_grid). Memoised."""
+    if excluded or tiles % sms == 0 or n_blocks < 2 or ((tiles % sms) * n_blocks + 1) * sms >= 2 ** 31:
         return dataclasses.replace(cfg, split_tail=None), max(1, min(sms, tiles))
     return cfg, sms
 
@@ -191,26 +191,21 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     return out, lse
 
 
-_WALK_TABLES: collections.OrderedDict = collections.OrderedDict()
-_WALK_TABLES_MAX = 64
+_WALK_TABLES: dict = {}
 
 
 def _greedy_walk_table(dev, m_blocks: int, pairs: int, hb_group: int, tile_m: int, tile_n: int, s_q: int, s_k: int,
                        grid: int, window_left: int):
     """persistent_greedy's int32 walk table on ``dev`` (kernels/sm90/greedy_walk.py), built once per shape and
-    device and kept (the last 64): a later call of the shape only looks it up."""
+    device and kept for the process's life (4 bytes per tile, plus padding): a kernel still running on another
+    stream, or a captured CUDA graph, may read it at any later time, so it is never freed."""
     key = (str(dev), m_blocks, pairs, hb_group, tile_m, tile_n, s_q, s_k, grid, window_left)
     table = _WALK_TABLES.get(key)
     if table is None:
         from .sm90.greedy_walk import greedy_walks, walk_table
 
         rows = walk_table(greedy_walks(m_blocks, pairs, hb_group, tile_m, tile_n, s_q, s_k, grid, window_left))
-        table = torch.tensor(rows, dtype=torch.int32).to(dev)
-        _WALK_TABLES[key] = table
-        if len(_WALK_TABLES) > _WALK_TABLES_MAX:
-            _WALK_TABLES.popitem(last=False)
-    else:
-        _WALK_TABLES.move_to_end(key)
+        table = _WALK_TABLES[key] = torch.tensor(rows, dtype=torch.int32).to(dev)
     return table
 
 

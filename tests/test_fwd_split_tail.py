@@ -43,6 +43,11 @@ def test_split_tail_per_call_rule():
                                            (True, 16, 256, 16), (False, 16, 1, 16)):
         c, grid = split_tail_launch(cfg, excluded, 132, tiles, nb)
         assert c.split_tail is None and grid == want_grid
+    # the kernels' schedule products stay within int32: a tail of 4 tiles x 2^22 blocks (2^29 keys) on 132 SMs would
+    # overflow them, so it runs the plain kernel
+    c, grid = split_tail_launch(cfg, False, 132, 4, 2 ** 22)
+    assert c.split_tail is None and grid == 4
+    assert split_tail_launch(cfg, False, 132, 4, 2 ** 20)[0].split_tail
     assert "split_tail" not in AttnConfig().to_dict()
     with pytest.raises(Exception, match="split_tail"):
         AttnConfig(split_tail=True).resolve("sm100", 128, False)

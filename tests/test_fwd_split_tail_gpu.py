@@ -86,3 +86,21 @@ def test_split_tail_full_rounds_bitwise(case, sms, monkeypatch):
     diff = (o0[tail].float() - o1[tail].float()).abs().max().item()
     assert diff <= 2 ** -6 * o0[tail].float().abs().max().item() + 1e-3  # one more rounding than the plain kernel
     assert (l0[~full] - l1[~full]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("variant", [dict(dtype="float16"), dict(cap=30.0), dict(pingpong=False),
+                                     dict(intra_wg_overlap=False)], ids=["fp16", "softcap", "no_pingpong", "no_overlap"])
+def test_split_tail_with_the_other_switches(variant, monkeypatch):
+    """The split tail under fp16, a softcap, pingpong off and the serial main loop (intra_wg_overlap=False): the
+    reference check with the SM count at 5 (pieces span two tiles) and as is."""
+    import kernels.interface as itf
+
+    kw = dict(variant)
+    dtype = torch.float16 if kw.pop("dtype", None) == "float16" else torch.bfloat16
+    cap = kw.pop("cap", 0.0)
+    for sms in (5, None):
+        if sms is not None:
+            monkeypatch.setattr(itf, "_sm_count", lambda index: sms)
+        else:
+            monkeypatch.undo()
+        _run(dict(persistent=True, split_tail=True, **kw), 2, 1000, 1000, 9, 9, 128, 128, False, cap=cap, dtype=dtype)
