@@ -1293,9 +1293,7 @@ class FlashFwdSm90:
         """split_tail: a tail piece's O (normalised by the piece's row sums, fp32, from the accumulator registers) and
         LSE into workspace slot ``slot`` (mOacc (tile_m, dv, slots), mLSEacc (tile_m, slots)); every row, the combine
         skips those past seqlen_q."""
-        tOgO = thr_mma_pv.partition_C(mOacc[None, None, slot])
-        for i in cutlass.range(cute.size(acc_O), unroll_full=True):
-            tOgO[i] = acc_O[i]
+        cute.autovec_copy(acc_O, thr_mma_pv.partition_C(mOacc[None, None, slot]))  # adjacent column pairs: 64-bit
         tOcO = acc_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))
         if tOcO[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
