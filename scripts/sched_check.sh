@@ -10,11 +10,13 @@
 #   greedy (persistent + persistent_greedy), official, cuDNN; hd128 also greedy_exb (+ exp_in_branch + causal_split:
 #   the persistent kernel spills with exp_in_branch alone, not with both); hd64 / hd128 at 4k / 8k / 2k / 16k, then
 #   hd256 and (192, 128) at 4k (analysis.waves --causal --persistent: the model's round robin / greedy balance).
+# Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
+#   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -64,6 +66,13 @@ case "$PART" in
   done
   for hd in 256 192; do ab 1 $hd 4096 10 60 --batch 8 --cfg "${GREEDY[@]}"; done
   ;;
-*) echo "part must be 1, 2 or 3" >&2; exit 2 ;;
+4)
+  timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
+    >>"$O/probe.log" 2>&1
+  echo "probe rc=$?" >>"$O/probe.log"
+  cat "$O/probe.log"
+  exit 0
+  ;;
+*) echo "part must be 1, 2, 3 or 4" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -85,3 +87,33 @@ def test_sched_check_script_parses():
     import subprocess
 
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "sched_check.sh")]).returncode == 0
+
+
+@pytest.mark.compile
+def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
+    """scripts/fwd_probe.py: each probe's copy of the hd64 forward lacks its piece in the SASS (no_rowsum: the row
+    sums' FADDs, no_maxshfl: the quad shuffles, no_exp: every MUFU.EX2), and the patches are undone after it."""
+    import collections
+
+    import fwd_probe
+    from kernels import AttnConfig
+    from kernels.sm90 import softmax
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, kernel_sass, opcode_counts, steady_state_loops
+
+    before = (softmax._row_sum, softmax.exp2_mufu, softmax.quad_allreduce_max)
+    mixes = {}
+    for probe in (None,) + fwd_probe.PROBES:
+        kern = make_fwd_kernel(AttnConfig(persistent=False).resolve("sm90", 64, False), "bfloat16", 64, 64, False)
+        with fwd_probe.patched(fwd_probe._probe_patches(probe) if probe else []):
+            sass = kernel_sass(kern, str(tmp_path / str(probe)))
+        if sass is None:
+            pytest.skip("nvdisasm not installed")
+        loops = steady_state_loops(sass)
+        mixes[probe] = (collections.Counter(o.split(".")[0] for o, _ in loops[0]) if loops else None,
+                        count(opcode_counts(sass), "MUFU.EX2"))
+    assert (softmax._row_sum, softmax.exp2_mufu, softmax.quad_allreduce_max) == before
+    base, _ = mixes[None]
+    assert mixes["no_rowsum"][0]["FADD"] < base["FADD"] - 40
+    assert mixes["no_maxshfl"][0]["SHFL"] < base["SHFL"]
+    assert mixes["no_exp"][1] == 0 and mixes[None][1] > 0

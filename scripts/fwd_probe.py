@@ -1,0 +1,132 @@
+"""What a piece of the forward's softmax costs: the default kernel against copies compiled without that piece
+(outputs wrong by design), timed round-robin on one GPU in one process.
+
+``python scripts/fwd_probe.py [--hdims 64 128] [--seqlens 8192] [--causal 0] [--repeats 12] [--probes ...]
+[--out rows.jsonl]``
+
+Each probe patches one function of kernels/sm90/softmax.py while its copy of the kernel is traced (kernels/ itself
+has no switch for it: a probe computes the wrong answer), compiles it apart from the compile cache, and runs it with
+the default kernel's launch arguments (one tile per CTA, paper-grid shape: 32k tokens, hidden 2048, bf16):
+  no_rowsum   a row's sum is its first P value: none of the 31-63 FADDs per row and block
+  no_exp      P = the exponent itself (an FFMA, no MUFU.EX2): the softmax without the MUFU pipe
+  no_maxshfl  the row maxima are not reduced across the quad (2 shuffles + FMNMX per row and block left out)
+The speed of a probe over the default is an upper bound of what a cheaper form of that piece could win (e.g. row sums
+from the tensor core: no_rowsum). The default's output is checked against the fp32 math of torch first; the probes'
+are not (they are wrong). A session script; nothing it prints is a result of the kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def _probe_patches(name: str):
+    """(module, attribute, replacement) triples of a probe (applied while its kernel is traced)."""
+    from kernels.sm90 import softmax
+
+    def first_value(s, r, k):
+        return s[r, 0]
+
+    def exponent_only(x, *, loc=None, ip=None):
+        return x
+
+    def no_shuffle(x):
+        return x
+
+    return {"no_rowsum": [(softmax, "_row_sum", first_value)],
+            "no_exp": [(softmax, "exp2_mufu", exponent_only)],
+            "no_maxshfl": [(softmax, "quad_allreduce_max", no_shuffle)]}[name]
+
+
+PROBES = ("no_rowsum", "no_exp", "no_maxshfl")
+
+
+@contextlib.contextmanager
+def patched(triples):
+    saved = [(m, a, getattr(m, a)) for m, a, _ in triples]
+    try:
+        for m, a, f in triples:
+            setattr(m, a, f)
+        yield
+    finally:
+        for m, a, f in saved:
+            setattr(m, a, f)
+
+
+def compile_variant(hdim: int, causal: bool, probe: str | None):
+    """The default forward for (hdim, causal), one tile per CTA, compiled (with ``probe``'s patches while traced)."""
+    from kernels import AttnConfig
+    from kernels.sm90.compile import compile_fwd, make_fwd_kernel
+
+    cfg = AttnConfig(persistent=False).resolve("sm90", hdim, causal)
+    kern = make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal)
+    with patched(_probe_patches(probe) if probe else []):
+        return compile_fwd(kern)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from bwd_ab import gpu_note, sampled_round_robin
+    from kernels.flops import attention_flops
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[8192])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0])
+    ap.add_argument("--repeats", type=int, default=12)
+    ap.add_argument("--probes", nargs="+", default=list(PROBES), choices=PROBES)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("fwd_probe.py times kernels: it needs a CUDA GPU")
+    for causal in map(bool, a.causal):
+        for hdim in a.hdims:
+            dv = 128 if hdim == 192 else hdim
+            fns_c = {"default": compile_variant(hdim, causal, None)}
+            for p in a.probes:
+                fns_c[p] = compile_variant(hdim, causal, p)
+            for s in a.seqlens:
+                b, h = max(1, 32768 // s), 2048 // hdim
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+                k = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+                v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+                out = torch.empty(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+                lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+                scale = 1.0 / math.sqrt(hdim)
+                fns = {n: (lambda c=c: c(q, k, v, out, lse, scale, 1)) for n, c in fns_c.items()}
+                fns["default"]()
+                ref = torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
+                    is_causal=causal, scale=scale).transpose(1, 2)
+                err = (out.float() - ref).abs().max().item()
+                times, gpu = sampled_round_robin(fns, a.repeats)
+                flops = attention_flops(b, h, s, s, hdim, dv, causal)
+                print(f"hd{hdim} s{s} causal={int(causal)} default max|out - fp32| {err:.2e};"
+                      f"{gpu_note(gpu) or ' GPU not sampled'}", flush=True)
+                base = times["default"]
+                for name, t in times.items():
+                    ratios = sorted(x / y for x, y in zip(base, t))
+                    row = dict(probe=name, hdim=hdim, seqlen=s, batch=b, heads=h, causal=causal,
+                               ms_median=statistics.median(t), tflops=flops / statistics.median(t) / 1e9,
+                               speed_vs_default=statistics.median(ratios), n=len(t), default_err=err, **gpu)
+                    print(f"  {name:11s} {row['ms_median']:7.3f} ms {row['tflops']:6.1f} TFLOP/s "
+                          f"speed/default {row['speed_vs_default']:.3f}", flush=True)
+                    if a.out:
+                        with open(a.out, "a") as f:
+                            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
