@@ -22,6 +22,8 @@ DEADLINE=${DEADLINE:-570}
 START=$SECONDS
 mkdir -p "$O"
 export PYTHONPATH=${PYTHONPATH:-}:$PWD:$PWD/tests CUTE_DSL_ARCH=sm_90a PYTHONUNBUFFERED=1
+# the commit the rows record (the device copy has no usable .git: write it to .gpu/sha before the call)
+export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv >"$O/gpu_part$PART.txt"
 cap() {  # min(cap, seconds left before the deadline minus 10); 0 when none are left
   local left=$((DEADLINE - (SECONDS - START) - 10))
