@@ -10,13 +10,15 @@
 #   greedy (persistent + persistent_greedy), official, cuDNN; hd128 also greedy_exb (+ exp_in_branch + causal_split:
 #   the persistent kernel spills with exp_in_branch alone, not with both); hd64 / hd128 at 4k / 8k / 2k / 16k, then
 #   hd256 and (192, 128) at 4k (analysis.waves --causal --persistent: the model's round robin / greedy balance).
+# Part 5 (session 49): split_tail with the combine's overlapped loads at 4k / 8k and 128-512 queries over 32k keys;
+#   the greedy walk at hd64 / hd128 1k (against the round robin the default ran there) and 32k, hd256 / (192, 128) 2k-16k.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -68,6 +70,23 @@ case "$PART" in
   done
   for hd in 256 192; do ab 1 $hd 4096 10 60 --batch 8 --cfg "${GREEDY[@]}"; done
   ;;
+5)  # session 49: the combine with overlapped loads (split_tail at 4k / 8k and decode-like widths), and the causal
+  # greedy walk at the lengths part 3 left out (1k and 32k at hd64 / hd128; 2k / 8k / 16k at hd256 and (192, 128))
+  ab 0 128 4096 10 60 --batch 8 "${SPLIT[@]}"
+  ab 0 128 8192 10 60 --batch 4 "${SPLIT[@]}"
+  for sq in 128 256 512; do ab 0 128 $sq 10 45 --batch 2 --seqlen-k 32768 "${SPLIT[@]}"; done
+  ab 1 128 1024 10 60 --batch 32 --cfg one=persistent:false rr=persistent:true \
+    greedy_exb=persistent:true,persistent_greedy:true,exp_in_branch:true,causal_split:true
+  ab 1 64 1024 10 60 --batch 32 --cfg one=persistent:false rr=persistent:true \
+    rr128=persistent:true,tile_m:128,consumer_regs:240,producer_regs:24 \
+    greedy128=persistent:true,persistent_greedy:true,tile_m:128,consumer_regs:240,producer_regs:24 \
+    greedy=persistent:true,persistent_greedy:true
+  ab 1 128 32768 8 60 --batch 1 --cfg greedy_exb=persistent:true,persistent_greedy:true,exp_in_branch:true,causal_split:true
+  ab 1 64 32768 8 60 --batch 1 --cfg greedy=persistent:true,persistent_greedy:true
+  for hd in 256 192; do for s in 2048 8192 16384; do
+    ab 1 $hd $s 10 45 --batch $((32768 / s)) --cfg greedy=persistent:true,persistent_greedy:true
+  done; done
+  ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
     >>"$O/probe.log" 2>&1
@@ -75,6 +94,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1, 2, 3 or 4" >&2; exit 2 ;;
+*) echo "part must be 1, 2, 3, 4 or 5" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

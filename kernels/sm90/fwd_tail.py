@@ -120,22 +120,26 @@ class TailCombine:
             total = n_tail * n_blocks
             c_lo = cutlass.max(i * n_blocks * num_ctas // total - 1, 0)
             c_hi = cutlass.min(((i + 1) * n_blocks + 1) * num_ctas // total + 1, num_ctas)
+            # every (c, slot) lies in the workspace (2 slots per CTA), so the loads are unconditional and the
+            # unrolled iterations' loads overlap (one L2 round trip per iteration serialised ~30 us at 33 pieces)
             m = -Float32.inf
-            for c in cutlass.range(c_lo, c_hi, unroll=1):
+            for c in cutlass.range(c_lo, c_hi, unroll=8):
                 has, slot = piece_of(c, i, n_tail, n_blocks, num_ctas)
+                lse_c = mLSEacc[r, slot]
                 if has:
-                    m = cutlass.max(m, mLSEacc[r, slot])
+                    m = cutlass.max(m, lse_c)
             wsum = Float32(0.0)
             acc = cute.make_rmem_tensor((4,), Float32)
             acc.fill(0.0)
             m_log2 = m * Float32(LOG2_E)
-            for c in cutlass.range(c_lo, c_hi, unroll=1):
+            for c in cutlass.range(c_lo, c_hi, unroll=8):
                 has, slot = piece_of(c, i, n_tail, n_blocks, num_ctas)
+                lse_c = mLSEacc[r, slot]
+                part = cute.make_rmem_tensor((4,), Float32)
+                cute.autovec_copy(cute.local_tile(mOacc[r, None, slot], (4,), (tidx % self.tpr,)), part)
                 if has:
-                    w = cute.math.exp2(mLSEacc[r, slot] * Float32(LOG2_E) - m_log2, fastmath=True)
+                    w = cute.math.exp2(lse_c * Float32(LOG2_E) - m_log2, fastmath=True)
                     wsum = wsum + w
-                    part = cute.make_rmem_tensor((4,), Float32)
-                    cute.autovec_copy(cute.local_tile(mOacc[r, None, slot], (4,), (tidx % self.tpr,)), part)
                     for j in cutlass.range_constexpr(4):
                         acc[j] = acc[j] + w * part[j]
             inv = Float32(1.0) / wsum
