@@ -87,9 +87,12 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # fwd_pers_default16k.jsonl; 16k tokens, 12-16 rounds, outputs bitwise): hd128 <= 1k, plain round robin, 1.091-1.095x
     # the one-tile kernel (2k 1.001, 4k / 8k 0.93 / 0.89: one tile); hd64 1025-4096 with the table's 192-row tiles in
     # snake order (persistent_snake), 1.073-1.074 / 1.042-1.044x at 2k / 4k (8k 0.999: one tile). hd 192 / 256
-    # measured 1.00 at 4k / 16k (hd256), so they stay opt-in (AttnConfig(persistent=True)).
+    # measured 1.00 at 4k / 16k (hd256), so they stayed opt-in (AttnConfig(persistent=True)). Since session 49
+    # (2026-12-05, archive_2026-12-05.tar.xz): causal persistent runs the greedy walk (AttnConfig.persistent_greedy,
+    # through persistent_tile), which beats the one-tile kernel at every head dim up to 16k (hd128 32k too), and
+    # hd128 non-causal runs persistent up to 32k with the split tail; the entries give the numbers.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128, persistent_max_seqlen=(1024, 4096), two_cta=False, rescale_before_pv=False,
+                       bwd_tile_m=128, persistent_max_seqlen=(1024, 16384), two_cta=False, rescale_before_pv=False,
                        bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
@@ -100,15 +103,18 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # (rotate + 2 buffers 0.965 / 0.952 / 0.940 / 0.929); causal keeps spt (lpt16 + 2 buffers
                        # 0.79-0.93, spt + 2 buffers within +-0.007 of spt)
                        det=(dict(det_schedule="lpt", bwd_lpt_heads=16, bwd_dq_stages=2), {}),
-                       # causal <= 1k: 128-row tiles (H200 s8k: 1.19x / 1.20x the speed of 64-row tiles), plain round
-                       # robin; 2k-4k: the table's 192-row tiles, snake order (AttnConfig.persistent_snake)
-                       persistent_tile=(None, ((1024, dict(tile_m=128, consumer_regs=240, producer_regs=24)),
-                                               (4096, dict(persistent_snake=True))))),
+                       # causal <= 1k: 128-row tiles (H200 s8k: 1.19x / 1.20x the speed of 64-row tiles); 1025-16k:
+                       # the table's 192-row tiles; both on the greedy walk (AttnConfig.persistent_greedy; session 49,
+                       # archive_2026-12-05: 1.007x the 128-row round robin at 1k, 1.027 / 1.021x the snake default at
+                       # 2k / 4k, 1.030 / 1.015x the one-tile kernel at 8k / 16k; 32k 1.003 [0.997, 1.008]: one tile)
+                       persistent_tile=(None, ((1024, dict(tile_m=128, consumer_regs=240, producer_regs=24,
+                                                           persistent_greedy=True)),
+                                               (16384, dict(persistent_greedy=True))))),
     # hd128 bwd_tile_m=80 (dQ^T per warpgroup): H200 2026-11-30, 16k tokens, same process, 10 rounds, speed vs 64-row
     # tiles: 1k 1.042 / 1.010 (non-causal / causal), 8k 1.075 / 1.063. two_cta, softcap and varlen have no 80-row
     # kernel: AttnConfig.resolve gives two_cta=True 64 rows, the backward runs softcap / varlen calls with 64 rows.
     ("sm90", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=80, persistent_max_seqlen=(16384, 1024), two_cta=False, rescale_before_pv=False,
+                        bwd_tile_m=80, persistent_max_seqlen=(32768, 32768), two_cta=False, rescale_before_pv=False,
                         bwd_lpt_heads=(0, 4), exp_in_branch=(False, True), bwd_diag_align=(False, True),
                         p_cvt_asm=(True, False), bwd_det_two_writers=(True, True), pv_wait_mid=(True, False),
                         # H200 (session_ab/bwd_pdl_8k_32k.jsonl, archived bwd_pdl_dqrel.jsonl): 1.004-1.014 at 8k
@@ -121,7 +127,17 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # 16k / 32k: non-causal 1.003 / 1.005 / 1.007 / 1.003, causal 1.003 / 1.004 / 1.006 / 1.007
                         # (p20 > 1 in 7 of 8; session_ab/fwd128_qrs_32ktok.jsonl); 16k tokens 1.002-1.007
                         # (fwd128_192_qrs.jsonl). (192, 128): 0.992-1.001, off.
-                        q_in_regs=(True, True)),
+                        q_in_regs=(True, True),
+                        # non-causal: the persistent kernel's partial last round cut over every SM where
+                        # kernels.interface.split_tail_pays (AttnConfig.split_tail). H200 session 49 (archive_2026-12-05,
+                        # sched_split_*.jsonl), 32k tokens, 10-12 rounds, speed vs the default of then: 1.011-1.013 /
+                        # 1.018 / 1.026 at 8k / 16k / 32k (4k: 0.991-0.998, left out by the rule), 2.25 / 1.50 at
+                        # 128 / 256 queries over 32k keys (512: 0.943-0.947, left out)
+                        split_tail=(True, False),
+                        # causal: persistent at every length on the greedy walk with exp_in_branch (spill-free with
+                        # causal_split there). Session 49, speed vs the default of then (the round robin at 1k, one
+                        # tile from 2k): 1.014 / 1.108 / 1.043 / 1.028 / 1.020 / 1.008 at 1k / 2k / 4k / 8k / 16k / 32k
+                        persistent_tile=(None, dict(persistent_greedy=True, exp_in_branch=True, causal_split=True))),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -132,9 +148,12 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # mask-free loop (session_ab/fwd192_ncu.txt); H200, one process, 12 rounds (session_ab/fwd192c_variants.jsonl):
     # 1.032 / 1.037 / 1.039x the kernel with it at 4k / 8k / 16k (paper grid: ours / official 1.02-1.03).
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False,
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 16384), two_cta=False, rescale_before_pv=False,
                         causal_split=(False, True), p_cvt_asm=(True, False), pv_wait_mid=(False, True),
-                        bwd_det_two_writers=(True, True)),
+                        bwd_det_two_writers=(True, True),
+                        # causal <= 16k: persistent on the greedy walk. Session 49 (archive_2026-12-05), speed vs one
+                        # tile per CTA: 1.030 / 1.019 / 1.007 / 1.002 at 2k / 4k / 8k / 16k (the round robin 0.819 at 4k)
+                        persistent_tile=(None, dict(persistent_greedy=True))),
     # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10
     # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
     # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
@@ -147,8 +166,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # 1k-16k, 1.04-1.10x the 64-row pairs' deterministic kernel. backward_config picks it for every 2-CTA call but
     # bwd_rotate_q.
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 0), two_cta=True, rescale_before_pv=False,
-                        p_cvt_asm=(True, True), bwd_two_cta_n80=True),
+                        bwd_tile_m=64, persistent_max_seqlen=(0, 16384), two_cta=True, rescale_before_pv=False,
+                        p_cvt_asm=(True, True), bwd_two_cta_n80=True,
+                        # causal <= 16k: persistent on the greedy walk. Session 49 (archive_2026-12-05), speed vs one
+                        # tile per CTA: 1.024 / 1.018 / 1.008 / 1.007 at 2k / 4k / 8k / 16k (the round robin 0.768 at 4k)
+                        persistent_tile=(None, dict(persistent_greedy=True))),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
     ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
     ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
@@ -877,7 +899,8 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     """A resolved config made persistent by the sequence length (``cfg.persistent`` None): DEFAULTS' persistent_tile
     for (arch, hdim, causal) and ``seqlen_q`` in place of the resolved fields it names, when ``cfg`` holds the table's
     tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
-    resolved config); and without DEFAULTS' exp_in_branch, as resolve() leaves it out for persistent=True."""
+    resolved config); and without DEFAULTS' exp_in_branch, as resolve() leaves it out for persistent=True (unless the
+    entry names it). An entry's fields other than the tile's fill only fields the config left None."""
     arch = normalize_arch(arch)
     if cfg.persistent is not None:
         return cfg
@@ -894,7 +917,10 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     table = table_defaults(arch, hdim, causal)
     if any(getattr(cfg, k) != table[k] for k in PERSISTENT_TILE_FIELDS):
         return cfg
-    return dataclasses.replace(cfg, **tile)
+    # the tile fields replace the table's; the others (persistent_greedy, exp_in_branch, ...) fill only what the
+    # config left None, so a switch the caller turned off stays off
+    return dataclasses.replace(cfg, **{k: v for k, v in tile.items()
+                                       if k in PERSISTENT_TILE_FIELDS or getattr(cfg, k) is None})
 
 
 # head dims (hdim, hdim_v) whose sm90 backward has a 2-CTA kernel (kernels/sm90/bwd.py, bwd_wide_two_cta.py)

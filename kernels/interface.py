@@ -79,15 +79,26 @@ def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, grou
     return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 
 
+def split_tail_pays(sms: int, tail: int, n_blocks: int) -> bool:
+    """Whether cutting a partial round of ``tail`` tiles (of ``n_blocks`` K/V blocks each) over ``sms`` CTAs can pay
+    for the pieces and their merge. Not with more than half the CTAs busy in that round (512 queries over 32k keys,
+    128 tiles on 132 SMs: 0.943-0.947x the plain kernel), nor under 1.5 K/V blocks per CTA (hd128 4k on the paper
+    grid, 4 tiles x 32 blocks: 0.991-0.998x; 8k, 4 x 64 blocks: 1.011-1.013x). H200, session_ab/sched_split_*.jsonl
+    in archive_2026-12-05. The GPU tests patch it to True to exercise the split at any shape."""
+    return 2 * tail <= sms and 2 * tail * n_blocks >= 3 * sms
+
+
 @functools.lru_cache(maxsize=1024)
 def split_tail_launch(cfg: AttnConfig, excluded: bool, sms: int, tiles: int, n_blocks: int) -> tuple[AttnConfig, int]:
     """(config, grid) of a call with ``cfg.split_tail`` True: the split tail on a grid of one CTA per SM where it
     applies -- not ``excluded`` (causal, a window, or not persistent), a partial round to cut (tiles mod SMs > 0;
     fewer tiles than SMs count: every tile is then cut, so a short query over a long K/V fills the GPU), at least 2
-    K/V blocks per tile, and the tail's blocks times the grid within int32 (the kernels' schedule arithmetic:
-    fwd_tail.tail_range); else split_tail=None (the plain kernel and its key) on the persistent grid
-    (persistent_grid). Memoised."""
-    if excluded or tiles % sms == 0 or n_blocks < 2 or ((tiles % sms) * n_blocks + 1) * sms >= 2 ** 31:
+    K/V blocks per tile, the tail's blocks times the grid within int32 (the kernels' schedule arithmetic:
+    fwd_tail.tail_range), and ``split_tail_pays``; else split_tail=None (the plain kernel and its key) on the
+    persistent grid (persistent_grid). Memoised (``cache_clear()`` after patching split_tail_pays)."""
+    tail = tiles % sms
+    if (excluded or tail == 0 or n_blocks < 2 or (tail * n_blocks + 1) * sms >= 2 ** 31
+            or not split_tail_pays(sms, tail, n_blocks)):
         return dataclasses.replace(cfg, split_tail=None), max(1, min(sms, tiles))
     return cfg, sms
 

@@ -12,13 +12,14 @@
 #   hd256 and (192, 128) at 4k (analysis.waves --causal --persistent: the model's round robin / greedy balance).
 # Part 5 (session 49): split_tail with the combine's overlapped loads at 4k / 8k and 128-512 queries over 32k keys;
 #   the greedy walk at hd64 / hd128 1k (against the round robin the default ran there) and 32k, hd256 / (192, 128) 2k-16k.
+# Part 6 (session 49): after the defaults changed, the forward GPU tests, then the default against one tile per CTA.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -87,6 +88,16 @@ case "$PART" in
     ab 1 $hd $s 10 45 --batch $((32768 / s)) --cfg greedy=persistent:true,persistent_greedy:true
   done; done
   ;;
+6)  # session 49, after the defaults changed (greedy walk for causal persistent, split tail at hd128 non-causal): the
+  # forward GPU tests the new defaults run through, then the default against one tile per CTA where part 5 left a
+  # gap (hd256 / (192, 128) causal 1k) and at two cells with the peers
+  for t in test_persistent_gpu test_fwd_split_tail_gpu test_fwd_gpu test_window_softcap_gpu test_gqa_gpu test_ops_gpu; do
+    tests "tests/$t.py" 120
+  done
+  for hd in 256 192; do ab 1 $hd 1024 10 40 --batch 32 --cfg one=persistent:false; done
+  ab 0 128 16384 10 50 --batch 2 --cfg one=persistent:false
+  ab 1 64 2048 10 40 --batch 16 --cfg one=persistent:false snake=persistent:true,persistent_snake:true
+  ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
     >>"$O/probe.log" 2>&1
@@ -94,6 +105,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1, 2, 3, 4 or 5" >&2; exit 2 ;;
+*) echo "part must be 1-6" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

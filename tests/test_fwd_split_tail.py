@@ -34,13 +34,20 @@ def test_schedule_covers_each_tail_block_once(n_tail, n_blocks, ctas):
 def test_split_tail_per_call_rule():
     from kernels.interface import split_tail_launch
 
+    from kernels.interface import split_tail_pays
+
     cfg = AttnConfig(split_tail=True, persistent=True).resolve("sm90", 128, False)
-    c, grid = split_tail_launch(cfg, False, 132, 4096, 32)  # paper grid hd128: 4 tiles past 31 rounds
+    c, grid = split_tail_launch(cfg, False, 132, 4096, 64)  # paper grid hd128 8k: 4 tiles past 31 rounds
     assert c.split_tail and grid == 132
     c, grid = split_tail_launch(cfg, False, 132, 16, 256)  # fewer tiles than SMs: every tile cut, one CTA per SM
     assert c.split_tail and grid == 132
-    for excluded, tiles, nb, want_grid in ((True, 4096, 32, 132), (False, 3960, 32, 132), (False, 4096, 1, 132),
-                                           (True, 16, 256, 16), (False, 16, 1, 16)):
+    # the policy (split_tail_pays): not at 4 tiles x 32 blocks (hd128 4k: under 1.5 blocks per CTA), nor with more
+    # than half the CTAs busy (128 tiles on 132 SMs); 64 of 132 still cut
+    assert not split_tail_pays(132, 4, 32) and split_tail_pays(132, 4, 50) and not split_tail_pays(132, 4, 49)
+    assert not split_tail_pays(132, 128, 256) and split_tail_pays(132, 66, 256) and not split_tail_pays(132, 67, 256)
+    for excluded, tiles, nb, want_grid in ((True, 4096, 64, 132), (False, 3960, 64, 132), (False, 4096, 1, 132),
+                                           (True, 16, 256, 16), (False, 16, 1, 16), (False, 4096, 32, 132),
+                                           (False, 128, 256, 128)):
         c, grid = split_tail_launch(cfg, excluded, 132, tiles, nb)
         assert c.split_tail is None and grid == want_grid
     # the kernels' schedule products stay within int32: a tail of 4 tiles x 2^22 blocks (2^29 keys) on 132 SMs would

@@ -1,7 +1,8 @@
 """GPU tests of the split tail (AttnConfig(split_tail=True), kernels/sm90/fwd_tail.py): out and lse against the fp64
 reference by test_persistent_gpu's rule, out / lse NaN-poisoned; the tiles of the full rounds bitwise the plain
 persistent kernel's (the split changes only the last partial round's tiles); the SM count patched down
-(``kernels.interface._sm_count``) so that pieces span two tiles and CTAs walk many rounds.
+(``kernels.interface._sm_count``) so that pieces span two tiles and CTAs walk many rounds; split_tail_pays patched to
+True (the split at every shape), except in the test of the default.
 
     python -m pytest -q tests/test_fwd_split_tail_gpu.py
 """
@@ -15,7 +16,23 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
 
+import kernels.interface as _itf  # noqa: E402
+
+_REAL_PAYS = _itf.split_tail_pays
+
 from test_persistent_gpu import _run  # noqa: E402  (reference check, NaN-poisoned out / lse)
+
+
+@pytest.fixture(autouse=True)
+def _split_always_pays(monkeypatch):
+    """These tests check the split's mechanics at small shapes, where kernels.interface.split_tail_pays (the policy:
+    tests/test_fwd_split_tail.py) would run the plain kernel: it answers True here."""
+    import kernels.interface as itf
+
+    monkeypatch.setattr(itf, "split_tail_pays", lambda sms, tail, n_blocks: True)
+    itf.split_tail_launch.cache_clear()
+    yield
+    itf.split_tail_launch.cache_clear()
 
 CASES = [  # b, sq, sk, h, hkv, d, dv
     (2, 1000, 1000, 9, 9, 128, 128),
@@ -104,3 +121,20 @@ def test_split_tail_with_the_other_switches(variant, monkeypatch):
         else:
             monkeypatch.undo()
         _run(dict(persistent=True, split_tail=True, **kw), 2, 1000, 1000, 9, 9, 128, 128, False, cap=cap, dtype=dtype)
+
+
+def test_split_tail_default_at_a_decode_shape(monkeypatch):
+    """hd128 non-causal runs the split tail by default where it pays (DEFAULTS' split_tail with persistent_max_seqlen,
+    kernels.interface.split_tail_pays unpatched): 128 queries over 4096 keys, 8 heads (8 tiles, 32 blocks each) on
+    the GPU's own SM count, against the reference."""
+    import kernels.interface as itf
+    from kernels import AttnConfig
+    from kernels.interface import forward_config, resolve_config
+
+    monkeypatch.setattr(itf, "split_tail_pays", _REAL_PAYS)
+    itf.split_tail_launch.cache_clear()
+    cfg = forward_config(resolve_config(AttnConfig(), 128, False), 128, False, 128)
+    assert cfg.persistent and cfg.split_tail
+    sms = itf._sm_count(0)
+    assert itf.split_tail_launch(cfg, False, sms, 8, 32)[0].split_tail, "the shape must pay on this GPU"
+    _run(dict(), 1, 128, 4096, 8, 8, 128, 128, False)

@@ -58,8 +58,10 @@ def test_per_call_rule_packs_when_the_q_tile_would_be_padding():
     long = forward_config(hd64, 64, True, 512, 4)
     assert long.pack_gqa is None and long.persistent is True
     forced_off = forward_config(AttnConfig(pack_gqa=False).resolve("sm90", 64, True), 64, True, 1, 4)
-    # the plain GQA kernel, persistent at seqlen 1 by the length: DEFAULTS' persistent_tile (128-row tiles at hd64 causal)
-    assert forced_off == dataclasses.replace(hd64, persistent=True, tile_m=128, consumer_regs=240, producer_regs=24)
+    # the plain GQA kernel, persistent at seqlen 1 by the length: DEFAULTS' persistent_tile (128-row tiles at hd64
+    # causal, on the greedy walk)
+    assert forced_off == dataclasses.replace(hd64, persistent=True, tile_m=128, consumer_regs=240, producer_regs=24,
+                                             persistent_greedy=True)
 
 
 def test_refused_with_persistent_or_cluster():

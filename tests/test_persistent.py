@@ -4,6 +4,8 @@ loop around the key-block loops and the O store, no local-memory spills. GPU num
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 
@@ -32,9 +34,9 @@ def test_field_validates_and_stays_out_of_dicts_while_none():
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
-@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 4096), (128, False, 16384),
-                                               (128, True, 1024), (192, False, 0), (192, True, 0), (256, False, 0),
-                                               (256, True, 0)])
+@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 16384), (128, False, 32768),
+                                               (128, True, 32768), (192, False, 0), (192, True, 16384),
+                                               (256, False, 0), (256, True, 16384)])
 def test_default_rule_is_the_table(hdim, causal, bound):
     assert persistent_max_seqlen("sm90", hdim, causal) == bound
     assert persistent_max_seqlen("sm100", hdim, causal) == 0
@@ -55,7 +57,7 @@ def test_forward_config_normalises_the_cache_key():
     base = AttnConfig().resolve("sm90", 64, True)
     on = forward_config(base, 64, True, 1024)
     assert on.persistent is True
-    off = forward_config(base, 64, True, 4097)
+    off = forward_config(base, 64, True, 16385)
     forced_off = forward_config(AttnConfig(persistent=False).resolve("sm90", 64, True), 64, True, 512)
     assert off == forced_off == base  # persistent None: the key (and kernel) of before the field existed
     key = fwd_kernel_key(off, "bfloat16", 64, 64, True)
@@ -67,9 +69,11 @@ def test_forward_config_normalises_the_cache_key():
 
 def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides():
     """DEFAULTS' persistent_tile runs where the sequence length makes a call persistent and the config holds the
-    table's tile_m / register split: sm90 hd64 causal <= 1k 128-row tiles at 240 / 24 registers, 1025-4096 the table's
-    tiles in snake order (persistent_snake); hd128 causal <= 1k without DEFAULTS' exp_in_branch (the persistent
-    kernel spills with it; resolve() leaves it out for persistent=True alike). persistent=True, another tile or a non-causal call keep their own."""
+    table's tile_m / register split: sm90 hd64 causal <= 1k 128-row tiles at 240 / 24 registers, 1025-16k the table's
+    tiles, both on the greedy walk (persistent_greedy); hd128 causal the greedy walk with exp_in_branch and
+    causal_split (exp_in_branch alone spills in the persistent kernel: resolve() leaves it out for persistent=True,
+    and so does a config made persistent with another tile); hd192 / 256 causal the greedy walk. persistent=True,
+    another tile or a non-causal call keep their own."""
     from kernels.config import persistent_tile_for
     from kernels.interface import forward_config
 
@@ -77,35 +81,45 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     assert (base.tile_m, base.consumer_regs, base.producer_regs) == (192, 160, 32)
     short = forward_config(base, 64, True, 1024)
     assert (short.tile_m, short.consumer_regs, short.producer_regs, short.persistent) == (128, 240, 24, True)
-    assert not short.persistent_snake
+    assert short.persistent_greedy and not short.persistent_snake
     mid = forward_config(base, 64, True, 1025)
-    assert (mid.tile_m, mid.persistent, mid.persistent_snake) == (192, True, True)
-    assert forward_config(base, 64, True, 4096).persistent_snake
-    assert forward_config(base, 64, True, 4097) == base  # past the bound: the table's one-tile kernel
+    assert (mid.tile_m, mid.persistent, mid.persistent_greedy) == (192, True, True)
+    assert forward_config(base, 64, True, 16384).persistent_greedy
+    assert forward_config(base, 64, True, 16385) == base  # past the bound: the table's one-tile kernel
     forced = AttnConfig(persistent=True).resolve("sm90", 64, True)
     got = forward_config(forced, 64, True, 1024)
-    assert got.tile_m == 192 and not got.persistent_snake  # forced persistent: the resolved config
+    assert got.tile_m == 192 and not got.persistent_greedy  # forced persistent: the resolved config
     own = AttnConfig(consumer_regs=168, producer_regs=24).resolve("sm90", 64, True)
     assert forward_config(own, 64, True, 1024).tile_m == 192  # a register split of its own: kept
     nc = AttnConfig().resolve("sm90", 64, False)
     assert forward_config(nc, 64, False, 1024).tile_m == 192  # non-causal: no persistent_tile
     c128 = AttnConfig().resolve("sm90", 128, True)
     assert c128.exp_in_branch
-    p128 = forward_config(c128, 128, True, 1024)
-    assert p128.persistent and p128.exp_in_branch is None and p128.tile_m == 128
-    assert p128 == forward_config(AttnConfig(persistent=True).resolve("sm90", 128, True), 128, True, 1024)
-    assert forward_config(c128, 128, True, 1025) == c128
+    for s_q in (1024, 4096, 32768):
+        p128 = forward_config(c128, 128, True, s_q)
+        assert p128.persistent and p128.persistent_greedy and p128.exp_in_branch and p128.causal_split
+        assert p128.tile_m == 128
+    rr128 = forward_config(AttnConfig(persistent=True).resolve("sm90", 128, True), 128, True, 1024)
+    assert rr128.exp_in_branch is None and not rr128.persistent_greedy  # forced: the resolved config, no exp_in_branch
+    assert forward_config(c128, 128, True, 32769) == c128
     own128 = forward_config(AttnConfig(tile_m=64).resolve("sm90", 128, True), 128, True, 1024)
     assert own128.persistent and own128.tile_m == 64 and own128.exp_in_branch is None  # own tile: no exp_in_branch
     kept = forward_config(AttnConfig(exp_in_branch=False).resolve("sm90", 128, True), 128, True, 1024)
     assert kept.persistent and kept.exp_in_branch is False  # a value the config chose stays
+    assert kept.persistent_greedy  # the entry's other fields still fill what the config left None
+    off = forward_config(AttnConfig(persistent_greedy=False).resolve("sm90", 128, True), 128, True, 4096)
+    assert off.persistent and off.persistent_greedy is False  # the greedy walk turned off: the round robin
     for hdim in (192, 256):
-        for causal in (False, True):
-            r = AttnConfig().resolve("sm90", hdim, causal)
-            assert persistent_tile_for(r, "sm90", hdim, causal, 1024) == r
+        r = AttnConfig().resolve("sm90", hdim, False)
+        assert persistent_tile_for(r, "sm90", hdim, False, 1024) == r
+        rc = AttnConfig().resolve("sm90", hdim, True)
+        got = persistent_tile_for(rc, "sm90", hdim, True, 1024)
+        assert got.persistent_greedy and got == dataclasses.replace(rc, persistent_greedy=True)
+        assert not forward_config(rc, hdim, True, 16385).persistent
     assert persistent_tile_for(AttnConfig().resolve("sm90", 128, False), "sm90", 128, False, 1024).persistent is None
-    for hdim in (64,):  # every persistent_tile entry names fields of AttnConfig
+    for hdim in (64, 128, 192, 256):  # every persistent_tile entry names fields of AttnConfig
         rules = DEFAULTS[("sm90", hdim)]["persistent_tile"][1]
+        rules = rules if isinstance(rules, tuple) else ((1 << 30, rules),)
         assert all(hasattr(AttnConfig(), k) for _, fields in rules for k in fields)
 
 
@@ -275,8 +289,9 @@ def test_snake_tile_balances_longest_first_tiles():
 
 
 @pytest.mark.compile
-def test_snake_default_kernel_has_no_spills_and_differs_from_the_plain_walk(tmp_path):
-    """hd64 causal at 2k (the default there: persistent, 192-row tiles, persistent_snake): no local memory, one tile
+def test_snake_kernel_has_no_spills_and_differs_from_the_plain_walk(tmp_path):
+    """hd64 causal at 2k with persistent_snake (the default there until session 49, now the greedy walk; persistent,
+    192-row tiles): no local memory, one tile
     loop around every wgmma and the O store; the snake is in the machine code (its SASS differs from the plain walk's,
     by a handful of integer instructions: same HGMMA count)."""
     pytest.importorskip("cutlass")
@@ -286,7 +301,7 @@ def test_snake_default_kernel_has_no_spills_and_differs_from_the_plain_walk(tmp_
 
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
-    cfg = forward_config(AttnConfig().resolve("sm90", 64, True), 64, True, 2048)
+    cfg = forward_config(AttnConfig(persistent=True, persistent_snake=True).resolve("sm90", 64, True), 64, True, 2048)
     assert cfg.persistent and cfg.persistent_snake and cfg.tile_m == 192
     snake = _sass_or_none(make_fwd_kernel(cfg, "bfloat16", 64, 64, True), str(tmp_path / "snake"))
     plain_cfg = cfg.__class__(**{**cfg.to_dict(), "persistent_snake": None})

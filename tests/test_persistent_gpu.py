@@ -97,11 +97,13 @@ def test_few_ctas_walk_many_tiles(monkeypatch, sms, causal, case):
 def test_default_rule_runs_the_persistent_kernel_at_short_seqlen():
     from kernels.compile_cache import compile_records
 
-    _run({}, 2, 1000, 1000, 4, 4, 64, 64, True)  # hd64 causal <= 1024: persistent, 128-row tiles, round robin
-    _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # 1025-4096: persistent, the table's 192-row tiles, snake order
-    _run({}, 1, 4100, 4100, 2, 2, 64, 64, True)  # past the bound: the one-tile kernel
-    _run({}, 2, 1000, 1000, 4, 4, 128, 128, True)  # hd128 causal <= 1024: persistent without exp_in_branch
+    _run({}, 2, 1000, 1000, 4, 4, 64, 64, True)  # hd64 causal <= 1024: persistent, 128-row tiles, greedy walk
+    _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # 1025-16384: persistent, the table's 192-row tiles, greedy walk
+    _run({}, 1, 16500, 16500, 1, 1, 64, 64, True)  # past the bound: the one-tile kernel
+    _run({}, 2, 1000, 1000, 4, 4, 128, 128, True)  # hd128 causal: greedy walk, exp_in_branch + causal_split
+    _run({}, 2, 1000, 1000, 4, 4, 256, 256, True)  # hd256 / (192, 128) causal <= 16k: greedy walk
+    _run({}, 2, 1000, 1000, 4, 4, 192, 128, True)
     keys = [str(r.key) for r in compile_records() if r.key[0] == "fwd"]  # (which config each call takes:
     assert any("('persistent', True)" in k and "('tile_m', 128)" in k for k in keys)  # test_persistent.py, CPU)
-    assert any("('persistent_snake', True)" in k for k in keys)
+    assert any("('persistent_greedy', True)" in k and "('exp_in_branch', True)" in k for k in keys)
     assert any("persistent" not in k for k in keys)
