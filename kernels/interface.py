@@ -172,7 +172,15 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
         if cfg.split_tail:  # not persistent: dropped (the one-tile kernel and its key)
             cfg, grid = split_tail_launch(cfg, causal or window_left >= 0 or window_right >= 0 or not persistent,
                                           sms, -(-s_q // cfg.tile_m) * h * b, -(-s_k // cfg.tile_n))
-    if cfg.persistent_greedy and not (persistent and causal):  # applies only there: else the plain kernel and its key
+    tile_heads = h // group if cfg.pack_gqa else h  # packed GQA: a tile per K/V head
+    hb_group = _lpt_group(tile_heads, b, s_k, d, d_v, q.element_size(), cfg.lpt_l2_mb) if causal else 1
+    walk_key = None
+    if cfg.persistent_greedy and persistent and causal:
+        walk_key = (str(dev), -(-s_q // cfg.tile_m), h * b, hb_group, cfg.tile_m, cfg.tile_n, s_q, s_k, grid,
+                    window_left)
+        if walk_key not in _WALK_TABLES and torch.cuda.is_current_stream_capturing():
+            walk_key = None  # the table's host-to-device copy cannot run inside a CUDA graph capture: the round robin
+    if cfg.persistent_greedy and walk_key is None:  # (same tiles, bitwise the same outputs); elsewhere the plain kernel
         cfg = dataclasses.replace(cfg, persistent_greedy=None)
     _, compiled = get_fwd_kernel(cfg, _DTYPE_NAMES[q.dtype], d, d_v, causal, qhead_per_kvhead=group,
                                  window_left=window_left, window_right=window_right, softcap=softcap)
@@ -184,16 +192,13 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
         lse = torch.empty((b, h, s_q), dtype=torch.float32, device=dev)
     elif lse.shape != (b, h, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise InputError(f"lse: expected a contiguous {(b, h, s_q)} torch.float32 tensor, got {tuple(lse.shape)} {lse.dtype}")
-    tile_heads = h // group if cfg.pack_gqa else h  # packed GQA: a tile per K/V head
-    hb_group = _lpt_group(tile_heads, b, s_k, d, d_v, q.element_size(), cfg.lpt_l2_mb) if causal else 1
     with contextlib.nullcontext() if index is None or index == current else torch.cuda.device(dev):
         if cfg.split_tail:  # the tail pieces' workspace: two slots per CTA (kernels/sm90/fwd_tail.py)
             o_acc = torch.empty((2 * grid, cfg.tile_m, d_v), dtype=torch.float32, device=dev)
             lse_acc = torch.empty((2 * grid, cfg.tile_m), dtype=torch.float32, device=dev)
             compiled(q, k, v, out, lse, o_acc, lse_acc, float(softmax_scale), hb_group, grid)
         elif cfg.persistent_greedy:  # each CTA's tiles (kernels/sm90/greedy_walk.py), cached per shape and device
-            walk = _greedy_walk_table(dev, -(-s_q // cfg.tile_m), h * b, hb_group, cfg.tile_m, cfg.tile_n, s_q, s_k,
-                                      grid, window_left)
+            walk = _greedy_walk_table(dev, walk_key)
             compiled(q, k, v, out, lse, walk, float(softmax_scale), hb_group, grid)
         elif persistent:
             compiled(q, k, v, out, lse, float(softmax_scale), hb_group, grid)
@@ -205,17 +210,17 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
 _WALK_TABLES: dict = {}
 
 
-def _greedy_walk_table(dev, m_blocks: int, pairs: int, hb_group: int, tile_m: int, tile_n: int, s_q: int, s_k: int,
-                       grid: int, window_left: int):
-    """persistent_greedy's int32 walk table on ``dev`` (kernels/sm90/greedy_walk.py), built once per shape and
-    device and kept for the process's life (4 bytes per tile, plus padding): a kernel still running on another
-    stream, or a captured CUDA graph, may read it at any later time, so it is never freed."""
-    key = (str(dev), m_blocks, pairs, hb_group, tile_m, tile_n, s_q, s_k, grid, window_left)
+def _greedy_walk_table(dev, key: tuple):
+    """persistent_greedy's int32 walk table on ``dev`` (kernels/sm90/greedy_walk.py) for ``key`` = (device, m_blocks,
+    pairs, hb_group, tile_m, tile_n, s_q, s_k, grid, window_left), built once per shape and device and kept for the
+    process's life (4 bytes per tile, plus padding): a kernel still running on another stream, or a captured CUDA
+    graph, may read it at any later time, so it is never freed. Not built inside a CUDA graph capture (the caller runs
+    the round robin there)."""
     table = _WALK_TABLES.get(key)
     if table is None:
         from .sm90.greedy_walk import greedy_walks, walk_table
 
-        rows = walk_table(greedy_walks(m_blocks, pairs, hb_group, tile_m, tile_n, s_q, s_k, grid, window_left))
+        rows = walk_table(greedy_walks(*key[1:]))
         table = _WALK_TABLES[key] = torch.tensor(rows, dtype=torch.int32).to(dev)
     return table
 

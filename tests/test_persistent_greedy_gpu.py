@@ -66,3 +66,32 @@ def test_non_causal_call_ignores_the_field():
     o_g, l_g = _forward({"persistent": True, "persistent_greedy": True}, q, k, v, False)
     o_r, l_r = _forward({"persistent": True}, q, k, v, False)
     assert torch.equal(o_g, o_r) and torch.equal(l_g, l_r)
+
+
+def test_capture_without_a_table_runs_the_round_robin():
+    """A greedy call captured in a CUDA graph at a shape whose walk table was never built (its host-to-device copy
+    cannot run in a capture) runs the round-robin kernel instead: the replay's outputs equal the eager greedy call's
+    bit for bit, and capturing builds no table."""
+    import kernels.interface as iface
+    from kernels import AttnConfig
+    from kernels.interface import attention_forward, resolve_config
+
+    cfg = resolve_config(AttnConfig(persistent=True, persistent_greedy=True), 128, True)
+    scale = 1.0 / math.sqrt(128)
+    q, k, v = _inputs(1, 900, 900, 2, 2, 128, 128, seed=5)
+    attention_forward(q[:, :, :1], k[:, :, :1], v[:, :, :1], True, scale, cfg)  # compiles both kernels outside
+    attention_forward(q[:, :, :1], k[:, :, :1], v[:, :, :1], True, scale,
+                      resolve_config(AttnConfig(persistent=True), 128, True))
+    torch.cuda.synchronize()
+    tables = len(iface._WALK_TABLES)
+    out = torch.empty(1, 900, 2, 128, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 900, device="cuda", dtype=torch.float32)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention_forward(q, k, v, True, scale, cfg, out=out, lse=lse)
+    assert len(iface._WALK_TABLES) == tables
+    graph.replay()
+    torch.cuda.synchronize()
+    o_e, l_e = _forward({"persistent": True, "persistent_greedy": True}, q, k, v, True)
+    assert len(iface._WALK_TABLES) == tables + 1  # eager: the table is built
+    assert torch.equal(out, o_e) and torch.equal(lse, l_e)
