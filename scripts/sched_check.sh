@@ -89,14 +89,13 @@ case "$PART" in
   done; done
   ;;
 6)  # session 49, after the defaults changed (greedy walk for causal persistent, split tail at hd128 non-causal): the
-  # forward GPU tests the new defaults run through, then the default against one tile per CTA where part 5 left a
-  # gap (hd256 / (192, 128) causal 1k) and at two cells with the peers
-  for t in test_persistent_gpu test_fwd_split_tail_gpu test_fwd_gpu test_window_softcap_gpu test_gqa_gpu test_ops_gpu; do
-    tests "tests/$t.py" 120
+  # default against one tile per CTA where part 5 left a gap (hd256 / (192, 128) causal 1k), then the forward GPU
+  # tests the new defaults run through
+  for hd in 256 192; do ab 1 $hd 1024 8 40 --batch 32 --cfg one=persistent:false; done
+  for t in test_persistent_gpu.py test_persistent_greedy_gpu.py::test_capture_without_a_table_runs_the_round_robin \
+           test_fwd_split_tail_gpu.py test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do
+    tests "tests/$t" 120
   done
-  for hd in 256 192; do ab 1 $hd 1024 10 40 --batch 32 --cfg one=persistent:false; done
-  ab 0 128 16384 10 50 --batch 2 --cfg one=persistent:false
-  ab 1 64 2048 10 40 --batch 16 --cfg one=persistent:false snake=persistent:true,persistent_snake:true
   ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
