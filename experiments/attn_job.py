@@ -152,6 +152,12 @@ class _Rows:
                 self._compiled[mode] = {}
             else:
                 self._compiled[mode] = dict(compiled_config=c, compiled_hash=compiled_hash(c))
+                if mode == "fwd" and not self._shape.varlen:  # the per-call rules too (persistent, its tile, ...)
+                    from kernels.tiles import call_compiled_config
+
+                    group = self._shape.heads // (self._shape.heads_kv or self._shape.heads)
+                    self._compiled[mode]["call_hash"] = compiled_hash(call_compiled_config(
+                        self._cfg, self._arch, self._shape.hdim, self._shape.causal, self._shape.seqlen_q, group))
         return self._compiled[mode]
 
     def add(self, mode, metric, value, status="ok", reason=None, error_class=None, state=None, **extra) -> dict:

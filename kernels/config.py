@@ -923,6 +923,23 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
                                        if k in PERSISTENT_TILE_FIELDS or getattr(cfg, k) is None})
 
 
+def call_config(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int, group: int = 1) -> "AttnConfig":
+    """The resolved config ``cfg`` as the forward runs it for one call: ``persistent`` forced by cfg, or by seqlen_q
+    when None (persistent_by_default, with DEFAULTS' persistent_tile: persistent_tile_for), normalised to True / None
+    so that a non-persistent call's compile cache key (and kernel) is the one from before the field existed.
+    ``pack_gqa`` likewise (pack_gqa_by_default): True for the packed kernel (never persistent: AttnConfig refuses
+    persistent=True with it), else None (the plain kernel, its key). kernels/interface.py forward_config memoises it;
+    kernels/tiles.py call_hash names it in result rows."""
+    if pack_gqa_by_default(cfg, hdim, seqlen_q, group):
+        return dataclasses.replace(cfg, pack_gqa=True, persistent=None)
+    if cfg.pack_gqa is not None:
+        cfg = dataclasses.replace(cfg, pack_gqa=None)
+    want = True if persistent_by_default(cfg, arch, hdim, causal, seqlen_q) else None
+    if want and cfg.persistent is None:  # persistent by the sequence length: DEFAULTS' persistent_tile, if any
+        cfg = persistent_tile_for(cfg, arch, hdim, causal, seqlen_q)
+    return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
+
+
 # head dims (hdim, hdim_v) whose sm90 backward has a 2-CTA kernel (kernels/sm90/bwd.py, bwd_wide_two_cta.py)
 TWO_CTA_HDIMS = ((64, 64), (128, 128), (256, 256))
 

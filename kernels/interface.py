@@ -29,7 +29,7 @@ import functools
 import torch
 
 from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
-from .config import (AttnConfig, ConfigError, pack_gqa_by_default, persistent_by_default, persistent_tile_for,
+from .config import (AttnConfig, ConfigError, call_config, pack_gqa_by_default, persistent_by_default, persistent_tile_for,
                      resolve_cached)
 from .validate import InputError, check_cluster, check_gqa_heads
 
@@ -62,21 +62,10 @@ def persistent_grid(sms: int, s_q: int, tile_m: int, heads: int, batch: int) -> 
 
 @functools.lru_cache(maxsize=1024)
 def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, group: int = 1) -> AttnConfig:
-    """The config the forward compiles for this call: ``persistent`` forced by cfg, or by seqlen_q when None
-    (kernels.config.persistent_by_default; by seqlen_q, with DEFAULTS' persistent_tile: persistent_tile_for), normalised
-    to True / None so that a non-persistent call's compile cache key
-    (and kernel) is the one from before the field existed. ``pack_gqa`` likewise (kernels.config.pack_gqa_by_default):
-    True for the packed kernel (never persistent: AttnConfig refuses persistent=True with it), else None (the plain
-    kernel, its key). Memoised (a resolved config is hashable; uncached, a call that changes the config costs ~30-70 us
-    of host time in dataclasses.replace): code that edits DEFAULTS / TUNED at run time calls ``cache_clear()``."""
-    if pack_gqa_by_default(cfg, hdim, seqlen_q, group):
-        return dataclasses.replace(cfg, pack_gqa=True, persistent=None)
-    if cfg.pack_gqa is not None:
-        cfg = dataclasses.replace(cfg, pack_gqa=None)
-    want = True if persistent_by_default(cfg, ARCH, hdim, causal, seqlen_q) else None
-    if want and cfg.persistent is None:  # persistent by the sequence length: DEFAULTS' persistent_tile, if any
-        cfg = persistent_tile_for(cfg, ARCH, hdim, causal, seqlen_q)
-    return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
+    """The config the forward compiles for this call (kernels.config.call_config on this arch). Memoised (a resolved
+    config is hashable; uncached, a call that changes the config costs ~30-70 us of host time in dataclasses.replace):
+    code that edits DEFAULTS / TUNED at run time calls ``cache_clear()``."""
+    return call_config(cfg, ARCH, hdim, causal, seqlen_q, group)
 
 
 def split_tail_pays(sms: int, tail: int, n_blocks: int) -> bool:

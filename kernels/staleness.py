@@ -37,7 +37,10 @@ def row_arch(row: dict) -> str:
 
 def is_stale(row: dict) -> bool:
     """Whether ``row`` recorded a compiled_hash that today's resolution of its config does not reproduce (rows
-    without one -- peers, failures before compiling, rows older than the field -- are never stale)."""
+    without one -- peers, failures before compiling, rows older than the field -- are never stale), or a forward
+    ``call_hash`` (rows from session 49 on) that today's per-call rules for its shape do not (kernels/tiles.py
+    call_compiled_config). Rows older than call_hash cannot show a per-call change: session 49's (the greedy walk for
+    causal calls) was re-timed by name instead."""
     import json
 
     recorded = row.get("compiled_hash")
@@ -48,7 +51,32 @@ def is_stale(row: dict) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     cfg = row.get("config") if isinstance(row.get("config"), dict) else {}
-    return _hash_now(json.dumps(cfg, sort_keys=True), row_arch(row), hdim, causal, row["mode"]) != recorded
+    cfg_json = json.dumps(cfg, sort_keys=True)
+    if _hash_now(cfg_json, row_arch(row), hdim, causal, row["mode"]) != recorded:
+        return True
+    call = row.get("call_hash")  # forward rows from session 49 on: the per-call rules (persistent by length, ...)
+    if isinstance(call, str) and call and row["mode"] == "fwd":
+        try:
+            seqlen_q, heads = int(row["seqlen_q"]), int(row["heads"])
+            group = heads // int(row.get("heads_kv") or heads)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return False
+        return _call_hash_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group) != call
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _call_hash_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int) -> str | None:
+    import json
+
+    from kernels.config import AttnConfig, ConfigError
+    from kernels.tiles import call_compiled_config, compiled_hash
+
+    try:
+        return compiled_hash(call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q,
+                                                  group))
+    except (ConfigError, TypeError, ValueError):
+        return None
 
 
 def stale_job_keys(rows) -> set[str]:

@@ -76,3 +76,18 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     if two_cta_n80_by_default(r, arch, hdim, 128 if int(hdim) == 192 else hdim, two_cta):
         d["bwd_two_cta_n80"] = True  # only where it runs: every other config's dict is as before the field existed
     return d
+
+
+def call_compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, seqlen_q: int,
+                         group: int = 1) -> dict:
+    """``compiled_config`` of the forward as one call of ``seqlen_q`` queries (``group`` Q heads per K/V head) runs it:
+    with the per-call rules of kernels.config.call_config (persistent by the length, DEFAULTS' persistent_tile,
+    pack_gqa), which compiled_config alone does not see. Rows' ``call_hash`` (from session 49 on)."""
+    from .config import call_config
+
+    r = call_config((cfg or AttnConfig()).resolve(arch, hdim, causal), arch, hdim, causal, seqlen_q, group)
+    d = r.to_dict()
+    for k in BWD_ONLY_FIELDS:
+        d.pop(k, None)
+    d["exp2_emu_fraction"] = quantized_exp2_fraction(r.exp2_emu_fraction, r.tile_n // 8)
+    return d

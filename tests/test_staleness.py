@@ -36,6 +36,44 @@ def test_a_row_is_stale_only_when_todays_resolution_compiles_something_else():
     assert not is_stale(dict(_row(), mode="check"))
 
 
+def test_a_forward_row_is_stale_when_the_per_call_rules_changed():
+    """call_hash (forward rows from session 49 on): the config as the call of the row's shape runs it (persistent by
+    the length, DEFAULTS' persistent_tile). A row whose call ran the round robin where today's rule runs the greedy
+    walk is stale though its compiled_hash (the resolved config) still matches; the same row with today's call_hash,
+    or without one (older rows), is not."""
+    from kernels.staleness import is_stale
+    from kernels.tiles import call_compiled_config
+
+    shape = dict(seqlen_q=2048, heads=16, causal=True)
+    now = compiled_hash(call_compiled_config(AttnConfig(), "sm90", 128, True, 2048))
+    before = compiled_hash(call_compiled_config(AttnConfig(persistent_greedy=False), "sm90", 128, True, 2048))
+    assert now != before and "persistent_greedy" in call_compiled_config(AttnConfig(), "sm90", 128, True, 2048)
+    row = _row(**shape)
+    assert not is_stale(dict(row, call_hash=now)) and not is_stale(row)
+    assert is_stale(dict(row, call_hash=before))
+    assert not is_stale(dict(row, call_hash=before, mode="bwd", compiled_hash=_row(mode="bwd", **shape)["compiled_hash"]))
+    gqa = dict(_row(hdim=128, causal=False, seqlen_q=1, heads=32, heads_kv=4))  # packed GQA at one query
+    assert call_compiled_config(AttnConfig(), "sm90", 128, False, 1, 8)["pack_gqa"] is True
+    assert not is_stale(dict(gqa, call_hash=compiled_hash(call_compiled_config(AttnConfig(), "sm90", 128, False, 1, 8))))
+    assert is_stale(dict(gqa, call_hash=compiled_hash(call_compiled_config(AttnConfig(), "sm90", 128, False, 1, 1))))
+
+
+def test_rows_record_the_call_hash(tmp_path, monkeypatch):
+    from experiments.results import read_rows
+    from experiments.sweep import run_sweep
+    from kernels.tiles import call_compiled_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = composed("experiment=fwd_peers", "experiment.backends=[fa4_model]", "experiment.peers=[]", "shape=cpu",
+                   "shape.grid.seqlens=[64]", "shape.grid.causal=[true]", "bench=quick", "isolation=inline",
+                   "progress=false", "results_dir=st")
+    assert run_sweep(cfg, out=io.StringIO()) == 0
+    rows = [r for r in read_rows(tmp_path / "st" / "fwd_peers" / "rows.jsonl") if r["status"] == "ok"]
+    assert rows
+    for r in rows:
+        assert r["call_hash"] == compiled_hash(call_compiled_config(AttnConfig(), "sm90", r["hdim"], True, 64))
+
+
 def test_rerun_stale_times_only_the_jobs_on_an_old_kernel_config(tmp_path, monkeypatch):
     from experiments.results import read_rows
     from experiments.sweep import run_sweep
