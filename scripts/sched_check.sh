@@ -91,9 +91,9 @@ case "$PART" in
 6)  # session 49, after the defaults changed (greedy walk for causal persistent, split tail at hd128 non-causal): the
   # default against one tile per CTA where part 5 left a gap (hd256 / (192, 128) causal 1k), then the forward GPU
   # tests the new defaults run through
-  for hd in 256 192; do ab 1 $hd 1024 6 35 --batch 32 --cfg one=persistent:false; done
   tests tests/test_persistent_gpu.py 90
   tests tests/test_persistent_greedy_gpu.py::test_capture_without_a_table_runs_the_round_robin 40
+  for hd in 256 192; do ab 1 $hd 1024 6 35 --batch 32 --cfg one=persistent:false; done
   tests tests/test_fwd_split_tail_gpu.py 70
   for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 120; done
   ;;
