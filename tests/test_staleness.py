@@ -58,17 +58,24 @@ def test_a_forward_row_is_stale_when_the_per_call_rules_changed():
     assert is_stale(dict(gqa, call_hash=compiled_hash(call_compiled_config(AttnConfig(), "sm90", 128, False, 1, 1))))
 
 
-def test_rows_record_the_call_hash(tmp_path, monkeypatch):
-    from experiments.results import read_rows
+def _model_sweep(tmp_path, monkeypatch, seqlens: str, causal: str):
+    """A fwd_peers sweep of the PyTorch model backend (CPU) into tmp_path/st: (its config, its rows file)."""
     from experiments.sweep import run_sweep
-    from kernels.tiles import call_compiled_config
 
     monkeypatch.chdir(tmp_path)
     cfg = composed("experiment=fwd_peers", "experiment.backends=[fa4_model]", "experiment.peers=[]", "shape=cpu",
-                   "shape.grid.seqlens=[64]", "shape.grid.causal=[true]", "bench=quick", "isolation=inline",
+                   f"shape.grid.seqlens={seqlens}", f"shape.grid.causal={causal}", "bench=quick", "isolation=inline",
                    "progress=false", "results_dir=st")
     assert run_sweep(cfg, out=io.StringIO()) == 0
-    rows = [r for r in read_rows(tmp_path / "st" / "fwd_peers" / "rows.jsonl") if r["status"] == "ok"]
+    return cfg, tmp_path / "st" / "fwd_peers" / "rows.jsonl"
+
+
+def test_rows_record_the_call_hash(tmp_path, monkeypatch):
+    from experiments.results import read_rows
+    from kernels.tiles import call_compiled_config
+
+    _, path = _model_sweep(tmp_path, monkeypatch, "[64]", "[true]")
+    rows = [r for r in read_rows(path) if r["status"] == "ok"]
     assert rows
     for r in rows:
         assert r["call_hash"] == compiled_hash(call_compiled_config(AttnConfig(), "sm90", r["hdim"], True, 64))
@@ -78,12 +85,7 @@ def test_rerun_stale_times_only_the_jobs_on_an_old_kernel_config(tmp_path, monke
     from experiments.results import read_rows
     from experiments.sweep import run_sweep
 
-    monkeypatch.chdir(tmp_path)
-    cfg = composed("experiment=fwd_peers", "experiment.backends=[fa4_model]", "experiment.peers=[]", "shape=cpu",
-                   "shape.grid.seqlens=[64,128]", "shape.grid.causal=[false]", "bench=quick", "isolation=inline",
-                   "progress=false", "results_dir=st")
-    assert run_sweep(cfg, out=io.StringIO()) == 0
-    path = tmp_path / "st" / "fwd_peers" / "rows.jsonl"
+    cfg, path = _model_sweep(tmp_path, monkeypatch, "[64,128]", "[false]")
     first = read_rows(path)
     assert first and all(isinstance(r.get("compiled_hash"), str) for r in first if r["status"] == "ok")
     out = io.StringIO()
