@@ -449,10 +449,11 @@ class AttnConfig:
     # sm90 persistent non-causal forward: the tiles of the last partial round (tiles mod grid) cut into K/V block pieces
     # spread over every CTA, each piece's O and LSE merged after the kernel (kernels/sm90/fwd_tail.py), instead of
     # running on (tiles mod grid) CTAs while the rest idle. Same products per piece; the merge rounds once more, so the
-    # tail tiles' outputs are not bitwise the plain kernel's. Applies only where a call runs persistent, non-causal,
-    # without a window and has a partial round, or fewer tiles than SMs (then every tile is cut: a short query over a
-    # long K/V fills the GPU; kernels/interface.py split_tail_launch); elsewhere ignored. None =
-    # DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in.
+    # tail tiles' outputs are not bitwise the plain kernel's. Applies only where a call is non-causal, without a window,
+    # runs persistent (or persistent=None leaves it to the call: then it runs persistent for the split), has a partial
+    # round, or fewer tiles than SMs (then every tile is cut: a short query over a long K/V fills the GPU), and the cut
+    # pays (kernels/interface.py split_tail_launch, split_tail_pays); elsewhere ignored. None = DEFAULTS' (absent:
+    # off; on at hd128 non-causal since session 49); left out of to_dict() while None or False.
     split_tail: bool | None = None
     # sm90 forward, persistent and causal (elsewhere no effect): each CTA walks its own list of tiles, built on the host
     # by list scheduling of the longest-first order on a cost model (a tile's K/V blocks + 1), as the hardware hands

@@ -68,28 +68,38 @@ def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, grou
     return call_config(cfg, ARCH, hdim, causal, seqlen_q, group)
 
 
+# K/V blocks (per CTA) that cutting the partial round must save to pay for the pieces and their merge: the H200 A/Bs
+# of session 49 read a cost of about 50-75 us per call whatever the shape (about 35-50 blocks at hd128)
+SPLIT_TAIL_MIN_SAVED_BLOCKS = 48
+
+
 def split_tail_pays(sms: int, tail: int, n_blocks: int) -> bool:
-    """Whether cutting a partial round of ``tail`` tiles (of ``n_blocks`` K/V blocks each) over ``sms`` CTAs can pay
-    for the pieces and their merge. Not with more than half the CTAs busy in that round (512 queries over 32k keys,
-    128 tiles on 132 SMs: 0.943-0.947x the plain kernel), nor under 1.5 K/V blocks per CTA (hd128 4k on the paper
-    grid, 4 tiles x 32 blocks: 0.991-0.998x; 8k, 4 x 64 blocks: 1.011-1.013x). H200, session_ab/sched_split_*.jsonl
-    in archive_2026-12-05. The GPU tests patch it to True to exercise the split at any shape."""
-    return 2 * tail <= sms and 2 * tail * n_blocks >= 3 * sms
+    """Whether cutting a partial round of ``tail`` tiles (of ``n_blocks`` K/V blocks each) over ``sms`` CTAs saves at
+    least SPLIT_TAIL_MIN_SAVED_BLOCKS blocks of the round's time (n_blocks x the idle share (sms - tail) / sms).
+    H200, session_ab/sched_*.jsonl in archive_2026-12-05, split / plain: saving 62-248 blocks (hd128 8k-32k on the
+    paper grid) 1.013-1.026; 99-128 (hd256 / (192, 128) 16k) 1.024-1.026; 132-194 (128 / 256 queries over 32k keys)
+    1.50-2.25; 31 (hd128 4k) 0.991-0.998, 19-25 (hd256 / (192, 128) 4k) 1.002-1.003, 8 (512 queries over 32k keys:
+    128 tiles on 132 SMs) 0.943-0.947. The GPU tests patch it to True to exercise the split at any shape."""
+    return n_blocks * (sms - tail) >= SPLIT_TAIL_MIN_SAVED_BLOCKS * sms
 
 
 @functools.lru_cache(maxsize=1024)
-def split_tail_launch(cfg: AttnConfig, excluded: bool, sms: int, tiles: int, n_blocks: int) -> tuple[AttnConfig, int]:
+def split_tail_launch(cfg: AttnConfig, excluded: bool, sms: int, tiles: int, n_blocks: int,
+                      by_length: bool = False) -> tuple[AttnConfig, int]:
     """(config, grid) of a call with ``cfg.split_tail`` True: the split tail on a grid of one CTA per SM where it
-    applies -- not ``excluded`` (causal, a window, or not persistent), a partial round to cut (tiles mod SMs > 0;
-    fewer tiles than SMs count: every tile is then cut, so a short query over a long K/V fills the GPU), at least 2
-    K/V blocks per tile, the tail's blocks times the grid within int32 (the kernels' schedule arithmetic:
-    fwd_tail.tail_range), and ``split_tail_pays``; else split_tail=None (the plain kernel and its key) on the
-    persistent grid (persistent_grid). Memoised (``cache_clear()`` after patching split_tail_pays)."""
+    applies -- not ``excluded`` (causal or a window), a persistent call, or one whose persistence the length decided
+    (``by_length``: persistent=None; then made persistent for the split, unless packed GQA or a cluster), a partial
+    round to cut (tiles mod SMs > 0; fewer tiles than SMs count: every tile is then cut, so a short query over a long
+    K/V fills the GPU), at least 2 K/V blocks per tile, the tail's blocks times the grid within int32 (the kernels'
+    schedule arithmetic: fwd_tail.tail_range), and ``split_tail_pays``; else split_tail=None (the plain kernel and its
+    key; a persistent call on the persistent grid, persistent_grid). Memoised (``cache_clear()`` after patching
+    split_tail_pays)."""
     tail = tiles % sms
-    if (excluded or tail == 0 or n_blocks < 2 or (tail * n_blocks + 1) * sms >= 2 ** 31
+    can = cfg.persistent or (by_length and not cfg.pack_gqa and cfg.cluster_m == 1)
+    if (excluded or not can or tail == 0 or n_blocks < 2 or (tail * n_blocks + 1) * sms >= 2 ** 31
             or not split_tail_pays(sms, tail, n_blocks)):
         return dataclasses.replace(cfg, split_tail=None), max(1, min(sms, tiles))
-    return cfg, sms
+    return (cfg if cfg.persistent else dataclasses.replace(cfg, persistent=True)), sms
 
 
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
@@ -150,17 +160,18 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     group = check_gqa_heads(h, k.shape[2], v.shape[2])
     check_cluster(cfg, causal, window_left, window_right)
+    by_length = cfg.persistent is None  # the length decides; with split_tail, also whether the split pays
     cfg = forward_config(cfg, d, causal, s_q, group)
-    persistent = bool(cfg.persistent)
     dev = q.device
     index, current = dev.index, torch.cuda.current_device()
     grid = 0
-    if persistent or cfg.split_tail:
+    if cfg.persistent or cfg.split_tail:
         sms = _sm_count(current if index is None else index)
         grid = persistent_grid(sms, s_q, cfg.tile_m, h, b)
-        if cfg.split_tail:  # not persistent: dropped (the one-tile kernel and its key)
-            cfg, grid = split_tail_launch(cfg, causal or window_left >= 0 or window_right >= 0 or not persistent,
-                                          sms, -(-s_q // cfg.tile_m) * h * b, -(-s_k // cfg.tile_n))
+        if cfg.split_tail:  # where it does not apply, dropped (the plain kernel and its key)
+            cfg, grid = split_tail_launch(cfg, causal or window_left >= 0 or window_right >= 0, sms,
+                                          -(-s_q // cfg.tile_m) * h * b, -(-s_k // cfg.tile_n), by_length)
+    persistent = bool(cfg.persistent)
     tile_heads = h // group if cfg.pack_gqa else h  # packed GQA: a tile per K/V head
     hb_group = _lpt_group(tile_heads, b, s_k, d, d_v, q.element_size(), cfg.lpt_l2_mb) if causal else 1
     walk_key = None

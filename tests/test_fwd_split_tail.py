@@ -3,6 +3,8 @@ once with at most two pieces per CTA, the config field's per-call rule, and the 
 loop unchanged, the merge kernel present)."""
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import math
 import re
@@ -41,10 +43,11 @@ def test_split_tail_per_call_rule():
     assert c.split_tail and grid == 132
     c, grid = split_tail_launch(cfg, False, 132, 16, 256)  # fewer tiles than SMs: every tile cut, one CTA per SM
     assert c.split_tail and grid == 132
-    # the policy (split_tail_pays): not at 4 tiles x 32 blocks (hd128 4k: under 1.5 blocks per CTA), nor with more
-    # than half the CTAs busy (128 tiles on 132 SMs); 64 of 132 still cut
+    # the policy (split_tail_pays: the cut must save >= 48 blocks): not at 4 tiles x 32 blocks (hd128 4k: 31 saved),
+    # nor at 128 tiles of 256 blocks on 132 SMs (8 saved); 68 tiles of 205 blocks (hd256 16k: 99 saved) are cut
     assert not split_tail_pays(132, 4, 32) and split_tail_pays(132, 4, 50) and not split_tail_pays(132, 4, 49)
-    assert not split_tail_pays(132, 128, 256) and split_tail_pays(132, 66, 256) and not split_tail_pays(132, 67, 256)
+    assert not split_tail_pays(132, 128, 256) and split_tail_pays(132, 107, 256) and not split_tail_pays(132, 108, 256)
+    assert split_tail_pays(132, 68, 205) and split_tail_pays(132, 32, 256)
     for excluded, tiles, nb, want_grid in ((True, 4096, 64, 132), (False, 3960, 64, 132), (False, 4096, 1, 132),
                                            (True, 16, 256, 16), (False, 16, 1, 16), (False, 4096, 32, 132),
                                            (False, 128, 256, 128)):
@@ -55,6 +58,16 @@ def test_split_tail_per_call_rule():
     c, grid = split_tail_launch(cfg, False, 132, 4, 2 ** 22)
     assert c.split_tail is None and grid == 4
     assert split_tail_launch(cfg, False, 132, 4, 2 ** 20)[0].split_tail
+    # persistent=None (the length decides): a call the length leaves one tile per CTA runs persistent for a split
+    # that pays, and stays one tile per CTA where it does not; never so with persistent=False or packed GQA
+    lone = AttnConfig(split_tail=True).resolve("sm90", 256, False)
+    assert lone.persistent is None
+    c, grid = split_tail_launch(lone, False, 132, 2048, 205, True)  # hd256 16k: 2048 tiles, 4 left, 205 blocks each
+    assert c.persistent is True and c.split_tail and grid == 132
+    for args in ((lone, False, 132, 2048, 205, False), (lone, False, 132, 4096, 32, True), (lone, True, 132, 2048, 205, True),
+                 (dataclasses.replace(lone, pack_gqa=True), False, 132, 2048, 205, True)):
+        c, _ = split_tail_launch(*args)
+        assert c.split_tail is None and c.persistent is args[0].persistent
     assert "split_tail" not in AttnConfig().to_dict()
     with pytest.raises(Exception, match="split_tail"):
         AttnConfig(split_tail=True).resolve("sm100", 128, False)

@@ -125,8 +125,9 @@ def test_split_tail_with_the_other_switches(variant, monkeypatch):
 
 def test_split_tail_default_at_a_decode_shape(monkeypatch):
     """hd128 non-causal runs the split tail by default where it pays (DEFAULTS' split_tail with persistent_max_seqlen,
-    kernels.interface.split_tail_pays unpatched): 128 queries over 4096 keys, 8 heads (8 tiles, 32 blocks each) on
-    the GPU's own SM count, against the reference."""
+    kernels.interface.split_tail_pays unpatched): 128 queries over 8192 keys, 8 heads (8 tiles, 64 blocks each) on
+    the GPU's own SM count, against the reference; then split_tail=True at hd256 / (192, 128), where the length
+    leaves the call one tile per CTA: persistent for the split."""
     import kernels.interface as itf
     from kernels import AttnConfig
     from kernels.interface import forward_config, resolve_config
@@ -136,5 +137,10 @@ def test_split_tail_default_at_a_decode_shape(monkeypatch):
     cfg = forward_config(resolve_config(AttnConfig(), 128, False), 128, False, 128)
     assert cfg.persistent and cfg.split_tail
     sms = itf._sm_count(0)
-    assert itf.split_tail_launch(cfg, False, sms, 8, 32)[0].split_tail, "the shape must pay on this GPU"
-    _run(dict(), 1, 128, 4096, 8, 8, 128, 128, False)
+    assert itf.split_tail_launch(cfg, False, sms, 8, 64)[0].split_tail, "the shape must pay on this GPU"
+    _run(dict(), 1, 128, 8192, 8, 8, 128, 128, False)
+    # split_tail=True with persistent=None at head dims the length leaves one tile per CTA: persistent for the split
+    for d, dv in ((256, 256), (192, 128)):
+        c = resolve_config(AttnConfig(split_tail=True), d, False)
+        assert itf.split_tail_launch(c, False, sms, 8, -(-8192 // c.tile_n), True)[0].persistent
+        _run(dict(split_tail=True), 1, 128, 8192, 8, 8, d, dv, False)
