@@ -13,13 +13,15 @@
 # Part 5 (session 49): split_tail with the combine's overlapped loads at 4k / 8k and 128-512 queries over 32k keys;
 #   the greedy walk at hd64 / hd128 1k (against the round robin the default ran there) and 32k, hd256 / (192, 128) 2k-16k.
 # Part 6 (session 49): after the defaults changed, the forward GPU tests, then the default against one tile per CTA.
+# Part 7 (next session): the GPU tests part 6 did not reach, split_tail by the call at hd256 / (192, 128), the
+#   split's cost per call profiled (scripts/split_profile.py).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -97,6 +99,20 @@ case "$PART" in
   tests tests/test_fwd_split_tail_gpu.py 70
   for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 120; done
   ;;
+7)  # next (written in session 49 after the device time ran out): the forward GPU tests part 6 did not reach, the
+  # split tail made persistent by the call at hd256 / (192, 128) (AttnConfig(split_tail=True), persistent=None: the
+  # DEFAULTS candidate there), and where the split's ~60 us per call goes (scripts/split_profile.py)
+  tests tests/test_fwd_split_tail_gpu.py::test_split_tail_default_at_a_decode_shape 40
+  for hd in 256 192; do for s in 8192 32768; do
+    ab 0 $hd $s 10 50 --batch $((32768 / s)) --cfg split=split_tail:true
+  done; done
+  timeout "$(cap 60)" python scripts/split_profile.py --hdim 128 --seqlen 4096 --batch 8 --out "$O/split_profile.jsonl" \
+    >>"$O/split_profile.log" 2>&1
+  timeout "$(cap 40)" python scripts/split_profile.py --hdim 128 --seqlen 128 --seqlen-k 32768 --batch 2 \
+    --out "$O/split_profile.jsonl" >>"$O/split_profile.log" 2>&1
+  cat "$O/split_profile.log"
+  for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 150; done
+  ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
     >>"$O/probe.log" 2>&1
@@ -104,6 +120,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-6" >&2; exit 2 ;;
+*) echo "part must be 1-7" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

@@ -117,3 +117,15 @@ def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
     assert mixes["no_rowsum"][0]["FADD"] < base["FADD"] - 40
     assert mixes["no_maxshfl"][0]["SHFL"] < base["SHFL"]
     assert mixes["no_exp"][1] == 0 and mixes[None][1] > 0
+
+
+def test_split_profile_script_has_a_cli():
+    """scripts/split_profile.py (a GPU session script) parses its arguments without a GPU."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "split_profile.py"), "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "--seqlen-k" in r.stdout
