@@ -39,8 +39,8 @@ def is_stale(row: dict) -> bool:
     """Whether ``row`` recorded a compiled_hash that today's resolution of its config does not reproduce (rows
     without one -- peers, failures before compiling, rows older than the field -- are never stale), or a forward
     ``call_hash`` (rows from session 49 on) that today's per-call rules for its shape do not (kernels/tiles.py
-    call_compiled_config). Rows older than call_hash cannot show a per-call change: session 49's (the greedy walk for
-    causal calls) was re-timed by name instead."""
+    call_compiled_config). A forward row older than call_hash is stale where today's call runs the greedy walk (a
+    default only since session 49, when call_hash came)."""
     import json
 
     recorded = row.get("compiled_hash")
@@ -54,15 +54,33 @@ def is_stale(row: dict) -> bool:
     cfg_json = json.dumps(cfg, sort_keys=True)
     if _hash_now(cfg_json, row_arch(row), hdim, causal, row["mode"]) != recorded:
         return True
+    if row["mode"] != "fwd" or row.get("varlen"):
+        return False
+    try:
+        seqlen_q, heads = int(row["seqlen_q"]), int(row["heads"])
+        group = heads // int(row.get("heads_kv") or heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return False
     call = row.get("call_hash")  # forward rows from session 49 on: the per-call rules (persistent by length, ...)
-    if isinstance(call, str) and call and row["mode"] == "fwd":
-        try:
-            seqlen_q, heads = int(row["seqlen_q"]), int(row["heads"])
-            group = heads // int(row.get("heads_kv") or heads)
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            return False
+    if isinstance(call, str) and call:
         return _call_hash_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group) != call
-    return False
+    # an older row ran before the greedy walk was any call's default (session 49, with call_hash): stale where
+    # today's call takes it
+    return _call_greedy_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group)
+
+
+@functools.lru_cache(maxsize=None)
+def _call_greedy_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int) -> bool:
+    import json
+
+    from kernels.config import AttnConfig, ConfigError
+    from kernels.tiles import call_compiled_config
+
+    try:
+        return bool(call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q,
+                                         group).get("persistent_greedy"))
+    except (ConfigError, TypeError, ValueError):
+        return False
 
 
 @functools.lru_cache(maxsize=None)

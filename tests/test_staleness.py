@@ -49,8 +49,11 @@ def test_a_forward_row_is_stale_when_the_per_call_rules_changed():
     before = compiled_hash(call_compiled_config(AttnConfig(persistent_greedy=False), "sm90", 128, True, 2048))
     assert now != before and "persistent_greedy" in call_compiled_config(AttnConfig(), "sm90", 128, True, 2048)
     row = _row(**shape)
-    assert not is_stale(dict(row, call_hash=now)) and not is_stale(row)
-    assert is_stale(dict(row, call_hash=before))
+    assert not is_stale(dict(row, call_hash=now)) and is_stale(dict(row, call_hash=before))
+    # without call_hash (rows before session 49): stale where today's call takes the greedy walk, not elsewhere
+    assert is_stale(row) and not is_stale(_row(seqlen_q=2048, heads=16, causal=False))
+    assert not is_stale(_row(config={"persistent": False}, seqlen_q=2048, heads=16, causal=True))
+    assert not is_stale(_row(seqlen_q=65536, heads=16, causal=True))  # past the persistent bound: one tile per CTA
     assert not is_stale(dict(row, call_hash=before, mode="bwd", compiled_hash=_row(mode="bwd", **shape)["compiled_hash"]))
     gqa = dict(_row(hdim=128, causal=False, seqlen_q=1, heads=32, heads_kv=4))  # packed GQA at one query
     assert call_compiled_config(AttnConfig(), "sm90", 128, False, 1, 8)["pack_gqa"] is True
