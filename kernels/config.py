@@ -210,13 +210,13 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False), "persistent_snake": (None, False),
                                 "q_in_regs": (None, False), "split_tail": (None, False),
-                                "persistent_greedy": (None, False)}
+                                "persistent_greedy": (None, False), "lazy_row_max": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
-                  "split_tail", "persistent_greedy")
+                  "split_tail", "persistent_greedy", "lazy_row_max")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -462,6 +462,14 @@ class AttnConfig:
     # GPU). Same tiles, same products: outputs bitwise the round robin's. persistent_snake yields to it. None = off;
     # left out of to_dict() while None or False. Opt-in, not yet timed.
     persistent_greedy: bool | None = None
+    # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
+    # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
+    # quad's max shuffles (2 SHFL + 2 FMNMX per row) run only in the rescale arm, which after the first blocks almost no
+    # block takes (kernels/sm90/softmax.py online_softmax_step lazy_max). Same values, outputs bitwise the default's.
+    # The bound it aims at: scripts/fwd_probe.py no_maxshfl, the kernel without those shuffles at all, 1.042 / 1.021x
+    # at hd64 / hd128 non-causal 8k (H200, session 49, session_ab/fwd_probe_8k.jsonl). None = DEFAULTS' (absent:
+    # off); left out of to_dict() while None or False. Opt-in, not yet timed (written in session 49 without a GPU).
+    lazy_row_max: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -560,7 +568,7 @@ class AttnConfig:
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
-                     "split_tail"):
+                     "split_tail", "lazy_row_max"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
@@ -574,7 +582,7 @@ class AttnConfig:
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                      "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
-                     "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail"):
+                     "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail", "lazy_row_max"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
@@ -703,7 +711,7 @@ BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bw
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
-                   "q_in_regs", "split_tail", "persistent_greedy")
+                   "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -13,15 +13,15 @@
 # Part 5 (session 49): split_tail with the combine's overlapped loads at 4k / 8k and 128-512 queries over 32k keys;
 #   the greedy walk at hd64 / hd128 1k (against the round robin the default ran there) and 32k, hd256 / (192, 128) 2k-16k.
 # Part 6 (session 49): after the defaults changed, the forward GPU tests, then the default against one tile per CTA.
-# Part 7 (next session): the GPU tests part 6 did not reach, split_tail by the call at hd256 / (192, 128), the
-#   split's cost per call profiled (scripts/split_profile.py).
+# Part 7 (next session): lazy_row_max's GPU tests and A/B, then the GPU tests part 6 did not reach. Part 8: split_tail
+#   by the call at hd256 / (192, 128), hd64 non-causal persistent at 2k / 4k, the split's cost per call profiled.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -99,19 +99,30 @@ case "$PART" in
   tests tests/test_fwd_split_tail_gpu.py 70
   for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 120; done
   ;;
-7)  # next (written in session 49 after the device time ran out): the forward GPU tests part 6 did not reach, the
-  # split tail made persistent by the call at hd256 / (192, 128) (AttnConfig(split_tail=True), persistent=None: the
-  # DEFAULTS candidate there), and where the split's ~60 us per call goes (scripts/split_profile.py)
+7)  # next (written in session 49 after the device time ran out): lazy_row_max (the quad's max shuffles only in the
+  # rescale arm; no_maxshfl read 1.042 / 1.021 at hd64 / hd128) -- its GPU tests (bitwise the default), its A/B --
+  # then the forward GPU tests part 6 did not reach
+  tests tests/test_fwd_lazy_row_max_gpu.py 120
+  for hd in 64 128; do
+    ab 0 $hd 8192 10 45 --batch 4 --cfg lazy=lazy_row_max:true
+    ab 1 $hd 4096 10 45 --batch 8 --cfg lazy=lazy_row_max:true
+  done
+  ab 0 128 16384 10 50 --batch 2 --cfg lazy=lazy_row_max:true
+  for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 150; done
+  ;;
+8)  # next: the split tail made persistent by the call at hd256 / (192, 128) (AttnConfig(split_tail=True),
+  # persistent=None: the DEFAULTS candidate there), hd64 non-causal persistent at 2k / 4k (one reading of 1.020 at 4k),
+  # and where the split's ~60 us per call goes (scripts/split_profile.py)
   tests tests/test_fwd_split_tail_gpu.py::test_split_tail_default_at_a_decode_shape 40
   for hd in 256 192; do for s in 8192 32768; do
     ab 0 $hd $s 10 50 --batch $((32768 / s)) --cfg split=split_tail:true
   done; done
+  for s in 2048 4096; do ab 0 64 $s 10 40 --batch $((32768 / s)) --cfg pers=persistent:true; done
   timeout "$(cap 60)" python scripts/split_profile.py --hdim 128 --seqlen 4096 --batch 8 --out "$O/split_profile.jsonl" \
     >>"$O/split_profile.log" 2>&1
   timeout "$(cap 40)" python scripts/split_profile.py --hdim 128 --seqlen 128 --seqlen-k 32768 --batch 2 \
     --out "$O/split_profile.jsonl" >>"$O/split_profile.log" 2>&1
   cat "$O/split_profile.log"
-  for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 150; done
   ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
@@ -120,6 +131,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-7" >&2; exit 2 ;;
+*) echo "part must be 1-8" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

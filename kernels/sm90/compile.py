@@ -52,7 +52,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         # only where it applies (kernels/interface.py split_tail_launch normalises the call's config the same way)
         split_tail=bool(cfg.split_tail) and bool(cfg.persistent) and not causal and not varlen and window_left < 0
         and window_right < 0,
-        persistent_greedy=bool(cfg.persistent_greedy) and bool(cfg.persistent) and causal and not varlen)
+        persistent_greedy=bool(cfg.persistent_greedy) and bool(cfg.persistent) and causal and not varlen,
+        lazy_row_max=bool(cfg.lazy_row_max))
 
 
 def tvm_ffi_available() -> bool:

@@ -188,7 +188,8 @@ class FlashFwdSm90:
                  cluster_m: int = 1, pack_gqa: bool = False, rescale_before_pv: bool = False,
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
-                 q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False):
+                 q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
+                 lazy_row_max: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -312,6 +313,9 @@ class FlashFwdSm90:
         # (a third less of that GEMM's operand traffic; the GPU runs at its power cap in long calls). Not with a window
         # in the non-overlapped loop: hd128 causal with a left window there spills 9 LDL / STL with Q in registers
         self.q_in_regs = bool(q_in_regs) and (intra_wg_overlap or not self.has_window)
+        # tau > 0: the rescale decision on each thread's own row maxima, the quad's shuffles only in the rescale arm
+        # (softmax.online_softmax_step lazy_max); bitwise the same output
+        self.lazy_row_max = bool(lazy_row_max) and self.tau != 0.0
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -908,7 +912,8 @@ class FlashFwdSm90:
             head_cols = self.pv_head_cols
         return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
                                    self.emu_frags, self.poly, is_first, self.exp_in_branch,
-                                   self.p_inline_cvt and not is_first, head_cols, m_scaled, pv_done)
+                                   self.p_inline_cvt and not is_first, head_cols, m_scaled, pv_done,
+                                   self.lazy_row_max)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):

@@ -56,6 +56,15 @@ def quad_allreduce_sum(x: Float32) -> Float32:
 
 
 @cute.jit
+def _quad_max_if(lazy: cutlass.Constexpr[bool], new_max: cute.Tensor, n_rows: cutlass.Constexpr[int]) -> None:
+    """lazy_max, in the rescale arm (warp-uniform): the thread's maxima (already >= the kept row maxima) reduced over
+    the quad, as the eager path does before the decision; fmax is exact, so the order does not change the values."""
+    if const_expr(lazy):
+        for r in cutlass.range_constexpr(n_rows):
+            new_max[r] = quad_allreduce_max(new_max[r])
+
+
+@cute.jit
 def _take_new_max(row_max: cute.Tensor, new_max: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
                   n_rows: cutlass.Constexpr[int]) -> None:
     """Adopt the new row maxima; row_scale = 2^((m_old - m_new) * scale_log2), the factor O and the row sum need."""
@@ -83,6 +92,7 @@ def online_softmax_step(
     head_cols: cutlass.Constexpr[int] = 0,
     m_scaled: cute.Tensor = None,
     pv_done=None,
+    lazy_max: cutlass.Constexpr[bool] = False,
 ) -> Boolean:
     """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
 
@@ -106,17 +116,25 @@ def online_softmax_step(
     of that GEMM's V stage. ptxas keeps the wait where it is (a few instructions above its default place, the top of the
     block after the decision) and the release with it, before the block's exponentials; written after the decision, in
     the exponentials' block, the release is scheduled by ptxas after them (63 of 66), as the default's is.
+
+    ``lazy_max`` (AttnConfig.lazy_row_max; tau > 0, not the first block): the rescale decision reads each thread's own
+    maxima (a row grows by more than tau iff one of its lanes' columns does, so the warp's vote is the same), and the
+    quad's shuffles run only in the rescale arm, where the new maxima are needed; the arm that keeps the maxima, nearly
+    every block after the first few, has none. Same values, bitwise the same output.
     """
     s = acc_rows_cols(acc_S)
     n_rows = cute.size(s, mode=[0])
     n_cols = cute.size(s, mode=[1])
     new_max = cute.make_rmem_tensor(row_max.layout, Float32)
     k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)  # independent partials: short dependency chains
+    lazy = lazy_max and not is_first and tau != 0.0  # new_max holds the thread's own maxima until the rescale arm
     for r in cutlass.range_constexpr(n_rows):
         part = [s[r, j] for j in range(k)]
         for c in cutlass.range_constexpr(k, n_cols):
             part[c % k] = cute.arch.fmax(part[c % k], s[r, c])
-        m = quad_allreduce_max(_tree(part, cute.arch.fmax))
+        m = _tree(part, cute.arch.fmax)
+        if const_expr(not lazy):
+            m = quad_allreduce_max(m)
         if const_expr(not is_first):
             m = cute.arch.fmax(m, row_max[r])
         new_max[r] = m
@@ -136,6 +154,7 @@ def online_softmax_step(
         do_rescale = cute.arch.vote_any_sync(grow)
         if const_expr(head_cols > 0):
             if do_rescale:
+                _quad_max_if(lazy, new_max, n_rows)
                 _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
                 _exp_head(s, row_max, m_scaled, scale_log2, emu_frags, poly, head_cols)
             else:
@@ -143,12 +162,14 @@ def online_softmax_step(
             return do_rescale
         if const_expr(exp_in_branch):
             if do_rescale:
+                _quad_max_if(lazy, new_max, n_rows)
                 _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
                 _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 1)
             else:
                 _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 2)
             return do_rescale
         if do_rescale:
+            _quad_max_if(lazy, new_max, n_rows)
             _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     for r in cutlass.range_constexpr(n_rows):
         acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)

@@ -1,0 +1,79 @@
+"""AttnConfig.lazy_row_max (sm90 forward, tau > 0; opt-in, not yet timed): the rescale decision on each thread's own
+row maxima, the quad's max shuffles only in the rescale arm (kernels/sm90/softmax.py online_softmax_step lazy_max).
+
+CPU tests: the field (dict / hash while off, sm100 refuses it, forward-only), the kernel switch (off at tau 0), and the
+machine code: in the K/V loop every SHFL.BFLY follows the warp's VOTE.ANY (the default: before it), with the same
+instruction count and no local memory. The GPU checks (bitwise the default's output) are in
+tests/test_fwd_lazy_row_max_gpu.py.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.sm90.sass import find_nvdisasm  # noqa: E402
+
+
+def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
+    from kernels.tiles import compiled_config
+
+    assert "lazy_row_max" not in AttnConfig().to_dict()
+    assert "lazy_row_max" not in AttnConfig(lazy_row_max=False).to_dict()
+    assert AttnConfig(lazy_row_max=True).config_hash() != AttnConfig().config_hash()
+    assert "lazy_row_max" not in AttnConfig().resolve("sm90", 128, False).to_dict()  # not a default
+    with pytest.raises(ConfigError):
+        AttnConfig(lazy_row_max=1)
+    with pytest.raises(ConfigError, match="lazy_row_max"):
+        AttnConfig(lazy_row_max=True).resolve("sm100", 128, False)
+    assert (compiled_config(AttnConfig(lazy_row_max=True), "sm90", 128, True, mode="bwd")
+            == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
+
+
+def test_kernel_takes_it_where_tau_is_positive():
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    bf = cutlass.BFloat16
+    assert FlashFwdSm90(bf, 128, 128, False, lazy_row_max=True).lazy_row_max
+    assert not FlashFwdSm90(bf, 128, 128, False, lazy_row_max=True, rescale_threshold=0.0).lazy_row_max
+    assert not FlashFwdSm90(bf, 128, 128, False).lazy_row_max
+
+
+def _loop(hdim, causal, lazy, tmp_path):
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
+    from sass_cache import kernel_sass
+
+    hdim_v = 128 if hdim == 192 else hdim
+    cfg = AttnConfig(lazy_row_max=lazy or None).resolve("sm90", hdim, causal)
+    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal), str(tmp_path / f"{hdim}{causal}{lazy}"))
+    c = opcode_counts(sass)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0
+    return steady_state_loops(sass)[-1]  # the mask-free loop (causal: the second)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("hdim,causal", [(64, False), (128, True), (256, False), (192, True)])
+def test_shuffles_move_behind_the_vote(hdim, causal, tmp_path):
+    """Each SHFL.BFLY of the loop: the default's reach a VOTE.ANY (the decision) before any exponential; lazy's follow
+    one with no exponential between (the rescale arm). The loop keeps its length: the same instructions, moved."""
+    def vote_before_any_exp(ops, i, step):
+        j = i + step
+        while 0 <= j < len(ops) and ops[j] != "MUFU.EX2":
+            if ops[j] == "VOTE.ANY":
+                return True
+            j += step
+        return False
+
+    base, lazy = _loop(hdim, causal, False, tmp_path), _loop(hdim, causal, True, tmp_path)
+    for loop, step in ((base, 1), (lazy, -1)):
+        ops = [o for o, _ in loop]
+        shfl = [i for i, o in enumerate(ops) if o.startswith("SHFL.BFLY")]
+        assert shfl and all(vote_before_any_exp(ops, i, step) for i in shfl), (hdim, causal, step)
+    assert len(lazy) == len(base)
