@@ -29,8 +29,7 @@ import functools
 import torch
 
 from .compile_cache import cache_key, feature_extra, get_or_compile, gqa_extra
-from .config import (AttnConfig, ConfigError, call_config, pack_gqa_by_default, persistent_by_default, persistent_tile_for,
-                     resolve_cached)
+from .config import AttnConfig, ConfigError, call_config, resolve_cached
 from .validate import InputError, check_cluster, check_gqa_heads
 
 ARCH = "sm90"
