@@ -157,7 +157,8 @@ class _Rows:
 
                     group = self._shape.heads // (self._shape.heads_kv or self._shape.heads)
                     self._compiled[mode]["call_hash"] = compiled_hash(call_compiled_config(
-                        self._cfg, self._arch, self._shape.hdim, self._shape.causal, self._shape.seqlen_q, group))
+                        self._cfg, self._arch, self._shape.hdim, self._shape.causal, self._shape.seqlen_q, group,
+                        self._shape.window is not None))
         return self._compiled[mode]
 
     def add(self, mode, metric, value, status="ok", reason=None, error_class=None, state=None, **extra) -> dict:

@@ -904,12 +904,16 @@ def persistent_by_default(cfg: "AttnConfig | None", arch: str, hdim: int, causal
 PERSISTENT_TILE_FIELDS = ("tile_m", "consumer_regs", "producer_regs")
 
 
-def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int = 1) -> "AttnConfig":
+def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int = 1,
+                        windowed: bool = False) -> "AttnConfig":
     """A resolved config made persistent by the sequence length (``cfg.persistent`` None): DEFAULTS' persistent_tile
     for (arch, hdim, causal) and ``seqlen_q`` in place of the resolved fields it names, when ``cfg`` holds the table's
     tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
     resolved config); and without DEFAULTS' exp_in_branch, as resolve() leaves it out for persistent=True (unless the
-    entry names it). An entry's fields other than the tile's fill only fields the config left None."""
+    entry names it). An entry's fields other than the tile's fill only fields the config left None; its exp_in_branch
+    only where causal_split is on too and the call has no window (``windowed``): the persistent hd128 causal kernel
+    spills with it otherwise (CPU SASS: 117 LDL with causal_split off, 100 with a left window); its persistent_greedy
+    not over an explicit persistent_snake=True."""
     arch = normalize_arch(arch)
     if cfg.persistent is not None:
         return cfg
@@ -928,24 +932,30 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
         return cfg
     # the tile fields replace the table's; the others (persistent_greedy, exp_in_branch, ...) fill only what the
     # config left None, so a switch the caller turned off stays off
-    return dataclasses.replace(cfg, **{k: v for k, v in tile.items()
-                                       if k in PERSISTENT_TILE_FIELDS or getattr(cfg, k) is None})
+    fill = {k: v for k, v in tile.items() if k in PERSISTENT_TILE_FIELDS or getattr(cfg, k) is None}
+    if fill.get("exp_in_branch") and (windowed or not fill.get("causal_split", cfg.causal_split)):
+        del fill["exp_in_branch"]
+    if cfg.persistent_snake:
+        fill.pop("persistent_greedy", None)
+    return dataclasses.replace(cfg, **fill)
 
 
-def call_config(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int, group: int = 1) -> "AttnConfig":
+def call_config(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int, group: int = 1,
+                windowed: bool = False) -> "AttnConfig":
     """The resolved config ``cfg`` as the forward runs it for one call: ``persistent`` forced by cfg, or by seqlen_q
     when None (persistent_by_default, with DEFAULTS' persistent_tile: persistent_tile_for), normalised to True / None
     so that a non-persistent call's compile cache key (and kernel) is the one from before the field existed.
     ``pack_gqa`` likewise (pack_gqa_by_default): True for the packed kernel (never persistent: AttnConfig refuses
-    persistent=True with it), else None (the plain kernel, its key). kernels/interface.py forward_config memoises it;
-    kernels/tiles.py call_hash names it in result rows."""
+    persistent=True with it), else None (the plain kernel, its key). ``windowed``: the call has a sliding window
+    (persistent_tile_for). kernels/interface.py forward_config memoises it; kernels/tiles.py call_hash names it in
+    result rows."""
     if pack_gqa_by_default(cfg, hdim, seqlen_q, group):
         return dataclasses.replace(cfg, pack_gqa=True, persistent=None)
     if cfg.pack_gqa is not None:
         cfg = dataclasses.replace(cfg, pack_gqa=None)
     want = True if persistent_by_default(cfg, arch, hdim, causal, seqlen_q) else None
     if want and cfg.persistent is None:  # persistent by the sequence length: DEFAULTS' persistent_tile, if any
-        cfg = persistent_tile_for(cfg, arch, hdim, causal, seqlen_q)
+        cfg = persistent_tile_for(cfg, arch, hdim, causal, seqlen_q, windowed)
     return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 
 

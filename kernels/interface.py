@@ -60,11 +60,13 @@ def persistent_grid(sms: int, s_q: int, tile_m: int, heads: int, batch: int) -> 
 
 
 @functools.lru_cache(maxsize=1024)
-def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, group: int = 1) -> AttnConfig:
-    """The config the forward compiles for this call (kernels.config.call_config on this arch). Memoised (a resolved
+def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, group: int = 1,
+                   windowed: bool = False) -> AttnConfig:
+    """The config the forward compiles for this call (kernels.config.call_config on this arch; ``windowed``: the call
+    has a sliding window). Memoised (a resolved
     config is hashable; uncached, a call that changes the config costs ~30-70 us of host time in dataclasses.replace):
     code that edits DEFAULTS / TUNED at run time calls ``cache_clear()``."""
-    return call_config(cfg, ARCH, hdim, causal, seqlen_q, group)
+    return call_config(cfg, ARCH, hdim, causal, seqlen_q, group, windowed)
 
 
 # K/V blocks (per CTA) that cutting the partial round must save to pay for the pieces and their merge: the H200 A/Bs
@@ -160,7 +162,7 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     group = check_gqa_heads(h, k.shape[2], v.shape[2])
     check_cluster(cfg, causal, window_left, window_right)
     by_length = cfg.persistent is None  # the length decides; with split_tail, also whether the split pays
-    cfg = forward_config(cfg, d, causal, s_q, group)
+    cfg = forward_config(cfg, d, causal, s_q, group, window_left >= 0 or window_right >= 0)
     dev = q.device
     index, current = dev.index, torch.cuda.current_device()
     grid = 0

@@ -58,19 +58,23 @@ def is_stale(row: dict) -> bool:
         return False
     try:
         seqlen_q, heads = int(row["seqlen_q"]), int(row["heads"])
-        group = heads // int(row.get("heads_kv") or heads)
+        kv = row.get("heads_kv")  # absent, None or NaN (a frame's row) without GQA
+        group = heads // (int(kv) if isinstance(kv, int) or (isinstance(kv, float) and kv == kv) else heads)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return False
+    w = row.get("window")  # Shape.window: [left, right], else absent / None / NaN
+    windowed = isinstance(w, (list, tuple)) and len(w) == 2
     call = row.get("call_hash")  # forward rows from session 49 on: the per-call rules (persistent by length, ...)
     if isinstance(call, str) and call:
-        return _call_hash_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group) != call
+        return _call_hash_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group, windowed) != call
     # an older row ran before the greedy walk was any call's default (session 49, with call_hash): stale where
     # today's call takes it
-    return _call_greedy_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group)
+    return _call_greedy_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group, windowed)
 
 
 @functools.lru_cache(maxsize=None)
-def _call_greedy_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int) -> bool:
+def _call_greedy_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int,
+                     windowed: bool) -> bool:
     import json
 
     from kernels.config import AttnConfig, ConfigError
@@ -78,13 +82,14 @@ def _call_greedy_now(config_json: str, arch: str, hdim: int, causal: bool, seqle
 
     try:
         return bool(call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q,
-                                         group).get("persistent_greedy"))
+                                         group, windowed).get("persistent_greedy"))
     except (ConfigError, TypeError, ValueError):
         return False
 
 
 @functools.lru_cache(maxsize=None)
-def _call_hash_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int) -> str | None:
+def _call_hash_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int,
+                   windowed: bool) -> str | None:
     import json
 
     from kernels.config import AttnConfig, ConfigError
@@ -92,7 +97,7 @@ def _call_hash_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_
 
     try:
         return compiled_hash(call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q,
-                                                  group))
+                                                  group, windowed))
     except (ConfigError, TypeError, ValueError):
         return None
 

@@ -79,13 +79,15 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
 
 
 def call_compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, seqlen_q: int,
-                         group: int = 1) -> dict:
+                         group: int = 1, windowed: bool = False) -> dict:
     """``compiled_config`` of the forward as one call of ``seqlen_q`` queries (``group`` Q heads per K/V head) runs it:
     with the per-call rules of kernels.config.call_config (persistent by the length, DEFAULTS' persistent_tile,
-    pack_gqa), which compiled_config alone does not see. Rows' ``call_hash`` (from session 49 on)."""
+    pack_gqa; ``windowed``: a sliding window), which compiled_config alone does not see. Rows' ``call_hash`` (from
+    session 49 on). Not in it: whether the split tail runs (kernels/interface.py split_tail_launch: the K/V length,
+    batch, heads and SM count decide)."""
     from .config import call_config
 
-    r = call_config((cfg or AttnConfig()).resolve(arch, hdim, causal), arch, hdim, causal, seqlen_q, group)
+    r = call_config((cfg or AttnConfig()).resolve(arch, hdim, causal), arch, hdim, causal, seqlen_q, group, windowed)
     d = r.to_dict()
     for k in BWD_ONLY_FIELDS:
         d.pop(k, None)

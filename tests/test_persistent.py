@@ -109,6 +109,14 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     assert kept.persistent_greedy  # the entry's other fields still fill what the config left None
     off = forward_config(AttnConfig(persistent_greedy=False).resolve("sm90", 128, True), 128, True, 4096)
     assert off.persistent and off.persistent_greedy is False  # the greedy walk turned off: the round robin
+    # the entry's exp_in_branch only with its causal_split and without a window (the persistent kernel spills else)
+    cs_off = forward_config(AttnConfig(causal_split=False).resolve("sm90", 128, True), 128, True, 4096)
+    assert cs_off.persistent_greedy and not cs_off.exp_in_branch and cs_off.causal_split is False
+    windowed = forward_config(c128, 128, True, 4096, 1, True)
+    assert windowed.persistent_greedy and not windowed.exp_in_branch
+    # an explicit snake order stays (the kernel's snake would yield to a filled-in greedy walk)
+    snake = forward_config(AttnConfig(persistent_snake=True).resolve("sm90", 64, True), 64, True, 2048)
+    assert snake.persistent_snake and not snake.persistent_greedy
     for hdim in (192, 256):
         r = AttnConfig().resolve("sm90", hdim, False)
         assert persistent_tile_for(r, "sm90", hdim, False, 1024) == r

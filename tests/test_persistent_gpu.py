@@ -101,6 +101,8 @@ def test_default_rule_runs_the_persistent_kernel_at_short_seqlen():
     _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # 1025-16384: persistent, the table's 192-row tiles, greedy walk
     _run({}, 1, 16500, 16500, 1, 1, 64, 64, True)  # past the bound: the one-tile kernel
     _run({}, 2, 1000, 1000, 4, 4, 128, 128, True)  # hd128 causal: greedy walk, exp_in_branch + causal_split
+    _run({}, 1, 1100, 1100, 2, 2, 128, 128, True, window=(256, -1))  # with a window: greedy, no exp_in_branch
+    _run({}, 1, 1100, 1100, 2, 2, 128, 128, True, window=(256, -1), cap=30.0)
     _run({}, 2, 1000, 1000, 4, 4, 256, 256, True)  # hd256 / (192, 128) causal <= 16k: greedy walk
     _run({}, 2, 1000, 1000, 4, 4, 192, 128, True)
     keys = [str(r.key) for r in compile_records() if r.key[0] == "fwd"]  # (which config each call takes:
