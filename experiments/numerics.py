@@ -299,8 +299,10 @@ def finalize(df, outdir) -> list[str]:
     fig.suptitle("FA4 algorithm model (kernels/reference.py) vs fp64: conditional rescale tau x exp2 emulation "
                  "fraction", fontsize=11)
     fig.tight_layout()
+    from analysis.style import write_png  # a 256-colour PNG, as the committed figures (it travels with GPU runs)
+
     p = outdir / "numerics.png"
-    fig.savefig(p, dpi=110)
+    write_png(fig, p, dpi=110)
     plt.close(fig)
     written.append(str(p))
     return written
