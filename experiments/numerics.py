@@ -299,10 +299,14 @@ def finalize(df, outdir) -> list[str]:
     fig.suptitle("FA4 algorithm model (kernels/reference.py) vs fp64: conditional rescale tau x exp2 emulation "
                  "fraction", fontsize=11)
     fig.tight_layout()
-    from analysis.style import write_png  # a 256-colour PNG, as the committed figures (it travels with GPU runs)
+    import io
 
-    p = outdir / "numerics.png"
-    write_png(fig, p, dpi=110)
+    from PIL import Image
+
+    p, buf = outdir / "numerics.png", io.BytesIO()
+    fig.savefig(buf, dpi=110, format="png")  # saved with 256 colours, as analysis/style.py saves the figures (the
+    rgb = Image.open(buf).convert("RGB")  # committed copy travels with every GPU run; experiments/ imports no analysis/)
+    rgb.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(p, optimize=True)
     plt.close(fig)
     written.append(str(p))
     return written

@@ -19,25 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def kernel_times(fn, reps: int) -> dict[str, float]:
-    """Mean GPU time per call (us) of each kernel ``fn`` launches, over ``reps`` profiled calls."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for e in prof.key_averages():
-        if e.device_type.name == "CUDA" and e.count:
-            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-            out[e.key[:80]] = total / reps
-    return out
+sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def wall_us(fn, reps: int) -> float:
@@ -68,6 +50,7 @@ def main(argv=None) -> int:
 
     import kernels.interface as itf
     from kernels import AttnConfig
+    from bwd_ab import kernel_split  # torch.profiler's device time per kernel and call
     from kernels.interface import attention_forward, resolve_config
 
     itf.split_tail_pays = lambda sms, tail, n_blocks: True
@@ -88,13 +71,13 @@ def main(argv=None) -> int:
         def call(cfg=cfg):
             attention_forward(q, k, v, False, scale, cfg)
 
-        kt = kernel_times(call, a.reps)
+        kt = kernel_split({name: call}, a.reps)[name]  # [(kernel, us per call, launches per call)], longest first
         row = dict(variant=name, hdim=d, seqlen=a.seqlen, seqlen_k=sk, batch=a.batch, heads=h,
-                   wall_us=wall_us(call, a.reps), kernels_us=kt, gpu_us=sum(kt.values()))
+                   wall_us=wall_us(call, a.reps), kernels=kt, gpu_us=sum(us for _, us, _ in kt))
         rows.append(row)
         print(f"{name:6s} wall {row['wall_us']:9.1f} us  kernels {row['gpu_us']:9.1f} us")
-        for kname, us in sorted(kt.items(), key=lambda x: -x[1]):
-            print(f"    {us:9.1f} us  {kname}")
+        for kname, us, n in kt:
+            print(f"    {us:9.1f} us  x{n:g}  {kname}")
     if a.out:
         with open(a.out, "a") as f:
             for r in rows:
