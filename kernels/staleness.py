@@ -64,42 +64,32 @@ def is_stale(row: dict) -> bool:
         return False
     w = row.get("window")  # Shape.window: [left, right], else absent / None / NaN
     windowed = isinstance(w, (list, tuple)) and len(w) == 2
+    now = _call_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group, windowed)
+    if now is None:
+        return False
     call = row.get("call_hash")  # forward rows from session 49 on: the per-call rules (persistent by length, ...)
     if isinstance(call, str) and call:
-        return _call_hash_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group, windowed) != call
+        return now[0] != call
     # an older row ran before the greedy walk was any call's default (session 49, with call_hash): stale where
     # today's call takes it
-    return _call_greedy_now(cfg_json, row_arch(row), hdim, causal, seqlen_q, group, windowed)
+    return now[1]
 
 
 @functools.lru_cache(maxsize=None)
-def _call_greedy_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int,
-                     windowed: bool) -> bool:
-    import json
-
-    from kernels.config import AttnConfig, ConfigError
-    from kernels.tiles import call_compiled_config
-
-    try:
-        return bool(call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q,
-                                         group, windowed).get("persistent_greedy"))
-    except (ConfigError, TypeError, ValueError):
-        return False
-
-
-@functools.lru_cache(maxsize=None)
-def _call_hash_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int,
-                   windowed: bool) -> str | None:
+def _call_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int,
+              windowed: bool) -> tuple[str, bool] | None:
+    """(call hash, whether the call runs the greedy walk) of today's per-call forward config; None if it no longer
+    resolves."""
     import json
 
     from kernels.config import AttnConfig, ConfigError
     from kernels.tiles import call_compiled_config, compiled_hash
 
     try:
-        return compiled_hash(call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q,
-                                                  group, windowed))
+        d = call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q, group, windowed)
     except (ConfigError, TypeError, ValueError):
         return None
+    return compiled_hash(d), bool(d.get("persistent_greedy"))
 
 
 def stale_job_keys(rows) -> set[str]:

@@ -59,12 +59,9 @@ def compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: bool, 
     if mode not in ("fwd", "bwd"):
         raise ValueError(f"mode={mode!r}: supported modes are 'fwd', 'bwd'")
     r = (cfg or AttnConfig()).resolve(arch, hdim, causal)
-    d = r.to_dict()
     if mode == "fwd":
-        for k in BWD_ONLY_FIELDS:
-            d.pop(k, None)
-        d["exp2_emu_fraction"] = quantized_exp2_fraction(r.exp2_emu_fraction, r.tile_n // 8)
-        return d
+        return _fwd_dict(r)
+    d = r.to_dict()
     tm, tn = bwd_tile(arch, hdim, causal)
     tm = r.bwd_tile_m if normalize_arch(arch) == "sm90" else tm
     for k in (*FWD_ONLY_FIELDS, "bwd_tile_m"):  # bwd_tile_m -> tile_m
@@ -87,7 +84,13 @@ def call_compiled_config(cfg: AttnConfig | None, arch: str, hdim: int, causal: b
     batch, heads and SM count decide)."""
     from .config import call_config
 
-    r = call_config((cfg or AttnConfig()).resolve(arch, hdim, causal), arch, hdim, causal, seqlen_q, group, windowed)
+    return _fwd_dict(call_config((cfg or AttnConfig()).resolve(arch, hdim, causal), arch, hdim, causal, seqlen_q,
+                                 group, windowed))
+
+
+def _fwd_dict(r: AttnConfig) -> dict:
+    """A resolved config as the forward kernel compiles it: without the backward's fields, the exp2 fraction rounded
+    to whole register fragments."""
     d = r.to_dict()
     for k in BWD_ONLY_FIELDS:
         d.pop(k, None)
