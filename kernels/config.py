@@ -210,13 +210,14 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "p_cvt_asm": (None, False), "pv_wait_mid": (None, False),
                                 "early_v_release": (None, False), "persistent_snake": (None, False),
                                 "q_in_regs": (None, False), "split_tail": (None, False),
-                                "persistent_greedy": (None, False), "lazy_row_max": (None, False)}
+                                "persistent_greedy": (None, False), "lazy_row_max": (None, False),
+                                "row_sum_mma": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
-                  "split_tail", "persistent_greedy", "lazy_row_max")
+                  "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -470,6 +471,14 @@ class AttnConfig:
     # at hd64 / hd128 non-causal 8k (H200, session 49, session_ab/fwd_probe_8k.jsonl). None = DEFAULTS' (absent:
     # off); left out of to_dict() while None or False. Opt-in, not yet timed (written in session 49 without a GPU).
     lazy_row_max: bool | None = None
+    # sm90 forward (elsewhere no effect): the row sums on the tensor cores instead of one FADD per P element -- every
+    # P V GEMM is followed, in its wgmma group, by P times a ones tile in shared memory (m64n8), whose accumulator is
+    # rescaled with O and holds whole-row sums (no quad reduction in the epilogue). The sums are those of P's 16-bit
+    # values (the ones O is built from), so outputs differ from the default's in the last bits. The bound it aims at:
+    # scripts/fwd_probe.py no_rowsum, 1.036 / 1.055x at hd64 / hd128 non-causal 8k (H200, session 49); it costs an
+    # N = 8 GEMM per P V (1/16 more PV work at hd128). None = DEFAULTS' (absent: off); left out of to_dict() while None
+    # or False. Opt-in, written in session 50.
+    row_sum_mma: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -568,7 +577,7 @@ class AttnConfig:
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
-                     "split_tail", "lazy_row_max"):
+                     "split_tail", "lazy_row_max", "row_sum_mma"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
@@ -582,7 +591,8 @@ class AttnConfig:
         # and compile key) is the one from before these fields existed
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                      "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
-                     "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail", "lazy_row_max"):
+                     "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail", "lazy_row_max",
+                     "row_sum_mma"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
@@ -711,7 +721,7 @@ BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bw
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
-                   "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max")
+                   "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

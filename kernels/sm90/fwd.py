@@ -133,6 +133,7 @@ class ConsumerFrags(NamedTuple):
     tSrK: object
     tOrVt: object
     q_copy: object = None  # q_in_regs: (ldmatrix tiled copy, this thread's sQ partition, the register fragment)
+    ones: object = None  # row_sum_mma: (its m64n8 tiled MMA, this thread's slice, the ones tile's B fragment)
 
 
 class Tile(NamedTuple):
@@ -161,6 +162,7 @@ class TileRegs(NamedTuple):
     row_max: object
     row_sum: object
     row_scale: object
+    acc_L: object = None  # row_sum_mma: the m64n8 accumulator of P 1 (every column a row sum)
 
 
 class BlockArgs(NamedTuple):
@@ -189,7 +191,7 @@ class FlashFwdSm90:
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
-                 lazy_row_max: bool = False):
+                 lazy_row_max: bool = False, row_sum_mma: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -316,6 +318,11 @@ class FlashFwdSm90:
         # tau > 0: the rescale decision on each thread's own row maxima, the quad's shuffles only in the rescale arm
         # (softmax.online_softmax_step lazy_max); bitwise the same output
         self.lazy_row_max = bool(lazy_row_max) and self.tau != 0.0
+        # the row sums on the tensor cores: every P V GEMM is followed, in the same wgmma group, by P times a tile of
+        # ones in shared memory (m64n8, B = ones (8, tile_n)); its accumulator, rescaled with O, holds whole-row sums, so
+        # the softmax has no FADD per element and the epilogue no quad reduction. P's sums are then those of its 16-bit
+        # values, the same ones O is built from.
+        self.row_sum_mma = bool(row_sum_mma)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -325,11 +332,16 @@ class FlashFwdSm90:
         self.num_threads = self.threads_per_wg * (1 + self.num_consumer_wg)
         elem = dtype.width // 8
         smem = elem * (tile_m * hdim + num_stages * tile_n * (hdim + hdim_v))
-        if smem > 227 * 1024 - 2048:
+        # the struct: the mbarriers in its first KB (sQ is 1024-aligned), the tiles (KB multiples), then sO / the ones
+        # tile; the tiles alone keep a 2 KB margin, the row_sum_mma ones tile may use the second of those KB (hd256)
+        limit = 227 * 1024 - 2048
+        if self.row_sum_mma:
+            smem, limit = smem + elem * 8 * tile_n, 227 * 1024 - 1024
+        if smem > limit:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
         # persistent, where shared memory allows (all but hd256): O in its own buffer (see the module docstring)
-        self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= 227 * 1024 - 2048
+        self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= limit
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -379,29 +391,40 @@ class FlashFwdSm90:
 
         q_o_elems = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
         o_elems = cute.cosize(sO_layout)
+        ones_elems = cute.cosize(self._ones_layout()) if const_expr(self.row_sum_mma) else 0
 
-        if const_expr(self.separate_o):  # persistent: O in its own buffer
-            @cute.struct
-            class SharedStorage:
-                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
-                sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_elems], 1024]
-        else:
-            @cute.struct
-            class SharedStorage:
-                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-                mbar_K: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                mbar_V: cute.struct.MemRange[cutlass.Int64, self.num_stages * 2]
-                sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, q_o_elems], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+        SharedStorage = self._shared_storage(cute.cosize(sQ_layout), q_o_elems, cute.cosize(sK_layout),
+                                             cute.cosize(sV_layout), o_elems, ones_elems)
 
         return (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout,
                 sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage)
+
+    def _shared_storage(self, q_elems: int, q_o_elems: int, k_elems: int, v_elems: int, o_elems: int,
+                        ones_elems: int):
+        """The shared storage struct: the Q / K / V pipelines' mbarriers, sQ, sK, sV, then sO (separate_o; else O
+        reuses Q's buffer, sized for both) and the row_sum_mma ones tile (``ones_elems`` > 0)."""
+        dt, stages = self.dtype, self.num_stages
+        fields = {"mbar_Q": cute.struct.MemRange[cutlass.Int64, 2],
+                  "mbar_K": cute.struct.MemRange[cutlass.Int64, stages * 2],
+                  "mbar_V": cute.struct.MemRange[cutlass.Int64, stages * 2],
+                  "sQ": cute.struct.Align[cute.struct.MemRange[dt, q_elems if self.separate_o else q_o_elems], 1024],
+                  "sK": cute.struct.Align[cute.struct.MemRange[dt, k_elems], 1024],
+                  "sV": cute.struct.Align[cute.struct.MemRange[dt, v_elems], 1024]}
+        if self.separate_o:
+            fields["sO"] = cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
+        if ones_elems:
+            fields["sOnes"] = cute.struct.Align[cute.struct.MemRange[dt, ones_elems], 1024]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def _ones_layout(self):
+        """row_sum_mma: the ones tile, the B operand (N 8, K tile_n) of the m64n8 row-sum wgmma, K-major like sK."""
+        return self._smem_layout(8, self.tile_n, None)
+
+    def _tiled_mma_ones(self):
+        """row_sum_mma: O's tiled MMA with N = 8 (P from registers times the ones tile)."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (self.num_consumer_wg, 1, 1), (64, 8), warpgroup.OperandSource.RMEM)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -558,6 +581,10 @@ class FlashFwdSm90:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
+        if const_expr(self.row_sum_mma):
+            self.fill_ones(storage, tidx)  # (made visible by the barrier in make_pipelines)
+            # trace-time handle for consumer_fragments (this kernel's trace only)
+            self._s_ones = storage.sOnes.get_tensor(self._ones_layout().outer, swizzle=self._ones_layout().inner)
         pipe_q, pipe_k, pipe_v = self.make_pipelines(storage)
         sQ, sK, sV, sVt, sO = self.smem_tensors(storage, sQ_layout, sK_layout, sV_layout, sO_layout)
 
@@ -579,6 +606,18 @@ class FlashFwdSm90:
                     # no CTA leaves while its peer can still arrive on its empty barriers
                     cute.arch.cluster_arrive()
                     cute.arch.cluster_wait()
+
+    @cute.jit
+    def fill_ones(self, storage, tidx: Int32):
+        """row_sum_mma: every thread writes its share of the ones tile, then fences it for the async proxy (wgmma
+        reads shared memory through it); the CTA barrier that follows in make_pipelines publishes it."""
+        n = cute.cosize(self._ones_layout())
+        flat = storage.sOnes.get_tensor(cute.make_layout(n))
+        for j in cutlass.range_constexpr((n + self.num_threads - 1) // self.num_threads):
+            i = j * self.num_threads + tidx
+            if i < n:
+                flat[i] = self.dtype(1.0)
+        cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def make_pipelines(self, storage):
@@ -913,7 +952,7 @@ class FlashFwdSm90:
         return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
                                    self.emu_frags, self.poly, is_first, self.exp_in_branch,
                                    self.p_inline_cvt and not is_first, head_cols, m_scaled, pv_done,
-                                   self.lazy_row_max)
+                                   self.lazy_row_max, not self.row_sum_mma)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -973,12 +1012,19 @@ class FlashFwdSm90:
             tOrP.store(acc_as_a_operand(acc_S).load().to(self.dtype))
 
     @cute.jit
-    def maybe_rescale(self, acc_O, row_scale, do_rescale: Boolean):
+    def maybe_rescale(self, regs: TileRegs, row_scale, do_rescale: Boolean):
         if const_expr(self.tau == 0.0):
-            rescale_o(acc_O, row_scale)
+            self.rescale_acc(regs, row_scale)
         else:
             if do_rescale:
-                rescale_o(acc_O, row_scale)
+                self.rescale_acc(regs, row_scale)
+
+    @cute.jit
+    def rescale_acc(self, regs: TileRegs, row_scale):
+        """O (and row_sum_mma's row-sum accumulator) times the rows' factors."""
+        rescale_o(regs.acc_O, row_scale)
+        if const_expr(self.row_sum_mma):
+            rescale_o(regs.acc_L, row_scale)
 
     @cute.jit
     def defer_rescale(self, row_scale, do_rescale: Boolean):
@@ -1008,7 +1054,13 @@ class FlashFwdSm90:
             q_copy = (copy_q, thr_copy_q.partition_S(sQ), thr_copy_q.retile(tSrQ))
         else:
             tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
-        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy)
+        ones = None
+        if const_expr(self.row_sum_mma):
+            tiled_mma_l = self._tiled_mma_ones()
+            sOnes = self._s_ones
+            wg_mma_l = tiled_mma_l.get_slice(wg * self.threads_per_wg)
+            ones = (tiled_mma_l, tiled_mma_l.get_slice(tidx), wg_mma_l.make_fragment_B(wg_mma_l.partition_B(sOnes)))
+        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy, ones)
 
     @cute.jit
     def load_q_regs(self, frags: ConsumerFrags) -> None:
@@ -1082,7 +1134,10 @@ class FlashFwdSm90:
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_scale = cute.make_rmem_tensor(n_rows, Float32)
         m_base = tile.m_block * self.tile_m
-        regs = TileRegs(acc_shape_S, acc_O, tOrP, tScS, row_max, row_sum, row_scale)
+        acc_L = None
+        if const_expr(self.row_sum_mma):
+            acc_L = cute.make_rmem_tensor(frags.ones[1].partition_shape_C((self.tile_m, 8)), Float32)
+        regs = TileRegs(acc_shape_S, acc_O, tOrP, tScS, row_max, row_sum, row_scale, acc_L)
         args = BlockArgs(scale_log2, softcap_mul, m_base, tile.seqlen_q, tile.seqlen_k, tile.n_block_min_masked,
                          tile.n_block_local_end)
         return regs, args, n_iter
@@ -1095,6 +1150,8 @@ class FlashFwdSm90:
         issued together), then the last block's PV (last_pv). Returns the consumer K/V state."""
         self.first_block(tiled_mma_qk, pipe_k, frags, regs, args, n_block_max - 1, state)
         regs.acc_O.fill(0.0)  # (rescale_before_pv: the first step scales these zeros by the first block's 1.0)
+        if const_expr(self.row_sum_mma):
+            regs.acc_L.fill(0.0)
         if const_expr(self.causal_split):
             # two loops, no mask decision inside either: the diagonal blocks after the first (masked), then the rest.
             # (With the decision inside one loop, ptxas compiles the loop as divergent at hd128 / (192, 128): pipeline
@@ -1176,9 +1233,9 @@ class FlashFwdSm90:
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
         wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
         if const_expr(self.rescale_before_pv):  # O (PV(j-1) done) by block j's factors, while S(j+1) is computed
-            rescale_o(regs.acc_O, regs.row_scale)
+            self.rescale_acc(regs, regs.row_scale)
         pipe_v.consumer_wait(state_v)
-        wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state_v.index], False)
+        self.pv_gemm(tiled_mma_pv, frags, regs, state_v.index)
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(state)
@@ -1197,12 +1254,22 @@ class FlashFwdSm90:
             pipe_v.consumer_release(state_v)
         if const_expr(self.pv_wait_mid):  # P V(j) done, its V stage released: the rest of block j+1's softmax
             online_softmax_finish(acc_S, regs.row_sum, regs.row_scale, m_scaled, args.scale_log2, do_rescale, self.tau,
-                                  self.emu_frags, self.poly, self.pv_head_cols, self.p_inline_cvt)
+                                  self.emu_frags, self.poly, self.pv_head_cols, self.p_inline_cvt,
+                                  not self.row_sum_mma)
         self.to_p(acc_S, regs.tOrP)
         if const_expr(self.rescale_before_pv):
             self.defer_rescale(regs.row_scale, do_rescale)
         else:
-            self.maybe_rescale(regs.acc_O, regs.row_scale, do_rescale)
+            self.maybe_rescale(regs, regs.row_scale, do_rescale)
+
+    @cute.jit
+    def pv_gemm(self, tiled_mma_pv, frags: ConsumerFrags, regs: TileRegs, stage: Int32):
+        """O += P V on V stage ``stage`` as one wgmma group (row_sum_mma: then, in the same group, L += P 1)."""
+        if const_expr(self.row_sum_mma):
+            wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, stage], False, commit=False)
+            wgmma(frags.ones[0], regs.acc_L, regs.tOrP, frags.ones[2], False, fence=False)
+        else:
+            wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, stage], False)
 
     @cute.jit
     def wait_pv_release_v(self, pipe_v, state_v):
@@ -1216,9 +1283,9 @@ class FlashFwdSm90:
         """Overlap, last half: O += P V of the tile's last block (the epilogue hand-off; rescale_before_pv: O is first
         scaled by that block's row factors)."""
         if const_expr(self.rescale_before_pv):
-            rescale_o(regs.acc_O, regs.row_scale)
+            self.rescale_acc(regs, regs.row_scale)
         pipe_v.consumer_wait(state)
-        wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state.index], False)
+        self.pv_gemm(tiled_mma_pv, frags, regs, state.index)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state)
 
@@ -1229,6 +1296,8 @@ class FlashFwdSm90:
         serial_block each; pingpong: a warpgroup's GEMM turn covers PV(j) and QK^T(j+1), its softmax runs outside
         it). Returns the consumer K/V state."""
         regs.acc_O.fill(0.0)
+        if const_expr(self.row_sum_mma):
+            regs.acc_L.fill(0.0)
         self.sched_sync(frags.wg)
         for i in cutlass.range(n_iter, unroll=1):
             n_block = n_block_max - 1 - i
@@ -1255,11 +1324,11 @@ class FlashFwdSm90:
             self.softmax_block(acc_S, regs, args, n_block, True, True)
         else:
             do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
-            self.maybe_rescale(regs.acc_O, regs.row_scale, do_rescale)
+            self.maybe_rescale(regs, regs.row_scale, do_rescale)
         self.to_p(acc_S, regs.tOrP)
         pipe_v.consumer_wait(state)
         self.sched_sync(frags.wg)
-        wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, state.index], False)
+        self.pv_gemm(tiled_mma_pv, frags, regs, state.index)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state)
 
@@ -1270,7 +1339,11 @@ class FlashFwdSm90:
         n_rows = cute.size(regs.row_max)
         inv_sum = cute.make_rmem_tensor(n_rows, Float32)
         lse = cute.make_rmem_tensor(n_rows, Float32)
-        finalize(regs.row_max, regs.row_sum, scale_log2, inv_sum, lse)
+        if const_expr(self.row_sum_mma):  # every column of a row of L holds that row's sum
+            lrc = acc_rows_cols(regs.acc_L)
+            for r in cutlass.range_constexpr(n_rows):
+                regs.row_sum[r] = lrc[r, 0]
+        finalize(regs.row_max, regs.row_sum, scale_log2, inv_sum, lse, not self.row_sum_mma)
         rescale_o(regs.acc_O, inv_sum)
         rO = cute.make_rmem_tensor(regs.acc_O.shape, self.dtype)
         rO.store(regs.acc_O.load().to(self.dtype))

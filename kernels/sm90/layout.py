@@ -12,6 +12,10 @@ import cutlass.cute as cute
 
 def _rows_cols_layout(acc_layout):
     cm = cute.make_layout(acc_layout.shape)  # column-major over the fragment's logical shape
+    if len(cm.shape[0]) == 2:  # an m64n8 accumulator: mode 0 is (2, 2), one column chunk
+        shape = ((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[2]))
+        stride = ((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[2]))
+        return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
     shape = ((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[0][2], cm.shape[2]))
     stride = ((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[0][2], cm.stride[2]))
     return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))

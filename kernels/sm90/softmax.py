@@ -93,6 +93,7 @@ def online_softmax_step(
     m_scaled: cute.Tensor = None,
     pv_done=None,
     lazy_max: cutlass.Constexpr[bool] = False,
+    sums: cutlass.Constexpr[bool] = True,
 ) -> Boolean:
     """Exponentiate acc_S in place (P, unnormalised) and update row_max / row_sum.
 
@@ -121,6 +122,9 @@ def online_softmax_step(
     maxima (a row grows by more than tau iff one of its lanes' columns does, so the warp's vote is the same), and the
     quad's shuffles run only in the rescale arm, where the new maxima are needed; the arm that keeps the maxima, nearly
     every block after the first few, has none. Same values, bitwise the same output.
+
+    ``sums`` False (AttnConfig.row_sum_mma): no row sums here (no FADD per element); the caller's P V chain sums P's rows
+    on the tensor cores instead (a wgmma against a ones tile), and row_sum is left untouched.
     """
     s = acc_rows_cols(acc_S)
     n_rows = cute.size(s, mode=[0])
@@ -164,21 +168,22 @@ def online_softmax_step(
             if do_rescale:
                 _quad_max_if(lazy, new_max, n_rows)
                 _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
-                _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 1)
+                _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 1 if sums else 0)
             else:
-                _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 2)
+                _exp_rows(s, row_max, row_sum, row_scale, scale_log2, emu_frags, poly, k, 2 if sums else 0)
             return do_rescale
         if do_rescale:
             _quad_max_if(lazy, new_max, n_rows)
             _take_new_max(row_max, new_max, row_scale, scale_log2, n_rows)
     for r in cutlass.range_constexpr(n_rows):
-        acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
-        if const_expr(is_first):
-            if const_expr(pin_sums):
-                acc = pin_f32(acc)
-            row_sum[r] = acc
-        else:
-            _add_row_sum(row_sum, row_scale, r, acc, tau, do_rescale, pin_sums)
+        acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k, sums)
+        if const_expr(sums):
+            if const_expr(is_first):
+                if const_expr(pin_sums):
+                    acc = pin_f32(acc)
+                row_sum[r] = acc
+            else:
+                _add_row_sum(row_sum, row_scale, r, acc, tau, do_rescale, pin_sums)
     return do_rescale
 
 
@@ -200,13 +205,17 @@ def _add_row_sum(row_sum: cute.Tensor, row_scale: cute.Tensor, r: cutlass.Conste
 
 @cute.jit
 def _exp_row(s: cute.Tensor, r: cutlass.Constexpr[int], row_max: cute.Tensor, scale_log2: Float32,
-             emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], k: cutlass.Constexpr[int]):
+             emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], k: cutlass.Constexpr[int],
+             sums: cutlass.Constexpr[bool] = True):
     """Row ``r`` of ``s`` (the (rows, cols) view) to P = 2^(S * scale_log2 - row_max[r] * scale_log2) in place (the
     FMA-pipe polynomial on the ``emu_frags`` fragments, MUFU.EX2 elsewhere); returns the row's sum (k independent
-    partials, tree-added). An empty row (max -inf) is offset by 0."""
+    partials, tree-added; None without ``sums``). An empty row (max -inf) is offset by 0."""
     m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
     _exp_cols(s, r, m_s, scale_log2, emu_frags, poly, 0, cute.size(s, mode=[1]))
-    return _row_sum(s, r, k)
+    total = None
+    if const_expr(sums):
+        total = _row_sum(s, r, k)
+    return total
 
 
 @cute.jit
@@ -252,7 +261,8 @@ def _exp_head(s: cute.Tensor, row_max: cute.Tensor, m_scaled: cute.Tensor, scale
 def online_softmax_finish(acc_S: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor, m_scaled: cute.Tensor,
                           scale_log2: Float32, do_rescale: Boolean, tau: cutlass.Constexpr[float],
                           emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple],
-                          head_cols: cutlass.Constexpr[int], pin_sums: cutlass.Constexpr[bool]):
+                          head_cols: cutlass.Constexpr[int], pin_sums: cutlass.Constexpr[bool],
+                          sums: cutlass.Constexpr[bool] = True):
     """pv_wait_mid, after the caller's wait for its P V: the columns of every row past ``head_cols`` exponentiated (the
     offsets ``online_softmax_step`` left in ``m_scaled``) and the row sums updated as the default does (same partials,
     same order: row_sum * row_scale + sum when the warp rescaled, row_sum + sum when it kept its maxima)."""
@@ -261,7 +271,8 @@ def online_softmax_finish(acc_S: cute.Tensor, row_sum: cute.Tensor, row_scale: c
     k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         _exp_cols(s, r, m_scaled[r], scale_log2, emu_frags, poly, head_cols, n_cols)
-        _add_row_sum(row_sum, row_scale, r, _row_sum(s, r, k), tau, do_rescale, pin_sums)
+        if const_expr(sums):
+            _add_row_sum(row_sum, row_scale, r, _row_sum(s, r, k), tau, do_rescale, pin_sums)
 
 
 @cute.jit
@@ -269,12 +280,13 @@ def _exp_rows(s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, row_sc
               emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], k: cutlass.Constexpr[int],
               sum_mode: cutlass.Constexpr[int]):
     """exp_in_branch: P = 2^(S * scale_log2 - m * scale_log2) in place for the rows of ``s`` (the (rows, cols) view),
-    and the row sums: sum_mode 1 row_sum * row_scale + sum (the maxima were just replaced), 2 row_sum + sum (kept)."""
+    and the row sums: sum_mode 1 row_sum * row_scale + sum (the maxima were just replaced), 2 row_sum + sum (kept),
+    0 none (row_sum_mma)."""
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-        acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
+        acc = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k, sum_mode != 0)
         if const_expr(sum_mode == 1):
             row_sum[r] = row_sum[r] * row_scale[r] + acc
-        else:
+        elif const_expr(sum_mode == 2):
             row_sum[r] = row_sum[r] + acc
 
 
@@ -287,10 +299,14 @@ def rescale_o(acc_O: cute.Tensor, row_scale: cute.Tensor):
 
 
 @cute.jit
-def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2: Float32, inv_sum: cute.Tensor, lse: cute.Tensor):
-    """inv_sum = 1 / (quad-reduced row sum) (0 for empty rows); lse = natural-log LSE (-inf for empty rows)."""
+def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2: Float32, inv_sum: cute.Tensor, lse: cute.Tensor,
+             quad: cutlass.Constexpr[bool] = True):
+    """inv_sum = 1 / (quad-reduced row sum) (0 for empty rows); lse = natural-log LSE (-inf for empty rows).
+    ``quad`` False: row_sum already holds whole rows (row_sum_mma: the tensor cores' sums)."""
     for r in cutlass.range_constexpr(cute.size(row_sum)):
-        total = quad_allreduce_sum(row_sum[r])
+        total = row_sum[r]
+        if const_expr(quad):
+            total = quad_allreduce_sum(row_sum[r])
         empty = (total == Float32(0.0)) | (total != total)
         inv_sum[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
         m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
