@@ -15,13 +15,16 @@
 # Part 6 (session 49): after the defaults changed, the forward GPU tests, then the default against one tile per CTA.
 # Part 7 (next session): lazy_row_max's GPU tests and A/B, then the GPU tests part 6 did not reach. Part 8: split_tail
 #   by the call at hd256 / (192, 128), hd64 non-causal persistent at 2k / 4k, the split's cost per call profiled.
+# Part 9 (session 50): row_sum_mma (the row sums as a wgmma of P against a ones tile): its accuracy tests first, then
+#   A/Bs against the default (hd64 / hd128 non-causal 8k, causal 4k; hd128 16k; hd256 / (192, 128) 8k), then the rest of
+#   its GPU tests (every switch it touches, windows, softcap, GQA).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8|9]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8|9]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -44,9 +47,11 @@ ab() {  # causal hdim seqlen repeats cap [extra fwd_ab args]
     --repeats "$r" --out "$O/ab.jsonl" "$@" >>"$O/ab.log" 2>&1
   echo "causal=$causal hd$hd s$s $* rc=$?" >>"$O/ab.log"
 }
-tests() {  # test file, cap
-  timeout "$(cap "$2")" python -m pytest -q -x -p no:cacheprovider "$1" >>"$O/tests.log" 2>&1
-  echo "$1 rc=$?" >>"$O/tests.log"
+tests() {  # test file, cap [pytest args]
+  local f=$1 c=$2
+  shift 2
+  timeout "$(cap "$c")" python -m pytest -q -x -p no:cacheprovider "$f" "$@" >>"$O/tests.log" 2>&1
+  echo "$f $* rc=$?" >>"$O/tests.log"
   tail -n 3 "$O/tests.log"
 }
 SPLIT=(--cfg pers=persistent:true split=persistent:true,split_tail:true)
@@ -124,6 +129,17 @@ case "$PART" in
     --out "$O/split_profile.jsonl" >>"$O/split_profile.log" 2>&1
   cat "$O/split_profile.log"
   ;;
+9)  # session 50: row_sum_mma
+  tests tests/test_fwd_row_sum_mma_gpu.py 100 -k "accurate or close"
+  RSM=${RSM_CFG:-rsm=row_sum_mma:true}
+  for hd in 128 64; do
+    ab 0 $hd 8192 8 45 --batch 4 --cfg $RSM
+    ab 1 $hd 4096 8 45 --batch 8 --cfg $RSM
+  done
+  ab 0 128 16384 8 45 --batch 2 --cfg $RSM
+  for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg $RSM; done
+  tests tests/test_fwd_row_sum_mma_gpu.py 150 -k "not accurate and not close"
+  ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
     >>"$O/probe.log" 2>&1
@@ -131,6 +147,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-8" >&2; exit 2 ;;
+*) echo "part must be 1-9" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"
