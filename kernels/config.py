@@ -94,6 +94,10 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
                        bwd_tile_m=128, persistent_max_seqlen=(1024, 16384), two_cta=False, rescale_before_pv=False,
                        bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
+                       # the rescale vote on each lane's own maxima, the quad's max shuffles in the rescale arm
+                       # (AttnConfig.lazy_row_max; outputs bitwise). H200 session 50 (archive_2026-12-05b,
+                       # sched_lazy.jsonl), 32k tokens, 10 rounds: 1.039 non-causal 8k, 1.017 causal 4k
+                       lazy_row_max=(True, True),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
                        bwd_pdl=(True, True), bwd_stream_post=(True, True),
@@ -128,6 +132,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # (p20 > 1 in 7 of 8; session_ab/fwd128_qrs_32ktok.jsonl); 16k tokens 1.002-1.007
                         # (fwd128_192_qrs.jsonl). (192, 128): 0.992-1.001, off.
                         q_in_regs=(True, True),
+                        # AttnConfig.lazy_row_max (outputs bitwise). H200 session 50 (archive_2026-12-05b,
+                        # sched_lazy.jsonl), 32k tokens, 10 rounds: 1.025 / 1.029 non-causal 8k / 16k, 1.012 causal 4k
+                        lazy_row_max=(True, True),
                         # non-causal: the persistent kernel's partial last round cut over every SM where
                         # kernels.interface.split_tail_pays (AttnConfig.split_tail). H200 session 49 (archive_2026-12-05,
                         # sched_split_*.jsonl), 32k tokens, 10-12 rounds, speed vs the default of then: 1.011-1.013 /
@@ -461,23 +468,25 @@ class AttnConfig:
     # the one-tile grid's CTAs to SMs, instead of the static round robin (kernels/sm90/greedy_walk.py; the table is
     # cached per shape and device; build it outside a CUDA graph capture: the first call of a shape copies it to the
     # GPU). Same tiles, same products: outputs bitwise the round robin's. persistent_snake yields to it. None = off;
-    # left out of to_dict() while None or False. Opt-in, not yet timed.
+    # left out of to_dict() while None or False. DEFAULTS' persistent_tile sets it for causal calls (session 49).
     persistent_greedy: bool | None = None
     # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
     # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
     # quad's max shuffles (2 SHFL + 2 FMNMX per row) run only in the rescale arm, which after the first blocks almost no
     # block takes (kernels/sm90/softmax.py online_softmax_step lazy_max). Same values, outputs bitwise the default's.
     # The bound it aims at: scripts/fwd_probe.py no_maxshfl, the kernel without those shuffles at all, 1.042 / 1.021x
-    # at hd64 / hd128 non-causal 8k (H200, session 49, session_ab/fwd_probe_8k.jsonl). None = DEFAULTS' (absent:
-    # off); left out of to_dict() while None or False. Opt-in, not yet timed (written in session 49 without a GPU).
+    # at hd64 / hd128 non-causal 8k (H200, session 49, session_ab/fwd_probe_8k.jsonl); measured 1.039 / 1.025 there
+    # (session 50). None = DEFAULTS' (hd 64 / 128 since session 50, not at tau 0; absent: off); left out of to_dict()
+    # while None or False.
     lazy_row_max: bool | None = None
     # sm90 forward (elsewhere no effect): the row sums on the tensor cores instead of one FADD per P element -- every
     # P V GEMM is followed, in its wgmma group, by P times a ones tile in shared memory (m64n8), whose accumulator is
     # rescaled with O and holds whole-row sums (no quad reduction in the epilogue). The sums are those of P's 16-bit
     # values (the ones O is built from), so outputs differ from the default's in the last bits. The bound it aims at:
     # scripts/fwd_probe.py no_rowsum, 1.036 / 1.055x at hd64 / hd128 non-causal 8k (H200, session 49); it costs an
-    # N = 8 GEMM per P V (1/16 more PV work at hd128). None = DEFAULTS' (absent: off); left out of to_dict() while None
-    # or False. Opt-in, written in session 50.
+    # N = 8 GEMM per P V (1/16 more PV work at hd128). H200 session 50 (docs/DEFAULTS_HISTORY.md): slower everywhere,
+    # 0.934-0.969 at hd128, 0.989-0.997 at hd64, 0.96 at hd256 / (192, 128), and the LSE off by up to 1.3e-3. None =
+    # DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in.
     row_sum_mma: bool | None = None
 
     def __post_init__(self) -> None:
@@ -594,6 +603,8 @@ class AttnConfig:
                      "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail", "lazy_row_max",
                      "row_sum_mma"):
             v = d.get(name, (0, 0))[1 if causal else 0]
+            if name == "lazy_row_max" and not self.rescale_threshold:
+                continue  # no rescale vote at tau 0: the kernel is the default's, and so stay its config and hash
             if name == "exp_in_branch" and self.persistent is True:
                 continue  # the persistent hd128 causal forward spills with it (43 LDL in the SASS): not a default there
             if name == "bwd_pdl" and self.bwd_persistent:

@@ -13,18 +13,20 @@
 # Part 5 (session 49): split_tail with the combine's overlapped loads at 4k / 8k and 128-512 queries over 32k keys;
 #   the greedy walk at hd64 / hd128 1k (against the round robin the default ran there) and 32k, hd256 / (192, 128) 2k-16k.
 # Part 6 (session 49): after the defaults changed, the forward GPU tests, then the default against one tile per CTA.
-# Part 7 (next session): lazy_row_max's GPU tests and A/B, then the GPU tests part 6 did not reach. Part 8: split_tail
+# Part 7 (session 50; lazy_row_max the hd 64 / 128 default since): lazy_row_max's GPU tests and A/B (now: the eager
+#   path against the default), then the GPU tests part 6 did not reach (cut by the time limit). Part 8: split_tail
 #   by the call at hd256 / (192, 128), hd64 non-causal persistent at 2k / 4k, the split's cost per call profiled.
 # Part 9 (session 50): row_sum_mma (the row sums as a wgmma of P against a ones tile): its accuracy tests first, then
 #   A/Bs against the default (hd64 / hd128 non-causal 8k, causal 4k; hd128 16k; hd256 / (192, 128) 8k), then the rest of
-#   its GPU tests (every switch it touches, windows, softcap, GQA).
+#   its GPU tests (every switch it touches). Part 10 (next): lazy_row_max at hd256 / (192, 128) (not a default there
+#   yet), then the forward GPU tests parts 6 / 7 did not finish, each alone in its own budget.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8|9]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-10]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1|2|3|4|5|6|7|8|9]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-10]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -104,15 +106,15 @@ case "$PART" in
   tests tests/test_fwd_split_tail_gpu.py 70
   for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 120; done
   ;;
-7)  # next (written in session 49 after the device time ran out): lazy_row_max (the quad's max shuffles only in the
+7)  # ran in session 50 (written in session 49 after the device time ran out): lazy_row_max (the quad's max shuffles only in the
   # rescale arm; no_maxshfl read 1.042 / 1.021 at hd64 / hd128) -- its GPU tests (bitwise the default), its A/B --
   # then the forward GPU tests part 6 did not reach
   tests tests/test_fwd_lazy_row_max_gpu.py 120
   for hd in 64 128; do
-    ab 0 $hd 8192 10 45 --batch 4 --cfg lazy=lazy_row_max:true
-    ab 1 $hd 4096 10 45 --batch 8 --cfg lazy=lazy_row_max:true
+    ab 0 $hd 8192 10 45 --batch 4 --cfg eager=lazy_row_max:false
+    ab 1 $hd 4096 10 45 --batch 8 --cfg eager=lazy_row_max:false
   done
-  ab 0 128 16384 10 50 --batch 2 --cfg lazy=lazy_row_max:true
+  ab 0 128 16384 10 50 --batch 2 --cfg eager=lazy_row_max:false
   for t in test_fwd_gpu.py test_ops_gpu.py test_window_softcap_gpu.py test_gqa_gpu.py; do tests "tests/$t" 150; done
   ;;
 8)  # next: the split tail made persistent by the call at hd256 / (192, 128) (AttnConfig(split_tail=True),
@@ -140,6 +142,14 @@ case "$PART" in
   for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg $RSM; done
   tests tests/test_fwd_row_sum_mma_gpu.py 150 -k "not accurate and not close"
   ;;
+10)  # next: lazy_row_max where it is not a default yet, then the forward GPU tests with today's defaults
+  for hd in 256 192; do
+    ab 0 $hd 8192 10 45 --batch 4 --cfg lazy=lazy_row_max:true
+    ab 1 $hd 4096 10 45 --batch 8 --cfg lazy=lazy_row_max:true
+  done
+  for t in test_window_softcap_gpu.py test_gqa_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
+  tests tests/test_fwd_gpu.py 200
+  ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
     >>"$O/probe.log" 2>&1
@@ -147,6 +157,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-9" >&2; exit 2 ;;
+*) echo "part must be 1-10" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

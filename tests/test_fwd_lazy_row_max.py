@@ -1,5 +1,6 @@
-"""AttnConfig.lazy_row_max (sm90 forward, tau > 0; opt-in, not yet timed): the rescale decision on each thread's own
-row maxima, the quad's max shuffles only in the rescale arm (kernels/sm90/softmax.py online_softmax_step lazy_max).
+"""AttnConfig.lazy_row_max (sm90 forward, tau > 0; the hd 64 / 128 default since session 50): the rescale decision on
+each thread's own row maxima, the quad's max shuffles only in the rescale arm (kernels/sm90/softmax.py
+online_softmax_step lazy_max).
 
 CPU tests: the field (dict / hash while off, sm100 refuses it, forward-only), the kernel switch (off at tau 0), and the
 machine code: in the K/V loop every SHFL.BFLY follows the warp's VOTE.ANY (the default: before it), with the same
@@ -24,7 +25,12 @@ def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
     assert "lazy_row_max" not in AttnConfig().to_dict()
     assert "lazy_row_max" not in AttnConfig(lazy_row_max=False).to_dict()
     assert AttnConfig(lazy_row_max=True).config_hash() != AttnConfig().config_hash()
-    assert "lazy_row_max" not in AttnConfig().resolve("sm90", 128, False).to_dict()  # not a default
+    # a default at hd 64 / 128 (session 50), not at hd256 / (192, 128) (not timed) nor at tau 0 (no vote to change)
+    for hdim in (64, 128):
+        assert all(AttnConfig().resolve("sm90", hdim, causal).lazy_row_max for causal in (False, True))
+    assert "lazy_row_max" not in AttnConfig().resolve("sm90", 256, False).to_dict()
+    assert "lazy_row_max" not in AttnConfig(rescale_threshold=0.0).resolve("sm90", 128, False).to_dict()
+    assert AttnConfig(lazy_row_max=False).resolve("sm90", 128, False).lazy_row_max is False
     with pytest.raises(ConfigError):
         AttnConfig(lazy_row_max=1)
     with pytest.raises(ConfigError, match="lazy_row_max"):
@@ -50,7 +56,7 @@ def _loop(hdim, causal, lazy, tmp_path):
     from sass_cache import kernel_sass
 
     hdim_v = 128 if hdim == 192 else hdim
-    cfg = AttnConfig(lazy_row_max=lazy or None).resolve("sm90", hdim, causal)
+    cfg = AttnConfig(lazy_row_max=lazy).resolve("sm90", hdim, causal)
     sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal), str(tmp_path / f"{hdim}{causal}{lazy}"))
     c = opcode_counts(sass)
     assert count(c, "LDL") == 0 and count(c, "STL") == 0

@@ -18,7 +18,7 @@ SHAPES = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2), (2, 8192, 8192, 2)]
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdims", HDIM_PAIRS)
 def test_lazy_row_max_is_bitwise_the_default(hdims, causal):
-    bitwise(AttnConfig(lazy_row_max=True), AttnConfig(), *hdims, causal, SHAPES, exact=True)
+    bitwise(AttnConfig(lazy_row_max=True), AttnConfig(lazy_row_max=False), *hdims, causal, SHAPES, exact=True)
 
 
 @pytest.mark.parametrize("extra", [{"exp_in_branch": True}, {"exp_in_branch": False}, {"pv_wait_mid": True},
@@ -27,4 +27,5 @@ def test_lazy_row_max_is_bitwise_the_default(hdims, causal):
                          ids=["exb", "no_exb", "pv_mid", "evr", "persistent", "tau0", "no_pingpong", "serial"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_lazy_row_max_with_the_other_switches(extra, causal):
-    bitwise(AttnConfig(lazy_row_max=True, **extra), AttnConfig(**extra), 128, 128, causal, SHAPES[:4], exact=True)
+    bitwise(AttnConfig(lazy_row_max=True, **extra), AttnConfig(lazy_row_max=False, **extra), 128, 128, causal, SHAPES[:4],
+            exact=True)
