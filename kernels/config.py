@@ -218,13 +218,14 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "early_v_release": (None, False), "persistent_snake": (None, False),
                                 "q_in_regs": (None, False), "split_tail": (None, False),
                                 "persistent_greedy": (None, False), "lazy_row_max": (None, False),
-                                "row_sum_mma": (None, False)}
+                                "row_sum_mma": (None, False), "speculative_exp": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
-                  "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma")
+                  "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
+                  "speculative_exp")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -488,6 +489,15 @@ class AttnConfig:
     # 0.934-0.969 at hd128, 0.989-0.997 at hd64, 0.96 at hd256 / (192, 128), and the LSE off by up to 1.3e-3. None =
     # DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in.
     row_sum_mma: bool | None = None
+    # sm90 forward, overlapped main loop, rescale_threshold > 0 (elsewhere no effect): a later K/V block's P computed
+    # first with the kept row maxima, with no row maximum taken at all (no FMNMX per element, no quad shuffles, no
+    # dependency chain before the first exponential); the K stage is held until then. Only when some row's partial sum
+    # in the warpgroup exceeds just under 2^tau (then a P might, and the eager vote might rescale), a row has no
+    # maximum yet, or a sum is NaN, does the warpgroup (barrier.red.or) compute S again from that K stage and take the
+    # eager step (kernels/sm90/fwd.py softmax_spec). Same P, sums and maxima as the eager step: outputs bitwise the
+    # default's. pv_wait_mid / exp_in_branch / early_v_release / causal_split yield to it. None = DEFAULTS' (absent:
+    # off); left out of to_dict() while None or False. Opt-in, written in session 50 without a GPU: not yet run.
+    speculative_exp: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -586,7 +596,7 @@ class AttnConfig:
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
-                     "split_tail", "lazy_row_max", "row_sum_mma"):
+                     "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}=False")
@@ -601,7 +611,7 @@ class AttnConfig:
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                      "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                      "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail", "lazy_row_max",
-                     "row_sum_mma"):
+                     "row_sum_mma", "speculative_exp"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "lazy_row_max" and not self.rescale_threshold:
                 continue  # no rescale vote at tau 0: the kernel is the default's, and so stay its config and hash
@@ -732,7 +742,8 @@ BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bw
 FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "pingpong", "intra_wg_overlap",
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
-                   "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma")
+                   "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
+                  "speculative_exp")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

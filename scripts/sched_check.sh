@@ -18,15 +18,15 @@
 #   by the call at hd256 / (192, 128), hd64 non-causal persistent at 2k / 4k, the split's cost per call profiled.
 # Part 9 (session 50): row_sum_mma (the row sums as a wgmma of P against a ones tile): its accuracy tests first, then
 #   A/Bs against the default (hd64 / hd128 non-causal 8k, causal 4k; hd128 16k; hd256 / (192, 128) 8k), then the rest of
-#   its GPU tests (every switch it touches). Part 10 (next): lazy_row_max at hd256 / (192, 128) (not a default there
-#   yet), then the forward GPU tests parts 6 / 7 did not finish, each alone in its own budget.
+#   its GPU tests (every switch it touches). Part 10 (next): speculative_exp's GPU tests and A/B, lazy_row_max at hd256 /
+#   (192, 128) (not a default there yet). Part 11 (next): the forward GPU test files parts 6 / 7 did not finish.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-10]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-11]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-10]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-11]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -142,13 +142,18 @@ case "$PART" in
   for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg $RSM; done
   tests tests/test_fwd_row_sum_mma_gpu.py 150 -k "not accurate and not close"
   ;;
-10)  # next: lazy_row_max where it is not a default yet, then the forward GPU tests with today's defaults
-  for hd in 256 192; do
-    ab 0 $hd 8192 10 45 --batch 4 --cfg lazy=lazy_row_max:true
-    ab 1 $hd 4096 10 45 --batch 8 --cfg lazy=lazy_row_max:true
+10)  # next: speculative_exp (written in session 50 without a GPU): its GPU tests (bitwise the default, the rare arm
+  # forced), its A/B at hd64 / hd128, then lazy_row_max where it is not a default yet (hd256 / (192, 128))
+  tests tests/test_fwd_speculative_exp_gpu.py 150
+  for hd in 64 128; do
+    ab 0 $hd 8192 10 45 --batch 4 --cfg spec=speculative_exp:true
+    ab 1 $hd 4096 10 45 --batch 8 --cfg spec=speculative_exp:true
   done
-  for t in test_window_softcap_gpu.py test_gqa_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
-  tests tests/test_fwd_gpu.py 200
+  for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg lazy=lazy_row_max:true spec=lazy_row_max:true,speculative_exp:true; done
+  ;;
+11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit)
+  for t in test_window_softcap_gpu.py test_gqa_gpu.py test_ops_gpu.py; do tests "tests/$t" 110; done
+  tests tests/test_fwd_gpu.py 220
   ;;
 4)
   timeout "$(cap 200)" python scripts/fwd_probe.py --hdims 64 128 --seqlens 8192 --repeats 12 --out "$O/probe.jsonl" \
@@ -157,6 +162,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-10" >&2; exit 2 ;;
+*) echo "part must be 1-11" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

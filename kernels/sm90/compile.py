@@ -53,7 +53,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         split_tail=bool(cfg.split_tail) and bool(cfg.persistent) and not causal and not varlen and window_left < 0
         and window_right < 0,
         persistent_greedy=bool(cfg.persistent_greedy) and bool(cfg.persistent) and causal and not varlen,
-        lazy_row_max=bool(cfg.lazy_row_max), row_sum_mma=bool(cfg.row_sum_mma))
+        lazy_row_max=bool(cfg.lazy_row_max), row_sum_mma=bool(cfg.row_sum_mma),
+        speculative_exp=bool(cfg.speculative_exp))
 
 
 def tvm_ffi_available() -> bool:

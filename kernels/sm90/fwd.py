@@ -114,13 +114,15 @@ from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .fwd_tail import TailCombine, tail_piece, tail_pieces
 from .scheduler import snake_tile, tile_at, tile_coords
-from .softmax import apply_softcap, finalize, online_softmax_finish, online_softmax_step, rescale_o, store_p_asm
+from .softmax import (apply_softcap, exp_kept_max, finalize, online_softmax_finish, online_softmax_step, rescale_o,
+                      store_p_asm, warpgroup_any)
 
 LOG2_E = math.log2(math.e)
 
 # named barrier ids (0 is __syncthreads)
 BAR_EPILOGUE = int(Bar.FWD_EPILOGUE)
 BAR_SCHED_WG1 = int(Bar.FWD_SCHED_WG1)  # + consumer warpgroup index (0, 1, 2)
+BAR_SPEC_WG1 = int(Bar.FWD_SPEC_WG1)  # + consumer warpgroup index: speculative_exp's vote
 
 
 class ConsumerFrags(NamedTuple):
@@ -191,7 +193,7 @@ class FlashFwdSm90:
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
-                 lazy_row_max: bool = False, row_sum_mma: bool = False):
+                 lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -281,6 +283,13 @@ class FlashFwdSm90:
             raise ValueError("rescale_before_pv=True with intra_wg_overlap=False: without the overlap O is already "
                              "rescaled right before its P V; pass rescale_before_pv=False")
         self.rescale_before_pv = bool(rescale_before_pv)  # O rescaled between issuing QK^T(j+1) and PV(j)
+        # overlapped loop, tau > 0: a later block's P first with the kept row maxima, no maxima at all; only when a row's
+        # partial sum says one of its P may exceed 2^tau (or a row has no maximum yet) does the warp compute S again
+        # from the K stage it still holds and take the eager step (softmax_spec). It places its own P V wait, so
+        # pv_wait_mid / exp_in_branch / early_v_release yield to it, and so does causal_split (below)
+        self.speculative_exp = bool(speculative_exp) and intra_wg_overlap and self.tau != 0.0
+        if self.speculative_exp:
+            pv_wait_mid = exp_in_branch = early_v_release = False
         # overlapped loop, tau > 0: the wait for the in-flight P V placed after the first quarter of a block's
         # exponentials (those computed inside both arms of the rescale decision), the V stage released right after it,
         # the rest of the block after both; P converted by inline PTX (p_inline_cvt); exp_in_branch yields to it;
@@ -290,8 +299,9 @@ class FlashFwdSm90:
         self.pv_head_cols = max(2, tile_n // 16 // 2 * 2)
         # causal (no window), overlapped main loop: the diagonal blocks after the first and the mask-free blocks in two
         # loops (mainloop_overlap), no per-block mask decision inside a loop
+        # (not with speculative_exp: its two loops, each with the rare arm, spill 9-40 LDL at hd128)
         self.causal_split = ((bool(causal_split) or self.pv_wait_mid) and causal and not self.has_window
-                             and intra_wg_overlap)
+                             and intra_wg_overlap and not self.speculative_exp)
         # tau > 0: a block's exponentials inside the arms of the warp's rescale decision (softmax.online_softmax_step)
         self.exp_in_branch = bool(exp_in_branch) and self.tau != 0.0 and not self.pv_wait_mid
         # overlapped loop: P converted to 16 bits by inline PTX (softmax.store_p_asm), the block's row sums pinned before
@@ -935,6 +945,18 @@ class FlashFwdSm90:
         step stops after the head columns, leaving the rows' offsets there for softmax.online_softmax_finish.
         ``pv_done`` (early_v_release, later blocks): called by the step after the row maxima, before its rescale
         decision and exponentials."""
+        self.prepare_s(acc_S, regs, args, n_block, masked)
+        head_cols = 0
+        if const_expr(m_scaled is not None and not is_first):
+            head_cols = self.pv_head_cols
+        return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
+                                   self.emu_frags, self.poly, is_first, self.exp_in_branch,
+                                   self.p_inline_cvt and not is_first, head_cols, m_scaled, pv_done,
+                                   self.lazy_row_max, not self.row_sum_mma)
+
+    @cute.jit
+    def prepare_s(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, masked: cutlass.Constexpr[bool]):
+        """Softcap, then the mask (``masked``) of one S block, in place."""
         if const_expr(self.softcap > 0.0):
             apply_softcap(acc_S, args.softcap_mul)  # before the mask: tanh(-inf) would be -1
         if const_expr(masked):
@@ -946,13 +968,6 @@ class FlashFwdSm90:
                            self.window_left, self.window_right)
             else:
                 apply_mask(acc_S, regs.tScS, args.m_base, n_base, args.seqlen_q, args.seqlen_k, self.causal)
-        head_cols = 0
-        if const_expr(m_scaled is not None and not is_first):
-            head_cols = self.pv_head_cols
-        return online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2, self.tau,
-                                   self.emu_frags, self.poly, is_first, self.exp_in_branch,
-                                   self.p_inline_cvt and not is_first, head_cols, m_scaled, pv_done,
-                                   self.lazy_row_max, not self.row_sum_mma)
 
     @cute.jit
     def apply_mask_packed(self, acc_S, tScS, m_base: Int32, n_base: Int32, seqlen_q: Int32, seqlen_k: Int32):
@@ -1238,6 +1253,16 @@ class FlashFwdSm90:
         self.pv_gemm(tiled_mma_pv, frags, regs, state_v.index)
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(1)
+        if const_expr(self.speculative_exp):  # S(j+1) by the kept maxima; releases the K stage itself
+            do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(state_v)
+            self.to_p(acc_S, regs.tOrP)
+            if const_expr(self.rescale_before_pv):
+                self.defer_rescale(regs.row_scale, do_rescale)
+            else:
+                self.maybe_rescale(regs, regs.row_scale, do_rescale)
+            return
         pipe_k.consumer_release(state)
         m_scaled = None
         if const_expr(self.pv_wait_mid):  # the rows' exp2 offsets, from the head columns to the rest of the block
@@ -1270,6 +1295,60 @@ class FlashFwdSm90:
             wgmma(frags.ones[0], regs.acc_L, regs.tOrP, frags.ones[2], False, fence=False)
         else:
             wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, stage], False)
+
+    @cute.jit
+    def softmax_spec(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, acc_S, regs: TileRegs, args: BlockArgs,
+                     n_block: Int32, state, masked: cutlass.Constexpr = None) -> Boolean:
+        """speculative_exp, a later block whose S is in acc_S and whose K stage ``state`` is still held: P with the
+        kept maxima and the rows' partial sums (softmax.exp_kept_max). If no thread of the warpgroup saw a partial sum
+        near 2^tau (a barrier.red over the warpgroup: its wgmma below is warpgroup-wide), the eager step would have kept
+        every maximum too: release K, add the partials, no rescale. Else S again from the held K stage, K released,
+        and the eager step (masked / lazy as configured). Either way P, the sums and the maxima are the eager step's."""
+        self.prepare_later(acc_S, regs, args, n_block, masked)
+        partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
+        # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale, and an emulated
+        # fragment's polynomial is off by more than MUFU (typical partial sums are far below: P <= ~1 per column)
+        limit = 2.0 ** self.tau * (1.0 - 2.0 ** -6)
+        redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit)
+        redo = warpgroup_any(redo, BAR_SPEC_WG1 + frags.wg, self.threads_per_wg)
+        do_rescale = Boolean(False)
+        if redo:
+            wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(state)
+            self.prepare_later(acc_S, regs, args, n_block, masked)
+            do_rescale = online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2,
+                                             self.tau, self.emu_frags, self.poly, False, False, self.p_inline_cvt, 0,
+                                             None, None, self.lazy_row_max, not self.row_sum_mma)
+        else:
+            pipe_k.consumer_release(state)
+            for r in cutlass.range_constexpr(cute.size(partial)):
+                regs.row_sum[r] = regs.row_sum[r] + partial[r]
+        return do_rescale
+
+    @cute.jit
+    def prepare_later(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, masked: cutlass.Constexpr = None):
+        """Softcap and mask of a block after the first: ``masked`` as the caller's loop says (causal_split), else the
+        per-block decision of softmax_later_block."""
+        if const_expr(masked is not None):
+            self.prepare_s(acc_S, regs, args, n_block, masked)
+        elif const_expr(self.has_window):
+            need_mask = Boolean(False)
+            if const_expr(self.causal or self.window_right >= 0):
+                need_mask = need_mask | (n_block >= args.n_block_min_masked)
+            if const_expr(self.has_left):
+                need_mask = need_mask | (n_block < args.n_block_local_end)
+            if need_mask:
+                self.prepare_s(acc_S, regs, args, n_block, True)
+            else:
+                self.prepare_s(acc_S, regs, args, n_block, False)
+        elif const_expr(self.causal):
+            if n_block >= args.n_block_min_masked:
+                self.prepare_s(acc_S, regs, args, n_block, True)
+            else:
+                self.prepare_s(acc_S, regs, args, n_block, False)
+        else:
+            self.prepare_s(acc_S, regs, args, n_block, False)
 
     @cute.jit
     def wait_pv_release_v(self, pipe_v, state_v):

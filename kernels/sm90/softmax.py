@@ -22,7 +22,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Uint32, const_expr
+from cutlass import Boolean, Float32, Int32, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -288,6 +288,37 @@ def _exp_rows(s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, row_sc
             row_sum[r] = row_sum[r] * row_scale[r] + acc
         elif const_expr(sum_mode == 2):
             row_sum[r] = row_sum[r] + acc
+
+
+@cute.jit
+def exp_kept_max(acc_S: cute.Tensor, row_max: cute.Tensor, scale_log2: Float32, emu_frags: cutlass.Constexpr[tuple],
+                 poly: cutlass.Constexpr[tuple], partial: cute.Tensor, limit: cutlass.Constexpr[float]) -> Boolean:
+    """speculative_exp (tau > 0, a later block): P = 2^(S * scale_log2 - m * scale_log2) in place with the kept row
+    maxima m -- the eager step's keep arm, the same arithmetic -- and each row's partial sum into ``partial`` (the
+    same partials, the same order), with no maximum taken. Returns whether this thread saw a row whose partial sum
+    exceeds ``limit`` (just under 2^tau: every P <= it, so no column grew by tau and the eager step would keep the
+    maxima too), that has no maximum yet (-inf), or a NaN sum."""
+    s = acc_rows_cols(acc_S)
+    n_cols = cute.size(s, mode=[1])
+    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
+    redo = Boolean(False)
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        partial[r] = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
+        redo = redo | (partial[r] > Float32(limit)) | (partial[r] != partial[r]) | (row_max[r] == -Float32.inf)
+    return redo
+
+
+@dsl_user_op
+def warpgroup_any(pred: Boolean, bar_id, n_threads: int, *, loc=None, ip=None) -> Boolean:
+    """Whether ``pred`` holds in any thread of the ``n_threads`` that meet at named barrier ``bar_id`` (an Int32,
+    warp-uniform; barrier.cta.red.or: a barrier, so every one of them must call it)."""
+    r = llvm.inline_asm(
+        T.i32(), [Int32(pred).ir_value(loc=loc, ip=ip), Int32(bar_id).ir_value(loc=loc, ip=ip)],
+        "{ .reg .pred p, q; setp.ne.u32 p, $1, 0; barrier.cta.red.or.pred q, $2, " + f"{n_threads}"
+        + ", p; selp.u32 $0, 1, 0, q; }", "=r,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return Int32(r) != Int32(0)
 
 
 @cute.jit

@@ -1,0 +1,74 @@
+"""AttnConfig.speculative_exp (sm90 forward, overlapped loop, tau > 0; opt-in, not yet run on a GPU): a later block's P
+with the kept row maxima and no maxima taken; S computed again and the eager step only when a partial row sum in the
+warpgroup comes near 2^tau (kernels/sm90/fwd.py softmax_spec, softmax.py exp_kept_max / warpgroup_any).
+
+CPU tests: the field (dict / hash while off, sm100 refuses it, forward-only), the kernel switch (off at tau 0 and
+without the overlap; the PV-wait placements yield to it), and the machine code of the K/V loop: the first exponential
+precedes every FMNMX (no maximum before the exponentials), the warpgroup vote is a BAR.RED, the rare arm adds one
+QK^T's HGMMAs, no local memory. GPU checks (bitwise the default's output, the rare arm forced):
+tests/test_fwd_speculative_exp_gpu.py.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.sm90.sass import find_nvdisasm  # noqa: E402
+
+
+def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
+    from kernels.tiles import compiled_config
+
+    assert "speculative_exp" not in AttnConfig().to_dict()
+    assert "speculative_exp" not in AttnConfig(speculative_exp=False).to_dict()
+    assert AttnConfig(speculative_exp=True).config_hash() != AttnConfig().config_hash()
+    assert "speculative_exp" not in AttnConfig().resolve("sm90", 128, False).to_dict()  # not a default
+    with pytest.raises(ConfigError):
+        AttnConfig(speculative_exp=1)
+    with pytest.raises(ConfigError, match="speculative_exp"):
+        AttnConfig(speculative_exp=True).resolve("sm100", 128, False)
+    assert (compiled_config(AttnConfig(speculative_exp=True), "sm90", 128, True, mode="bwd")
+            == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
+
+
+def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    bf = cutlass.BFloat16
+    k = FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, pv_wait_mid=True, early_v_release=True)
+    assert k.speculative_exp and not k.pv_wait_mid and not k.early_v_release
+    k = FlashFwdSm90(bf, 128, 128, True, speculative_exp=True, exp_in_branch=True, causal_split=True)
+    assert not k.exp_in_branch and not k.causal_split
+    assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, rescale_threshold=0.0).speculative_exp
+    assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, intra_wg_overlap=False).speculative_exp
+
+
+def _loop(hdim, causal, spec, tmp_path):
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
+    from sass_cache import kernel_sass
+
+    hdim_v = 128 if hdim == 192 else hdim
+    cfg = AttnConfig(speculative_exp=spec or None).resolve("sm90", hdim, causal)
+    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal), str(tmp_path / f"{hdim}{causal}{spec}"))
+    c = opcode_counts(sass)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0
+    return [o for o, _ in steady_state_loops(sass)[-1]]  # the mask-free loop (causal: the second)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("hdim,causal", [(64, False), (128, True), (256, False), (192, True)])
+def test_exponentials_start_before_any_maximum(hdim, causal, tmp_path):
+    base, spec = _loop(hdim, causal, False, tmp_path), _loop(hdim, causal, True, tmp_path)
+    assert base.index("FMNMX") < base.index("MUFU.EX2")  # the default: the row maxima come first
+    assert spec.index("MUFU.EX2") < spec.index("FMNMX")  # speculative: the exponentials do
+    assert any(o.startswith("BAR.RED") for o in spec)  # the warpgroup's vote
+    hgmma = lambda ops: sum(o.startswith("HGMMA") for o in ops)  # noqa: E731
+    assert hgmma(spec) == hgmma(base) + hdim // 16  # the rare arm's QK^T (k16 steps over the head dim)

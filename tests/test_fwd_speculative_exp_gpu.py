@@ -1,0 +1,51 @@
+"""GPU checks of speculative_exp (sm90 forward; CPU SASS: tests/test_fwd_speculative_exp.py): a later block's P with
+the kept maxima, S again and the eager step only when the warpgroup's vote says a row may have grown by tau. Both arms
+give the eager step's P, sums and maxima, so out / lse must equal the default's bit for bit: at every head dim, causal
+both, with the switches around the decision, and on inputs built to take the rare arm (keys near the start of the
+sequence, which the loop visits last, scaled up: their scores exceed the kept maxima by more than tau)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.config import AttnConfig
+from test_fwd_gpu import HDIM_PAIRS, SHAPES_DEFAULT
+from test_fwd_loop_shape_gpu import _run, bitwise
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2), (2, 8192, 8192, 2)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdims", HDIM_PAIRS)
+def test_speculative_exp_is_bitwise_the_default(hdims, causal):
+    bitwise(AttnConfig(speculative_exp=True), AttnConfig(), *hdims, causal, SHAPES, exact=True)
+
+
+@pytest.mark.parametrize("extra", [{"lazy_row_max": False}, {"rescale_before_pv": True}, {"persistent": True},
+                                   {"persistent": True, "persistent_greedy": True, "causal_split": True},
+                                   {"rescale_threshold": 2.0}, {"pingpong": False}, {"exp2_emu_fraction": 0.25}],
+                         ids=["eager", "prepv", "persistent", "greedy_split", "tau2", "no_pingpong", "emu"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_speculative_exp_with_the_other_switches(extra, causal):
+    hdim = 64 if "exp2_emu_fraction" in extra else 128
+    bitwise(AttnConfig(speculative_exp=True, **extra), AttnConfig(**extra), hdim, hdim, causal, SHAPES[:4], exact=True)
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_speculative_exp_rare_arm(hdim, causal):
+    """Keys 0..1023 scaled by 4 (and one by 40, past any exp2 range of the kept maxima): the loop meets them last, after
+    maxima taken from the other keys, so the partial sums blow past 2^tau and the warpgroups compute S again."""
+    b, s, h = 2, 4096, 2
+    q = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    k[:, :1024] *= 4
+    k[:, 7] *= 10
+    v = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
+    got = _run(AttnConfig(speculative_exp=True), q, k, v, causal, hdim, hdim)
+    torch.cuda.synchronize()
+    assert torch.isfinite(got[0]).all()
+    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
