@@ -495,8 +495,10 @@ class AttnConfig:
     # in the warpgroup exceeds just under 2^tau (then a P might, and the eager vote might rescale), a row has no
     # maximum yet, or a sum is NaN, does the warpgroup (barrier.red.or) compute S again from that K stage and take the
     # eager step (kernels/sm90/fwd.py softmax_spec). Same P, sums and maxima as the eager step: outputs bitwise the
-    # default's. pv_wait_mid / exp_in_branch / early_v_release / causal_split yield to it. None = DEFAULTS' (absent:
-    # off); left out of to_dict() while None or False. Opt-in, written in session 50 without a GPU: not yet run.
+    # default's. pv_wait_mid / exp_in_branch / early_v_release (and causal_split at hd128) yield to it; off with the
+    # exp2 polynomial (exp2_emu_fraction > 0: past x = 129 it returns -0.0, which no sum notices), with row_sum_mma, and
+    # where 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it). None = DEFAULTS'
+    # (absent: off); left out of to_dict() while None or False. Opt-in, written in session 50 without a GPU: not run.
     speculative_exp: bool | None = None
 
     def __post_init__(self) -> None:
@@ -743,7 +745,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                  "speculative_exp")
+                   "speculative_exp")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

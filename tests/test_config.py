@@ -199,10 +199,11 @@ HASHES_BEFORE_THE_FIELD = {
 # this resolved_config_hash, and fwd_kernel_key's repr hashed to 68a251a98b8a (sha1, 12 digits) at fa24bdf
 EXPLICIT = dict(tile_m=128, tile_n=128, num_stages=2, consumer_regs=240, producer_regs=24, exp2_emu_fraction=0.0,
                 bwd_tile_m=64, det_schedule="spt", p_cvt_asm=False, pv_wait_mid=False, bwd_pdl=False, q_in_regs=False,
-                split_tail=False)
-# det_schedule / p_cvt_asm / pv_wait_mid / bwd_pdl / q_in_regs / split_tail: the defaults of those rows ("rotate" since
-# 2026-12-01; p_cvt_asm on non-causal since then; pv_wait_mid on at hd128 non-causal later that day; bwd_pdl at hd128
-# since 2026-12-04; q_in_regs at hd128 since session 45; split_tail at hd128 non-causal since session 49)
+                split_tail=False, lazy_row_max=False)
+# det_schedule / p_cvt_asm / pv_wait_mid / bwd_pdl / q_in_regs / split_tail / lazy_row_max: the defaults of those rows
+# ("rotate" since 2026-12-01; p_cvt_asm on non-causal since then; pv_wait_mid on at hd128 non-causal later that day;
+# bwd_pdl at hd128 since 2026-12-04; q_in_regs at hd128 since session 45; split_tail at hd128 non-causal since session
+# 49; lazy_row_max at hd 64 / 128 since session 50)
 
 
 def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():

@@ -47,6 +47,14 @@ def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
     assert not k.exp_in_branch and not k.causal_split
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, rescale_threshold=0.0).speculative_exp
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, intra_wg_overlap=False).speculative_exp
+    # the exp2 polynomial (-0.0 past x = 129: no sum sees it), row_sum_mma (no sums), 2^tau < tile_n (ordinary sums)
+    assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, exp2_emu_fraction=0.25).speculative_exp
+    assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, row_sum_mma=True).speculative_exp
+    assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, rescale_threshold=6.0).speculative_exp
+    assert FlashFwdSm90(bf, 256, 256, False, tile_n=80, speculative_exp=True, rescale_threshold=6.5).speculative_exp
+    # causal_split yields at hd128 only (spills there); pv_wait_mid's inline P conversion (and its split) stay
+    k = FlashFwdSm90(bf, 192, 128, True, speculative_exp=True, pv_wait_mid=True)
+    assert k.causal_split and k.p_inline_cvt and not k.pv_wait_mid
 
 
 def _loop(hdim, causal, spec, tmp_path):

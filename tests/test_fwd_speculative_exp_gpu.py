@@ -23,13 +23,15 @@ def test_speculative_exp_is_bitwise_the_default(hdims, causal):
     bitwise(AttnConfig(speculative_exp=True), AttnConfig(), *hdims, causal, SHAPES, exact=True)
 
 
-@pytest.mark.parametrize("extra", [{"lazy_row_max": False}, {"rescale_before_pv": True}, {"persistent": True},
-                                   {"persistent": True, "persistent_greedy": True, "causal_split": True},
-                                   {"rescale_threshold": 2.0}, {"pingpong": False}, {"exp2_emu_fraction": 0.25}],
-                         ids=["eager", "prepv", "persistent", "greedy_split", "tau2", "no_pingpong", "emu"])
+@pytest.mark.parametrize("hdim,extra", [(128, {"lazy_row_max": False}), (128, {"rescale_before_pv": True}),
+                                         (128, {"persistent": True}),
+                                         (128, {"persistent": True, "persistent_greedy": True, "causal_split": True}),
+                                         (128, {"rescale_threshold": 12.0}), (128, {"pingpong": False}),
+                                         (64, {"persistent": True}), (64, {"lazy_row_max": False})],
+                         ids=["eager", "prepv", "persistent", "greedy_split", "tau12", "no_pingpong", "hd64_persistent",
+                              "hd64_eager"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_speculative_exp_with_the_other_switches(extra, causal):
-    hdim = 64 if "exp2_emu_fraction" in extra else 128
+def test_speculative_exp_with_the_other_switches(hdim, extra, causal):
     bitwise(AttnConfig(speculative_exp=True, **extra), AttnConfig(**extra), hdim, hdim, causal, SHAPES[:4], exact=True)
 
 

@@ -12,9 +12,6 @@ class Bar(IntEnum):
     FWD_EPILOGUE = 1  # consumer warpgroups: O in shared memory before the TMA store
     FWD_SCHED_WG1 = 2  # 2, 3, 4: ping-pong token of consumer warpgroup 0, 1, 2
     BWD_PDS = 5  # both MMA warpgroups: dS of this Q tile is in shared memory
-    # forward speculative_exp: 5, 6, 7, consumer warpgroup 0, 1, 2's vote (barrier.red.or) on computing S again; the
-    # forward has no other use of 5-7 and the backward (5, 7) is another kernel
-    FWD_SPEC_WG1 = 5
     BWD_DQ_FULL = 7  # 7, 8: MMA warpgroup w -> dQ writer warp: chunk w written
     BWD_DQ_EMPTY = 9  # 9, 10: dQ writer warp -> MMA warpgroup w: chunk w's buffer free again
     BWD_DS_SEND = 11  # hd256 two_cta: both MMA warpgroups -> the exchange warp: dS^T of this Q tile stored
@@ -23,4 +20,7 @@ class Bar(IntEnum):
 
 
 assert max(Bar) + 1 <= 15, "Hopper has named barriers 0..15"
-assert Bar.FWD_SPEC_WG1 + 2 < Bar.BWD_DQ_FULL + 1 and Bar.FWD_SPEC_WG1 > Bar.FWD_SCHED_WG1 + 2
+
+# The forward's speculative_exp vote (barrier.red.or of consumer warpgroup 0, 1, 2): ids 5, 6, 7, which only the
+# backward kernels use (BWD_PDS, BWD_DQ_FULL): no forward kernel has any other barrier past FWD_SCHED_WG1's three.
+FWD_SPEC_WG1 = Bar.FWD_SCHED_WG1 + 3

@@ -108,7 +108,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import exp2 as exp2_mod
-from .barriers import Bar
+from .barriers import FWD_SPEC_WG1, Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
@@ -122,7 +122,7 @@ LOG2_E = math.log2(math.e)
 # named barrier ids (0 is __syncthreads)
 BAR_EPILOGUE = int(Bar.FWD_EPILOGUE)
 BAR_SCHED_WG1 = int(Bar.FWD_SCHED_WG1)  # + consumer warpgroup index (0, 1, 2)
-BAR_SPEC_WG1 = int(Bar.FWD_SPEC_WG1)  # + consumer warpgroup index: speculative_exp's vote
+BAR_SPEC_WG1 = int(FWD_SPEC_WG1)  # + consumer warpgroup index: speculative_exp's vote
 
 
 class ConsumerFrags(NamedTuple):
@@ -286,8 +286,14 @@ class FlashFwdSm90:
         # overlapped loop, tau > 0: a later block's P first with the kept row maxima, no maxima at all; only when a row's
         # partial sum says one of its P may exceed 2^tau (or a row has no maximum yet) does the warp compute S again
         # from the K stage it still holds and take the eager step (softmax_spec). It places its own P V wait, so
-        # pv_wait_mid / exp_in_branch / early_v_release yield to it, and so does causal_split (below)
-        self.speculative_exp = bool(speculative_exp) and intra_wg_overlap and self.tau != 0.0
+        # pv_wait_mid / exp_in_branch / early_v_release yield to it, and so does causal_split at hd128 (below). Not:
+        # with the exp2 polynomial (past x = 129 it returns -0.0, which no sum notices), with row_sum_mma (no sums in
+        # the softmax), or with 2^tau < tile_n (a thread's partial sum over its tile_n/4 columns would cross it on
+        # ordinary blocks)
+        self.speculative_exp = (bool(speculative_exp) and intra_wg_overlap and self.tau >= math.log2(tile_n)
+                                and exp2_mod.emulated_fragments(tile_n // 8, exp2_emu_fraction) == ()
+                                and not row_sum_mma)
+        pv_mid_asked = bool(pv_wait_mid)  # (its inline P conversion stays: p_inline_cvt below)
         if self.speculative_exp:
             pv_wait_mid = exp_in_branch = early_v_release = False
         # overlapped loop, tau > 0: the wait for the in-flight P V placed after the first quarter of a block's
@@ -299,9 +305,11 @@ class FlashFwdSm90:
         self.pv_head_cols = max(2, tile_n // 16 // 2 * 2)
         # causal (no window), overlapped main loop: the diagonal blocks after the first and the mask-free blocks in two
         # loops (mainloop_overlap), no per-block mask decision inside a loop
-        # (not with speculative_exp: its two loops, each with the rare arm, spill 9-40 LDL at hd128)
-        self.causal_split = ((bool(causal_split) or self.pv_wait_mid) and causal and not self.has_window
-                             and intra_wg_overlap and not self.speculative_exp)
+        # (not with speculative_exp at hd128: its two loops, each with the rare arm, spill 9-40 LDL there; elsewhere the
+        # one loop compiles divergent, wgmma descriptors in vector registers: 61 R2UR at (192, 128))
+        self.causal_split = ((bool(causal_split) or self.pv_wait_mid or (self.speculative_exp and pv_mid_asked))
+                             and causal and not self.has_window and intra_wg_overlap
+                             and not (self.speculative_exp and hdim == 128))
         # tau > 0: a block's exponentials inside the arms of the warp's rescale decision (softmax.online_softmax_step)
         self.exp_in_branch = bool(exp_in_branch) and self.tau != 0.0 and not self.pv_wait_mid
         # overlapped loop: P converted to 16 bits by inline PTX (softmax.store_p_asm), the block's row sums pinned before
@@ -309,7 +317,7 @@ class FlashFwdSm90:
         # and the sums stay among the exponentials instead of after the O-rescale branch
         self.p_cvt_asm = bool(p_cvt_asm) and intra_wg_overlap
         # P by inline PTX (to_p) and pinned row sums: p_cvt_asm or pv_wait_mid
-        self.p_inline_cvt = self.p_cvt_asm or self.pv_wait_mid
+        self.p_inline_cvt = self.p_cvt_asm or self.pv_wait_mid or (self.speculative_exp and pv_mid_asked)
         # p_cvt_asm's top-tested K/V loops (steps_loop); pv_wait_mid's split causal loops stay counted loops (top-tested,
         # they compile divergent at hd256 causal and gain 3 R2UR at (192, 128); non-causal counted loops do, so there
         # it keeps p_cvt_asm's form)
