@@ -36,6 +36,9 @@ R=${R:-results/h200}  # R=<dir>: a fresh results dir (two parts at once on a 2-G
 # RERUN=stale: only those timed on a kernel config today's defaults no longer compile (kernels/staleness.py)
 CAP=${CAP:-500}
 mkdir -p "$OUT"
+# the bundle's packages must be importable (source .gpu/boot.sh first; extend PYTHONPATH, never overwrite it: a call
+# that did lost six minutes of device time to failing imports, session 50)
+python -c "import cutlass, hydra" 2>/dev/null || { echo "cutlass / hydra not importable: source .gpu/boot.sh first" >&2; exit 3; }
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
 LOG=$OUT/$PART.log
 sweep() {

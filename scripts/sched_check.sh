@@ -31,6 +31,9 @@ PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
 mkdir -p "$O"
+# the bundle's packages must be importable (source .gpu/boot.sh first; extend PYTHONPATH, never overwrite it: a call
+# that did lost six minutes of device time to failing imports, session 50)
+python -c "import cutlass, hydra" 2>/dev/null || { echo "cutlass / hydra not importable: source .gpu/boot.sh first" >&2; exit 3; }
 export PYTHONPATH=${PYTHONPATH:-}:$PWD:$PWD/tests CUTE_DSL_ARCH=sm_90a PYTHONUNBUFFERED=1
 # the commit the rows record (the device copy has no usable .git: write it to .gpu/sha before the call)
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}
