@@ -15,11 +15,13 @@
 # Part 6 (session 49): after the defaults changed, the forward GPU tests, then the default against one tile per CTA.
 # Part 7 (session 50; lazy_row_max the hd 64 / 128 default since): lazy_row_max's GPU tests and A/B (now: the eager
 #   path against the default), then the GPU tests part 6 did not reach (cut by the time limit). Part 8: split_tail
-#   by the call at hd256 / (192, 128), hd64 non-causal persistent at 2k / 4k, the split's cost per call profiled.
+#   by the call at hd256 / (192, 128), hd64 non-causal persistent at 2k / 4k, hd64 causal_split, the split's cost per
+#   call profiled.
 # Part 9 (session 50): row_sum_mma (the row sums as a wgmma of P against a ones tile): its accuracy tests first, then
 #   A/Bs against the default (hd64 / hd128 non-causal 8k, causal 4k; hd128 16k; hd256 / (192, 128) 8k), then the rest of
 #   its GPU tests (every switch it touches). Part 10 (next): speculative_exp's GPU tests and A/B, lazy_row_max at hd256 /
-#   (192, 128) (not a default there yet), hd256 causal with causal_split and persistent at 32k. Part 11 (next): the forward GPU test files parts 6 / 7 did not finish.
+#   (192, 128) (not a default there yet), hd256 causal with causal_split and persistent at 32k. Part 11 (next): the
+#   forward GPU test files parts 6 / 7 did not finish.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
@@ -128,6 +130,8 @@ case "$PART" in
     ab 0 $hd $s 10 50 --batch $((32768 / s)) --cfg split=split_tail:true
   done; done
   for s in 2048 4096; do ab 0 64 $s 10 40 --batch $((32768 / s)) --cfg pers=persistent:true; done
+  # hd64 causal: the greedy default's loop split in two (CPU SASS 903 -> 604 + 433 instructions, no spills; untimed)
+  for s in 4096 8192; do ab 1 64 $s 8 40 --batch $((32768 / s)) --cfg split=causal_split:true; done
   timeout "$(cap 60)" python scripts/split_profile.py --hdim 128 --seqlen 4096 --batch 8 --out "$O/split_profile.jsonl" \
     >>"$O/split_profile.log" 2>&1
   timeout "$(cap 40)" python scripts/split_profile.py --hdim 128 --seqlen 128 --seqlen-k 32768 --batch 2 \
