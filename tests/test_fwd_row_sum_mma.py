@@ -13,23 +13,14 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from fwd_switch_checks import check_forward_field, loop_ops  # noqa: E402
+from kernels.config import AttnConfig  # noqa: E402
 from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 
 
 def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
-    from kernels.tiles import compiled_config
-
-    assert "row_sum_mma" not in AttnConfig().to_dict()
-    assert "row_sum_mma" not in AttnConfig(row_sum_mma=False).to_dict()
-    assert AttnConfig(row_sum_mma=True).config_hash() != AttnConfig().config_hash()
+    check_forward_field("row_sum_mma")
     assert "row_sum_mma" not in AttnConfig().resolve("sm90", 128, False).to_dict()  # not a default
-    with pytest.raises(ConfigError):
-        AttnConfig(row_sum_mma=1)
-    with pytest.raises(ConfigError, match="row_sum_mma"):
-        AttnConfig(row_sum_mma=True).resolve("sm100", 128, False)
-    assert (compiled_config(AttnConfig(row_sum_mma=True), "sm90", 128, True, mode="bwd")
-            == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
 def test_ones_tile_fits_the_shared_memory_of_every_head_dim():
@@ -48,16 +39,8 @@ def test_ones_tile_fits_the_shared_memory_of_every_head_dim():
 
 
 def _loop(hdim, causal, rsm, tmp_path):
-    from kernels.sm90.compile import make_fwd_kernel
-    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
-    from sass_cache import kernel_sass
-
-    hdim_v = 128 if hdim == 192 else hdim
     cfg = AttnConfig(row_sum_mma=rsm or None).resolve("sm90", hdim, causal)
-    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal), str(tmp_path / f"{hdim}{causal}{rsm}"))
-    c = opcode_counts(sass)
-    assert count(c, "LDL") == 0 and count(c, "STL") == 0
-    ops = [o.split(".")[0] for o, _ in steady_state_loops(sass)[-1]]  # the mask-free loop (causal: the second)
+    ops = [o.split(".")[0] for o in loop_ops(cfg, hdim, causal, str(tmp_path / f"{hdim}{causal}{rsm}"))]
     return {op: ops.count(op) for op in ("FADD", "HGMMA", "MUFU")}, cfg.tile_n
 
 

@@ -16,23 +16,14 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from fwd_switch_checks import check_forward_field, loop_ops  # noqa: E402
+from kernels.config import AttnConfig  # noqa: E402
 from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 
 
 def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
-    from kernels.tiles import compiled_config
-
-    assert "speculative_exp" not in AttnConfig().to_dict()
-    assert "speculative_exp" not in AttnConfig(speculative_exp=False).to_dict()
-    assert AttnConfig(speculative_exp=True).config_hash() != AttnConfig().config_hash()
+    check_forward_field("speculative_exp")
     assert "speculative_exp" not in AttnConfig().resolve("sm90", 128, False).to_dict()  # not a default
-    with pytest.raises(ConfigError):
-        AttnConfig(speculative_exp=1)
-    with pytest.raises(ConfigError, match="speculative_exp"):
-        AttnConfig(speculative_exp=True).resolve("sm100", 128, False)
-    assert (compiled_config(AttnConfig(speculative_exp=True), "sm90", 128, True, mode="bwd")
-            == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
 def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
@@ -58,16 +49,8 @@ def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
 
 
 def _loop(hdim, causal, spec, tmp_path):
-    from kernels.sm90.compile import make_fwd_kernel
-    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
-    from sass_cache import kernel_sass
-
-    hdim_v = 128 if hdim == 192 else hdim
     cfg = AttnConfig(speculative_exp=spec or None).resolve("sm90", hdim, causal)
-    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, hdim_v, causal), str(tmp_path / f"{hdim}{causal}{spec}"))
-    c = opcode_counts(sass)
-    assert count(c, "LDL") == 0 and count(c, "STL") == 0
-    return [o for o, _ in steady_state_loops(sass)[-1]]  # the mask-free loop (causal: the second)
+    return loop_ops(cfg, hdim, causal, str(tmp_path / f"{hdim}{causal}{spec}"))
 
 
 @pytest.mark.compile

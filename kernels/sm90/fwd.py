@@ -1009,12 +1009,7 @@ class FlashFwdSm90:
         with a window: past the right bound's first block or before the left bound's last) or the unmasked one."""
         do_rescale = Boolean(True)
         if const_expr(self.has_window):
-            need_mask = Boolean(False)
-            if const_expr(self.causal or self.window_right >= 0):
-                need_mask = need_mask | (n_block >= args.n_block_min_masked)
-            if const_expr(self.has_left):
-                need_mask = need_mask | (n_block < args.n_block_local_end)
-            if need_mask:
+            if self.window_needs_mask(args, n_block):
                 do_rescale = self.softmax_block(acc_S, regs, args, n_block, True, False, m_scaled, pv_done)
             else:
                 do_rescale = self.softmax_block(acc_S, regs, args, n_block, False, False, m_scaled, pv_done)
@@ -1335,18 +1330,24 @@ class FlashFwdSm90:
         return do_rescale
 
     @cute.jit
+    def window_needs_mask(self, args: BlockArgs, n_block: Int32) -> Boolean:
+        """With a window, whether a later block needs the mask: past the right bound's first block or before the left
+        bound's last."""
+        need_mask = Boolean(False)
+        if const_expr(self.causal or self.window_right >= 0):
+            need_mask = need_mask | (n_block >= args.n_block_min_masked)
+        if const_expr(self.has_left):
+            need_mask = need_mask | (n_block < args.n_block_local_end)
+        return need_mask
+
+    @cute.jit
     def prepare_later(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32, masked: cutlass.Constexpr = None):
         """Softcap and mask of a block after the first: ``masked`` as the caller's loop says (causal_split), else the
         per-block decision of softmax_later_block."""
         if const_expr(masked is not None):
             self.prepare_s(acc_S, regs, args, n_block, masked)
         elif const_expr(self.has_window):
-            need_mask = Boolean(False)
-            if const_expr(self.causal or self.window_right >= 0):
-                need_mask = need_mask | (n_block >= args.n_block_min_masked)
-            if const_expr(self.has_left):
-                need_mask = need_mask | (n_block < args.n_block_local_end)
-            if need_mask:
+            if self.window_needs_mask(args, n_block):
                 self.prepare_s(acc_S, regs, args, n_block, True)
             else:
                 self.prepare_s(acc_S, regs, args, n_block, False)

@@ -1,0 +1,35 @@
+"""Shared checks of the sm90 forward's opt-in switches (tests/test_fwd_<switch>.py): the AttnConfig field's rules and
+the K/V loop of a compiled kernel."""
+from __future__ import annotations
+
+import pytest
+
+
+def check_forward_field(name: str) -> None:
+    """An sm90 forward switch: out of to_dict() while None / False, in the hash when True, a bool only, refused on
+    sm100, and no change to the backward's compiled config."""
+    from kernels.config import AttnConfig, ConfigError
+    from kernels.tiles import compiled_config
+
+    assert name not in AttnConfig().to_dict()
+    assert name not in AttnConfig(**{name: False}).to_dict()
+    assert AttnConfig(**{name: True}).config_hash() != AttnConfig().config_hash()
+    with pytest.raises(ConfigError):
+        AttnConfig(**{name: 1})
+    with pytest.raises(ConfigError, match=name):
+        AttnConfig(**{name: True}).resolve("sm100", 128, False)
+    assert (compiled_config(AttnConfig(**{name: True}), "sm90", 128, True, mode="bwd")
+            == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
+
+
+def loop_ops(cfg, hdim: int, causal: bool, workdir: str) -> list[str]:
+    """The opcodes of the mask-free K/V loop (causal: the last) of the sm90 forward compiled from the resolved ``cfg``
+    (bf16; hdim 192 with hdim_v 128), after checking the kernel has no local memory."""
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
+    from sass_cache import kernel_sass
+
+    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal), workdir)
+    c = opcode_counts(sass)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0
+    return [o for o, _ in steady_state_loops(sass)[-1]]
