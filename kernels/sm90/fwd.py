@@ -1309,8 +1309,8 @@ class FlashFwdSm90:
         and the eager step (masked / lazy as configured). Either way P, the sums and the maxima are the eager step's."""
         self.prepare_later(acc_S, regs, args, n_block, masked)
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
-        # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale, and an emulated
-        # fragment's polynomial is off by more than MUFU (typical partial sums are far below: P <= ~1 per column)
+        # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale (typical partial
+        # sums are far below the limit: P <= ~1 per column)
         limit = 2.0 ** self.tau * (1.0 - 2.0 ** -6)
         redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit)
         redo = warpgroup_any(redo, BAR_SPEC_WG1 + frags.wg, self.threads_per_wg)
@@ -1322,7 +1322,7 @@ class FlashFwdSm90:
             self.prepare_later(acc_S, regs, args, n_block, masked)
             do_rescale = online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2,
                                              self.tau, self.emu_frags, self.poly, False, False, self.p_inline_cvt, 0,
-                                             None, None, self.lazy_row_max, not self.row_sum_mma)
+                                             None, None, self.lazy_row_max)
         else:
             pipe_k.consumer_release(state)
             for r in cutlass.range_constexpr(cute.size(partial)):
