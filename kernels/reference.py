@@ -164,6 +164,56 @@ def _n_block_max(sq: int, sk: int, tile_m: int, tile_n: int, causal: bool) -> li
     return out
 
 
+class _SpecVotes:
+    """Counters of the sm90 forward's ``speculative_exp`` vote (kernels/sm90/fwd.py softmax_spec), modelled on the
+    same blocks: a later block's P is taken with the kept maxima, each thread's partial row sums (its quad column
+    class: columns c with (c // 2) % 4 equal, tile_n / 4 of them) tested against 2^tau (1 - 2^-6); a warpgroup (64
+    rows) redoes the block when any of its threads sees a sum above that, a NaN, or a row with no maximum yet.
+    A redo is *kept* (the eager step it falls back to rescales no row group of the warpgroup: the QK^T spent again for
+    nothing) or not. ``max_check`` counts the redos a second vote on the largest P (in place of the sum) would
+    still take. Only for tau > 0 without the exp2 polynomial, as the kernel; fp32 sums, so near the limit a count
+    can differ from the kernel's by a block."""
+
+    WG_ROWS = 64
+
+    def __init__(self, tau: float, tile_n: int, group: int):
+        self.limit = 2.0 ** tau * (1.0 - 2.0 ** -6)
+        self.tile_n, self.group = tile_n, group
+        self.blocks = self.rescale = self.redos = self.kept = self.max_check = 0
+
+    def block(self, s2, m, need, counted_g, ngroups: int, rows: int):
+        """One key block of a row chunk: s2 (b, h, rows, cols) log2 scores (masked -inf), m the maxima kept before
+        it, need the eager step's per-row rescale wish, counted_g (ngroups,) groups for which it is a later block."""
+        b, h, _, cols = s2.shape
+        finite = torch.isfinite(m)
+        p = torch.exp2(s2 - torch.where(finite, m, torch.zeros_like(m))[..., None])
+        p = torch.nn.functional.pad(p, (0, self.tile_n - cols))
+        part = p.view(b, h, rows, self.tile_n // 8, 4, 2).sum(dim=(-3, -1))  # (b, h, rows, 4): a row's 4 threads
+        row_redo = (part > self.limit).any(-1) | part.isnan().any(-1) | ~finite
+        row_big = (p > self.limit).any(-1) | p.isnan().any(-1) | ~finite
+        per_wg = self.WG_ROWS // self.group
+        nwg = -(-ngroups // per_wg)
+        pad = nwg * self.WG_ROWS - rows
+
+        def by_wg(x):
+            return torch.nn.functional.pad(x, (0, pad)).view(b, h, nwg, self.WG_ROWS).any(-1)
+
+        counted = torch.nn.functional.pad(counted_g, (0, nwg * per_wg - ngroups)).view(nwg, per_wg).any(-1)
+        redo = by_wg(row_redo) & counted
+        self.blocks += int(counted.sum()) * b * h
+        need_wg = by_wg(need)
+        self.rescale += int((need_wg & counted).sum())
+        self.redos += int(redo.sum())
+        self.kept += int((redo & ~need_wg).sum())
+        self.max_check += int((redo & by_wg(row_big)).sum())
+
+    def stats(self) -> dict:
+        share = (lambda n: n / self.blocks if self.blocks else 0.0)
+        return dict(spec_blocks=self.blocks, spec_redos=self.redos, spec_redos_kept=self.kept,
+                    spec_rescale_share=share(self.rescale), spec_redo_share=share(self.redos), spec_kept_share=share(self.kept),
+                    spec_max_check_share=share(self.max_check))
+
+
 def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group, fragment, order, stats):
     b, sq, h, d = q.shape
     sk, dv = k.shape[1], v.shape[-1]
@@ -177,6 +227,8 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
     emu_cols = emulated_columns(tile_n, fraction, fragment).to(q.device)
     done = skipped = 0
     emu_elems = valid_elems = 0
+    spec = (_SpecVotes(tau, tile_n, group) if stats is not None and tau > 0 and fraction == 0.0
+            and tile_m % _SpecVotes.WG_ROWS == 0 and _SpecVotes.WG_ROWS % group == 0 else None)
     tiles_per_chunk = max(1, _CHUNK_ELEMS // max(1, b * h * tile_m * tile_n))
     n_mt = len(nmax)
     for mt0 in range(0, n_mt, tiles_per_chunk):
@@ -211,6 +263,8 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
             pad = ngroups * group - rows
             need_g = torch.nn.functional.pad(need, (0, pad)).view(b, h, ngroups, group).any(dim=-1)
             counted = visited_g & ~first
+            if spec is not None:
+                spec.block(s2, m, need, counted, grp_tile.numel(), rows)
             done += int((need_g & counted).sum())
             skipped += int((~need_g & counted).sum())  # per (batch, head, group, block)
             first = first & ~visited_g
@@ -246,6 +300,7 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
                      exp2_emulated_share=(emu_elems / valid_elems) if valid_elems else 0.0,
                      exp2_requested_fraction=float(fraction), tile_m=tile_m, tile_n=tile_n,
                      rescale_threshold=float(tau), rescale_group=group, block_order=order)
+        stats.update(spec.stats() if spec is not None else {})
     return out.transpose(1, 2).to(q.dtype), lse
 
 
@@ -316,7 +371,9 @@ def attention_model(q, k, v, causal=False, softmax_scale=None, config=None, retu
     then ``lse`` (batch, heads, seqlen_q) fp32 natural log if ``return_lse``, then a stats dict if
     ``return_stats``: rescales_done / rescales_skipped (per batch, head, row group and visited key
     block after the group's first), skipped_share, exp2_emulated_fraction (the quantised fraction of
-    a full tile row), exp2_emulated_share (of the unmasked exponentials actually computed).
+    a full tile row), exp2_emulated_share (of the unmasked exponentials actually computed), and with tau > 0 and
+    no exp2 emulation the speculative_exp vote's counters (_SpecVotes: spec_blocks, spec_redos, spec_redos_kept,
+    spec_rescale_share, spec_redo_share, spec_kept_share, spec_max_check_share; whatever the config's speculative_exp).
     """
     check_qkv(q, k, v, dtypes=MODEL_DTYPES, hdim_pairs=None)
     scale = _scale(softmax_scale, q.shape[-1])

@@ -1,10 +1,11 @@
 """AttnConfig.speculative_exp (sm90 forward, overlapped loop, tau > 0; opt-in, not yet run on a GPU): a later block's P
 with the kept row maxima and no maxima taken; S computed again and the eager step only when a partial row sum in the
-warpgroup comes near 2^tau (kernels/sm90/fwd.py softmax_spec, softmax.py exp_kept_max / warpgroup_any).
+warpgroup comes near 2^tau and a second vote finds a P itself near it (kernels/sm90/fwd.py softmax_spec, softmax.py
+exp_kept_max / p_exceeds / warpgroup_any).
 
 CPU tests: the field (dict / hash while off, sm100 refuses it, forward-only), the kernel switch (off at tau 0 and
 without the overlap; the PV-wait placements yield to it), and the machine code of the K/V loop: the first exponential
-precedes every FMNMX (no maximum before the exponentials), the warpgroup vote is a BAR.RED, the rare arm adds one
+precedes every FMNMX (no maximum before the exponentials), the warpgroup votes are two BAR.RED, the rare arm adds one
 QK^T's HGMMAs, no local memory. GPU checks (bitwise the default's output, the rare arm forced):
 tests/test_fwd_speculative_exp_gpu.py.
 """
@@ -60,6 +61,6 @@ def test_exponentials_start_before_any_maximum(hdim, causal, tmp_path):
     base, spec = _loop(hdim, causal, False, tmp_path), _loop(hdim, causal, True, tmp_path)
     assert base.index("FMNMX") < base.index("MUFU.EX2")  # the default: the row maxima come first
     assert spec.index("MUFU.EX2") < spec.index("FMNMX")  # speculative: the exponentials do
-    assert any(o.startswith("BAR.RED") for o in spec)  # the warpgroup's vote
+    assert sum(o.startswith("BAR.RED") for o in spec) == 2  # the warpgroup's votes: on the sums, then on the P
     hgmma = lambda ops: sum(o.startswith("HGMMA") for o in ops)  # noqa: E731
     assert hgmma(spec) == hgmma(base) + hdim // 16  # the rare arm's QK^T (k16 steps over the head dim)

@@ -51,3 +51,32 @@ def test_speculative_exp_rare_arm(hdim, causal):
     torch.cuda.synchronize()
     assert torch.isfinite(got[0]).all()
     assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+
+
+def _sums_past_the_limit(b, s, h, hdim, device):
+    """Scores of spread ~0.4 log2 units, keys 0..1023 (visited last) 6 up: their P are ~64 each, every thread's 32
+    columns sum to ~2000 > 2^8, and no score grows by tau = 8: the first vote redoes, the second (on the P) does not."""
+    g = torch.Generator(device=device).manual_seed(5)
+    q = torch.randn(b, s, h, hdim, device=device, generator=g) * 0.25
+    q[..., 0] = 1.0
+    k = torch.randn(b, s, h, hdim, device=device, generator=g)
+    k[..., 0] = 0.0
+    k[:, :1024, :, 0] = 6.0 * hdim ** 0.5 / 1.4426950408889634
+    v = torch.randn(b, s, h, hdim, device=device, generator=g)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_speculative_exp_second_vote_keeps_the_block(hdim, causal):
+    """The second vote's arm (sums past the limit, no P past it): no second QK^T, the partial sums kept. The model
+    (kernels.reference.attention_model's _SpecVotes) confirms the inputs take that arm."""
+    from kernels.reference import attention_model
+
+    q, k, v = _sums_past_the_limit(2, 4096, 2, hdim, "cuda")
+    _, st = attention_model(q, k, v, causal, return_stats=True)
+    assert st["spec_redos_kept"] > st["spec_redos"] // 2 > 0  # (causal: a few rows with no maximum yet rescale)
+    ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
+    got = _run(AttnConfig(speculative_exp=True), q, k, v, causal, hdim, hdim)
+    torch.cuda.synchronize()
+    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])

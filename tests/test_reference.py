@@ -259,3 +259,51 @@ def test_model_on_cuda_matches_cpu():
     ref = attention_exact(q, k, v, True)
     _rule(out_gpu.cpu(), attention_naive(q, k, v, True), ref, torch.bfloat16)
     assert (out_gpu.cpu().float() - out_cpu.float()).abs().max() <= 2 * torch.finfo(torch.bfloat16).eps
+
+
+# ---- speculative_exp's vote, modelled (kernels/reference.py _SpecVotes) ----------------------------------------------
+def _two_block_scores(later: torch.Tensor):
+    """q, k (fp32, 64 queries, 256 keys, hd64, softmax_scale ln 2: scores in log2 units = q.k) whose first visited
+    block (keys 128-255) scores 0 everywhere and whose later block (keys 0-127) scores ``later`` (128,)."""
+    q = torch.zeros(1, 64, 1, 64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 256, 1, 64)
+    k[0, :128, 0, 0] = later
+    return q, k, torch.randn(1, 256, 1, 64, generator=torch.Generator().manual_seed(0))
+
+
+def _spec_stats(q, k, v, causal=False, scale=math.log(2.0), **cfg):
+    _, st = attention_model(q, k, v, causal, softmax_scale=scale, return_stats=True,
+                            config=AttnConfig(**({"rescale_threshold": 8.0} | cfg)))
+    return st
+
+
+def test_spec_votes_a_sum_that_passes_the_limit_without_any_large_p():
+    """Every later score 3 log2 units up: each thread's 32 columns sum to 256 > 2^8 (1 - 2^-6), no P above 8; the eager
+    step keeps the maxima (3 < tau): the sum vote redoes the block for nothing, the second vote does not."""
+    st = _spec_stats(*_two_block_scores(torch.full((128,), 3.0)))
+    assert st["spec_blocks"] == 1 and st["rescales_done"] == 0
+    assert st["spec_redos"] == 1 and st["spec_redos_kept"] == 1 and st["spec_max_check_share"] == 0.0
+    st = _spec_stats(*_two_block_scores(torch.full((128,), 2.9)))  # 32 * 2^2.9 = 239: under the limit
+    assert st["spec_redos"] == 0
+
+
+def test_spec_votes_a_jump_past_tau_in_both_votes():
+    later = torch.zeros(128)
+    later[77] = 9.0  # one P = 2^9 > 2^8: the eager step rescales, both votes redo
+    st = _spec_stats(*_two_block_scores(later))
+    assert st["rescales_done"] == 4  # the 4 row groups of 16
+    assert (st["spec_redos"], st["spec_redos_kept"], st["spec_max_check_share"], st["spec_rescale_share"]) == (1, 0, 1.0,
+                                                                                                                  1.0)
+    later[77] = 7.5  # under tau: kept, though its P (181) is the sum's bulk; neither vote redoes
+    assert _spec_stats(*_two_block_scores(later))["spec_redos"] == 0
+
+
+def test_spec_votes_only_where_the_kernel_can_speculate():
+    q, k, v = _inputs(1, 512, 512, 2, 64, torch.bfloat16, 11)
+    st = _spec_stats(q, k, v, scale=None)  # gaussian scores: no later block nears 2^8
+    assert st["spec_blocks"] == 2 * (3 + 3 + 2) * 3 and st["spec_redos"] == 0  # heads x warpgroups x later blocks
+    for cfg in (dict(rescale_threshold=0.0), dict(exp2_emu_fraction=0.25)):
+        assert "spec_blocks" not in _spec_stats(q, k, v, scale=None, **cfg)
+    st = _spec_stats(q, k, v, causal=True, scale=None)
+    assert st["spec_redos_kept"] <= st["spec_redos"] <= st["spec_blocks"]

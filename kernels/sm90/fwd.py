@@ -114,8 +114,8 @@ from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .fwd_tail import TailCombine, tail_piece, tail_pieces
 from .scheduler import snake_tile, tile_at, tile_coords
-from .softmax import (apply_softcap, exp_kept_max, finalize, online_softmax_finish, online_softmax_step, rescale_o,
-                      store_p_asm, warpgroup_any)
+from .softmax import (apply_softcap, exp_kept_max, finalize, online_softmax_finish, online_softmax_step, p_exceeds,
+                      rescale_o, store_p_asm, warpgroup_any)
 
 LOG2_E = math.log2(math.e)
 
@@ -284,8 +284,9 @@ class FlashFwdSm90:
                              "rescaled right before its P V; pass rescale_before_pv=False")
         self.rescale_before_pv = bool(rescale_before_pv)  # O rescaled between issuing QK^T(j+1) and PV(j)
         # overlapped loop, tau > 0: a later block's P first with the kept row maxima, no maxima at all; only when a row's
-        # partial sum says one of its P may exceed 2^tau (or a row has no maximum yet) does the warp compute S again
-        # from the K stage it still holds and take the eager step (softmax_spec). It places its own P V wait, so
+        # partial sum says one of its P may exceed 2^tau and a second vote on the P finds one that does (or a row has no
+        # maximum yet) does the warpgroup compute S again from the K stage it still holds and take the eager step
+        # (softmax_spec). It places its own P V wait, so
         # pv_wait_mid / exp_in_branch / early_v_release yield to it, and so does causal_split at hd128 (below). Not:
         # with the exp2 polynomial (past x = 129 it returns -0.0, which no sum notices), with row_sum_mma (no sums in
         # the softmax), or with 2^tau < tile_n (a thread's partial sum over its tile_n/4 columns would cross it on
@@ -1304,9 +1305,11 @@ class FlashFwdSm90:
                      n_block: Int32, state, masked: cutlass.Constexpr = None) -> Boolean:
         """speculative_exp, a later block whose S is in acc_S and whose K stage ``state`` is still held: P with the
         kept maxima and the rows' partial sums (softmax.exp_kept_max). If no thread of the warpgroup saw a partial sum
-        near 2^tau (a barrier.red over the warpgroup: its wgmma below is warpgroup-wide), the eager step would have kept
-        every maximum too: release K, add the partials, no rescale. Else S again from the held K stage, K released,
-        and the eager step (masked / lazy as configured). Either way P, the sums and the maxima are the eager step's."""
+        near 2^tau (a barrier.red over the warpgroup: its wgmma below is warpgroup-wide), or after one did, no thread
+        holds a P near it (a second vote, softmax.p_exceeds: sums over many columns pass the limit with every P below
+        it), the eager step would have kept every maximum too: release K, add the partials, no rescale. Else S again
+        from the held K stage, K released, and the eager step (masked / lazy as configured). Either way P, the sums and
+        the maxima are the eager step's."""
         self.prepare_later(acc_S, regs, args, n_block, masked)
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
         # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale (typical partial
@@ -1314,6 +1317,9 @@ class FlashFwdSm90:
         limit = 2.0 ** self.tau * (1.0 - 2.0 ** -6)
         redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit)
         redo = warpgroup_any(redo, BAR_SPEC_WG1 + frags.wg, self.threads_per_wg)
+        if redo:  # a sum passed the limit: a second vote on the P themselves (p_exceeds), same barrier
+            redo = warpgroup_any(p_exceeds(acc_S, regs.row_max, partial, limit), BAR_SPEC_WG1 + frags.wg,
+                                 self.threads_per_wg)
         do_rescale = Boolean(False)
         if redo:
             wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)

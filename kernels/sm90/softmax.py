@@ -133,10 +133,7 @@ def online_softmax_step(
     k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)  # independent partials: short dependency chains
     lazy = lazy_max and not is_first and tau != 0.0  # new_max holds the thread's own maxima until the rescale arm
     for r in cutlass.range_constexpr(n_rows):
-        part = [s[r, j] for j in range(k)]
-        for c in cutlass.range_constexpr(k, n_cols):
-            part[c % k] = cute.arch.fmax(part[c % k], s[r, c])
-        m = _tree(part, cute.arch.fmax)
+        m = _row_max(s, r, k)
         if const_expr(not lazy):
             m = quad_allreduce_max(m)
         if const_expr(not is_first):
@@ -248,6 +245,15 @@ def _row_sum(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int
 
 
 @cute.jit
+def _row_max(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int]):
+    """This thread's maximum of row ``r`` of ``s``: k independent partials in column order, tree-reduced."""
+    part = [s[r, j] for j in range(k)]
+    for c in cutlass.range_constexpr(k, cute.size(s, mode=[1])):
+        part[c % k] = cute.arch.fmax(part[c % k], s[r, c])
+    return _tree(part, cute.arch.fmax)
+
+
+@cute.jit
 def _exp_head(s: cute.Tensor, row_max: cute.Tensor, m_scaled: cute.Tensor, scale_log2: Float32,
               emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], head_cols: cutlass.Constexpr[int]):
     """pv_wait_mid, inside an arm of the rescale decision: every row's offset max * scale_log2 (0 for an empty row) into
@@ -306,6 +312,23 @@ def exp_kept_max(acc_S: cute.Tensor, row_max: cute.Tensor, scale_log2: Float32, 
         partial[r] = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
         redo = redo | (partial[r] > Float32(limit)) | (partial[r] != partial[r]) | (row_max[r] == -Float32.inf)
     return redo
+
+
+@cute.jit
+def p_exceeds(acc_S: cute.Tensor, row_max: cute.Tensor, partial: cute.Tensor,
+              limit: cutlass.Constexpr[float]) -> Boolean:
+    """speculative_exp's second look, after a partial sum of the warpgroup passed ``limit``: whether this thread holds
+    a P (from exp_kept_max) above ``limit`` itself, a row with no maximum yet or a NaN sum. Sums over many columns
+    pass the limit while every P stays below it (scores that climb by less than tau along the visit order); then the
+    eager step too keeps every maximum, and the block needs no second QK^T."""
+    s = acc_rows_cols(acc_S)
+    n_cols = cute.size(s, mode=[1])
+    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
+    over = Boolean(False)
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        over = (over | (_row_max(s, r, k) > Float32(limit)) | (partial[r] != partial[r])
+                | (row_max[r] == -Float32.inf))
+    return over
 
 
 @dsl_user_op
