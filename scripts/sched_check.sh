@@ -19,16 +19,17 @@
 #   call profiled.
 # Part 9 (session 50): row_sum_mma (the row sums as a wgmma of P against a ones tile): its accuracy tests first, then
 #   A/Bs against the default (hd64 / hd128 non-causal 8k, causal 4k; hd128 16k; hd256 / (192, 128) 8k), then the rest of
-#   its GPU tests (every switch it touches). Part 10 (next): speculative_exp's GPU tests and A/B, lazy_row_max at hd256 /
-#   (192, 128) (not a default there yet), hd256 causal with causal_split and persistent at 32k. Part 11 (next): the
-#   forward GPU test files parts 6 / 7 did not finish.
+#   its GPU tests (every switch it touches). Part 10 (next): speculative_exp's GPU tests and A/B (with its second vote,
+#   session 51), lazy_row_max at hd256 / (192, 128) (not a default there yet). Part 11 (next): the forward GPU test
+#   files parts 6 / 7 did not finish. Part 12 (next, session 51): hd256 causal loop shapes (causal_split's counted
+#   loops, persistent greedy at 32k, speculative_exp with the split).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-11]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-12]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-11]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-12]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -157,11 +158,14 @@ case "$PART" in
     ab 1 $hd 4096 10 45 --batch 8 --cfg spec=speculative_exp:true
   done
   for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg lazy=lazy_row_max:true spec=lazy_row_max:true,speculative_exp:true; done
-  # hd256 causal: the persistent greedy default's loop split in two (CPU SASS: 777 -> 578 + 467 instructions, no
-  # spills; the one-tile kernel past 16k compiles divergent, 43 R2UR: persistent on the greedy walk there too)
+  ;;
+12)  # next: hd256 causal loop shapes. The one-tile kernel (the default past 16k) compiles its top-tested loop divergent
+  # (43 R2UR); split in two it now runs counted loops (session 51: 579 + 509 instructions, uniform; with p_cvt_asm off
+  # 580 + 494); the persistent greedy default (<= 16k) split: 619 + 465 (one loop 777). speculative_exp with the split.
   for s in 4096 8192; do ab 1 256 $s 8 40 --batch $((32768 / s)) --cfg split=causal_split:true; done
-  ab 1 256 32768 6 50 --batch 1 --cfg greedy=persistent:true,persistent_greedy:true \
-    greedy_split=persistent:true,persistent_greedy:true,causal_split:true
+  ab 1 256 32768 6 120 --batch 1 --cfg split=causal_split:true nocvt=causal_split:true,p_cvt_asm:false \
+    greedy=persistent:true,persistent_greedy:true greedy_split=persistent:true,persistent_greedy:true,causal_split:true
+  ab 1 256 8192 8 45 --batch 4 --cfg spec=speculative_exp:true,causal_split:true
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_ops_gpu.py; do tests "tests/$t" 110; done
@@ -174,6 +178,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-11" >&2; exit 2 ;;
+*) echo "part must be 1-12" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

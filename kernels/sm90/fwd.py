@@ -319,10 +319,11 @@ class FlashFwdSm90:
         self.p_cvt_asm = bool(p_cvt_asm) and intra_wg_overlap
         # P by inline PTX (to_p) and pinned row sums: p_cvt_asm or pv_wait_mid
         self.p_inline_cvt = self.p_cvt_asm or self.pv_wait_mid or (self.speculative_exp and pv_mid_asked)
-        # p_cvt_asm's top-tested K/V loops (steps_loop); pv_wait_mid's split causal loops stay counted loops (top-tested,
-        # they compile divergent at hd256 causal and gain 3 R2UR at (192, 128); non-causal counted loops do, so there
-        # it keeps p_cvt_asm's form)
-        self.top_tested_loop = self.p_cvt_asm and not (self.pv_wait_mid and self.causal_split)
+        # p_cvt_asm's top-tested K/V loops (steps_loop); split causal loops stay counted loops from hd128 up (and with
+        # pv_wait_mid): top-tested, they compile divergent there (CPU SASS, session 51: hd128 / (192, 128) 32 / 43 R2UR
+        # per loop, hd256 one tile per CTA 43, counted 0; hd64 both uniform, top-tested 16 instructions shorter);
+        # non-causal counted loops compile divergent, so there it keeps p_cvt_asm's form
+        self.top_tested_loop = self.p_cvt_asm and not (self.causal_split and (self.pv_wait_mid or hdim >= 128))
         # overlapped loop: the wait for the in-flight P V and the release of its V stage placed after the block's row
         # maxima, before its rescale decision (ptxas hoists the wait to about there anyway; the release otherwise
         # follows all the exponentials, official FA4's right after its wait); pv_wait_mid and exp_in_branch place the
