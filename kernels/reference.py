@@ -170,7 +170,8 @@ class _SpecVotes:
     class: columns c with (c // 2) % 4 equal, tile_n / 4 of them) tested against 2^tau (1 - 2^-6); a warpgroup (64
     rows) redoes the block when any of its threads sees a sum above that, a NaN, or a row with no maximum yet.
     A redo is *kept* (the eager step it falls back to rescales no row group of the warpgroup: the QK^T spent again for
-    nothing) or not. ``max_check`` counts the redos a second vote on the largest P (in place of the sum) would
+    nothing) or not. Causal tiles run their diagonal blocks eagerly (no vote; the kernel's causal_split, which
+    speculative_exp implies) and are counted only on their mask-free blocks. ``max_check`` counts the redos a second vote on the largest P (in place of the sum) would
     still take. Only for tau > 0 without the exp2 polynomial, as the kernel; fp32 sums, so near the limit a count
     can differ from the kernel's by a block."""
 
@@ -181,9 +182,11 @@ class _SpecVotes:
         self.tile_n, self.group = tile_n, group
         self.blocks = self.rescale = self.redos = self.kept = self.max_check = 0
 
-    def block(self, s2, m, need, counted_g, ngroups: int, rows: int):
+    def block(self, s2, m, need, counted_g, ngroups: int, rows: int, eager_rows=None):
         """One key block of a row chunk: s2 (b, h, rows, cols) log2 scores (masked -inf), m the maxima kept before
-        it, need the eager step's per-row rescale wish, counted_g (ngroups,) groups for which it is a later block."""
+        it, need the eager step's per-row rescale wish, counted_g (ngroups,) groups for which it is a later block,
+        eager_rows (rows,) rows whose kernel step here is the eager one, no vote (causal: the tile's diagonal blocks,
+        which the kernel's causal_split loop runs eagerly)."""
         b, h, _, cols = s2.shape
         finite = torch.isfinite(m)
         p = torch.exp2(s2 - torch.where(finite, m, torch.zeros_like(m))[..., None])
@@ -199,6 +202,8 @@ class _SpecVotes:
             return torch.nn.functional.pad(x, (0, pad)).view(b, h, nwg, self.WG_ROWS).any(-1)
 
         counted = torch.nn.functional.pad(counted_g, (0, nwg * per_wg - ngroups)).view(nwg, per_wg).any(-1)
+        if eager_rows is not None:
+            counted = counted & ~torch.nn.functional.pad(eager_rows, (0, pad)).view(nwg, self.WG_ROWS).any(-1)
         redo = by_wg(row_redo) & counted
         self.blocks += int(counted.sum()) * b * h
         need_wg = by_wg(need)
@@ -210,8 +215,8 @@ class _SpecVotes:
     def stats(self) -> dict:
         share = (lambda n: n / self.blocks if self.blocks else 0.0)
         return dict(spec_blocks=self.blocks, spec_redos=self.redos, spec_redos_kept=self.kept,
-                    spec_rescale_share=share(self.rescale), spec_redo_share=share(self.redos), spec_kept_share=share(self.kept),
-                    spec_max_check_share=share(self.max_check))
+                    spec_rescale_share=share(self.rescale), spec_redo_share=share(self.redos),
+                    spec_kept_share=share(self.kept), spec_max_check_share=share(self.max_check))
 
 
 def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group, fragment, order, stats):
@@ -264,7 +269,12 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
             need_g = torch.nn.functional.pad(need, (0, pad)).view(b, h, ngroups, group).any(dim=-1)
             counted = visited_g & ~first
             if spec is not None:
-                spec.block(s2, m, need, counted, grp_tile.numel(), rows)
+                eager_rows = None
+                if causal:  # a tile's diagonal blocks (any masked entry): the kernel's eager loop
+                    tile_masked = torch.zeros(mt1 - mt0, dtype=torch.int32, device=q.device).index_add_(
+                        0, row_tile, (~valid).any(-1).int()) > 0
+                    eager_rows = tile_masked[row_tile]
+                spec.block(s2, m, need, counted, grp_tile.numel(), rows, eager_rows)
             done += int((need_g & counted).sum())
             skipped += int((~need_g & counted).sum())  # per (batch, head, group, block)
             first = first & ~visited_g

@@ -6,7 +6,8 @@ The sm90 forward's speculative_exp (kernels/sm90/fwd.py softmax_spec) takes a la
 maxima and votes over the warpgroup (64 rows): a partial row sum of a thread near 2^tau, a row with no maximum yet or
 a NaN sends the warpgroup back to a second QK^T and the eager step. The second vote (softmax.p_exceeds) asks again
 with each thread's largest P in place of its sums. kernels.reference.attention_model counts both votes on the same
-blocks (_SpecVotes). Per (distribution, causal, head dim, tau), over the later blocks of every warpgroup:
+blocks (_SpecVotes). Per (distribution, causal, head dim, tau), over the later blocks of every warpgroup (causal: the
+mask-free ones; the kernel runs the diagonal blocks eagerly):
 
   rescale   blocks where the eager step rescales some row group of the warpgroup (a redo is needed)
   sum vote  blocks the first vote alone would redo; kept: of those, the ones that rescale nothing (a wasted QK^T)
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="also write the table here (markdown)")
     a = ap.parse_args(argv)
     lines = [f"speculative_exp votes, FA4 algorithm model (scripts/spec_vote_model.py), seqlen {a.seqlen}, bf16; "
-             "shares of the later (warpgroup, K/V block) pairs", "",
+             "shares of the speculated (warpgroup, K/V block) pairs: later blocks, causal ones mask-free", "",
              "| dist | causal | hdim | tau | blocks | rescale | sum vote | kept | 2 votes |",
              "|---|---|---|---|---|---|---|---|---|"]
     for dist in DISTS:

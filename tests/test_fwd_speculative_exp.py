@@ -35,8 +35,9 @@ def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
     bf = cutlass.BFloat16
     k = FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, pv_wait_mid=True, early_v_release=True)
     assert k.speculative_exp and not k.pv_wait_mid and not k.early_v_release
-    k = FlashFwdSm90(bf, 128, 128, True, speculative_exp=True, exp_in_branch=True, causal_split=True)
-    assert not k.exp_in_branch and not k.causal_split
+    k = FlashFwdSm90(bf, 128, 128, True, speculative_exp=True, exp_in_branch=True)
+    assert not k.exp_in_branch and k.causal_split  # causal: implied (the diagonal loop runs the eager step)
+    assert not FlashFwdSm90(bf, 128, 128, True, speculative_exp=True, window_left=64).causal_split
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, rescale_threshold=0.0).speculative_exp
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, intra_wg_overlap=False).speculative_exp
     # the exp2 polynomial (-0.0 past x = 129: no sum sees it), row_sum_mma (no sums), 2^tau < tile_n (ordinary sums)
@@ -44,7 +45,7 @@ def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, row_sum_mma=True).speculative_exp
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, rescale_threshold=6.0).speculative_exp
     assert FlashFwdSm90(bf, 256, 256, False, tile_n=80, speculative_exp=True, rescale_threshold=6.5).speculative_exp
-    # causal_split yields at hd128 only (spills there); pv_wait_mid's inline P conversion (and its split) stay
+    # pv_wait_mid's inline P conversion (and its split) stay
     k = FlashFwdSm90(bf, 192, 128, True, speculative_exp=True, pv_wait_mid=True)
     assert k.causal_split and k.p_inline_cvt and not k.pv_wait_mid
 
@@ -64,3 +65,24 @@ def test_exponentials_start_before_any_maximum(hdim, causal, tmp_path):
     assert sum(o.startswith("BAR.RED") for o in spec) == 2  # the warpgroup's votes: on the sums, then on the P
     hgmma = lambda ops: sum(o.startswith("HGMMA") for o in ops)  # noqa: E731
     assert hgmma(spec) == hgmma(base) + hdim // 16  # the rare arm's QK^T (k16 steps over the head dim)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("hdim", [64, 256])
+def test_causal_diagonal_loop_stays_eager(hdim, tmp_path):
+    """Causal: the split is implied; the diagonal blocks (where a row can still lack a maximum, which the vote would
+    answer with a second QK^T) run the eager step in their own loop, the mask-free blocks speculate. Both loops uniform
+    (no R2UR; hd256's one speculative loop had 90), no local memory."""
+    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
+    from sass_cache import fwd_sass
+
+    sass = fwd_sass(AttnConfig(speculative_exp=True).resolve("sm90", hdim, True), "bfloat16", hdim, hdim, True,
+                    str(tmp_path))
+    assert count(opcode_counts(sass), "LDL") == 0
+    loops = [[o for o, _ in body] for body in steady_state_loops(sass)]
+    assert len(loops) == 2
+    diag, free = loops
+    assert not any(o.startswith("BAR.RED") for o in diag) and diag.index("FMNMX") < diag.index("MUFU.EX2")
+    assert sum(o.startswith("BAR.RED") for o in free) == 2 and free.index("MUFU.EX2") < free.index("FMNMX")
+    assert not any(o.startswith("R2UR") for o in diag + free)

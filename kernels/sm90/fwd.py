@@ -306,11 +306,11 @@ class FlashFwdSm90:
         self.pv_head_cols = max(2, tile_n // 16 // 2 * 2)
         # causal (no window), overlapped main loop: the diagonal blocks after the first and the mask-free blocks in two
         # loops (mainloop_overlap), no per-block mask decision inside a loop
-        # (not with speculative_exp at hd128: its two loops, each with the rare arm, spill 9-40 LDL there; elsewhere the
-        # one loop compiles divergent, wgmma descriptors in vector registers: 61 R2UR at (192, 128))
-        self.causal_split = ((bool(causal_split) or self.pv_wait_mid or (self.speculative_exp and pv_mid_asked))
-                             and causal and not self.has_window and intra_wg_overlap
-                             and not (self.speculative_exp and hdim == 128))
+        # (implied by pv_wait_mid: its one loop compiles divergent, wgmma descriptors in vector registers, 61 R2UR at
+        # (192, 128); and by speculative_exp, whose diagonal loop runs the eager step: rows there may have no maximum
+        # yet, which its vote would answer with a second QK^T; its one loop is divergent at hd256, 90 R2UR)
+        self.causal_split = ((bool(causal_split) or self.pv_wait_mid or self.speculative_exp)
+                             and causal and not self.has_window and intra_wg_overlap)
         # tau > 0: a block's exponentials inside the arms of the warp's rescale decision (softmax.online_softmax_step)
         self.exp_in_branch = bool(exp_in_branch) and self.tau != 0.0 and not self.pv_wait_mid
         # overlapped loop: P converted to 16 bits by inline PTX (softmax.store_p_asm), the block's row sums pinned before
@@ -1258,7 +1258,9 @@ class FlashFwdSm90:
         self.pv_gemm(tiled_mma_pv, frags, regs, state_v.index)
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(1)
-        if const_expr(self.speculative_exp):  # S(j+1) by the kept maxima; releases the K stage itself
+        # S(j+1) by the kept maxima, releasing the K stage itself; not in causal_split's diagonal loop, whose blocks
+        # are where a row can still lack a maximum (its vote would always redo them)
+        if const_expr(self.speculative_exp and masked is not True):
             do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state_v)
