@@ -3,8 +3,9 @@
 Kind "numerics": for each (dtype, score distribution, hdim, tau, exp2 fraction) the model
 (kernels.reference.attention_model, backend 'fa4_model') runs on one fixed input and is compared with
 attention_exact at fp64; rows give its out / lse errors, the same-dtype PyTorch errors
-(attention_naive, the DESIGN.md rule's yardstick), the rule verdict, the share of skipped rescales
-and the count of inf / NaN outputs. Score distributions:
+(attention_naive, the DESIGN.md rule's yardstick), the rule verdict, the share of skipped rescales,
+the count of inf / NaN outputs and, at tau > 0 without exp2 emulation, the shares of blocks that
+speculative_exp's first / second vote would compute again (spec_redo_share / spec_max_check_share). Score distributions:
 
 * ``gaussian``       q, k, v ~ N(0, 1): typical scores, block maxima move little.
 * ``late_max``       each row's max climbs steadily along the kernels' visit order (key blocks are
@@ -216,6 +217,8 @@ def _run_numerics(job: dict) -> list[dict]:
         n_nan=float(n_nan),
         exp2_emulated_fraction=float(st["exp2_emulated_fraction"]),
     )
+    # speculative_exp's votes on the same blocks (kernels/reference.py _SpecVotes; tau > 0, no exp2 emulation)
+    metrics.update({m: float(st[m]) for m in ("spec_redo_share", "spec_max_check_share") if m in st})
     rcfg = AttnConfig.from_dict(st["config"])
     base = dict(experiment=job.get("experiment", EXPERIMENT), kind="numerics", backend=BACKEND, mode="fwd",
                 status="ok", reason=None, error_class=None, batch=b, seqlen_q=sq, seqlen_k=sk, heads=h, hdim=d,

@@ -66,7 +66,11 @@ def test_numerics_rows_have_the_interface_fields():
     assert m["within_rule"] == 1.0 and m["n_inf"] == 0 and m["n_nan"] == 0
     assert 0 < m["out_max_abs_err"] <= 2 * m["out_pt_max_abs_err"]
     assert m["exp2_emulated_fraction"] == 0.25
+    assert "spec_redo_share" not in m  # speculative_exp: not with exp2 emulation
     json.dumps(rows)
+    (job,) = _job(dist="late_max", dtype="bfloat16", tau=8.0, exp2_fraction=0.0, seqlen=1024)
+    m = _metrics(run(job))
+    assert 0.0 < m["spec_max_check_share"] < m["spec_redo_share"] <= 1.0  # the ramp: the second vote redoes fewer
 
 
 def test_late_max_skips_more_with_larger_tau_and_error_stays_within_rule():
