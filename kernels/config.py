@@ -495,10 +495,11 @@ class AttnConfig:
     # in the warpgroup exceeds just under 2^tau (then a P might, and the eager vote might rescale), a row has no
     # maximum yet, or a sum is NaN, does the warpgroup (barrier.red.or) vote again on its largest P, and only if one
     # exceeds that limit too (or the row / NaN case) compute S again from that K stage and take the eager step
-    # (kernels/sm90/fwd.py softmax_spec; how often each vote fires in the CPU model: results/cpu/spec_votes.md). Same P, sums and maxima as the eager step: outputs bitwise the
-    # default's. pv_wait_mid / exp_in_branch / early_v_release yield to it; causal calls take causal_split with it (the
-    # diagonal blocks, where rows may still lack a maximum, by the eager step); off with the
-    # exp2 polynomial (exp2_emu_fraction > 0: past x = 129 it returns -0.0, which no sum notices), with row_sum_mma, and
+    # (kernels/sm90/fwd.py softmax_spec; how often each vote fires in the CPU model: results/cpu/spec_votes.md). A block
+    # that keeps its maxima gets the eager step's P, sums and maxima bit for bit; a rescaled row's sum can differ by a
+    # rounding, as between the other loop shapes. pv_wait_mid / exp_in_branch / early_v_release yield to it; causal
+    # calls take causal_split with it (the diagonal blocks, where rows may still lack a maximum, by the eager step); off
+    # with the exp2 polynomial (exp2_emu_fraction > 0: past x = 129 it returns -0.0, which no sum notices), with row_sum_mma, and
     # where 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it). None = DEFAULTS'
     # (absent: off); left out of to_dict() while None or False. Opt-in, written in sessions 50-51 without a GPU: not run.
     speculative_exp: bool | None = None

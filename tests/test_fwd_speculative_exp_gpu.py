@@ -1,8 +1,10 @@
 """GPU checks of speculative_exp (sm90 forward; CPU SASS: tests/test_fwd_speculative_exp.py): a later block's P with
-the kept maxima, S again and the eager step only when the warpgroup's vote says a row may have grown by tau. Both arms
-give the eager step's P, sums and maxima, so out / lse must equal the default's bit for bit: at every head dim, causal
-both, with the switches around the decision, and on inputs built to take the rare arm (keys near the start of the
-sequence, which the loop visits last, scaled up: their scores exceed the kept maxima by more than tau)."""
+the kept maxima, S again and the eager step only when the warpgroup's votes say a row may have grown by tau. A block
+that keeps its maxima gets the eager step's P, sums and maxima bit for bit, so non-causal calls on gaussian inputs
+(no later block rescales at tau 8) must equal the default's exactly; where rows rescale (causal diagonal blocks, the
+rare arm's inputs: keys near the start of the sequence, which the loop visits last, scaled up) ptxas may contract a
+row sum's update differently from the default's loop, so those compare within one rounding, as the other loop shapes
+do (tests/test_fwd_loop_shape_gpu.py)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 from kernels.config import AttnConfig
 from test_fwd_gpu import HDIM_PAIRS, SHAPES_DEFAULT
-from test_fwd_loop_shape_gpu import _run, bitwise
+from test_fwd_loop_shape_gpu import _run, bitwise, same_up_to_rounding
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +22,7 @@ SHAPES = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2), (2, 8192, 8192, 2)]
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdims", HDIM_PAIRS)
 def test_speculative_exp_is_bitwise_the_default(hdims, causal):
-    bitwise(AttnConfig(speculative_exp=True), AttnConfig(), *hdims, causal, SHAPES, exact=True)
+    bitwise(AttnConfig(speculative_exp=True), AttnConfig(), *hdims, causal, SHAPES, exact=not causal)
 
 
 @pytest.mark.parametrize("hdim,extra", [(128, {"lazy_row_max": False}), (128, {"rescale_before_pv": True}),
@@ -32,7 +34,8 @@ def test_speculative_exp_is_bitwise_the_default(hdims, causal):
                               "hd64_eager"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_speculative_exp_with_the_other_switches(hdim, extra, causal):
-    bitwise(AttnConfig(speculative_exp=True, **extra), AttnConfig(**extra), hdim, hdim, causal, SHAPES[:4], exact=True)
+    bitwise(AttnConfig(speculative_exp=True, **extra), AttnConfig(**extra), hdim, hdim, causal, SHAPES[:4],
+            exact=not causal)
 
 
 @pytest.mark.parametrize("hdim", [64, 128])
@@ -50,7 +53,7 @@ def test_speculative_exp_rare_arm(hdim, causal):
     got = _run(AttnConfig(speculative_exp=True), q, k, v, causal, hdim, hdim)
     torch.cuda.synchronize()
     assert torch.isfinite(got[0]).all()
-    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+    same_up_to_rounding(got, ref, f"rare arm hd{hdim} causal={causal}")
 
 
 def _sums_past_the_limit(b, s, h, hdim, device):
@@ -79,4 +82,4 @@ def test_speculative_exp_second_vote_keeps_the_block(hdim, causal):
     ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
     got = _run(AttnConfig(speculative_exp=True), q, k, v, causal, hdim, hdim)
     torch.cuda.synchronize()
-    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+    same_up_to_rounding(got, ref, f"second vote hd{hdim} causal={causal}", exact=not causal)  # nc: nothing rescales

@@ -65,3 +65,39 @@ def test_loads_before_first_wgmma_wait():
     ])
     assert loads_before_first_wgmma_wait(sass) == 2
     assert loads_before_first_wgmma_wait(sass, "LDS.128") == 1
+
+
+def test_loop_common_paths_take_the_cheaper_side_of_each_guarded_branch():
+    """The shortest head-to-back-edge path: a guarded BRA over a rare arm is taken, an unguarded one always, an inner
+    retry loop (backward branch) is not; a second loop is measured on its own."""
+    from kernels.sm90.sass import loop_common_paths
+
+    sass = _sass([
+        ".L_x_1:",
+        "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",   # 1
+        ".L_x_9:",
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R0",          # 2
+        "@!P0 BRA `(.L_x_9)",                                   # 3 (a retry: backward, not taken)
+        "MUFU.EX2 R3, R4",                                      # 4
+        "@P1 BRA `(.L_x_2)",                                    # 5: skips the three-instruction arm
+        "FMUL R5, R5, R6",
+        "FMUL R7, R7, R6",
+        "FMUL R8, R8, R6",
+        ".L_x_2:",
+        "@P2 BRA `(.L_x_6)",                                    # 6: its jump leads to the longer arm: falls through
+        "BRA `(.L_x_3)",                                        # 7: unguarded, over that arm
+        ".L_x_6:",
+        "FADD R1, R1, R2",
+        "FADD R1, R1, R2",
+        "FADD R1, R1, R2",
+        "FADD R1, R1, R2",
+        ".L_x_3:",
+        "FFMA R5, R3, R6, R7",                                  # 8
+        "@P0 BRA `(.L_x_1)",                                    # 9: the back edge
+        ".L_x_5:",
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+        "MUFU.EX2 R3, R4",
+        "BRA `(.L_x_5)",
+        "EXIT",
+    ])
+    assert loop_common_paths(sass) == [9, 3]

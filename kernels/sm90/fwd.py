@@ -286,8 +286,8 @@ class FlashFwdSm90:
         # overlapped loop, tau > 0: a later block's P first with the kept row maxima, no maxima at all; only when a row's
         # partial sum says one of its P may exceed 2^tau and a second vote on the P finds one that does (or a row has no
         # maximum yet) does the warpgroup compute S again from the K stage it still holds and take the eager step
-        # (softmax_spec). It places its own P V wait, so
-        # pv_wait_mid / exp_in_branch / early_v_release yield to it, and so does causal_split at hd128 (below). Not:
+        # (softmax_spec). It places its own P V wait, so pv_wait_mid / exp_in_branch / early_v_release yield to it; it
+        # implies causal_split (below). Not:
         # with the exp2 polynomial (past x = 129 it returns -0.0, which no sum notices), with row_sum_mma (no sums in
         # the softmax), or with 2^tau < tile_n (a thread's partial sum over its tile_n/4 columns would cross it on
         # ordinary blocks)
@@ -1311,14 +1311,18 @@ class FlashFwdSm90:
         near 2^tau (a barrier.red over the warpgroup: its wgmma below is warpgroup-wide), or after one did, no thread
         holds a P near it (a second vote, softmax.p_exceeds: sums over many columns pass the limit with every P below
         it), the eager step would have kept every maximum too: release K, add the partials, no rescale. Else S again
-        from the held K stage, K released, and the eager step (masked / lazy as configured). Either way P, the sums and
-        the maxima are the eager step's."""
+        from the held K stage, K released, and the eager step (masked / lazy as configured). A kept block's P, sums
+        and maxima are the eager step's bit for bit; a rescaled row's sum can differ by a rounding, as between the
+        other loop shapes (ptxas contracts row_sum * scale + partial into one FFMA in some layouts, not in others)."""
         self.prepare_later(acc_S, regs, args, n_block, masked)
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
         # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale (typical partial
         # sums are far below the limit: P <= ~1 per column)
         limit = 2.0 ** self.tau * (1.0 - 2.0 ** -6)
-        redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit)
+        # the sums pinned at hd256 only: elsewhere they stay put unpinned, and pinned cost (192, 128) causal 23
+        # uniform-datapath instructions more on the common path
+        redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit,
+                            self.hdim >= 256)
         redo = warpgroup_any(redo, BAR_SPEC_WG1 + frags.wg, self.threads_per_wg)
         if redo:  # a sum passed the limit: a second vote on the P themselves (p_exceeds), same barrier
             redo = warpgroup_any(p_exceeds(acc_S, regs.row_max, partial, limit), BAR_SPEC_WG1 + frags.wg,

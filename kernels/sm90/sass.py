@@ -39,12 +39,12 @@ def disassemble(cubin_path: str) -> str:
 _INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
-_INSN_FULL = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
+_INSN_FULL = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 
 
-def instructions(sass: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
-    """The instructions of nvdisasm text as [(address, opcode, operands)], and each label's address."""
+def _parse(sass: str) -> tuple[list[tuple[int, str, str, str]], dict[str, int]]:
+    """[(address, guard predicate or '', opcode, operands)] of nvdisasm text, and each label's address."""
     out, labels, pending = [], {}, []
     for line in sass.splitlines():
         lm = _LABEL.match(line)
@@ -56,8 +56,26 @@ def instructions(sass: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]
             a = int(m.group(1), 16)
             labels.update((lab, a) for lab in pending)
             pending = []
-            out.append((a, m.group(2), m.group(3)))
+            out.append((a, (m.group(2) or "").strip(), m.group(3), m.group(4)))
     return out, labels
+
+
+def instructions(sass: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """The instructions of nvdisasm text as [(address, opcode, operands)], and each label's address."""
+    ins, labels = _parse(sass)
+    return [(a, op, rest) for a, _, op, rest in ins], labels
+
+
+def _loop_spans(ins, labels) -> list[tuple[int, int]]:
+    """(head, back-edge branch) addresses of the innermost loops that hold HGMMA and MUFU.EX2 and no EXIT."""
+    spans = []
+    for a, op, rest in ins:
+        m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
+        if m and labels[m.group(1)] < a:
+            ops = [o for x, o, _ in ins if labels[m.group(1)] <= x <= a]
+            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
+                spans.append((labels[m.group(1)], a))
+    return sorted(s for s in spans if not any(t != s and s[0] <= t[0] and t[1] <= s[1] for t in spans))
 
 
 def steady_state_loops(sass: str) -> list[list[tuple[str, str]]]:
@@ -65,16 +83,37 @@ def steady_state_loops(sass: str) -> list[list[tuple[str, str]]]:
     the attention main loops, one K/V block per iteration (the out-of-line mbarrier retry blocks sit past EXIT and
     branch back into the loops, so they are not counted as loops of their own)."""
     ins, labels = instructions(sass)
-    spans = []
-    for a, op, rest in ins:
-        m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
-        if m and labels[m.group(1)] < a:
-            body = [(o, r) for x, o, r in ins if labels[m.group(1)] <= x <= a]
-            ops = [o for o, _ in body]
-            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
-                spans.append((labels[m.group(1)], a, body))
-    inner = [s for s in spans if not any(t is not s and s[0] <= t[0] and t[1] <= s[1] for t in spans)]
-    return [body for _, _, body in sorted(inner, key=lambda s: s[0])]
+    return [[(o, r) for x, o, r in ins if head <= x <= tail] for head, tail in _loop_spans(ins, labels)]
+
+
+def loop_common_paths(sass: str) -> list[int]:
+    """Per steady-state loop (as steady_state_loops), the instructions on its shortest path from the head to the
+    back-edge branch: what one iteration issues when every guarded branch takes its cheaper side -- the loop's common
+    path where the rare arms (the rescale, speculative_exp's second QK^T, the mbarrier retries, which sit out of line)
+    are the longer ones. Forward edges only: a guarded BRA falls through or jumps, an unguarded one jumps; inner
+    backward branches (retry loops) are not taken."""
+    parsed, labels = _parse(sass)
+    ins = [(a, op, rest) for a, _, op, rest in parsed]
+    out = []
+    for head, tail in _loop_spans(ins, labels):
+        body = [x for x in parsed if head <= x[0] <= tail]
+        pos = {a: i for i, (a, *_) in enumerate(body)}
+        dist = [None] * len(body)
+        dist[0] = 1
+        for i, (a, guard, op, rest) in enumerate(body[:-1]):
+            if dist[i] is None:
+                continue
+            succ = []
+            m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
+            if m is None or guard not in ("", "@PT"):
+                succ.append(i + 1)
+            if m is not None and labels[m.group(1)] in pos and pos[labels[m.group(1)]] > i:
+                succ.append(pos[labels[m.group(1)]])
+            for j in succ:
+                if dist[j] is None or dist[i] + 1 < dist[j]:
+                    dist[j] = dist[i] + 1
+        out.append(dist[-1])
+    return out
 
 
 def loads_before_first_wgmma_wait(sass: str, opcode: str = "LDS.64") -> int:

@@ -203,11 +203,14 @@ def _add_row_sum(row_sum: cute.Tensor, row_scale: cute.Tensor, r: cutlass.Conste
 @cute.jit
 def _exp_row(s: cute.Tensor, r: cutlass.Constexpr[int], row_max: cute.Tensor, scale_log2: Float32,
              emu_frags: cutlass.Constexpr[tuple], poly: cutlass.Constexpr[tuple], k: cutlass.Constexpr[int],
-             sums: cutlass.Constexpr[bool] = True):
+             sums: cutlass.Constexpr[bool] = True, pin_max: cutlass.Constexpr[bool] = False):
     """Row ``r`` of ``s`` (the (rows, cols) view) to P = 2^(S * scale_log2 - row_max[r] * scale_log2) in place (the
     FMA-pipe polynomial on the ``emu_frags`` fragments, MUFU.EX2 elsewhere); returns the row's sum (k independent
-    partials, tree-added; None without ``sums``). An empty row (max -inf) is offset by 0."""
-    m_s = Float32(0.0) if row_max[r] == -Float32.inf else row_max[r] * scale_log2
+    partials, tree-added; None without ``sums``). An empty row (max -inf) is offset by 0. ``pin_max``: the offset from
+    a pinned copy of the maximum (pin_f32), so that LLVM does not share its multiply with a later rescale's
+    m_old * scale_log2 - m_new_s, which it would then round as FMUL + FADD instead of the eager step's FFMA."""
+    m = pin_f32(row_max[r]) if const_expr(pin_max) else row_max[r]
+    m_s = Float32(0.0) if m == -Float32.inf else m * scale_log2
     _exp_cols(s, r, m_s, scale_log2, emu_frags, poly, 0, cute.size(s, mode=[1]))
     total = None
     if const_expr(sums):
@@ -298,18 +301,23 @@ def _exp_rows(s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, row_sc
 
 @cute.jit
 def exp_kept_max(acc_S: cute.Tensor, row_max: cute.Tensor, scale_log2: Float32, emu_frags: cutlass.Constexpr[tuple],
-                 poly: cutlass.Constexpr[tuple], partial: cute.Tensor, limit: cutlass.Constexpr[float]) -> Boolean:
+                 poly: cutlass.Constexpr[tuple], partial: cute.Tensor, limit: cutlass.Constexpr[float],
+                 pin: cutlass.Constexpr[bool] = False) -> Boolean:
     """speculative_exp (tau > 0, a later block): P = 2^(S * scale_log2 - m * scale_log2) in place with the kept row
     maxima m -- the eager step's keep arm, the same arithmetic -- and each row's partial sum into ``partial`` (the
     same partials, the same order), with no maximum taken. Returns whether this thread saw a row whose partial sum
     exceeds ``limit`` (just under 2^tau: every P <= it, so no column grew by tau and the eager step would keep the
-    maxima too), that has no maximum yet (-inf), or a NaN sum."""
+    maxima too), that has no maximum yet (-inf), or a NaN sum. ``pin``: the sums pinned (pin_f32) where they are
+    computed; unpinned, the hd256 kernel computes them a second time after the vote (36 FADDs more on its common
+    path; CPU SASS, session 51)."""
     s = acc_rows_cols(acc_S)
     n_cols = cute.size(s, mode=[1])
     k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
     redo = Boolean(False)
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-        partial[r] = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k)
+        partial[r] = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k, True, True)
+        if const_expr(pin):
+            partial[r] = pin_f32(partial[r])
         redo = redo | (partial[r] > Float32(limit)) | (partial[r] != partial[r]) | (row_max[r] == -Float32.inf)
     return redo
 
