@@ -150,8 +150,11 @@ case "$PART" in
   for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg $RSM; done
   tests tests/test_fwd_row_sum_mma_gpu.py 150 -k "not accurate and not close"
   ;;
-10)  # next: speculative_exp (written in session 50 without a GPU): its GPU tests (bitwise the default, the rare arm
-  # forced), its A/B at hd64 / hd128, then lazy_row_max where it is not a default yet (hd256 / (192, 128))
+10)  # next: speculative_exp (written in sessions 50-51 without a GPU; the second vote, the implied causal split and the
+  # pinned sums are session 51's): its GPU tests (kept blocks bit for bit, rescaling rows within a rounding, the rare
+  # arm and the second vote's arm forced), its A/B at hd64 / hd128, then lazy_row_max where it is not a default yet
+  # (hd256 / (192, 128)) with and without speculative_exp (CPU common paths, default / lazy / spec: hd256 326 / 318 /
+  # 287, (192, 128) 421 / 413 / 354)
   tests tests/test_fwd_speculative_exp_gpu.py 150
   for hd in 64 128; do
     ab 0 $hd 8192 10 45 --batch 4 --cfg spec=speculative_exp:true
