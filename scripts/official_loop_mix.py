@@ -4,13 +4,14 @@ For each (head dim, causal) it compiles our default forward (one tile per CTA, a
 sm90 forward (flash_attn.cute, in a child process under torch's FakeTensorMode with FLASH_ATTENTION_ARCH=sm_90a: the
 CPU-only compile path its interface documents), disassembles both cubins and prints, per steady-state K/V loop
 (kernels.sm90.sass.steady_state_loops), the counts of scripts/fwd_loop_mix.py plus the position of the PV wait
-(WARPGROUP.DEPBAR.LE gsb0, 0x0) and how many MUFU.EX2 come before it. Static counts of the loop body: what one
+(WARPGROUP.DEPBAR.LE gsb0, 0x0), how many MUFU.EX2 come before it, and the loop's common path (kernels.sm90.sass
+loop_common_paths: the shortest route through the body, every guarded branch on its cheaper side). Static counts of the loop body: what one
 consumer warp issues per K/V block. Official FA4 is read, not copied: this only disassembles its compiled kernel.
 
 Needs (CPU): nvidia-cutlass-dsl, nvidia-cuda-nvdisasm, and for the official side flash-attn-4, quack-kernels, triton,
 einops, apache-tvm-ffi (``--ours-only`` without them).
 
-Usage: python scripts/official_loop_mix.py [--hdims 64 128 192 256] [--causal 0 1] [--ours-only] [--keep DIR]
+Usage: python scripts/official_loop_mix.py [--hdims 64 128 192 256] [--causal 0 1] [--ours-only] [--spec] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -69,12 +70,17 @@ def official_sass(hd: int, causal: bool, workdir: str) -> str:
     return disassemble(cubins[0])
 
 
-def ours_sass(hd: int, causal: bool, workdir: str) -> str:
+def ours_sass(hd: int, causal: bool, workdir: str, **fields) -> str:
     from kernels import AttnConfig
     from kernels.sm90.sass import fwd_sass
 
-    cfg = AttnConfig(persistent=False).resolve("sm90", hd, causal)
+    cfg = AttnConfig(persistent=False, **fields).resolve("sm90", hd, causal)
     return fwd_sass(cfg, "bfloat16", hd, 128 if hd == 192 else hd, causal, workdir)
+
+
+def spec_sass(hd: int, causal: bool, workdir: str) -> str:
+    """Ours with AttnConfig.speculative_exp (opt-in)."""
+    return ours_sass(hd, causal, workdir, speculative_exp=True)
 
 
 def loop_mix(body: list) -> dict:
@@ -91,17 +97,19 @@ def loop_mix(body: list) -> dict:
 
 
 def main():
-    from kernels.sm90.sass import steady_state_loops
+    from kernels.sm90.sass import loop_common_paths, steady_state_loops
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 192, 256])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--ours-only", action="store_true")
+    ap.add_argument("--spec", action="store_true", help="also ours with speculative_exp")
     ap.add_argument("--keep", default=None, help="keep the cubins and SASS here (default: a temp dir)")
     a = ap.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     base = a.keep or tempfile.mkdtemp(prefix="loopmix_")
-    sides = [("ours", ours_sass)] + ([] if a.ours_only else [("official", official_sass)])
+    sides = ([("ours", ours_sass)] + ([("ours_spec", spec_sass)] if a.spec else [])
+             + ([] if a.ours_only else [("official", official_sass)]))
     for hd in a.hdims:
         for causal in map(bool, a.causal):
             for name, fn in sides:
@@ -109,9 +117,9 @@ def main():
                 sass = fn(hd, causal, d)
                 with open(os.path.join(d, "kernel.sass"), "w") as f:
                     f.write(sass)
-                for i, body in enumerate(steady_state_loops(sass)):
-                    m = loop_mix(body)
-                    print(f"hd{hd} causal={int(causal)} {name:8s} loop{i}: " + " ".join(f"{k} {v}" for k, v in m.items()),
+                for i, (body, common) in enumerate(zip(steady_state_loops(sass), loop_common_paths(sass))):
+                    m = dict(loop_mix(body), common=common)
+                    print(f"hd{hd} causal={int(causal)} {name:9s} loop{i}: " + " ".join(f"{k} {v}" for k, v in m.items()),
                           flush=True)
 
 
