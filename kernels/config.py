@@ -499,9 +499,10 @@ class AttnConfig:
     # that keeps its maxima gets the eager step's P, sums and maxima bit for bit; a rescaled row's sum can differ by a
     # rounding, as between the other loop shapes. pv_wait_mid / exp_in_branch / early_v_release yield to it; causal
     # calls take causal_split with it (the diagonal blocks, where rows may still lack a maximum, by the eager step); off
-    # with the exp2 polynomial (exp2_emu_fraction > 0: past x = 129 it returns -0.0, which no sum notices), with row_sum_mma, and
-    # where 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it). None = DEFAULTS'
-    # (absent: off); left out of to_dict() while None or False. Opt-in, written in sessions 50-51 without a GPU: not run.
+    # with the exp2 polynomial (exp2_emu_fraction > 0: past x = 129 it returns -0.0, which no sum notices), with
+    # row_sum_mma, and where 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it). None
+    # = DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in, written in sessions 50-51 without a
+    # GPU: not run.
     speculative_exp: bool | None = None
 
     def __post_init__(self) -> None:

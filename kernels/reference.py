@@ -171,10 +171,10 @@ class _SpecVotes:
     rows) redoes the block when any of its threads sees a sum above that, a NaN, or a row with no maximum yet.
     A redo is *kept* (the eager step it falls back to rescales no row group of the warpgroup: the QK^T spent again for
     nothing) or not. Causal tiles run their diagonal blocks eagerly (no vote; the kernel's causal_split, which
-    speculative_exp implies) and are counted only on their mask-free blocks. ``max_check`` counts the redos a second vote on the largest P (in place of the sum) would
-    still take. Only for tau > 0 without the exp2 polynomial, as the kernel; also where 2^tau < tile_n, which the
-    kernel refuses (ordinary blocks' sums pass the limit: the counts show it); fp32 sums, so near the limit a count
-    can differ from the kernel's by a block."""
+    speculative_exp implies) and are counted only on their mask-free blocks. ``max_check`` counts the redos that the
+    second vote, on the largest P in place of the sums, still takes (the kernel's). Only for tau > 0 without the exp2
+    polynomial, as the kernel; also where 2^tau < tile_n, which the kernel refuses (ordinary blocks' sums pass the
+    limit: the counts show it); fp32 sums, so near the limit a count can differ from the kernel's by a block."""
 
     WG_ROWS = 64
 

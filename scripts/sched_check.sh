@@ -165,6 +165,8 @@ case "$PART" in
 12)  # next: hd256 causal loop shapes. The one-tile kernel (the default past 16k) compiles its top-tested loop divergent
   # (43 R2UR); split in two it now runs counted loops (session 51: 579 + 509 instructions, uniform; with p_cvt_asm off
   # 580 + 494); the persistent greedy default (<= 16k) split: 619 + 465 (one loop 777). speculative_exp with the split.
+  # First the split's GPU test at every head dim, causal (the counted split loops are new at hd256 / p_cvt_asm)
+  tests tests/test_fwd_loop_shape_gpu.py 150 -k "split and True"
   for s in 4096 8192; do ab 1 256 $s 8 40 --batch $((32768 / s)) --cfg split=causal_split:true; done
   ab 1 256 32768 6 120 --batch 1 --cfg split=causal_split:true nocvt=causal_split:true,p_cvt_asm:false \
     greedy=persistent:true,persistent_greedy:true greedy_split=persistent:true,persistent_greedy:true,causal_split:true

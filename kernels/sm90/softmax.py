@@ -36,6 +36,11 @@ def _add(a, b):
     return a + b
 
 
+def _chains(n_cols: int) -> int:
+    """Independent partials per row reduction (short dependency chains): 4, 2 or 1, whichever divides the columns."""
+    return 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
+
+
 def _tree(vals: list, op):
     """Pairwise (tree) reduction of a Python list of DSL values (plain Python: unrolled at trace time)."""
     while len(vals) > 1:
@@ -130,7 +135,7 @@ def online_softmax_step(
     n_rows = cute.size(s, mode=[0])
     n_cols = cute.size(s, mode=[1])
     new_max = cute.make_rmem_tensor(row_max.layout, Float32)
-    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)  # independent partials: short dependency chains
+    k = _chains(n_cols)
     lazy = lazy_max and not is_first and tau != 0.0  # new_max holds the thread's own maxima until the rescale arm
     for r in cutlass.range_constexpr(n_rows):
         m = _row_max(s, r, k)
@@ -277,7 +282,7 @@ def online_softmax_finish(acc_S: cute.Tensor, row_sum: cute.Tensor, row_scale: c
     same order: row_sum * row_scale + sum when the warp rescaled, row_sum + sum when it kept its maxima)."""
     s = acc_rows_cols(acc_S)
     n_cols = cute.size(s, mode=[1])
-    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
+    k = _chains(n_cols)
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         _exp_cols(s, r, m_scaled[r], scale_log2, emu_frags, poly, head_cols, n_cols)
         if const_expr(sums):
@@ -311,8 +316,7 @@ def exp_kept_max(acc_S: cute.Tensor, row_max: cute.Tensor, scale_log2: Float32, 
     computed; unpinned, the hd256 kernel computes them a second time after the vote (36 FADDs more on its common
     path; CPU SASS, session 51)."""
     s = acc_rows_cols(acc_S)
-    n_cols = cute.size(s, mode=[1])
-    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
+    k = _chains(cute.size(s, mode=[1]))
     redo = Boolean(False)
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         partial[r] = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k, True, True)
@@ -330,8 +334,7 @@ def p_exceeds(acc_S: cute.Tensor, row_max: cute.Tensor, partial: cute.Tensor,
     pass the limit while every P stays below it (scores that climb by less than tau along the visit order); then the
     eager step too keeps every maximum, and the block needs no second QK^T."""
     s = acc_rows_cols(acc_S)
-    n_cols = cute.size(s, mode=[1])
-    k = 4 if n_cols % 4 == 0 else (2 if n_cols % 2 == 0 else 1)
+    k = _chains(cute.size(s, mode=[1]))
     over = Boolean(False)
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         over = (over | (_row_max(s, r, k) > Float32(limit)) | (partial[r] != partial[r])
