@@ -67,21 +67,24 @@ def instructions(sass: str) -> tuple[list[tuple[int, str, str]], dict[str, int]]
 
 
 def _loop_spans(ins, labels) -> list[tuple[int, int]]:
-    """(head, back-edge branch) addresses of the innermost loops that hold HGMMA and MUFU.EX2 and no EXIT."""
+    """(head, back-edge branch) addresses of the innermost loops that hold HGMMA and MUFU.EX2 and whose back edge
+    precedes the last EXIT (the out-of-line mbarrier retry blocks sit past it and branch back into the loops; an EXIT
+    inside a loop's range is ptxas placing another block's code there, as in the persistent split-tail kernel)."""
+    last_exit = max((a for a, op, _ in ins if op == "EXIT"), default=None)
     spans = []
     for a, op, rest in ins:
         m = re.search(r"(\.L_x_\d+)", rest) if op.startswith("BRA") else None
-        if m and labels[m.group(1)] < a:
+        if m and labels[m.group(1)] < a and (last_exit is None or a < last_exit):
             ops = [o for x, o, _ in ins if labels[m.group(1)] <= x <= a]
-            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops and "EXIT" not in ops:
+            if any(o.startswith("HGMMA") for o in ops) and "MUFU.EX2" in ops:
                 spans.append((labels[m.group(1)], a))
     return sorted(s for s in spans if not any(t != s and s[0] <= t[0] and t[1] <= s[1] for t in spans))
 
 
 def steady_state_loops(sass: str) -> list[list[tuple[str, str]]]:
-    """Bodies [(opcode, operands)] of the innermost loops (backward branches) that hold HGMMA and MUFU.EX2 and no EXIT:
-    the attention main loops, one K/V block per iteration (the out-of-line mbarrier retry blocks sit past EXIT and
-    branch back into the loops, so they are not counted as loops of their own)."""
+    """Bodies [(opcode, operands)] of the innermost loops (backward branches) that hold HGMMA and MUFU.EX2 (_loop_spans):
+    the attention main loops, one K/V block per iteration (the out-of-line mbarrier retry blocks sit past the last EXIT
+    and branch back into the loops, so they are not counted as loops of their own)."""
     ins, labels = instructions(sass)
     return [[(o, r) for x, o, r in ins if head <= x <= tail] for head, tail in _loop_spans(ins, labels)]
 
