@@ -3,7 +3,9 @@
     python scripts/sass_identity.py [--base-rev HEAD] [--jobs 2] [--only fwd|bwd]
 
 Compiles the forward and the three backward kernels (pre, main, post) of a fixed list of configs -- head dims 64, 128,
-256, (192, 128), causal both, defaults; forward without intra-warpgroup overlap / pingpong, persistent; deterministic and two_cta backward (hd256: one CTA, its default being two) -- once from
+256, (192, 128), causal both, defaults; forward without intra-warpgroup overlap / pingpong, persistent, and as a call
+of 4k (1k) queries runs it (call_config: the persistent defaults); deterministic and two_cta backward (hd256: one CTA,
+its default being two) -- once from
 ``git archive <base-rev> kernels conf/tuned`` and once from the working tree, disassembles every cubin (nvdisasm) and compares
 the SASS text file by file. Exit status 1 if any differs or is missing. Used to show that a change which should
 compile out (e.g. the GQA group at 1) leaves the existing kernels byte-identical.
@@ -35,19 +37,25 @@ def configs():
     # the persistent forward (hd128 non-causal's default up to 16k; hd256: O in Q's buffer)
     out += [("fwd", 128, 128, False, "persistent=True"), ("fwd", 64, 64, True, "persistent=True"),
             ("fwd", 256, 256, False, "persistent=True")]
+    # the causal forward as a call runs it (kernels.config.call_config: the persistent greedy walk with each head dim's
+    # tile entry, hd64's 128-row tiles at <= 1k; hd128 non-causal's persistent split-tail kernel is persistent=True)
+    out += [("fwd", hd, hv, True, "", 4096) for hd, hv in ((64, 64), (128, 128), (256, 256), (192, 128))]
+    out.append(("fwd", 64, 64, True, "", 1024))
     return out
 
 
 def dump(tree: str, out: str, cfg) -> str:
     from kernels.sm90.sass import disassemble
 
-    kind, hd, hv, c, extra = cfg
-    name = f"{kind}_{hd}_{hv}_{int(c)}_{extra.replace('=', '') or 'default'}"
+    kind, hd, hv, c, extra, *seqlen = cfg
+    name = f"{kind}_{hd}_{hv}_{int(c)}_{extra.replace('=', '') or 'default'}" + "".join(f"_s{s}" for s in seqlen)
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     if kind == "fwd":
+        per_call = (f"from kernels.config import call_config\n"
+                    f"cfg = call_config(cfg, 'sm90', {hd}, {c}, {seqlen[0]})\n") if seqlen else ""
         body = (f"from kernels.sm90.compile import compile_fwd, make_fwd_kernel\n"
-                f"cfg = AttnConfig({extra}).resolve('sm90', {hd}, {c})\n"
+                f"cfg = AttnConfig({extra}).resolve('sm90', {hd}, {c})\n" + per_call +
                 f"compile_fwd(make_fwd_kernel(cfg, 'bfloat16', {hd}, {hv}, {c}), tvm_ffi=False, dump_dir={d!r})\n")
     else:
         body = (f"from kernels.sm90.backward import compile_backward\n"
