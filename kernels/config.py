@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -98,6 +99,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # (AttnConfig.lazy_row_max; outputs bitwise). H200 session 50 (archive_2026-12-05b,
                        # sched_lazy.jsonl), 32k tokens, 10 rounds: 1.039 non-causal 8k, 1.017 causal 4k
                        lazy_row_max=(True, True),
+                       # AttnConfig.speculative_exp (kept blocks bitwise; a rescaled row's sum within a rounding).
+                       # H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz; no H200 lent), 32k tokens, 6-12 rounds, speed
+                       # vs the default of then: non-causal 1.012 / 1.012 / 1.013 at 2k / 8k / 16k, causal 1.028 / 1.032
+                       # at 4k / 16k
+                       speculative_exp=(True, True),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
                        bwd_pdl=(True, True), bwd_stream_post=(True, True),
@@ -135,6 +141,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # AttnConfig.lazy_row_max (outputs bitwise). H200 session 50 (archive_2026-12-05b,
                         # sched_lazy.jsonl), 32k tokens, 10 rounds: 1.025 / 1.029 non-causal 8k / 16k, 1.012 causal 4k
                         lazy_row_max=(True, True),
+                        # AttnConfig.speculative_exp (kept blocks bitwise; a rescaled row's sum within a rounding).
+                        # H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz; no H200 lent), 32k tokens, 6-12 rounds,
+                        # speed vs the default of then: non-causal 1.047 / 1.031 / 1.032 at 2k / 8k / 16k, causal
+                        # 1.007 / 1.032 / 1.044 at 1k / 4k / 16k (it takes over pv_wait_mid's and exp_in_branch's P V wait)
+                        speculative_exp=(True, True),
                         # non-causal: the persistent kernel's partial last round cut over every SM where
                         # kernels.interface.split_tail_pays (AttnConfig.split_tail). H200 session 49 (archive_2026-12-05,
                         # sched_split_*.jsonl), 32k tokens, 10-12 rounds, speed vs the default of then: 1.011-1.013 /
@@ -158,6 +169,10 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         bwd_tile_m=64, persistent_max_seqlen=(0, 16384), two_cta=False, rescale_before_pv=False,
                         causal_split=(False, True), p_cvt_asm=(True, False), pv_wait_mid=(False, True),
                         bwd_det_two_writers=(True, True),
+                        # AttnConfig.speculative_exp: H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz), 32k tokens,
+                        # 6-8 rounds, speed vs the default of then: non-causal 1.016 / 1.005 at 8k / 32k, causal 1.005
+                        # at 8k (hd256: 1.001 non-causal with lazy_row_max, 1.004 causal at 8k: not a default there)
+                        speculative_exp=(True, True),
                         # causal <= 16k: persistent on the greedy walk. Session 49 (archive_2026-12-05), speed vs one
                         # tile per CTA: 1.030 / 1.019 / 1.007 / 1.002 at 2k / 4k / 8k / 16k (the round robin 0.819 at 4k)
                         persistent_tile=(None, dict(persistent_greedy=True))),
@@ -500,9 +515,9 @@ class AttnConfig:
     # rounding, as between the other loop shapes. pv_wait_mid / exp_in_branch / early_v_release yield to it; causal
     # calls take causal_split with it (the diagonal blocks, where rows may still lack a maximum, by the eager step); off
     # with the exp2 polynomial (exp2_emu_fraction > 0: past x = 129 it returns -0.0, which no sum notices), with
-    # row_sum_mma, and where 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it). None
-    # = DEFAULTS' (absent: off); left out of to_dict() while None or False. Opt-in, written in sessions 50-51 without a
-    # GPU: not run.
+    # row_sum_mma, and where 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it;
+    # resolve leaves the default out of such configs). None = DEFAULTS' (hd 64 / 128 / (192, 128) since session 52,
+    # measured on an H100: 1.005-1.047x; absent: off); left out of to_dict() while None or False.
     speculative_exp: bool | None = None
 
     def __post_init__(self) -> None:
@@ -646,6 +661,10 @@ class AttnConfig:
         if updates.get("q_in_regs") and not q_in_regs_fits(self.tile_m or updates.get("tile_m"),
                                                            self.tile_n or updates.get("tile_n"), frac):
             del updates["q_in_regs"]  # (the tile of the call, the tuned entry or the table: whichever resolves)
+        if updates.get("speculative_exp") and not _speculation_compiles(
+                self.rescale_threshold, self.tile_n or updates.get("tile_n"), frac, self.intra_wg_overlap,
+                self.row_sum_mma):
+            del updates["speculative_exp"]  # a kernel that drops it (kernels/sm90/fwd.py) keeps its config and hash
         if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:
             del updates["pv_wait_mid"]  # 0.75-0.80x the speed without it ((192, 128) causal: 1.05x with it)
         if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them
@@ -707,6 +726,14 @@ AttnConfig.__init__ = _init_checking_names(AttnConfig.__init__)  # AttnConfig(bo
 
 def _rebuild_config(values: dict) -> "AttnConfig":
     return AttnConfig(**values)
+
+
+def _speculation_compiles(tau: float, tile_n: int, exp2_fraction: float, intra_wg_overlap: bool,
+                          row_sum_mma) -> bool:
+    """Whether the sm90 forward compiles speculative_exp for these fields (the conditions of kernels/sm90/fwd.py:
+    the overlapped loop, 2^tau >= tile_n, no exp2 polynomial fragment, no row_sum_mma)."""
+    no_poly = int(round(float(exp2_fraction or 0.0) * (tile_n // 8))) <= 0  # exp2.emulated_fragments(...) == ()
+    return bool(intra_wg_overlap) and tau >= math.log2(tile_n) and no_poly and not row_sum_mma
 
 
 @functools.lru_cache(maxsize=1024)

@@ -199,11 +199,12 @@ HASHES_BEFORE_THE_FIELD = {
 # this resolved_config_hash, and fwd_kernel_key's repr hashed to 68a251a98b8a (sha1, 12 digits) at fa24bdf
 EXPLICIT = dict(tile_m=128, tile_n=128, num_stages=2, consumer_regs=240, producer_regs=24, exp2_emu_fraction=0.0,
                 bwd_tile_m=64, det_schedule="spt", p_cvt_asm=False, pv_wait_mid=False, bwd_pdl=False, q_in_regs=False,
-                split_tail=False, lazy_row_max=False)
-# det_schedule / p_cvt_asm / pv_wait_mid / bwd_pdl / q_in_regs / split_tail / lazy_row_max: the defaults of those rows
+                split_tail=False, lazy_row_max=False, speculative_exp=False)
+# det_schedule / p_cvt_asm / pv_wait_mid / bwd_pdl / q_in_regs / split_tail / lazy_row_max / speculative_exp: the
+# defaults of those rows
 # ("rotate" since 2026-12-01; p_cvt_asm on non-causal since then; pv_wait_mid on at hd128 non-causal later that day;
 # bwd_pdl at hd128 since 2026-12-04; q_in_regs at hd128 since session 45; split_tail at hd128 non-causal since session
-# 49; lazy_row_max at hd 64 / 128 since session 50)
+# 49; lazy_row_max at hd 64 / 128 since session 50; speculative_exp at hd 64 / 128 / (192, 128) since session 52)
 
 
 def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
@@ -245,7 +246,8 @@ def test_rescale_before_pv_leaves_existing_hashes_and_keys_unchanged():
     assert AttnConfig(**row).config_hash() == "514d4d7f61ec"
     # that row's kernel (the one loop, O rescaled after the softmax) is no longer (192, 128) causal's default
     assert AttnConfig(**row).resolve("sm90", 192, True).config_hash() != "d5a9684cc4b1"
-    old_default = AttnConfig(**row, rescale_before_pv=False, causal_split=False, pv_wait_mid=False)
+    old_default = AttnConfig(**row, rescale_before_pv=False, causal_split=False, pv_wait_mid=False,
+                             speculative_exp=False)
     assert old_default.config_hash() == "514d4d7f61ec"
     assert old_default.resolve("sm90", 192, True).config_hash() == "d5a9684cc4b1"
 

@@ -112,6 +112,10 @@ _CACHE: dict = {}
 
 
 def _sass(tmp_path_factory, hdim, causal, **switches) -> str:
+    """The forward's SASS with these switches over the defaults, speculative_exp off unless given: the loop-shape files
+    test the eager step's loop layouts (pv_wait_mid, exp_in_branch, p_cvt_asm, ...), to which speculation, the hd 64 /
+    128 / (192, 128) default since session 52, yields (its own loop: tests/test_fwd_speculative_exp.py)."""
+    switches.setdefault("speculative_exp", False)
     key = (hdim, causal, tuple(sorted(switches.items())))
     if key not in _CACHE:
         cfg = AttnConfig(**switches).resolve("sm90", hdim, causal)

@@ -1,4 +1,5 @@
-"""AttnConfig.speculative_exp (sm90 forward, overlapped loop, tau > 0; opt-in, not yet run on a GPU): a later block's P
+"""AttnConfig.speculative_exp (sm90 forward, overlapped loop, tau > 0; the hd 64 / 128 / (192, 128) default since
+session 52, measured on an H100): a later block's P
 with the kept row maxima and no maxima taken; S computed again and the eager step only when a partial row sum in the
 warpgroup comes near 2^tau and a second vote finds a P itself near it (kernels/sm90/fwd.py softmax_spec, softmax.py
 exp_kept_max / p_exceeds / warpgroup_any).
@@ -24,7 +25,20 @@ from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 
 def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
     check_forward_field("speculative_exp")
-    assert "speculative_exp" not in AttnConfig().resolve("sm90", 128, False).to_dict()  # not a default
+    assert "speculative_exp" not in AttnConfig().resolve("sm90", 256, False).to_dict()  # not a default at hd256
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 192])
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_where_measured_and_left_out_where_the_kernel_drops_it(hdim, causal):
+    assert AttnConfig().resolve("sm90", hdim, causal).speculative_exp is True
+    assert AttnConfig(speculative_exp=False).resolve("sm90", hdim, causal).speculative_exp is False
+    # configs whose kernel would drop it resolve without it (their hash is the one from before the default)
+    for off in (dict(rescale_threshold=0.0), dict(rescale_threshold=6.0), dict(exp2_emu_fraction=0.25),
+                dict(row_sum_mma=True), dict(intra_wg_overlap=False)):
+        cfg = AttnConfig(**off).resolve("sm90", hdim, causal)
+        assert "speculative_exp" not in cfg.to_dict(), off
+    assert AttnConfig(exp2_emu_fraction=0.03).resolve("sm90", hdim, causal).speculative_exp  # rounds to no fragment
 
 
 def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
@@ -51,7 +65,7 @@ def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
 
 
 def _loop(hdim, causal, spec, tmp_path):
-    cfg = AttnConfig(speculative_exp=spec or None).resolve("sm90", hdim, causal)
+    cfg = AttnConfig(speculative_exp=spec).resolve("sm90", hdim, causal)
     return loop_ops(cfg, hdim, causal, str(tmp_path / f"{hdim}{causal}{spec}"))
 
 
@@ -99,7 +113,7 @@ def test_common_path_is_shorter(hdim, causal, tmp_path):
     from sass_cache import fwd_sass
 
     def common(spec):
-        cfg = AttnConfig(speculative_exp=spec or None).resolve("sm90", hdim, causal)
+        cfg = AttnConfig(speculative_exp=spec).resolve("sm90", hdim, causal)
         return loop_common_paths(fwd_sass(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal,
                                           str(tmp_path / str(spec))))[-1]
 
