@@ -3,7 +3,12 @@ official FA4 (and cuDNN with --cudnn).
 
 ``python scripts/fwd_ab.py [--base-rev REV] [--hdims 64 128 256] [--seqlens 4096 8192 16384] [--causal 0 1]
 [--repeats 20] [--cfg NAME=field:value,field:value ...] [--base-cfg NAME=...] [--out rows.jsonl] [--batch B]
-[--heads H] [--kv-heads H_KV] [--seqlen-k S_K] [--gemm N]``
+[--heads H] [--kv-heads H_KV] [--seqlen-k S_K] [--gemm N] [--inputs gaussian|sink|late_max]``
+
+``--inputs`` (default gaussian: N(0, 1) q, k, v) shapes the scores where the rescale path matters (speculative_exp's
+votes, the tau arm): ``sink`` scores key 0 10 log2 units above the rest for every query (the attention sink of trained
+LLMs; the kernels visit it last, so every row rescales once there), ``late_max`` is experiments/numerics.py's ramp
+(each row's maximum climbs along the visit order). Rows record it as ``inputs``.
 
 Per (hdim, causal, seqlen) at 16k total tokens and hidden 2048 (batch = 16384 / seqlen, heads = 2048 / hdim), bf16;
 ``--batch`` / ``--heads`` fix those instead, ``--kv-heads`` gives K/V fewer heads (GQA / MQA: Q head i reads K/V head
@@ -186,6 +191,28 @@ def _add_gemm(fns: dict, diffs: dict, n: int) -> float:
     return 2.0 * n ** 3
 
 
+def shape_scores(kind: str, q, k) -> None:
+    """``--inputs``: q / k (bf16, (b, s, h, d)) reshaped in place so the scores follow ``kind`` (gaussian: as drawn)."""
+    import torch
+
+    if kind == "gaussian":
+        return
+    d = q.shape[-1]
+    to_log2 = math.log2(math.e) / math.sqrt(d)  # one unit of q.k in log2 units of the softmax
+    if kind == "sink":  # q 1 in coordinate 0 everywhere, key 0 alone 10 log2 units up there
+        q[..., 0] = 1.0
+        k[..., 0] = 0.0
+        k[:, 0, :, 0] = 10.0 / to_log2
+    elif kind == "late_max":  # row amplitude in [0.5, 1.5] times a ramp of 12 log2 units toward key 0, + 6 at key 0
+        s_k = k.shape[1]
+        q[..., 0] = 0.5 + torch.rand(q.shape[:3], device=q.device)
+        ramp = 12.0 * (1.0 - torch.arange(s_k, device=k.device) / s_k)
+        ramp[0] += 6.0
+        k[..., 0] = (ramp / to_log2)[None, :, None].to(k.dtype)
+    else:
+        raise SystemExit(f"--inputs {kind!r}: gaussian, sink or late_max")
+
+
 def _ratio_stats(ref: list, t: list):
     ratios = sorted(a / x for a, x in zip(ref, t))  # speed of the variant relative to ref, per round
     return statistics.median(ratios), ratios[len(ratios) // 5], ratios[(4 * len(ratios)) // 5]
@@ -199,6 +226,8 @@ def main():
     prov = provenance()  # git_sha (or $FA4LAB_GIT_SHA on a copy without .git), git_dirty, kernels_hash: on every row
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--inputs", default="gaussian", choices=("gaussian", "sink", "late_max"),
+                    help="score distribution (speculative_exp's votes: sink / late_max rescale)")
     ap.add_argument("--base-rev", default=DEFAULT_BASE_REV, help="'' to skip ours_base")
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 8192, 16384])
@@ -238,6 +267,7 @@ def main():
                 q = torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
                 k = torch.randn(batch, s_k, kv_heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
                 v = torch.randn(batch, s_k, kv_heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+                shape_scores(a.inputs, q, k)
                 scale = 1.0 / math.sqrt(hdim)
                 fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra, a.official_nolse)
                 if a.only:
@@ -256,7 +286,7 @@ def main():
                     # throughput over the GEMM's, per round: (fl / t) / (gemm_flops / t_gemm)
                     og = tuple(x * fl / gemm_flops for x in _ratio_stats(times["gemm"], t)) if gemm_flops else None
                     row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, seqlen_k=s_k, batch=batch, heads=heads,
-                               kv_heads=kv_heads, causal=causal,
+                               kv_heads=kv_heads, causal=causal, inputs=a.inputs,
                                ms_median=med, tflops=fl / med / 1e9, speed_vs_ours=so[0], p20=so[1], p80=so[2],
                                speed_vs_official=sf[0], off_p20=sf[1], off_p80=sf[2], n=len(t),
                                rel_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name(), hold_us=a.hold_us,

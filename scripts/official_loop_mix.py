@@ -79,8 +79,13 @@ def ours_sass(hd: int, causal: bool, workdir: str, **fields) -> str:
 
 
 def spec_sass(hd: int, causal: bool, workdir: str) -> str:
-    """Ours with AttnConfig.speculative_exp (opt-in)."""
+    """Ours with AttnConfig.speculative_exp on (the default at hd 64 / 128 / (192, 128) since session 52)."""
     return ours_sass(hd, causal, workdir, speculative_exp=True)
+
+
+def eager_sass(hd: int, causal: bool, workdir: str) -> str:
+    """Ours with AttnConfig.speculative_exp off (every block's row maxima first: the default before session 52)."""
+    return ours_sass(hd, causal, workdir, speculative_exp=False)
 
 
 def loop_mix(body: list) -> dict:
@@ -103,12 +108,12 @@ def main():
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 192, 256])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--ours-only", action="store_true")
-    ap.add_argument("--spec", action="store_true", help="also ours with speculative_exp")
+    ap.add_argument("--spec", action="store_true", help="also ours with speculative_exp off and on (ours_eager, ours_spec)")
     ap.add_argument("--keep", default=None, help="keep the cubins and SASS here (default: a temp dir)")
     a = ap.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     base = a.keep or tempfile.mkdtemp(prefix="loopmix_")
-    sides = ([("ours", ours_sass)] + ([("ours_spec", spec_sass)] if a.spec else [])
+    sides = ([("ours", ours_sass)] + ([("ours_eager", eager_sass), ("ours_spec", spec_sass)] if a.spec else [])
              + ([] if a.ours_only else [("official", official_sass)]))
     for hd in a.hdims:
         for causal in map(bool, a.causal):
@@ -119,7 +124,7 @@ def main():
                     f.write(sass)
                 for i, (body, common) in enumerate(zip(steady_state_loops(sass), loop_common_paths(sass))):
                     m = dict(loop_mix(body), common=common)
-                    print(f"hd{hd} causal={int(causal)} {name:9s} loop{i}: " + " ".join(f"{k} {v}" for k, v in m.items()),
+                    print(f"hd{hd} causal={int(causal)} {name:10s} loop{i}: " + " ".join(f"{k} {v}" for k, v in m.items()),
                           flush=True)
 
 

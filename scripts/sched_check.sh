@@ -19,17 +19,19 @@
 #   call profiled.
 # Part 9 (session 50): row_sum_mma (the row sums as a wgmma of P against a ones tile): its accuracy tests first, then
 #   A/Bs against the default (hd64 / hd128 non-causal 8k, causal 4k; hd128 16k; hd256 / (192, 128) 8k), then the rest of
-#   its GPU tests (every switch it touches). Part 10 (next): speculative_exp's GPU tests and A/B (with its second vote,
-#   session 51), lazy_row_max at hd256 / (192, 128) (not a default there yet). Part 11 (next): the forward GPU test
+#   its GPU tests (every switch it touches). Part 10 (session 52, on an H100): speculative_exp's GPU tests and A/B
+#   (with its second vote, session 51), lazy_row_max at hd256 / (192, 128) (not a default there yet). Part 11 (next): the forward GPU test
 #   files parts 6 / 7 did not finish. Part 12 (next, session 51): hd256 causal loop shapes (causal_split's counted
 #   loops, persistent greedy at 32k, speculative_exp with the split).
+# Part 13 (next, session 52): speculative_exp (the default since) against it off on inputs whose rows rescale late
+#   (fwd_ab --inputs sink / late_max), where its votes fire and each redo costs one more QK^T.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-12]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-13]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-12]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-13]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -150,17 +152,20 @@ case "$PART" in
   for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg $RSM; done
   tests tests/test_fwd_row_sum_mma_gpu.py 150 -k "not accurate and not close"
   ;;
-10)  # next: speculative_exp (written in sessions 50-51 without a GPU; the second vote, the implied causal split and the
+10)  # speculative_exp (written in sessions 50-51 without a GPU; the second vote, the implied causal split and the
   # pinned sums are session 51's): its GPU tests (kept blocks bit for bit, rescaling rows within a rounding, the rare
   # arm and the second vote's arm forced), its A/B at hd64 / hd128, then lazy_row_max where it is not a default yet
   # (hd256 / (192, 128)) with and without speculative_exp (CPU common paths, default / lazy / spec: hd256 326 / 318 /
-  # 287, (192, 128) 421 / 413 / 354)
+  # 287, (192, 128) 421 / 413 / 354). Ran in session 52 on an H100 (session_ab/fwd_spec_h100.jsonl.xz), which made
+  # speculative_exp the hd 64 / 128 / (192, 128) default: the A/B now times the default against it off (`eager`), the
+  # H200 confirmation still to run
   tests tests/test_fwd_speculative_exp_gpu.py 150
   for hd in 64 128; do
-    ab 0 $hd 8192 10 45 --batch 4 --cfg spec=speculative_exp:true
-    ab 1 $hd 4096 10 45 --batch 8 --cfg spec=speculative_exp:true
+    ab 0 $hd 8192 10 45 --batch 4 --cfg eager=speculative_exp:false
+    ab 1 $hd 4096 10 45 --batch 8 --cfg eager=speculative_exp:false
   done
-  for hd in 256 192; do ab 0 $hd 8192 8 40 --batch 4 --cfg lazy=lazy_row_max:true spec=lazy_row_max:true,speculative_exp:true; done
+  ab 0 256 8192 8 40 --batch 4 --cfg lazy=lazy_row_max:true spec=lazy_row_max:true,speculative_exp:true
+  ab 0 192 8192 8 40 --batch 4 --cfg eager=speculative_exp:false lazy=lazy_row_max:true
   ;;
 12)  # next: hd256 causal loop shapes. The one-tile kernel (the default past 16k) compiles its top-tested loop divergent
   # (43 R2UR); split in two it now runs counted loops (session 51: 579 + 509 instructions, uniform; with p_cvt_asm off
@@ -171,6 +176,18 @@ case "$PART" in
   ab 1 256 32768 6 120 --batch 1 --cfg split=causal_split:true nocvt=causal_split:true,p_cvt_asm:false \
     greedy=persistent:true,persistent_greedy:true greedy_split=persistent:true,persistent_greedy:true,causal_split:true
   ab 1 256 8192 8 45 --batch 4 --cfg spec=speculative_exp:true,causal_split:true
+  ;;
+13)  # next (session 52): speculative_exp where its votes fire. The A/Bs that made it the default timed gaussian inputs
+  # (no later block rescales); with an attention sink (key 0 10 log2 units up, visited last) the CPU model redoes
+  # 6.7% of blocks non-causal, 13% causal, on the late_max ramp 29-36% (results/cpu/spec_votes.md): each redo is one
+  # more QK^T. The default (spec) against it off (`eager`) on those inputs, hd64 / hd128 / (192, 128)
+  for inp in sink late_max; do
+    for hd in 128 64; do
+      ab 0 $hd 8192 8 40 --batch 4 --inputs $inp --cfg eager=speculative_exp:false
+      ab 1 $hd 4096 8 40 --batch 8 --inputs $inp --cfg eager=speculative_exp:false
+    done
+  done
+  ab 0 192 8192 8 40 --batch 4 --inputs sink --cfg eager=speculative_exp:false
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_ops_gpu.py; do tests "tests/$t" 110; done
@@ -183,6 +200,6 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-12" >&2; exit 2 ;;
+*) echo "part must be 1-13" >&2; exit 2 ;;
 esac
 grep -E "TFLOP|rc=|skipped" "$O/ab.log"

@@ -129,3 +129,29 @@ def test_split_profile_script_has_a_cli():
     r = subprocess.run([sys.executable, str(root / "scripts" / "split_profile.py"), "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "--seqlen-k" in r.stdout
+
+
+@pytest.mark.parametrize("kind", ["sink", "late_max"])
+def test_fwd_ab_inputs_put_each_rows_maximum_at_key_0(kind):
+    """fwd_ab --inputs: sink scores key 0 ~10 log2 units up for every query; late_max's ramp ends there (the key the
+    kernels visit last, so rows rescale late); gaussian leaves the draw as it is."""
+    import math
+
+    import torch
+
+    import fwd_ab
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 512, 2, 64, generator=g).bfloat16() for _ in range(2))
+    q0, k0 = q.clone(), k.clone()
+    fwd_ab.shape_scores("gaussian", q, k)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+    fwd_ab.shape_scores(kind, q, k)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * math.log2(math.e) / 8.0  # log2 units
+    top = s.argmax(-1)
+    assert (top == 0).float().mean() > (0.95 if kind == "sink" else 0.8)
+    assert (top < 128).float().mean() > 0.95  # late_max: the ramp's top, near key 0 (not spread over the keys)
+    if kind == "sink":
+        assert abs(s[..., 0].mean().item() - 10.0) < 0.3
+    with pytest.raises(SystemExit):
+        fwd_ab.shape_scores("uniform", q, k)
