@@ -119,3 +119,28 @@ def test_common_path_is_shorter(hdim, causal, tmp_path):
 
     base, spec = common(False), common(True)
     assert spec <= 0.9 * base, (spec, base)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("hdim,causal,seqlen", [(64, True, 1024), (128, False, 32768), (192, True, 4096)],
+                         ids=["hd64_causal_1k_128row_persistent", "hd128_split_tail", "192_causal_greedy"])
+def test_default_calls_speculate_without_spills(hdim, causal, seqlen, tmp_path):
+    """The kernels calls run by default (kernels.config.call_config: the persistent tiles and walks of DEFAULTS) compile
+    the speculative loop, uniform and spill-free: hd64 causal <= 1k (128-row persistent tiles, not timed with it),
+    hd128 non-causal (the persistent split tail), (192, 128) causal (the greedy walk)."""
+    from kernels.config import call_config
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
+    from sass_cache import kernel_sass
+
+    cfg = call_config(AttnConfig().resolve("sm90", hdim, causal), "sm90", hdim, causal, seqlen)
+    assert cfg.persistent
+    kern = make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal)
+    assert kern.speculative_exp
+    sass = kernel_sass(kern, str(tmp_path))
+    c = opcode_counts(sass)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0
+    loops = [[o for o, _ in body] for body in steady_state_loops(sass)]
+    assert sum(o.startswith("BAR.RED") for o in loops[-1]) == 2  # the speculating (mask-free) loop's two votes
+    assert not any(o == "R2UR" for body in loops for o in body)
