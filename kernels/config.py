@@ -515,7 +515,8 @@ class AttnConfig:
     # rounding, as between the other loop shapes. pv_wait_mid / exp_in_branch / early_v_release yield to it; causal
     # calls take causal_split with it (the diagonal blocks, where rows may still lack a maximum, by the eager step); off
     # with the exp2 polynomial (exp2_emu_fraction > 0: past x = 129 it returns -0.0, which no sum notices), with
-    # row_sum_mma, and where 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it;
+    # row_sum_mma, in calls with a sliding window (the kernel's one loop of masked and mask-free blocks), and where
+    # 2^tau < tile_n (tau < 7 at tile_n 128: ordinary blocks' partial sums would cross it;
     # resolve leaves the default out of such configs). None = DEFAULTS' (hd 64 / 128 / (192, 128) since session 52,
     # measured on an H100: 1.005-1.047x; absent: off); left out of to_dict() while None or False.
     speculative_exp: bool | None = None

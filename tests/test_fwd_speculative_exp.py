@@ -52,6 +52,9 @@ def test_kernel_takes_it_in_the_overlapped_loop_at_positive_tau():
     k = FlashFwdSm90(bf, 128, 128, True, speculative_exp=True, exp_in_branch=True)
     assert not k.exp_in_branch and k.causal_split  # causal: implied (the diagonal loop runs the eager step)
     assert not FlashFwdSm90(bf, 128, 128, True, speculative_exp=True, window_left=64).causal_split
+    # a sliding window: one loop of masked and mask-free blocks (no split to run the masked ones eagerly): off
+    assert not FlashFwdSm90(bf, 64, 64, True, speculative_exp=True, window_left=64).speculative_exp
+    assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, window_left=64, window_right=0).speculative_exp
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, rescale_threshold=0.0).speculative_exp
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, intra_wg_overlap=False).speculative_exp
     # the exp2 polynomial (-0.0 past x = 129: no sum sees it), row_sum_mma (no sums), 2^tau < tile_n (ordinary sums)

@@ -94,10 +94,12 @@ def test_split_tail_compiles_without_spills(hdim, hdim_v, tmp_path):
         counts = opcode_counts(main)
         assert count(counts, "LDL") == 0 and count(counts, "STL") == 0
         loops[split] = [len(l) for l in steady_state_loops(main)]
-    # the K/V loop is the plain persistent kernel's, give or take the runtime first block's bookkeeping
+    # the K/V loop is the plain persistent kernel's, give or take the runtime first block's bookkeeping (the eager
+    # loops within 4 instructions; speculative_exp's, the hd 64 / 128 / (192, 128) default since session 52, within
+    # 2%: 806 / 793 at hd128, 875 / 868 at (192, 128), register allocation around its two votes)
     assert len(loops[True]) == len(loops[False])
     for a, b in zip(loops[True], loops[False]):
-        assert abs(a - b) <= 4
+        assert abs(a - b) <= max(4, a // 50), (a, b)
 
 
 @pytest.mark.compile

@@ -289,11 +289,12 @@ class FlashFwdSm90:
         # (softmax_spec). It places its own P V wait, so pv_wait_mid / exp_in_branch / early_v_release yield to it; it
         # implies causal_split (below). Not:
         # with the exp2 polynomial (past x = 129 it returns -0.0, which no sum notices), with row_sum_mma (no sums in
-        # the softmax), or with 2^tau < tile_n (a thread's partial sum over its tile_n/4 columns would cross it on
-        # ordinary blocks)
+        # the softmax), with 2^tau < tile_n (a thread's partial sum over its tile_n/4 columns would cross it on
+        # ordinary blocks), or with a sliding window (one loop of masked and mask-free blocks, no causal_split to run
+        # the masked ones by the eager step; hd64 causal + left window packed GQA spilled 1 LDL with it)
         self.speculative_exp = (bool(speculative_exp) and intra_wg_overlap and self.tau >= math.log2(tile_n)
                                 and exp2_mod.emulated_fragments(tile_n // 8, exp2_emu_fraction) == ()
-                                and not row_sum_mma)
+                                and not row_sum_mma and not self.has_window)
         pv_mid_asked = bool(pv_wait_mid)  # (its inline P conversion stays: p_inline_cvt below)
         if self.speculative_exp:
             pv_wait_mid = exp_in_branch = early_v_release = False
