@@ -18,7 +18,8 @@ from analysis.style import grid, legend_below, save_png, setup
 
 # ablation variant (switch off) -> the switch it removes; speedup of a switch = t(off) / t(full)
 SWITCH_OFF = {"no_pingpong": "pingpong", "tau0": "tau (rescale_threshold)", "no_exp2_emu": "exp2 emulation",
-              "no_intra_wg_overlap": "intra-warpgroup overlap", "two_cta": "2-CTA (on)",
+              "no_intra_wg_overlap": "intra-warpgroup overlap", "no_speculative_exp": "speculative exponentials",
+              "two_cta": "2-CTA (on)",
               "deterministic": "deterministic (on)", "rescale_before_pv": "rescale O before PV (on)"}
 WATERFALL = ("fa3_like", "fa3_like+pingpong", "fa3_like+pingpong+tau8", "full")
 BASIS_ORDER = ("round_robin", "ab_ratio", "medians")

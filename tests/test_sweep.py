@@ -50,9 +50,10 @@ def test_fwd_ablation_variants():
 
     cfg = composed("experiment=fwd_ablation")
     variants = dict(expand_variants(cfg["experiment"]))
-    for name in ("full", "no_pingpong", "tau0", "no_exp2_emu", "fa3_like", "fa3_like+pingpong",
+    for name in ("full", "no_pingpong", "tau0", "no_exp2_emu", "no_speculative_exp", "fa3_like", "fa3_like+pingpong",
                  "fa3_like+pingpong+tau8"):
         assert name in variants
+    assert variants["no_speculative_exp"] == {"speculative_exp": False}
     assert variants["fa3_like"] == {"rescale_threshold": 0.0, "exp2_emu_fraction": 0.0, "pingpong": False}
     taus = sorted(v["rescale_threshold"] for n, v in variants.items() if n.startswith("rescale_threshold="))
     assert taus == [0.0, 2.0, 4.0, 8.0, 16.0]
