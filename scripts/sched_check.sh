@@ -189,8 +189,9 @@ case "$PART" in
   done
   ab 0 192 8192 8 40 --batch 4 --inputs sink --cfg eager=speculative_exp:false
   ;;
-11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit)
-  for t in test_window_softcap_gpu.py test_gqa_gpu.py test_ops_gpu.py; do tests "tests/$t" 110; done
+11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
+  # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
+  for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
   tests tests/test_fwd_gpu.py 220
   ;;
 4)
