@@ -100,9 +100,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # sched_lazy.jsonl), 32k tokens, 10 rounds: 1.039 non-causal 8k, 1.017 causal 4k
                        lazy_row_max=(True, True),
                        # AttnConfig.speculative_exp (kept blocks bitwise; a rescaled row's sum within a rounding).
-                       # H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz; no H200 lent), 32k tokens, 6-12 rounds, speed
-                       # vs the default of then: non-causal 1.012 / 1.012 / 1.013 at 2k / 8k / 16k, causal 1.028 / 1.032
-                       # at 4k / 16k
+                       # H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz; no H200 lent), 32k tokens, 6-12
+                       # rounds, speed vs the default of then: non-causal 1.012 / 1.012 / 1.013 at 2k / 8k / 16k,
+                       # causal 1.028 / 1.032 at 4k / 16k
                        speculative_exp=(True, True),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
@@ -144,7 +144,8 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # AttnConfig.speculative_exp (kept blocks bitwise; a rescaled row's sum within a rounding).
                         # H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz; no H200 lent), 32k tokens, 6-12 rounds,
                         # speed vs the default of then: non-causal 1.047 / 1.031 / 1.032 at 2k / 8k / 16k, causal
-                        # 1.007 / 1.032 / 1.044 at 1k / 4k / 16k (it takes over pv_wait_mid's and exp_in_branch's P V wait)
+                        # 1.007 / 1.032 / 1.044 at 1k / 4k / 16k (it takes over pv_wait_mid's and exp_in_branch's
+                        # P V wait)
                         speculative_exp=(True, True),
                         # non-causal: the persistent kernel's partial last round cut over every SM where
                         # kernels.interface.split_tail_pays (AttnConfig.split_tail). H200 session 49 (archive_2026-12-05,

@@ -108,7 +108,8 @@ def main():
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 192, 256])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--ours-only", action="store_true")
-    ap.add_argument("--spec", action="store_true", help="also ours with speculative_exp off and on (ours_eager, ours_spec)")
+    ap.add_argument("--spec", action="store_true",
+                    help="also ours with speculative_exp off and on (ours_eager, ours_spec)")
     ap.add_argument("--keep", default=None, help="keep the cubins and SASS here (default: a temp dir)")
     a = ap.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -124,8 +125,8 @@ def main():
                     f.write(sass)
                 for i, (body, common) in enumerate(zip(steady_state_loops(sass), loop_common_paths(sass))):
                     m = dict(loop_mix(body), common=common)
-                    print(f"hd{hd} causal={int(causal)} {name:10s} loop{i}: " + " ".join(f"{k} {v}" for k, v in m.items()),
-                          flush=True)
+                    print(f"hd{hd} causal={int(causal)} {name:10s} loop{i}: "
+                          + " ".join(f"{k} {v}" for k, v in m.items()), flush=True)
 
 
 if __name__ == "__main__":

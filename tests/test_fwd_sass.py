@@ -30,9 +30,9 @@ _CACHE: dict = {}
 
 def sass_text(tmp_path_factory, hdim=128, causal=False, dtype="bfloat16", **switches) -> str:
     """The forward's SASS with these switches, speculative_exp off unless given (``speculative_exp=None``: the
-    default's): these tests read the eager step's loop (the exp2 split, the O rescale), to which speculation, the hd 64
-    / 128 / (192, 128) default since session 52, gives way only where they turn it off (tests/test_fwd_speculative_exp.py
-    reads its loop)."""
+    default's): these tests read the eager step's loop (the exp2 split, the O rescale), to which speculation, the
+    hd 64 / 128 / (192, 128) default since session 52, gives way only where they turn it off
+    (tests/test_fwd_speculative_exp.py reads its loop)."""
     switches.setdefault("speculative_exp", False)
     key = (hdim, causal, dtype, tuple(sorted(switches.items())))
     if key not in _CACHE:
@@ -144,7 +144,8 @@ def test_tau_decision_is_a_warp_vote(tmp_path_factory):
 
 @pytest.mark.parametrize("hdim,causal", [(64, False), (128, False), (128, True), (192, False), (192, True), (256, False)])
 def test_no_spills_in_default_configs(tmp_path_factory, hdim, causal):
-    c = sass_counts(tmp_path_factory, hdim=hdim, causal=causal, speculative_exp=None)  # the default, speculation included
+    # the default, speculation included
+    c = sass_counts(tmp_path_factory, hdim=hdim, causal=causal, speculative_exp=None)
     assert count(c, "LDL") == 0 and count(c, "STL") == 0, {k: v for k, v in c.items() if k.startswith(("LDL", "STL"))}
 
 
