@@ -663,7 +663,7 @@ class AttnConfig:
         if updates.get("q_in_regs") and not q_in_regs_fits(self.tile_m or updates.get("tile_m"),
                                                            self.tile_n or updates.get("tile_n"), frac):
             del updates["q_in_regs"]  # (the tile of the call, the tuned entry or the table: whichever resolves)
-        if updates.get("speculative_exp") and not _speculation_compiles(
+        if updates.get("speculative_exp") and not speculation_compiles(
                 self.rescale_threshold, self.tile_n or updates.get("tile_n"), frac, self.intra_wg_overlap,
                 self.row_sum_mma):
             del updates["speculative_exp"]  # a kernel that drops it (kernels/sm90/fwd.py) keeps its config and hash
@@ -730,11 +730,13 @@ def _rebuild_config(values: dict) -> "AttnConfig":
     return AttnConfig(**values)
 
 
-def _speculation_compiles(tau: float, tile_n: int, exp2_fraction: float, intra_wg_overlap: bool,
-                          row_sum_mma) -> bool:
-    """Whether the sm90 forward compiles speculative_exp for these fields (the conditions of kernels/sm90/fwd.py:
-    the overlapped loop, 2^tau >= tile_n, no exp2 polynomial fragment, no row_sum_mma)."""
-    no_poly = int(round(float(exp2_fraction or 0.0) * (tile_n // 8))) <= 0  # exp2.emulated_fragments(...) == ()
+def speculation_compiles(tau: float, tile_n: int, exp2_fraction: float, intra_wg_overlap: bool,
+                         row_sum_mma) -> bool:
+    """Whether the sm90 forward can speculate (AttnConfig.speculative_exp) with these fields: the overlapped loop,
+    2^tau >= tile_n, no exp2 polynomial fragment (kernels/sm90/exp2.py emulated_fragments rounds the same way), no
+    row_sum_mma. The kernel (kernels/sm90/fwd.py) asks this too, and also drops it in windowed calls; resolve leaves
+    the default out of configs where this is False."""
+    no_poly = int(round(float(exp2_fraction or 0.0) * (tile_n // 8))) <= 0
     return bool(intra_wg_overlap) and tau >= math.log2(tile_n) and no_poly and not row_sum_mma
 
 

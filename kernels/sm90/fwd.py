@@ -107,6 +107,7 @@ from cutlass import Boolean, Float32, Int32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from ..config import speculation_compiles
 from . import exp2 as exp2_mod
 from .barriers import FWD_SPEC_WG1, Bar
 from .gemm import wgmma
@@ -292,9 +293,9 @@ class FlashFwdSm90:
         # the softmax), with 2^tau < tile_n (a thread's partial sum over its tile_n/4 columns would cross it on
         # ordinary blocks), or with a sliding window (one loop of masked and mask-free blocks, no causal_split to run
         # the masked ones by the eager step; hd64 causal + left window packed GQA spilled 1 LDL with it)
-        self.speculative_exp = (bool(speculative_exp) and intra_wg_overlap and self.tau >= math.log2(tile_n)
-                                and exp2_mod.emulated_fragments(tile_n // 8, exp2_emu_fraction) == ()
-                                and not row_sum_mma and not self.has_window)
+        self.speculative_exp = (bool(speculative_exp) and not self.has_window
+                                and speculation_compiles(self.tau, tile_n, exp2_emu_fraction, intra_wg_overlap,
+                                                         row_sum_mma))
         pv_mid_asked = bool(pv_wait_mid)  # (its inline P conversion stays: p_inline_cvt below)
         if self.speculative_exp:
             pv_wait_mid = exp_in_branch = early_v_release = False
