@@ -174,6 +174,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # 6-8 rounds, speed vs the default of then: non-causal 1.016 / 1.005 at 8k / 32k, causal 1.005
                         # at 8k (hd256: 1.001 non-causal with lazy_row_max, 1.004 causal at 8k: not a default there)
                         speculative_exp=(True, True),
+                        # non-causal: the split tail where kernels.interface.split_tail_pays (a call its length leaves
+                        # one tile per CTA runs persistent for it). H200 session 49 (archive_2026-12-05,
+                        # sched_split_decode_nc.jsonl), 32k tokens, split / one tile per CTA: 1.026 at 16k (4k 1.002:
+                        # left out by the rule)
+                        split_tail=(True, False),
                         # causal <= 16k: persistent on the greedy walk. Session 49 (archive_2026-12-05), speed vs one
                         # tile per CTA: 1.030 / 1.019 / 1.007 / 1.002 at 2k / 4k / 8k / 16k (the round robin 0.819 at 4k)
                         persistent_tile=(None, dict(persistent_greedy=True))),
@@ -191,6 +196,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 16384), two_cta=True, rescale_before_pv=False,
                         p_cvt_asm=(True, True), bwd_two_cta_n80=True,
+                        # non-causal: the split tail where split_tail_pays, as at (192, 128). Session 49, split / one
+                        # tile per CTA: 1.024 at 16k (4k 1.003: left out by the rule)
+                        split_tail=(True, False),
                         # causal <= 16k: persistent on the greedy walk. Session 49 (archive_2026-12-05), speed vs one
                         # tile per CTA: 1.024 / 1.018 / 1.008 / 1.007 at 2k / 4k / 8k / 16k (the round robin 0.768 at 4k)
                         persistent_tile=(None, dict(persistent_greedy=True))),

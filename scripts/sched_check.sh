@@ -29,9 +29,9 @@
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-13]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-14]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-13]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-14]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -188,6 +188,15 @@ case "$PART" in
     done
   done
   ab 0 192 8192 8 40 --batch 4 --inputs sink --cfg eager=speculative_exp:false
+  ;;
+14)  # session 53: the split tail made the non-causal default at hd256 / (192, 128) (split_tail=(True, False); a call
+  # its length leaves one tile per CTA runs persistent where split_tail_pays: hd256 from 8k, (192, 128) from 16k on the
+  # paper grid). Its GPU tests (the rule patched to split at every head dim, the default at a decode shape), then the
+  # default against `one` (split_tail off: one tile per CTA, the default of before) where the rule now splits
+  tests tests/test_fwd_split_tail_gpu.py 150
+  for s in 8192 32768; do ab 0 256 $s 10 50 --batch $((32768 / s)) --cfg one=split_tail:false; done
+  for s in 16384 32768; do ab 0 192 $s 10 50 --batch $((32768 / s)) --cfg one=split_tail:false; done
+  ab 0 256 16384 10 50 --batch 2 --cfg one=split_tail:false
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)

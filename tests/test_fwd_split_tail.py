@@ -62,7 +62,7 @@ def test_split_tail_per_call_rule():
     # that pays, and stays one tile per CTA where it does not; never so with persistent=False or packed GQA
     lone = AttnConfig(split_tail=True).resolve("sm90", 256, False)
     assert lone.persistent is None
-    c, grid = split_tail_launch(lone, False, 132, 2048, 205, True)  # hd256 16k: 2048 tiles, 4 left, 205 blocks each
+    c, grid = split_tail_launch(lone, False, 132, 2048, 205, True)  # hd256 16k: 2048 tiles, 68 left, 205 blocks each
     assert c.persistent is True and c.split_tail and grid == 132
     for args in ((lone, False, 132, 2048, 205, False), (lone, False, 132, 4096, 32, True), (lone, True, 132, 2048, 205, True),
                  (dataclasses.replace(lone, pack_gqa=True), False, 132, 2048, 205, True)):
@@ -100,6 +100,27 @@ def test_split_tail_compiles_without_spills(hdim, hdim_v, tmp_path):
     assert len(loops[True]) == len(loops[False])
     for a, b in zip(loops[True], loops[False]):
         assert abs(a - b) <= max(4, a // 50), (a, b)
+
+
+def test_split_tail_default_where_it_pays_on_the_paper_grid():
+    """DEFAULTS' split_tail: non-causal at hd128 / 256 / (192, 128), never causal; on the paper grid (32k tokens, hidden
+    2048, 132 SMs) hd256 runs one tile per CTA at 4k (the cut would save 25 blocks, under 48) and the split from 8k
+    (50 blocks), persistent for it; (192, 128) (10 heads) from 16k (8k: 39 blocks)."""
+    from kernels.interface import forward_config, split_tail_launch
+
+    for hd, hv in ((128, 128), (256, 256), (192, 128)):
+        assert AttnConfig().resolve("sm90", hd, False).split_tail is True
+        assert not AttnConfig().resolve("sm90", hd, True).split_tail
+    assert not AttnConfig().resolve("sm90", 64, False).split_tail
+    for hd, heads, first in ((256, 8, 8192), (192, 10, 16384)):
+        for seqlen in (4096, 8192, 16384, 32768):
+            split = seqlen >= first
+            cfg = forward_config(AttnConfig().resolve("sm90", hd, False), hd, False, seqlen, 1, False)
+            assert cfg.persistent is None  # one tile per CTA unless the split pays
+            tiles = -(-seqlen // cfg.tile_m) * heads * (32768 // seqlen)
+            c, grid = split_tail_launch(cfg, False, 132, tiles, -(-seqlen // cfg.tile_n), True)
+            assert bool(c.split_tail) is split and bool(c.persistent) is split, (hd, seqlen)
+            assert grid == (132 if split else min(132, tiles))
 
 
 @pytest.mark.compile
