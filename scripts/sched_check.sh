@@ -200,6 +200,10 @@ case "$PART" in
   for t in test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 70 -k "not bwd and not backward"; done
   ab 0 256 32768 8 60 --batch 1 --cfg one=split_tail:false
   tests tests/test_window_softcap_gpu.py 90 -k "not bwd and not backward"
+  # where the split's ~50-75 us per call goes (the 48-block bar keeps hd128 4k, (192, 128) 8k out)
+  timeout "$(cap 60)" python scripts/split_profile.py --hdim 128 --seqlen 4096 --batch 8 --out "$O/split_profile.jsonl" \
+    >>"$O/split_profile.log" 2>&1
+  cat "$O/split_profile.log"
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
