@@ -108,7 +108,7 @@ def test_split_tail_default_where_it_pays_on_the_paper_grid():
     (50 blocks), persistent for it; (192, 128) (10 heads) from 16k (8k: 39 blocks)."""
     from kernels.interface import forward_config, split_tail_launch
 
-    for hd, hv in ((128, 128), (256, 256), (192, 128)):
+    for hd in (128, 256, 192):
         assert AttnConfig().resolve("sm90", hd, False).split_tail is True
         assert not AttnConfig().resolve("sm90", hd, True).split_tail
     assert not AttnConfig().resolve("sm90", 64, False).split_tail
