@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 
 import torch
 
@@ -221,9 +222,29 @@ def _greedy_walk_table(dev, key: tuple):
     if table is None:
         from .sm90.greedy_walk import greedy_walks, walk_table
 
-        rows = walk_table(greedy_walks(*key[1:]))
-        table = _WALK_TABLES[key] = torch.tensor(rows, dtype=torch.int32).to(dev)
+        table = _WALK_TABLES[key] = _to_device_outside_graph_pools(walk_table(greedy_walks(*key[1:])), dev)
     return table
+
+
+def _to_device_outside_graph_pools(rows: list, dev) -> torch.Tensor:
+    """``rows`` as an int32 tensor on ``dev``, allocated from the ordinary caching allocator even while this thread's
+    allocations go to a CUDA graph pool: torch.compile(mode="reduce-overhead") warms up in its graphs' pool (per
+    thread: torch._C._cuda_beginAllocateCurrentThreadToPool), where a tensor kept past the call fails cudagraph
+    trees' check that every live allocation is an output (tests/test_ops_gpu.py). Built on a short-lived thread, which
+    waits for its copy."""
+    box = []
+
+    def build():
+        box.append(torch.tensor(rows, dtype=torch.int32).to(dev))
+        torch.cuda.synchronize(dev)
+
+    worker = threading.Thread(target=build, name="fa4lab-walk-table")
+    worker.start()
+    worker.join()
+    if not box:
+        raise RuntimeError("kernels.interface: building the greedy walk table on the device failed (see the thread's "
+                           "traceback above)")
+    return box[0]
 
 
 @functools.lru_cache(maxsize=4096)
