@@ -229,4 +229,5 @@ case "$PART" in
   ;;
 *) echo "part must be 1-15" >&2; exit 2 ;;
 esac
-grep -E "TFLOP|rc=|skipped" "$O/ab.log"
+[[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
+exit 0
