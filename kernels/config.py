@@ -242,7 +242,8 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "early_v_release": (None, False), "persistent_snake": (None, False),
                                 "q_in_regs": (None, False), "split_tail": (None, False),
                                 "persistent_greedy": (None, False), "lazy_row_max": (None, False),
-                                "row_sum_mma": (None, False), "speculative_exp": (None, False)}
+                                "row_sum_mma": (None, False), "speculative_exp": (None, False),
+                                "spec_redo_budget": (None,)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -529,6 +530,14 @@ class AttnConfig:
     # resolve leaves the default out of such configs). None = DEFAULTS' (hd 64 / 128 / (192, 128) since session 52,
     # measured on an H100: 1.005-1.047x; absent: off); left out of to_dict() while None or False.
     speculative_exp: bool | None = None
+    # sm90 forward with speculative_exp (elsewhere no effect; resolve drops it where the call does not speculate): the
+    # second QK^Ts (redos) a consumer warpgroup may take in one Q tile before it runs the eager step for the rest of
+    # that tile. On inputs whose row maxima keep climbing along the visit order most blocks redo (the late_max ramp:
+    # the speculative default 0.855-0.862x the eager step on an H100, session 54); a budget bounds that cost at a few
+    # QK^Ts per tile. An attention sink (key 0, visited last) costs one redo per tile. The count is warpgroup-uniform
+    # (the votes are); the kernel tests it with a warp vote so the loop stays uniform. None = no budget (speculate on
+    # every mask-free block, the behaviour before). Opt-in, not timed; left out of to_dict() while None.
+    spec_redo_budget: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -587,6 +596,10 @@ class AttnConfig:
                               "longest first, g heads interleaved)")
         if not isinstance(self.bwd_rotate_q, bool):
             raise ConfigError(f"bwd_rotate_q={self.bwd_rotate_q!r}: must be a bool")
+        b = self.spec_redo_budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not (1 <= b <= 1024)):
+            raise ConfigError(f"spec_redo_budget={b!r}: must be None (no budget) or an int in [1, 1024] (second QK^Ts "
+                              "per Q tile and warpgroup before the tile runs the eager step)")
         n = self.bwd_dq_stages
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n not in (1, 2)):
             raise ConfigError(f"bwd_dq_stages={n!r}: must be None (two where they fit) or 1 or 2")
@@ -627,10 +640,11 @@ class AttnConfig:
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
-                     "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp"):
+                     "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
-                                  f"overlapped main loop's code); pass {name}=False")
+                                  f"overlapped main loop's code); pass {name}="
+                                  f"{'None' if name == 'spec_redo_budget' else 'False'}")
         updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m")
                    if getattr(self, k) is None}
         if self.rescale_before_pv is None:
@@ -675,6 +689,8 @@ class AttnConfig:
                 self.rescale_threshold, self.tile_n or updates.get("tile_n"), frac, self.intra_wg_overlap,
                 self.row_sum_mma):
             del updates["speculative_exp"]  # a kernel that drops it (kernels/sm90/fwd.py) keeps its config and hash
+        if self.spec_redo_budget is not None and not updates.get("speculative_exp", self.speculative_exp):
+            updates["spec_redo_budget"] = None  # no speculation, no budget: the config and hash of the call without it
         if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:
             del updates["pv_wait_mid"]  # 0.75-0.80x the speed without it ((192, 128) causal: 1.05x with it)
         if updates.get("bwd_tile_m") == 80 and self.two_cta is True:  # a default of 80 rows: no 2-CTA kernel has them
@@ -788,7 +804,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                   "speculative_exp")
+                   "speculative_exp", "spec_redo_budget")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -25,13 +25,16 @@
 #   loops, persistent greedy at 32k, speculative_exp with the split).
 # Part 13 (next, session 52): speculative_exp (the default since) against it off on inputs whose rows rescale late
 #   (fwd_ab --inputs sink / late_max), where its votes fire and each redo costs one more QK^T.
+# Part 14 (session 54, H200): the split tail as the hd256 / (192, 128) non-causal default. Part 15 (session 54, H100):
+#   the feature GPU test files with today's defaults. Part 16 (next): spec_redo_budget against the speculative default
+#   and the eager step on late_max / gaussian / sink inputs.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-15]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-16]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-15]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-16]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -215,6 +218,21 @@ case "$PART" in
   tests tests/test_window_softcap_gpu.py 170 -k "not bwd and not backward"
   tests tests/test_fwd_gpu.py 250
   ;;
+16)  # next (session 54): AttnConfig.spec_redo_budget (a Q tile's warpgroup stops speculating after that many second
+  # QK^Ts). Part 13 (H100) read the speculative default at 0.855-0.862x the eager step on the late_max ramp; the budget
+  # should bring that back near the eager step while costing nothing on gaussian inputs (no vote fires there). Its GPU
+  # tests first, then the default (unbudgeted) against b1 / b2 and the eager step on late_max, gaussian and sink
+  tests tests/test_fwd_speculative_exp_gpu.py 150 -k budget
+  B=(--cfg b1=spec_redo_budget:1 b2=spec_redo_budget:2 eager=speculative_exp:false)
+  for inp in late_max gaussian sink; do
+    ab 0 128 8192 8 45 --batch 4 --inputs $inp "${B[@]}"
+    ab 1 128 4096 8 45 --batch 8 --inputs $inp "${B[@]}"
+  done
+  for inp in late_max gaussian; do
+    ab 0 64 8192 8 45 --batch 4 --inputs $inp "${B[@]}"
+    ab 1 192 8192 8 50 --batch 4 --inputs $inp "${B[@]}"
+  done
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -227,7 +245,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-15" >&2; exit 2 ;;
+*) echo "part must be 1-16" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

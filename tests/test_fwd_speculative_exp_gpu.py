@@ -42,9 +42,13 @@ def test_speculative_exp_with_the_other_switches(hdim, extra, causal):
 
 @pytest.mark.parametrize("hdim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_speculative_exp_rare_arm(hdim, causal):
+@pytest.mark.parametrize("extra", [{}, {"spec_redo_budget": 1}, {"spec_redo_budget": 2, "persistent": True}],
+                         ids=["unbudgeted", "budget1", "budget2_persistent"])
+def test_speculative_exp_rare_arm(hdim, causal, extra):
     """Keys 0..1023 scaled by 4 (and one by 40, past any exp2 range of the kept maxima): the loop meets them last, after
-    maxima taken from the other keys, so the partial sums blow past 2^tau and the warpgroups compute S again."""
+    maxima taken from the other keys, so the partial sums blow past 2^tau and the warpgroups compute S again. With a
+    redo budget the tiles that spend it run their remaining blocks by the eager step (persistent: the budget starts
+    again at every tile a CTA walks)."""
     b, s, h = 2, 4096, 2
     q = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
@@ -52,10 +56,43 @@ def test_speculative_exp_rare_arm(hdim, causal):
     k[:, 7] *= 10
     v = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
     ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
-    got = _run(AttnConfig(speculative_exp=True), q, k, v, causal, hdim, hdim)
+    got = _run(AttnConfig(speculative_exp=True, **extra), q, k, v, causal, hdim, hdim)
     torch.cuda.synchronize()
     assert torch.isfinite(got[0]).all()
-    same_up_to_rounding(got, ref, f"rare arm hd{hdim} causal={causal}")
+    same_up_to_rounding(got, ref, f"rare arm hd{hdim} causal={causal} {extra}")
+
+
+@pytest.mark.parametrize("hdims", [(64, 64), (128, 128), (192, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_spec_redo_budget_where_nothing_redoes_is_bitwise_the_default(hdims, causal):
+    """Gaussian inputs at tau 8: no vote fires, the budget is never spent, so the output is the eager step's bit for bit
+    (non-causal; causal within a rounding, as for speculative_exp alone)."""
+    bitwise(AttnConfig(speculative_exp=True, spec_redo_budget=2), AttnConfig(), *hdims, causal, SHAPES[:4],
+            exact=not causal)
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_spec_redo_budget_on_a_ramp_of_maxima(hdim, causal):
+    """Every row's maximum climbs along the visit order (scripts/fwd_ab.py --inputs late_max: a ramp of 12 log2 units
+    toward key 0, which the loop meets last): most blocks redo, so each tile spends its budget early and runs the rest
+    by the eager step; the output is the eager kernel's within one rounding."""
+    b, s, h = 2, 4096, 2
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(b, s, h, hdim, device="cuda", generator=g)
+    k = torch.randn(b, s, h, hdim, device="cuda", generator=g)
+    v = torch.randn(b, s, h, hdim, device="cuda", generator=g)
+    q[..., 0] = 1.0
+    k[..., 0] = (12.0 * (1.0 - torch.arange(s, device="cuda") / s))[None, :, None] * hdim ** 0.5 / 1.4426950408889634
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    from kernels.reference import attention_model
+
+    _, st = attention_model(q, k, v, causal, return_stats=True)
+    assert st["spec_max_check_share"] > 0.1, st  # the unbudgeted loop would take a second QK^T on a tenth of its blocks
+    ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
+    got = _run(AttnConfig(speculative_exp=True, spec_redo_budget=1), q, k, v, causal, hdim, hdim)
+    torch.cuda.synchronize()
+    same_up_to_rounding(got, ref, f"ramp hd{hdim} causal={causal}")
 
 
 def _sums_past_the_limit(b, s, h, hdim, device):

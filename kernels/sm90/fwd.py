@@ -166,6 +166,7 @@ class TileRegs(NamedTuple):
     row_sum: object
     row_scale: object
     acc_L: object = None  # row_sum_mma: the m64n8 accumulator of P 1 (every column a row sum)
+    spec_left: object = None  # spec_redo_budget: the tile's redos left (one Int32, the same in the whole warpgroup)
 
 
 class BlockArgs(NamedTuple):
@@ -194,7 +195,8 @@ class FlashFwdSm90:
                  causal_split: bool = False, exp_in_branch: bool = False, p_cvt_asm: bool = False,
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
-                 lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False):
+                 lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
+                 spec_redo_budget: int = 0):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -296,6 +298,9 @@ class FlashFwdSm90:
         self.speculative_exp = (bool(speculative_exp) and not self.has_window
                                 and speculation_compiles(self.tau, tile_n, exp2_emu_fraction, intra_wg_overlap,
                                                          row_sum_mma))
+        # speculative_exp: the redos a warpgroup may take in one Q tile before the tile's later blocks run the eager
+        # step (0 = no budget). A per-tile counter (TileRegs.spec_left), tested by a warp vote in overlap_block
+        self.spec_redo_budget = int(spec_redo_budget) if self.speculative_exp else 0
         pv_mid_asked = bool(pv_wait_mid)  # (its inline P conversion stays: p_inline_cvt below)
         if self.speculative_exp:
             pv_wait_mid = exp_in_branch = early_v_release = False
@@ -1159,7 +1164,11 @@ class FlashFwdSm90:
         acc_L = None
         if const_expr(self.row_sum_mma):
             acc_L = cute.make_rmem_tensor(frags.ones[1].partition_shape_C((self.tile_m, 8)), Float32)
-        regs = TileRegs(acc_shape_S, acc_O, tOrP, tScS, row_max, row_sum, row_scale, acc_L)
+        spec_left = None
+        if const_expr(self.spec_redo_budget > 0):
+            spec_left = cute.make_rmem_tensor(1, Int32)
+            spec_left[0] = Int32(self.spec_redo_budget)
+        regs = TileRegs(acc_shape_S, acc_O, tOrP, tScS, row_max, row_sum, row_scale, acc_L, spec_left)
         args = BlockArgs(scale_log2, softcap_mul, m_base, tile.seqlen_q, tile.seqlen_k, tile.n_block_min_masked,
                          tile.n_block_local_end)
         return regs, args, n_iter
@@ -1263,7 +1272,18 @@ class FlashFwdSm90:
         # S(j+1) by the kept maxima, releasing the K stage itself; not in causal_split's diagonal loop, whose blocks
         # are where a row can still lack a maximum (its vote would always redo them)
         if const_expr(self.speculative_exp and masked is not True):
-            do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked)
+            if const_expr(self.spec_redo_budget > 0):
+                # the tile's budget spent: the eager step for its remaining blocks (the count is warpgroup-uniform;
+                # the warp vote tells ptxas so, which keeps the wgmma descriptors uniform)
+                do_rescale = Boolean(False)
+                if cute.arch.vote_any_sync(regs.spec_left[0] > 0):
+                    do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state,
+                                                   masked)
+                else:
+                    pipe_k.consumer_release(state)
+                    do_rescale = self.softmax_eager_later(acc_S, regs, args, n_block, masked, None, None)
+            else:
+                do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state_v)
             self.to_p(acc_S, regs.tOrP)
@@ -1279,10 +1299,7 @@ class FlashFwdSm90:
         pv_done = None  # early_v_release: the softmax step waits for P V(j) and releases V(j) before its decision
         if const_expr(self.early_v_release):
             pv_done = functools.partial(self.wait_pv_release_v, pipe_v, state_v)
-        if const_expr(masked is None):
-            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block, m_scaled, pv_done)
-        else:  # causal_split: the caller's loop says whether this block needs the mask
-            do_rescale = self.softmax_block(acc_S, regs, args, n_block, masked, False, m_scaled, pv_done)
+        do_rescale = self.softmax_eager_later(acc_S, regs, args, n_block, masked, m_scaled, pv_done)
         if const_expr(not self.early_v_release):
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state_v)
@@ -1295,6 +1312,18 @@ class FlashFwdSm90:
             self.defer_rescale(regs.row_scale, do_rescale)
         else:
             self.maybe_rescale(regs, regs.row_scale, do_rescale)
+
+    @cute.jit
+    def softmax_eager_later(self, acc_S, regs: TileRegs, args: BlockArgs, n_block: Int32,
+                            masked: cutlass.Constexpr = None, m_scaled=None, pv_done=None) -> Boolean:
+        """The eager softmax step of a later block: the mask decided per block (``masked`` None) or by the caller's
+        loop (causal_split). Returns whether O needs the rescale."""
+        do_rescale = None
+        if const_expr(masked is None):
+            do_rescale = self.softmax_later_block(acc_S, regs, args, n_block, m_scaled, pv_done)
+        else:
+            do_rescale = self.softmax_block(acc_S, regs, args, n_block, masked, False, m_scaled, pv_done)
+        return do_rescale
 
     @cute.jit
     def pv_gemm(self, tiled_mma_pv, frags: ConsumerFrags, regs: TileRegs, stage: Int32):
@@ -1338,6 +1367,8 @@ class FlashFwdSm90:
             do_rescale = online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2,
                                              self.tau, self.emu_frags, self.poly, False, False, self.p_inline_cvt, 0,
                                              None, None, self.lazy_row_max)
+            if const_expr(self.spec_redo_budget > 0):
+                regs.spec_left[0] = regs.spec_left[0] - 1
         else:
             pipe_k.consumer_release(state)
             for r in cutlass.range_constexpr(cute.size(partial)):
