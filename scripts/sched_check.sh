@@ -27,14 +27,15 @@
 #   (fwd_ab --inputs sink / late_max), where its votes fire and each redo costs one more QK^T.
 # Part 14 (session 54, H200): the split tail as the hd256 / (192, 128) non-causal default. Part 15 (session 54, H100):
 #   the feature GPU test files with today's defaults. Part 16 (next): spec_redo_budget against the speculative default
-#   and the eager step on late_max / gaussian / sink inputs.
+#   and the eager step on late_max / gaussian / sink inputs. Part 17 (next): per-CTA start / end times of the persistent
+#   forward (scripts/cta_timeline.py).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-16]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-17]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-16]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-17]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -233,6 +234,24 @@ case "$PART" in
     ab 1 192 8192 8 50 --batch 4 --inputs $inp "${B[@]}"
   done
   ;;
+17)  # next (session 54): the persistent forward's CTA ends (scripts/cta_timeline.py, %globaltimer per CTA): is the
+  # split tail's small saving at hd128 4k (5 us of a ~44 us round, split_profile) because the CTAs already end far
+  # apart? Then the same at 8k, hd256 8k, and the causal greedy walk against the round robin at hd128 16k
+  tl() {  # cap, args
+    local c
+    c=$(cap "$1")
+    shift
+    ((c < 20)) && { echo "cta_timeline $* skipped: no time left" >>"$O/timeline.log"; return; }
+    timeout "$c" python scripts/cta_timeline.py --out "$O/timeline.jsonl" "$@" >>"$O/timeline.log" 2>&1
+    echo "cta_timeline $* rc=$?" >>"$O/timeline.log"
+  }
+  tl 90 --hdim 128 --seqlen 4096 --batch 8 --force-split --plot "$O/tl_128_4k.png"
+  tl 90 --hdim 128 --seqlen 8192 --batch 4 --plot "$O/tl_128_8k.png"
+  tl 90 --hdim 256 --seqlen 8192 --batch 4 --plot "$O/tl_256_8k.png"
+  tl 120 --hdim 128 --seqlen 16384 --batch 2 --causal --cfg rr=persistent:true,persistent_greedy:false \
+    greedy=persistent:true,persistent_greedy:true --plot "$O/tl_128c_16k.png"
+  cat "$O/timeline.log"
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -245,7 +264,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-16" >&2; exit 2 ;;
+*) echo "part must be 1-17" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

@@ -30,10 +30,11 @@ DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal: bool,
                     qhead_per_kvhead: int = 1, window_left: int = -1, window_right: int = -1,
-                    softcap: float = 0.0, varlen: bool = False) -> FlashFwdSm90:
+                    softcap: float = 0.0, varlen: bool = False, trace_ctas: bool = False) -> FlashFwdSm90:
     """The kernel object for a resolved config (plain Python; nothing compiled yet); ``varlen``: the packed
     variable-length kernel (kernels/varlen.py; its callers reject persistent and cluster_m=2 first; pack_gqa with a
-    group > 1 is the kernel class's ValueError)."""
+    group > 1 is the kernel class's ValueError). ``trace_ctas``: the persistent kernel with the per-CTA trace
+    (scripts/cta_timeline.py; compile_fwd adds its argument)."""
     if not cfg.is_resolved:
         raise ValueError("make_fwd_kernel: pass a resolved AttnConfig (cfg.resolve('sm90', hdim, causal))")
     if dtype not in DTYPES:
@@ -54,7 +55,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         and window_right < 0,
         persistent_greedy=bool(cfg.persistent_greedy) and bool(cfg.persistent) and causal and not varlen,
         lazy_row_max=bool(cfg.lazy_row_max), row_sum_mma=bool(cfg.row_sum_mma),
-        speculative_exp=bool(cfg.speculative_exp), spec_redo_budget=int(cfg.spec_redo_budget or 0))
+        speculative_exp=bool(cfg.speculative_exp), spec_redo_budget=int(cfg.spec_redo_budget or 0),
+        trace_ctas=trace_ctas)
 
 
 def tvm_ffi_available() -> bool:
@@ -94,17 +96,19 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str
 
         os.makedirs(dump_dir, exist_ok=True)
         options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
+    # trace_ctas: the persistent launchers' last argument, int64 (num_ctas, 4)
+    trace = (fake(cutlass.Int64, (cute.sym_int(), 4), align=8, div=1),) if getattr(kernel, "trace_ctas", False) else ()
     if kernel.split_tail:  # the tail pieces' workspace (2 * num_ctas slots of fp32 O and LSE), then the grid
         slots = cute.sym_int()
         oacc = fake(cutlass.Float32, (slots, kernel.tile_m, kernel.hdim_v))
         lseacc = fake(cutlass.Float32, (slots, kernel.tile_m), align=4, div=1)
         return cute.compile(kernel.call_persistent_split, q, k, v, o, lse, oacc, lseacc, cutlass.Float32(1.0),
-                            cutlass.Int32(1), cutlass.Int32(1), stream, options=options)
+                            cutlass.Int32(1), cutlass.Int32(1), stream, *trace, options=options)
     if kernel.greedy:  # the walk table (num_ctas, 1 + longest walk) int32, then the grid
         walk = fake(cutlass.Int32, (cute.sym_int(), cute.sym_int()), align=4, div=1)
         return cute.compile(kernel.call_persistent_walk, q, k, v, o, lse, walk, cutlass.Float32(1.0),
-                            cutlass.Int32(1), cutlass.Int32(1), stream, options=options)
+                            cutlass.Int32(1), cutlass.Int32(1), stream, *trace, options=options)
     if kernel.persistent:  # one more argument: the grid (num_ctas)
         return cute.compile(kernel.call_persistent, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1),
-                            cutlass.Int32(1), stream, options=options)
+                            cutlass.Int32(1), stream, *trace, options=options)
     return cute.compile(kernel, q, k, v, o, lse, cutlass.Float32(1.0), cutlass.Int32(1), stream, options=options)

@@ -196,7 +196,7 @@ class FlashFwdSm90:
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
-                 spec_redo_budget: int = 0):
+                 spec_redo_budget: int = 0, trace_ctas: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -244,6 +244,12 @@ class FlashFwdSm90:
         if persistent and varlen:
             raise ValueError("persistent=True with varlen=True: the variable-length forward has one tile per CTA")
         self.persistent = bool(persistent)  # grid = num_ctas, tiles walked per CTA: launched through call_persistent
+        if trace_ctas and not self.persistent:
+            raise ValueError("trace_ctas=True needs persistent=True: it records each CTA of the persistent grid")
+        # a measuring aid (scripts/cta_timeline.py), not a config switch: the persistent launchers take one more
+        # argument, mTrace int64 (num_ctas, 4) = [start ns, end ns of consumer warpgroup 0, of warpgroup 1, SM id]
+        # (%globaltimer at kernel entry and after each warpgroup's last tile); off, the code is the plain kernel's
+        self.trace_ctas = bool(trace_ctas)
         # causal: each CTA walks its host-built list of tiles (kernels/sm90/greedy_walk.py); snake yields to it
         self.greedy = self.persistent and causal and bool(persistent_greedy)
         self.snake = self.persistent and causal and bool(persistent_snake) and not self.greedy  # odd rounds reversed
@@ -514,25 +520,27 @@ class FlashFwdSm90:
 
     @cute.jit
     def call_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                        softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
+                        softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream,
+                        mTrace: cute.Tensor = None):
         """Persistent launch (``persistent=True``): the tensors as ``__call__`` takes them; grid (num_ctas,), num_ctas =
-        min(SM count, tiles) (the caller computes it: kernels/interface.py)."""
+        min(SM count, tiles) (the caller computes it: kernels/interface.py). ``mTrace``: trace_ctas only."""
         assert self.persistent, "call_persistent needs FlashFwdSm90(persistent=True)"
-        self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream)
+        self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream, mTrace=mTrace)
 
     @cute.jit
     def call_persistent_walk(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                              mLSE: cute.Tensor, mWalk: cute.Tensor, softmax_scale: Float32, hb_group: Int32,
-                             num_ctas: Int32, stream: cuda.CUstream):
+                             num_ctas: Int32, stream: cuda.CUstream, mTrace: cute.Tensor = None):
         """``call_persistent`` with the greedy walk (``persistent_greedy=True``, causal): mWalk int32 (num_ctas, 1 +
         longest walk), row c = [count, tiles...] in scheduler.tile_at's numbering (kernels/sm90/greedy_walk.py)."""
         assert self.greedy, "call_persistent_walk needs FlashFwdSm90(persistent=True, persistent_greedy=True), causal"
-        self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream, mWalk=mWalk)
+        self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream, mWalk=mWalk,
+                               mTrace=mTrace)
 
     @cute.jit
     def call_persistent_split(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                               mLSE: cute.Tensor, mOacc: cute.Tensor, mLSEacc: cute.Tensor, softmax_scale: Float32,
-                              hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream):
+                              hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream, mTrace: cute.Tensor = None):
         """``call_persistent`` with the split tail (``split_tail=True``): mOacc (2 * num_ctas, tile_m, dv) and mLSEacc
         (2 * num_ctas, tile_m) fp32 hold the tail pieces (kernels/sm90/fwd_tail.py); the caller launches it only when
         the tiles leave a partial round (tiles % num_ctas > 0). Then fwd_tail.TailCombine on the same stream."""
@@ -540,7 +548,7 @@ class FlashFwdSm90:
         mOacc = cute.make_tensor(mOacc.iterator, cute.select(mOacc.layout, mode=[1, 2, 0]))  # (tile_m, dv, slots)
         mLSEacc = cute.make_tensor(mLSEacc.iterator, cute.select(mLSEacc.layout, mode=[1, 0]))  # (tile_m, slots)
         mQ, mK, mO, mLSE = self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream,
-                                                  mOacc, mLSEacc)
+                                                  mOacc, mLSEacc, mTrace=mTrace)
         num_tiles = (mQ.shape[0] + self.tile_m - 1) // self.tile_m * mQ.shape[2] * mQ.shape[3]
         n_tail = num_tiles % num_ctas
         n_blocks = (mK.shape[0] + self.tile_n - 1) // self.tile_n
@@ -550,9 +558,10 @@ class FlashFwdSm90:
     @cute.jit
     def launch_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                           softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream,
-                          mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None):
+                          mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None,
+                          mTrace: cute.Tensor = None):
         """The persistent kernel's launch on grid (num_ctas,) (split_tail: with the pieces' workspace; greedy: with
-        the walk table); returns the kernel's views of Q, K, O (s, d, h, b) and LSE (s, h, b)."""
+        the walk table; trace_ctas: with the trace); returns the kernel's views of Q, K, O (s, d, h, b) and LSE (s, h, b)."""
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
@@ -562,7 +571,7 @@ class FlashFwdSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage, None, None, mOacc, mLSEacc, mWalk,
+            SharedStorage, None, None, mOacc, mLSEacc, mWalk, mTrace,
         ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
         return mQ, mK, mO, mLSE
 
@@ -595,9 +604,15 @@ class FlashFwdSm90:
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor = None, mCuSeqlensK: cute.Tensor = None,
-               mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None):
+               mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None,
+               mTrace: cute.Tensor = None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
+        if const_expr(self.trace_ctas):  # the CTA's start and SM (its consumer warpgroups add their ends)
+            if tidx == 0:
+                bx_trace, _, _ = cute.arch.block_idx()
+                mTrace[bx_trace, 0] = cute.arch.globaltimer()
+                mTrace[bx_trace, 3] = cutlass.Int64(cute.arch.smid())
         if warp_idx == 0:
             if const_expr(self.varlen):  # no O descriptor: a predicated store
                 for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
@@ -618,7 +633,7 @@ class FlashFwdSm90:
         if const_expr(self.persistent):
             self.roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                                   tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, hb_group,
-                                  warp_idx, tidx, mOacc, mLSEacc, mWalk)
+                                  warp_idx, tidx, mOacc, mLSEacc, mWalk, mTrace)
         else:
             tile = self.cta_tile(mQ, mK, hb_group, mCuSeqlensQ, mCuSeqlensK)
             if const_expr(self.varlen):
@@ -764,7 +779,8 @@ class FlashFwdSm90:
     @cute.jit
     def roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                          tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32,
-                         hb_group: Int32, warp_idx: Int32, tidx: Int32, mOacc=None, mLSEacc=None, mWalk=None):
+                         hb_group: Int32, warp_idx: Int32, tidx: Int32, mOacc=None, mLSEacc=None, mWalk=None,
+                         mTrace=None):
         """Persistent warp roles: the producer warp and the consumer warpgroups walk the same static round robin
         over the tiles (CTA c: tiles c, c + grid, ...), their pipeline states carried from tile to tile. split_tail:
         first the CTA's pieces of the last partial round's tiles (steps t < 0; kernels/sm90/fwd_tail.py), then the
@@ -822,6 +838,9 @@ class FlashFwdSm90:
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if const_expr(self.trace_ctas):  # each consumer warpgroup's end (its last tile's O issued)
+                if ctidx % self.threads_per_wg == 0:
+                    mTrace[bx, 1 + ctidx // self.threads_per_wg] = cute.arch.globaltimer()
 
     @cute.jit
     def step_tile(self, t: Int32, bx: Int32, gx: Int32, t_first: Int32, n_full: Int32, num_tiles: Int32,
