@@ -177,11 +177,22 @@ class _SpecVotes:
     limit: the counts show it); fp32 sums, so near the limit a count can differ from the kernel's by a block."""
 
     WG_ROWS = 64
+    # AttnConfig.spec_redo_budget values modelled alongside (the votes do not change the maxima or sums, so one pass
+    # serves every budget): per budget, the blocks that take a second QK^T and the blocks run by the eager step once a
+    # warpgroup's tile has spent its budget
+    BUDGETS = (1, 2, 4)
 
     def __init__(self, tau: float, tile_n: int, group: int):
         self.limit = 2.0 ** tau * (1.0 - 2.0 ** -6)
         self.tile_n, self.group = tile_n, group
         self.blocks = self.rescale = self.redos = self.kept = self.max_check = 0
+        self.budget_qk2 = dict.fromkeys(self.BUDGETS, 0)
+        self.budget_eager = dict.fromkeys(self.BUDGETS, 0)
+        self.left = {}
+
+    def start_chunk(self) -> None:
+        """A new chunk of Q tiles: every warpgroup's budget starts again (the kernel's counter is per tile)."""
+        self.left = {}
 
     def block(self, s2, m, need, counted_g, ngroups: int, rows: int, eager_rows=None):
         """One key block of a row chunk: s2 (b, h, rows, cols) log2 scores (masked -inf), m the maxima kept before
@@ -211,13 +222,22 @@ class _SpecVotes:
         self.rescale += int((need_wg & counted).sum())
         self.redos += int(redo.sum())
         self.kept += int((redo & ~need_wg).sum())
-        self.max_check += int((redo & by_wg(row_big)).sum())
+        taken = redo & by_wg(row_big)  # the second QK^T the kernel takes
+        self.max_check += int(taken.sum())
+        for n in self.BUDGETS:
+            left = self.left.setdefault(n, torch.full(taken.shape, n, dtype=torch.int32, device=taken.device))
+            active = left > 0
+            self.budget_qk2[n] += int((taken & active).sum())
+            self.budget_eager[n] += int((counted & ~active).sum())
+            left -= (taken & active).int()
 
     def stats(self) -> dict:
         share = (lambda n: n / self.blocks if self.blocks else 0.0)
         return dict(spec_blocks=self.blocks, spec_redos=self.redos, spec_redos_kept=self.kept,
                     spec_rescale_share=share(self.rescale), spec_redo_share=share(self.redos),
-                    spec_kept_share=share(self.kept), spec_max_check_share=share(self.max_check))
+                    spec_kept_share=share(self.kept), spec_max_check_share=share(self.max_check),
+                    **{f"spec_budget{n}_qk2_share": share(self.budget_qk2[n]) for n in self.BUDGETS},
+                    **{f"spec_budget{n}_eager_share": share(self.budget_eager[n]) for n in self.BUDGETS})
 
 
 def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group, fragment, order, stats):
@@ -250,6 +270,8 @@ def _model_forward(q, k, v, causal, scale, tile_m, tile_n, tau, fraction, group,
         l = torch.zeros((b, h, rows), dtype=acc, device=q.device)
         o = torch.zeros((b, h, rows, dv), dtype=acc, device=q.device)
         first = torch.ones(ngroups, dtype=torch.bool, device=q.device)  # group has not seen a block yet
+        if spec is not None:
+            spec.start_chunk()
         blocks = range(max(nmax[mt0:mt1]) if rows else 0)
         for j in (reversed(blocks) if order == "reverse" else blocks):
             c0, c1 = j * tile_n, min(sk, (j + 1) * tile_n)
@@ -384,7 +406,8 @@ def attention_model(q, k, v, causal=False, softmax_scale=None, config=None, retu
     block after the group's first), skipped_share, exp2_emulated_fraction (the quantised fraction of
     a full tile row), exp2_emulated_share (of the unmasked exponentials actually computed), and with tau > 0 and
     no exp2 emulation the speculative_exp vote's counters (_SpecVotes: spec_blocks, spec_redos, spec_redos_kept,
-    spec_rescale_share, spec_redo_share, spec_kept_share, spec_max_check_share; whatever the config's speculative_exp).
+    spec_rescale_share, spec_redo_share, spec_kept_share, spec_max_check_share, and per spec_redo_budget B in
+    _SpecVotes.BUDGETS spec_budget{B}_qk2_share / spec_budget{B}_eager_share; whatever the config's speculative_exp).
     """
     check_qkv(q, k, v, dtypes=MODEL_DTYPES, hdim_pairs=None)
     scale = _scale(softmax_scale, q.shape[-1])

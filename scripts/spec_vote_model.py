@@ -12,6 +12,8 @@ mask-free ones; the kernel runs the diagonal blocks eagerly):
   rescale   blocks where the eager step rescales some row group of the warpgroup (a redo is needed)
   sum vote  blocks the first vote alone would redo; kept: of those, the ones that rescale nothing (a wasted QK^T)
   2 votes   blocks redone with the second vote (what the kernel does)
+  bN        with AttnConfig.spec_redo_budget = N: the blocks redone (a second QK^T) / the blocks a warpgroup runs by
+            the eager step after its tile spent the budget (no vote, no second QK^T)
 
 Distributions: experiments.numerics.make_inputs' gaussian (q, k ~ N(0, 1): q.k * scale ~ N(0, 1)), late_max (a ramp
 that rises along the visit order, many small rescales) and fp16_overflow (16 outlier keys visited last), plus
@@ -65,8 +67,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     lines = [f"speculative_exp votes, FA4 algorithm model (scripts/spec_vote_model.py), seqlen {a.seqlen}, bf16; "
              "shares of the speculated (warpgroup, K/V block) pairs: later blocks, causal ones mask-free", "",
-             "| dist | causal | hdim | tau | blocks | rescale | sum vote | kept | 2 votes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| dist | causal | hdim | tau | blocks | rescale | sum vote | kept | 2 votes | b1 redo / eager | "
+             "b2 redo / eager | b4 redo / eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for dist in DISTS:
         for causal in (False, True):
             for hdim in a.hdims:
@@ -76,7 +79,9 @@ def main(argv=None) -> int:
                     need = st["spec_rescale_share"]
                     lines.append(f"| {dist} | {causal} | {hdim} | {tau:g} | {n} | {need:.3f} | "
                                  f"{st['spec_redo_share']:.3f} | {st['spec_kept_share']:.3f} | "
-                                 f"{st['spec_max_check_share']:.3f} |")
+                                 f"{st['spec_max_check_share']:.3f} | " + " | ".join(
+                                     f"{st[f'spec_budget{b}_qk2_share']:.3f} / {st[f'spec_budget{b}_eager_share']:.3f}"
+                                     for b in (1, 2, 4)) + " |")
                     print(lines[-1], flush=True)
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")

@@ -307,3 +307,31 @@ def test_spec_votes_only_where_the_kernel_can_speculate():
         assert "spec_blocks" not in _spec_stats(q, k, v, scale=None, **cfg)
     st = _spec_stats(q, k, v, causal=True, scale=None)
     assert st["spec_redos_kept"] <= st["spec_redos"] <= st["spec_blocks"]
+
+
+def _ramp_scores(n_blocks: int, step: float):
+    """q, k (fp32, 64 queries, hd64, softmax_scale ln 2: scores in log2 units = q.k) over n_blocks blocks of 128 keys,
+    block j (visited n_blocks - 1 first, 0 last) scoring (n_blocks - 1 - j) * step everywhere: every later block's
+    maximum is ``step`` above the kept one."""
+    q = torch.zeros(1, 64, 1, 64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 128 * n_blocks, 1, 64)
+    for j in range(n_blocks):
+        k[0, 128 * j:128 * (j + 1), 0, 0] = (n_blocks - 1 - j) * step
+    return q, k, torch.randn(1, 128 * n_blocks, 1, 64, generator=torch.Generator().manual_seed(0))
+
+
+def test_spec_redo_budget_modelled():
+    """A climb of 9 log2 units per block (past tau = 8): every one of the 5 later blocks takes a second QK^T
+    unbudgeted; a budget of B redoes the first B of them and runs the rest by the eager step (one warpgroup, one tile:
+    the counter never restarts)."""
+    st = _spec_stats(*_ramp_scores(6, 9.0))
+    assert st["spec_blocks"] == 5 and st["spec_max_check_share"] == 1.0
+    for b in (1, 2, 4):
+        assert st[f"spec_budget{b}_qk2_share"] == pytest.approx(b / 5)
+        assert st[f"spec_budget{b}_eager_share"] == pytest.approx((5 - b) / 5)
+    # 1 log2 unit a block (5 at most, under tau): from 3 units up a thread's 32 P sum past the limit (the sum vote,
+    # 3 of 5 blocks), no P itself does (the second vote keeps them): no second QK^T, so no budget is spent
+    st = _spec_stats(*_ramp_scores(6, 1.0))
+    assert st["spec_redo_share"] == pytest.approx(3 / 5) and st["spec_max_check_share"] == 0.0
+    assert all(st[f"spec_budget{b}_qk2_share"] == 0 and st[f"spec_budget{b}_eager_share"] == 0 for b in (1, 2, 4))
