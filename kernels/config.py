@@ -243,14 +243,14 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "q_in_regs": (None, False), "split_tail": (None, False),
                                 "persistent_greedy": (None, False), "lazy_row_max": (None, False),
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
-                                "spec_redo_budget": (None,)}
+                                "spec_redo_budget": (None,), "persistent_dynamic": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                  "speculative_exp")
+                  "speculative_exp", "persistent_dynamic")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -496,6 +496,14 @@ class AttnConfig:
     # GPU). Same tiles, same products: outputs bitwise the round robin's. persistent_snake yields to it. None = off;
     # left out of to_dict() while None or False. DEFAULTS' persistent_tile sets it for causal calls (session 49).
     persistent_greedy: bool | None = None
+    # sm90 forward, persistent (elsewhere no effect): tiles claimed at run time. Each CTA starts with tile c; its
+    # producer warp claims the next one from an atomic counter (zeroed per call) once the current tile's loads are
+    # issued and hands it to the consumer warpgroups through shared memory. The order is the static walk's numbering
+    # (causal: longest first), so a CTA that runs fast takes more tiles, and the last ones end closer together than
+    # in a static walk. The greedy walk, the snake and the split tail yield to it (kernels/interface.py drops them from
+    # the call's config). Same tiles, same products: outputs bitwise the static kernel's. Opt-in, not yet run on a
+    # GPU (session 54); left out of to_dict() while None or False.
+    persistent_dynamic: bool | None = None
     # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
     # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
     # quad's max shuffles (2 SHFL + 2 FMNMX per row) run only in the rescale arm, which after the first blocks almost no
@@ -640,7 +648,8 @@ class AttnConfig:
                               "of the overlapped main loop); sm100 rescales O in a correction warpgroup -- pass "
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
-                     "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget"):
+                     "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
+                     "persistent_dynamic"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -804,7 +813,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                   "speculative_exp", "spec_redo_budget")
+                   "speculative_exp", "spec_redo_budget", "persistent_dynamic")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -104,6 +104,16 @@ def split_tail_launch(cfg: AttnConfig, excluded: bool, sms: int, tiles: int, n_b
     return (cfg if cfg.persistent else dataclasses.replace(cfg, persistent=True)), sms
 
 
+@functools.lru_cache(maxsize=1024)
+def dynamic_config(cfg: AttnConfig) -> AttnConfig:
+    """A call's config with ``persistent_dynamic``: where the call runs persistent, without the static walks that yield
+    to it (persistent_greedy, persistent_snake, split_tail: their kernels and keys are not compiled); elsewhere without
+    it (the one-tile kernel and its key). Memoised."""
+    if cfg.persistent:
+        return dataclasses.replace(cfg, split_tail=None, persistent_greedy=None, persistent_snake=None)
+    return dataclasses.replace(cfg, persistent_dynamic=None)
+
+
 def resolve_config(config: AttnConfig | None, hdim: int, causal: bool) -> AttnConfig:
     if config is not None and not isinstance(config, AttnConfig):
         raise TypeError(f"config: expected kernels.AttnConfig or None, got {type(config).__name__}")
@@ -164,6 +174,8 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     check_cluster(cfg, causal, window_left, window_right)
     by_length = cfg.persistent is None  # the length decides; with split_tail, also whether the split pays
     cfg = forward_config(cfg, d, causal, s_q, group, window_left >= 0 or window_right >= 0)
+    if cfg.persistent_dynamic:
+        cfg = dynamic_config(cfg)
     dev = q.device
     index, current = dev.index, torch.cuda.current_device()
     grid = 0
@@ -199,6 +211,9 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
             o_acc = torch.empty((2 * grid, cfg.tile_m, d_v), dtype=torch.float32, device=dev)
             lse_acc = torch.empty((2 * grid, cfg.tile_m), dtype=torch.float32, device=dev)
             compiled(q, k, v, out, lse, o_acc, lse_acc, float(softmax_scale), hb_group, grid)
+        elif cfg.persistent_dynamic:  # tiles claimed at run time from a counter, zero at the launch
+            compiled(q, k, v, out, lse, torch.zeros(1, dtype=torch.int32, device=dev), float(softmax_scale), hb_group,
+                     grid)
         elif cfg.persistent_greedy:  # each CTA's tiles (kernels/sm90/greedy_walk.py), cached per shape and device
             walk = _greedy_walk_table(dev, walk_key)
             compiled(q, k, v, out, lse, walk, float(softmax_scale), hb_group, grid)

@@ -28,14 +28,14 @@
 # Part 14 (session 54, H200): the split tail as the hd256 / (192, 128) non-causal default. Part 15 (session 54, H100):
 #   the feature GPU test files with today's defaults. Part 16 (next): spec_redo_budget against the speculative default
 #   and the eager step on late_max / gaussian / sink inputs. Part 17 (next): per-CTA start / end times of the persistent
-#   forward (scripts/cta_timeline.py).
+#   forward (scripts/cta_timeline.py), static and dynamic. Part 18 (next): persistent_dynamic's GPU tests and A/Bs.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-17]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-18]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-17]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-18]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -245,12 +245,26 @@ case "$PART" in
     timeout "$c" python scripts/cta_timeline.py --out "$O/timeline.jsonl" "$@" >>"$O/timeline.log" 2>&1
     echo "cta_timeline $* rc=$?" >>"$O/timeline.log"
   }
-  tl 90 --hdim 128 --seqlen 4096 --batch 8 --force-split --plot "$O/tl_128_4k.png"
-  tl 90 --hdim 128 --seqlen 8192 --batch 4 --plot "$O/tl_128_8k.png"
-  tl 90 --hdim 256 --seqlen 8192 --batch 4 --plot "$O/tl_256_8k.png"
+  NC=(--cfg pers=persistent:true,split_tail:false split=persistent:true,split_tail:true
+      dyn=persistent:true,persistent_dynamic:true)
+  tl 100 --hdim 128 --seqlen 4096 --batch 8 --force-split "${NC[@]}" --plot "$O/tl_128_4k.png"
+  tl 100 --hdim 128 --seqlen 8192 --batch 4 "${NC[@]}" --plot "$O/tl_128_8k.png"
+  tl 100 --hdim 256 --seqlen 8192 --batch 4 "${NC[@]}" --plot "$O/tl_256_8k.png"
   tl 120 --hdim 128 --seqlen 16384 --batch 2 --causal --cfg rr=persistent:true,persistent_greedy:false \
-    greedy=persistent:true,persistent_greedy:true --plot "$O/tl_128c_16k.png"
+    greedy=persistent:true,persistent_greedy:true dyn=persistent:true,persistent_dynamic:true \
+    --plot "$O/tl_128c_16k.png"
   cat "$O/timeline.log"
+  ;;
+18)  # next (session 54): persistent_dynamic (tiles claimed at run time from an atomic counter; the greedy walk, the
+  # snake and the split tail yield to it): its GPU tests, then A/Bs against the default (the split tail non-causal, the
+  # greedy walk causal) where the default runs persistent
+  tests tests/test_fwd_persistent_dynamic_gpu.py 200
+  D=(--cfg dyn=persistent:true,persistent_dynamic:true)
+  ab 0 128 4096 10 60 --batch 8 "${D[@]}"
+  ab 0 128 16384 10 70 --batch 2 "${D[@]}"
+  ab 1 128 16384 10 70 --batch 2 "${D[@]}"
+  ab 1 64 4096 10 60 --batch 8 "${D[@]}"
+  ab 0 256 8192 8 70 --batch 4 "${D[@]}"
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
@@ -264,7 +278,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-17" >&2; exit 2 ;;
+*) echo "part must be 1-18" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

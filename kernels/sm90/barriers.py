@@ -24,3 +24,9 @@ assert max(Bar) + 1 <= 15, "Hopper has named barriers 0..15"
 # The forward's speculative_exp vote (barrier.red.or of consumer warpgroup 0, 1, 2): ids 5, 6, 7, which only the
 # backward kernels use (BWD_PDS, BWD_DQ_FULL): no forward kernel has any other barrier past FWD_SCHED_WG1's three.
 FWD_SPEC_WG1 = Bar.FWD_SCHED_WG1 + 3
+# persistent_dynamic's tile handoff (the producer warp claims the next tile, the consumer warpgroups read it from shared
+# memory): empty = every consumer warpgroup read the last one (the producer waits on it), full + w = the producer wrote
+# the next one (consumer warpgroup w waits on it; one barrier per warpgroup, so that neither waits for the other).
+# Ids 8 and 9-11, which only the backward uses; the forward's others end at FWD_SPEC_WG1's 5, 6, 7.
+FWD_TILE_EMPTY = 8
+FWD_TILE_FULL_WG1 = 9

@@ -56,7 +56,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         persistent_greedy=bool(cfg.persistent_greedy) and bool(cfg.persistent) and causal and not varlen,
         lazy_row_max=bool(cfg.lazy_row_max), row_sum_mma=bool(cfg.row_sum_mma),
         speculative_exp=bool(cfg.speculative_exp), spec_redo_budget=int(cfg.spec_redo_budget or 0),
-        trace_ctas=trace_ctas)
+        trace_ctas=trace_ctas, persistent_dynamic=bool(cfg.persistent_dynamic) and bool(cfg.persistent) and not varlen)
 
 
 def tvm_ffi_available() -> bool:
@@ -98,6 +98,10 @@ def compile_fwd(kernel: FlashFwdSm90, tvm_ffi: bool | None = None, dump_dir: str
         options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
     # trace_ctas: the persistent launchers' last argument, int64 (num_ctas, 4)
     trace = (fake(cutlass.Int64, (cute.sym_int(), 4), align=8, div=1),) if getattr(kernel, "trace_ctas", False) else ()
+    if getattr(kernel, "dynamic", False):  # the claim counter int32 (1,), then the grid
+        counter = fake(cutlass.Int32, (1,), align=4, div=1)
+        return cute.compile(kernel.call_persistent_dynamic, q, k, v, o, lse, counter, cutlass.Float32(1.0),
+                            cutlass.Int32(1), cutlass.Int32(1), stream, *trace, options=options)
     if kernel.split_tail:  # the tail pieces' workspace (2 * num_ctas slots of fp32 O and LSE), then the grid
         slots = cute.sym_int()
         oacc = fake(cutlass.Float32, (slots, kernel.tile_m, kernel.hdim_v))

@@ -109,7 +109,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..config import speculation_compiles
 from . import exp2 as exp2_mod
-from .barriers import FWD_SPEC_WG1, Bar
+from .barriers import FWD_SPEC_WG1, FWD_TILE_EMPTY, FWD_TILE_FULL_WG1, Bar
 from .gemm import wgmma
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
@@ -196,7 +196,7 @@ class FlashFwdSm90:
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
-                 spec_redo_budget: int = 0, trace_ctas: bool = False):
+                 spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -250,6 +250,12 @@ class FlashFwdSm90:
         # argument, mTrace int64 (num_ctas, 4) = [start ns, end ns of consumer warpgroup 0, of warpgroup 1, SM id]
         # (%globaltimer at kernel entry and after each warpgroup's last tile); off, the code is the plain kernel's
         self.trace_ctas = bool(trace_ctas)
+        # persistent: tiles claimed at run time (an atomic counter; the producer warp claims the next tile when it has
+        # issued the current one's loads and hands it to the consumers through shared memory), in the static walk's
+        # numbering (causal: longest first). The greedy walk, the snake and the split tail yield to it
+        self.dynamic = self.persistent and bool(persistent_dynamic)
+        if self.dynamic:
+            persistent_greedy = persistent_snake = split_tail = False
         # causal: each CTA walks its host-built list of tiles (kernels/sm90/greedy_walk.py); snake yields to it
         self.greedy = self.persistent and causal and bool(persistent_greedy)
         self.snake = self.persistent and causal and bool(persistent_snake) and not self.greedy  # odd rounds reversed
@@ -447,6 +453,8 @@ class FlashFwdSm90:
             fields["sO"] = cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
         if ones_elems:
             fields["sOnes"] = cute.struct.Align[cute.struct.MemRange[dt, ones_elems], 1024]
+        if self.dynamic:  # the next tile, from the producer warp to the consumers
+            fields["sTileNext"] = cute.struct.Align[cute.struct.MemRange[Int32, 1], 16]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def _ones_layout(self):
@@ -538,6 +546,16 @@ class FlashFwdSm90:
                                mTrace=mTrace)
 
     @cute.jit
+    def call_persistent_dynamic(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                                mLSE: cute.Tensor, mCounter: cute.Tensor, softmax_scale: Float32, hb_group: Int32,
+                                num_ctas: Int32, stream: cuda.CUstream, mTrace: cute.Tensor = None):
+        """``call_persistent`` with tiles claimed at run time (``persistent_dynamic=True``): mCounter int32 (1,), zero
+        at the launch (the caller zeroes it), counts the claims past each CTA's first tile."""
+        assert self.dynamic, "call_persistent_dynamic needs FlashFwdSm90(persistent=True, persistent_dynamic=True)"
+        self.launch_persistent(mQ, mK, mV, mO, mLSE, softmax_scale, hb_group, num_ctas, stream, mTrace=mTrace,
+                               mCounter=mCounter)
+
+    @cute.jit
     def call_persistent_split(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                               mLSE: cute.Tensor, mOacc: cute.Tensor, mLSEacc: cute.Tensor, softmax_scale: Float32,
                               hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream, mTrace: cute.Tensor = None):
@@ -559,9 +577,9 @@ class FlashFwdSm90:
     def launch_persistent(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                           softmax_scale: Float32, hb_group: Int32, num_ctas: Int32, stream: cuda.CUstream,
                           mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None,
-                          mTrace: cute.Tensor = None):
+                          mTrace: cute.Tensor = None, mCounter: cute.Tensor = None):
         """The persistent kernel's launch on grid (num_ctas,) (split_tail: with the pieces' workspace; greedy: with
-        the walk table; trace_ctas: with the trace); returns the kernel's views of Q, K, O (s, d, h, b) and LSE (s, h, b)."""
+        the walk table; trace_ctas: with the trace; dynamic: with the claim counter); returns the kernel's views of Q, K, O (s, d, h, b) and LSE (s, h, b)."""
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
@@ -571,7 +589,7 @@ class FlashFwdSm90:
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, hb_group, sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage, None, None, mOacc, mLSEacc, mWalk, mTrace,
+            SharedStorage, None, None, mOacc, mLSEacc, mWalk, mTrace, mCounter,
         ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
         return mQ, mK, mO, mLSE
 
@@ -605,7 +623,7 @@ class FlashFwdSm90:
                sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, mCuSeqlensQ: cute.Tensor = None, mCuSeqlensK: cute.Tensor = None,
                mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None,
-               mTrace: cute.Tensor = None):
+               mTrace: cute.Tensor = None, mCounter: cute.Tensor = None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if const_expr(self.trace_ctas):  # the CTA's start and SM (its consumer warpgroups add their ends)
@@ -633,7 +651,9 @@ class FlashFwdSm90:
         if const_expr(self.persistent):
             self.roles_persistent(mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                                   tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2, hb_group,
-                                  warp_idx, tidx, mOacc, mLSEacc, mWalk, mTrace)
+                                  warp_idx, tidx, mOacc, mLSEacc, mWalk, mTrace, mCounter,
+                                  storage.sTileNext.get_tensor(cute.make_layout(1)) if const_expr(self.dynamic)
+                                  else None)
         else:
             tile = self.cta_tile(mQ, mK, hb_group, mCuSeqlensQ, mCuSeqlensK)
             if const_expr(self.varlen):
@@ -780,7 +800,7 @@ class FlashFwdSm90:
     def roles_persistent(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sVt, sO, tma_atom_Q, tma_atom_K, tma_atom_V,
                          tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, scale_log2: Float32,
                          hb_group: Int32, warp_idx: Int32, tidx: Int32, mOacc=None, mLSEacc=None, mWalk=None,
-                         mTrace=None):
+                         mTrace=None, mCounter=None, sTileNext=None):
         """Persistent warp roles: the producer warp and the consumer warpgroups walk the same static round robin
         over the tiles (CTA c: tiles c, c + grid, ...), their pipeline states carried from tile to tile. split_tail:
         first the CTA's pieces of the last partial round's tiles (steps t < 0; kernels/sm90/fwd_tail.py), then the
@@ -809,13 +829,37 @@ class FlashFwdSm90:
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                for tile in cutlass.range(t_first, n_full, step, unroll=1):
-                    m_block, head, bidx, n_block_min, n_block_max, _, _, _ = self.step_tile(
-                        tile, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k,
-                        mWalk)
-                    state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
-                                               pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
-                                               state=state, q_state=q_state)
+                if const_expr(self.dynamic):
+                    # claim the next tile once this one's loads are issued, hand it over when the slot is free
+                    tile = bx
+                    lane = cute.arch.lane_idx()
+                    while tile < num_tiles:
+                        m_block, head, bidx, n_block_min, n_block_max, _, _, _ = self.step_tile(
+                            tile, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q,
+                            seqlen_k)
+                        state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
+                                                   pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
+                                                   state=state, q_state=q_state)
+                        nxt = Int32(0)
+                        if lane == 0:
+                            nxt = gx + cute.arch.atomic_add(mCounter.iterator, Int32(1))
+                        nxt = cute.arch.shuffle_sync(nxt, 0)
+                        cute.arch.barrier(barrier_id=FWD_TILE_EMPTY,
+                                          number_of_threads=32 + self.num_consumer_wg * self.threads_per_wg)
+                        if lane == 0:
+                            sTileNext[0] = nxt
+                        for w in cutlass.range_constexpr(self.num_consumer_wg):
+                            cute.arch.barrier_arrive(barrier_id=FWD_TILE_FULL_WG1 + w,
+                                                     number_of_threads=32 + self.threads_per_wg)
+                        tile = nxt
+                else:
+                    for tile in cutlass.range(t_first, n_full, step, unroll=1):
+                        m_block, head, bidx, n_block_min, n_block_max, _, _, _ = self.step_tile(
+                            tile, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q,
+                            seqlen_k, mWalk)
+                        state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
+                                                   pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
+                                                   state=state, q_state=q_state)
                 pipe_v.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -826,15 +870,36 @@ class FlashFwdSm90:
                     cute.arch.barrier_arrive(barrier_id=BAR_SCHED_WG1, number_of_threads=2 * self.threads_per_wg)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            for t in cutlass.range(t_first, n_full, step, unroll=1):
-                m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot = \
-                    self.step_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q,
-                                   seqlen_k, mWalk)
-                tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
-                            n_block_local_end)
-                state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                                              pipe_v, scale_log2, tile, ctidx, frags, state, q_state, mOacc, mLSEacc,
-                                              slot)
+            if const_expr(self.dynamic):
+                # each warpgroup reads the next tile from the producer warp; the slot starts free
+                cute.arch.barrier_arrive(barrier_id=FWD_TILE_EMPTY,
+                                         number_of_threads=32 + self.num_consumer_wg * self.threads_per_wg)
+                t = bx
+                while t < num_tiles:
+                    m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot = \
+                        self.step_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group,
+                                       seqlen_q, seqlen_k)
+                    tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
+                                n_block_local_end)
+                    state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
+                                                  pipe_k, pipe_v, scale_log2, tile, ctidx, frags, state, q_state)
+                    cute.arch.barrier(barrier_id=FWD_TILE_FULL_WG1 + frags.wg,
+                                      number_of_threads=32 + self.threads_per_wg)
+                    nxt = sTileNext[0]
+                    if nxt < num_tiles:  # (the producer waits for no read of the last claim)
+                        cute.arch.barrier_arrive(barrier_id=FWD_TILE_EMPTY,
+                                                 number_of_threads=32 + self.num_consumer_wg * self.threads_per_wg)
+                    t = nxt
+            else:
+                for t in cutlass.range(t_first, n_full, step, unroll=1):
+                    m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot = \
+                        self.step_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group,
+                                       seqlen_q, seqlen_k, mWalk)
+                    tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
+                                n_block_local_end)
+                    state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
+                                                  pipe_k, pipe_v, scale_log2, tile, ctidx, frags, state, q_state,
+                                                  mOacc, mLSEacc, slot)
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
