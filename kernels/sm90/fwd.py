@@ -579,7 +579,8 @@ class FlashFwdSm90:
                           mOacc: cute.Tensor = None, mLSEacc: cute.Tensor = None, mWalk: cute.Tensor = None,
                           mTrace: cute.Tensor = None, mCounter: cute.Tensor = None):
         """The persistent kernel's launch on grid (num_ctas,) (split_tail: with the pieces' workspace; greedy: with
-        the walk table; trace_ctas: with the trace; dynamic: with the claim counter); returns the kernel's views of Q, K, O (s, d, h, b) and LSE (s, h, b)."""
+        the walk table; trace_ctas: with the trace; dynamic: with the claim counter); returns the kernel's views of
+        Q, K, O (s, d, h, b) and LSE (s, h, b)."""
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
