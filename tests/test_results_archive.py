@@ -19,7 +19,9 @@ from experiments.results import ResultStore, archive, archive_path, read_rows
 from experiments.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-TREE_LIMIT = 7 * 2**20  # each GPU run ships the tree plus a 56 MiB bundle under a 64 MiB cap
+# each GPU run ships the tree plus the offline bundle (../shared/gpu: 55.2 MiB, measured 2026-12-05) under a 64 MiB
+# cap; the brief's bound is 8 MiB, this keeps 1.3 MiB of it for untracked files that travel too
+TREE_LIMIT = 7.5 * 2**20
 
 
 def cpu_sweep(tmp_path, *overrides: str) -> dict:
@@ -258,7 +260,7 @@ def test_committed_archives_read_back():
 
 
 def test_tracked_tree_fits_the_gpu_transfer():
-    """The tree ships with every GPU run next to a 56 MiB bundle under a 64 MiB cap: keep it under 7 MiB."""
+    """The tree ships with every GPU run next to the 55 MiB bundle under a 64 MiB cap: keep it under TREE_LIMIT."""
     files = _tracked()
     total = sum(p.stat().st_size for p in files)
     big = sorted(files, key=lambda p: -p.stat().st_size)[:5]
