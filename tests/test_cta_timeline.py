@@ -69,3 +69,11 @@ def test_traced_kernel_reads_the_global_timer_and_the_plain_one_does_not(causal,
     traced = kernel_sass(make_fwd_kernel(cfg, "bfloat16", 128, 128, causal, trace_ctas=True), str(tmp_path / "tr"))
     assert "SR_GLOBALTIMER" not in plain and "SR_GLOBALTIMER" in traced
     assert "SR_VIRTUALSMID" in traced
+
+
+def test_plot_of_synthetic_rows(tmp_path):
+    rows = [dict(variant=name, hdim=128, seqlen=4096, batch=8, causal=False,
+                 end_offsets_us=[100.0 + i * step for i in range(8)]) for name, step in (("pers", 5.0), ("dyn", 0.5))]
+    out = tmp_path / "tl.png"
+    cta_timeline.plot(rows, str(out))
+    assert out.stat().st_size > 1000
