@@ -541,7 +541,7 @@ class AttnConfig:
     # sm90 forward with speculative_exp (elsewhere no effect; resolve drops it where the call does not speculate): the
     # second QK^Ts (redos) a consumer warpgroup may take in one Q tile before it runs the eager step for the rest of
     # that tile. On inputs whose row maxima keep climbing along the visit order most blocks redo (the late_max ramp:
-    # the speculative default 0.855-0.862x the eager step on an H100, session 54); a budget bounds that cost at a few
+    # the speculative default 0.845-0.862x the eager step on an H100, session 54); a budget bounds that cost at a few
     # QK^Ts per tile. An attention sink (key 0, visited last) costs one redo per tile. The count is warpgroup-uniform
     # (the votes are); the kernel tests it with a warp vote so the loop stays uniform. None = no budget (speculate on
     # every mask-free block, the behaviour before). Opt-in, not timed; left out of to_dict() while None.

@@ -220,7 +220,7 @@ case "$PART" in
   tests tests/test_fwd_gpu.py 250
   ;;
 16)  # next (session 54): AttnConfig.spec_redo_budget (a Q tile's warpgroup stops speculating after that many second
-  # QK^Ts). Part 13 (H100) read the speculative default at 0.855-0.862x the eager step on the late_max ramp; the budget
+  # QK^Ts). Part 13 (H100) read the speculative default at 0.845-0.862x the eager step on the late_max ramp; the budget
   # should bring that back near the eager step while costing nothing on gaussian inputs (no vote fires there). Its GPU
   # tests first, then the default (unbudgeted) against b1 / b2 and the eager step on late_max, gaussian and sink
   tests tests/test_fwd_speculative_exp_gpu.py 150 -k budget

@@ -1,7 +1,7 @@
 """AttnConfig.spec_redo_budget (sm90 forward with speculative_exp, opt-in): the second QK^Ts a consumer warpgroup may
 take in one Q tile before the tile's remaining blocks run the eager step (kernels/sm90/fwd.py overlap_block, the
 TileRegs.spec_left counter tested by a warp vote). It bounds speculation's cost on inputs whose row maxima keep
-climbing along the visit order (late_max: the unbudgeted default 0.855-0.862x the eager step on an H100, session 54).
+climbing along the visit order (late_max: the unbudgeted default 0.845-0.862x the eager step on an H100, session 54).
 
 CPU tests: the field (validation, dict / hash, forward-only, refused on sm100, dropped where nothing speculates) and
 the machine code: the budgeted loop keeps the votes and the rare arm's QK^T, adds the eager arm (more exponentials),
