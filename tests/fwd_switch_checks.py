@@ -22,9 +22,10 @@ def check_forward_field(name: str) -> None:
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
-def loop_ops(cfg, hdim: int, causal: bool, workdir: str) -> list[str]:
+def loop_ops(cfg, hdim: int, causal: bool, workdir: str, all_loops: bool = False) -> list:
     """The opcodes of the mask-free K/V loop (causal: the last) of the sm90 forward compiled from the resolved ``cfg``
-    (bf16; hdim 192 with hdim_v 128), after checking the kernel has no local memory."""
+    (bf16; hdim 192 with hdim_v 128), after checking the kernel has no local memory; ``all_loops``: a list of every
+    steady-state loop's opcodes instead."""
     from kernels.sm90.compile import make_fwd_kernel
     from kernels.sm90.sass import count, opcode_counts, steady_state_loops
     from sass_cache import kernel_sass
@@ -32,4 +33,5 @@ def loop_ops(cfg, hdim: int, causal: bool, workdir: str) -> list[str]:
     sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal), workdir)
     c = opcode_counts(sass)
     assert count(c, "LDL") == 0 and count(c, "STL") == 0
-    return [o for o, _ in steady_state_loops(sass)[-1]]
+    loops = [[o for o, _ in body] for body in steady_state_loops(sass)]
+    return loops if all_loops else loops[-1]

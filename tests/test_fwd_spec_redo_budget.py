@@ -18,6 +18,7 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
+from fwd_switch_checks import loop_ops  # noqa: E402
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
 from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 
@@ -65,14 +66,7 @@ def test_kernel_takes_it_only_with_speculation():
 
 
 def _loops(cfg, hdim, causal, workdir):
-    from kernels.sm90.compile import make_fwd_kernel
-    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
-    from sass_cache import kernel_sass
-
-    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal), workdir)
-    c = opcode_counts(sass)
-    assert count(c, "LDL") == 0 and count(c, "STL") == 0
-    return [[o for o, _ in body] for body in steady_state_loops(sass)]
+    return loop_ops(cfg, hdim, causal, workdir, all_loops=True)
 
 
 @pytest.mark.compile
