@@ -155,8 +155,19 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         split_tail=(True, False),
                         # causal: persistent at every length on the greedy walk with exp_in_branch (spill-free with
                         # causal_split there). Session 49, speed vs the default of then (the round robin at 1k, one
-                        # tile from 2k): 1.014 / 1.108 / 1.043 / 1.028 / 1.020 / 1.008 at 1k / 2k / 4k / 8k / 16k / 32k
-                        persistent_tile=(None, dict(persistent_greedy=True, exp_in_branch=True, causal_split=True))),
+                        # tile from 2k): 1.014 / 1.108 / 1.043 / 1.028 / 1.020 / 1.008 at 1k / 2k / 4k / 8k / 16k / 32k.
+                        # From 2k the tiles are claimed at run time instead (AttnConfig.persistent_dynamic, without
+                        # exp_in_branch / causal_split: the kernel AttnConfig(persistent=True, persistent_dynamic=True)
+                        # runs; outputs bitwise the greedy walk's). H200 session 55 (session_ab/archive_2026-12-05d,
+                        # fwd_dynamic.jsonl, sched_part18_dynamic.jsonl), 32k tokens, 8-12 rounds, speed vs the greedy
+                        # walk: 1.010 / 1.018 / 1.023 / 1.018 / 1.012 at 2k / 4k / 8k / 16k / 32k (hd64 1.001-1.005,
+                        # (192, 128) 1.008 and hd256 1.000 at 16k: not defaults there; non-causal 0.981-1.009 against
+                        # the split tail: off)
+                        persistent_tile=(None, ((1024, dict(persistent_greedy=True, exp_in_branch=True,
+                                                            causal_split=True)),
+                                                (32768, dict(persistent_dynamic=True, static=dict(
+                                                    persistent_greedy=True, exp_in_branch=True,
+                                                    causal_split=True)))))),
     # hd192 (only (192, 128) is supported): tile_n 128 (was 112, FA's choice for head_dim_v 192). H200 2026-11-30, same
     # process, 10 rounds (results/h200/session_ab/fwd192_tn128.jsonl): 128 / 112 speed 1.057 / 1.058 at 8k
     # (non-causal / causal), 1.071 / 1.084 at 16k; 0 spills in the SASS.
@@ -1007,7 +1018,7 @@ PERSISTENT_TILE_FIELDS = ("tile_m", "consumer_regs", "producer_regs")
 
 
 def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int = 1,
-                        windowed: bool = False) -> "AttnConfig":
+                        windowed: bool = False, softcapped: bool = False) -> "AttnConfig":
     """A resolved config made persistent by the sequence length (``cfg.persistent`` None): DEFAULTS' persistent_tile
     for (arch, hdim, causal) and ``seqlen_q`` in place of the resolved fields it names, when ``cfg`` holds the table's
     tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
@@ -1015,7 +1026,11 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     entry names it). An entry's fields other than the tile's fill only fields the config left None; its exp_in_branch
     only where causal_split is on too and the call has no window (``windowed``): the persistent hd128 causal kernel
     spills with it otherwise (CPU SASS: 117 LDL with causal_split off, 100 with a left window); its persistent_greedy
-    not over an explicit persistent_snake=True."""
+    not over an explicit persistent_snake=True, its persistent_dynamic not over an explicit persistent_snake or
+    persistent_greedy=True. An entry with ``static`` (fields) claims tiles at run time (persistent_dynamic) unless the
+    config turned that off or asked for a static walk (persistent_greedy / persistent_snake=True): then ``static``'s
+    fields are the entry; so they are where the call has a softcap (``softcapped``: the claiming hd128 causal kernel
+    spills 3 registers with one, CPU SASS; without, and with a window, none)."""
     arch = normalize_arch(arch)
     if cfg.persistent is not None:
         return cfg
@@ -1029,6 +1044,9 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
         tile = next((t for bound, t in tile if int(seqlen_q) <= bound), None)
     if not tile:
         return cfg
+    if "static" in tile:  # a run-time claim's entry: its "static" fields where the caller chose a static walk
+        static = cfg.persistent_dynamic is False or cfg.persistent_greedy or cfg.persistent_snake or softcapped
+        tile = tile["static"] if static else {k: v for k, v in tile.items() if k != "static"}
     table = table_defaults(arch, hdim, causal)
     if any(getattr(cfg, k) != table[k] for k in PERSISTENT_TILE_FIELDS):
         return cfg
@@ -1039,17 +1057,19 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
         del fill["exp_in_branch"]
     if cfg.persistent_snake:
         fill.pop("persistent_greedy", None)
+    if cfg.persistent_snake or cfg.persistent_greedy:  # a static walk the caller asked for is not claimed over
+        fill.pop("persistent_dynamic", None)
     return dataclasses.replace(cfg, **fill)
 
 
 def call_config(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q: int, group: int = 1,
-                windowed: bool = False) -> "AttnConfig":
+                windowed: bool = False, softcapped: bool = False) -> "AttnConfig":
     """The resolved config ``cfg`` as the forward runs it for one call: ``persistent`` forced by cfg, or by seqlen_q
     when None (persistent_by_default, with DEFAULTS' persistent_tile: persistent_tile_for), normalised to True / None
     so that a non-persistent call's compile cache key (and kernel) is the one from before the field existed.
     ``pack_gqa`` likewise (pack_gqa_by_default): True for the packed kernel (never persistent: AttnConfig refuses
-    persistent=True with it), else None (the plain kernel, its key). ``windowed``: the call has a sliding window
-    (persistent_tile_for). kernels/interface.py forward_config memoises it; kernels/tiles.py call_hash names it in
+    persistent=True with it), else None (the plain kernel, its key). ``windowed`` / ``softcapped``: the call has a sliding
+    window / a softcap (persistent_tile_for; result rows have no softcap). kernels/interface.py forward_config memoises it; kernels/tiles.py call_hash names it in
     result rows."""
     if pack_gqa_by_default(cfg, hdim, seqlen_q, group):
         return dataclasses.replace(cfg, pack_gqa=True, persistent=None)
@@ -1057,7 +1077,7 @@ def call_config(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q:
         cfg = dataclasses.replace(cfg, pack_gqa=None)
     want = True if persistent_by_default(cfg, arch, hdim, causal, seqlen_q) else None
     if want and cfg.persistent is None:  # persistent by the sequence length: DEFAULTS' persistent_tile, if any
-        cfg = persistent_tile_for(cfg, arch, hdim, causal, seqlen_q, windowed)
+        cfg = persistent_tile_for(cfg, arch, hdim, causal, seqlen_q, windowed, softcapped)
     return cfg if cfg.persistent is want else dataclasses.replace(cfg, persistent=want)
 
 

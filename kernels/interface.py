@@ -62,12 +62,12 @@ def persistent_grid(sms: int, s_q: int, tile_m: int, heads: int, batch: int) -> 
 
 @functools.lru_cache(maxsize=1024)
 def forward_config(cfg: AttnConfig, hdim: int, causal: bool, seqlen_q: int, group: int = 1,
-                   windowed: bool = False) -> AttnConfig:
-    """The config the forward compiles for this call (kernels.config.call_config on this arch; ``windowed``: the call
-    has a sliding window). Memoised (a resolved
+                   windowed: bool = False, softcapped: bool = False) -> AttnConfig:
+    """The config the forward compiles for this call (kernels.config.call_config on this arch; ``windowed`` /
+    ``softcapped``: the call has a sliding window / a softcap). Memoised (a resolved
     config is hashable; uncached, a call that changes the config costs ~30-70 us of host time in dataclasses.replace):
     code that edits DEFAULTS / TUNED at run time calls ``cache_clear()``."""
-    return call_config(cfg, ARCH, hdim, causal, seqlen_q, group, windowed)
+    return call_config(cfg, ARCH, hdim, causal, seqlen_q, group, windowed, softcapped)
 
 
 # K/V blocks (per CTA) that cutting the partial round must save to pay for the pieces and their merge: the H200 A/Bs
@@ -173,7 +173,7 @@ def attention_forward(q, k, v, causal: bool, softmax_scale: float, cfg: AttnConf
     group = check_gqa_heads(h, k.shape[2], v.shape[2])
     check_cluster(cfg, causal, window_left, window_right)
     by_length = cfg.persistent is None  # the length decides; with split_tail, also whether the split pays
-    cfg = forward_config(cfg, d, causal, s_q, group, window_left >= 0 or window_right >= 0)
+    cfg = forward_config(cfg, d, causal, s_q, group, window_left >= 0 or window_right >= 0, softcap != 0.0)
     if cfg.persistent_dynamic:
         cfg = dynamic_config(cfg)
     dev = q.device

@@ -40,7 +40,7 @@ def is_stale(row: dict) -> bool:
     without one -- peers, failures before compiling, rows older than the field -- are never stale), or a forward
     ``call_hash`` (rows from session 49 on) that today's per-call rules for its shape do not (kernels/tiles.py
     call_compiled_config). A forward row older than call_hash is stale where today's call runs the greedy walk (a
-    default only since session 49, when call_hash came)."""
+    default only since session 49, when call_hash came) or claims its tiles at run time (since session 55)."""
     import json
 
     recorded = row.get("compiled_hash")
@@ -71,15 +71,15 @@ def is_stale(row: dict) -> bool:
     if isinstance(call, str) and call:
         return now[0] != call
     # an older row ran before the greedy walk was any call's default (session 49, with call_hash): stale where
-    # today's call takes it
+    # today's call takes it (or the run-time claims that replaced it at hd128 causal)
     return now[1]
 
 
 @functools.lru_cache(maxsize=None)
 def _call_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: int, group: int,
               windowed: bool) -> tuple[str, bool] | None:
-    """(call hash, whether the call runs the greedy walk) of today's per-call forward config; None if it no longer
-    resolves."""
+    """(call hash, whether the call runs the greedy walk or claims its tiles at run time) of today's per-call forward
+    config; None if it no longer resolves."""
     import json
 
     from kernels.config import AttnConfig, ConfigError
@@ -89,7 +89,7 @@ def _call_now(config_json: str, arch: str, hdim: int, causal: bool, seqlen_q: in
         d = call_compiled_config(AttnConfig(**json.loads(config_json)), arch, hdim, causal, seqlen_q, group, windowed)
     except (ConfigError, TypeError, ValueError):
         return None
-    return compiled_hash(d), bool(d.get("persistent_greedy"))
+    return compiled_hash(d), bool(d.get("persistent_greedy") or d.get("persistent_dynamic"))
 
 
 def stale_job_keys(rows) -> set[str]:

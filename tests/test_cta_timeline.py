@@ -55,16 +55,16 @@ def test_trace_needs_a_persistent_kernel():
 
 @pytest.mark.compile
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
-@pytest.mark.parametrize("causal", [False, True], ids=["split_tail", "greedy"])
+@pytest.mark.parametrize("causal", [False, True], ids=["split_tail", "dynamic"])
 def test_traced_kernel_reads_the_global_timer_and_the_plain_one_does_not(causal, tmp_path):
-    """The default 16k call (hd128: persistent with the split tail non-causal, the greedy walk causal), compiled with
+    """The default 16k call (hd128: persistent with the split tail non-causal, tiles claimed at run time causal), compiled with
     and without the trace: only the traced one reads %globaltimer (and the SM id)."""
     from kernels.config import AttnConfig, call_config
     from kernels.sm90.compile import make_fwd_kernel
     from sass_cache import kernel_sass
 
     cfg = call_config(AttnConfig().resolve("sm90", 128, causal), "sm90", 128, causal, 16384)
-    assert cfg.persistent and (cfg.persistent_greedy if causal else cfg.split_tail)
+    assert cfg.persistent and (cfg.persistent_dynamic if causal else cfg.split_tail)
     plain = kernel_sass(make_fwd_kernel(cfg, "bfloat16", 128, 128, causal), str(tmp_path / "plain"))
     traced = kernel_sass(make_fwd_kernel(cfg, "bfloat16", 128, 128, causal, trace_ctas=True), str(tmp_path / "tr"))
     assert "SR_GLOBALTIMER" not in plain and "SR_GLOBALTIMER" in traced

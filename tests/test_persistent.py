@@ -70,9 +70,10 @@ def test_forward_config_normalises_the_cache_key():
 def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides():
     """DEFAULTS' persistent_tile runs where the sequence length makes a call persistent and the config holds the
     table's tile_m / register split: sm90 hd64 causal <= 1k 128-row tiles at 240 / 24 registers, 1025-16k the table's
-    tiles, both on the greedy walk (persistent_greedy); hd128 causal the greedy walk with exp_in_branch and
+    tiles, both on the greedy walk (persistent_greedy); hd128 causal <= 1k the greedy walk with exp_in_branch and
     causal_split (exp_in_branch alone spills in the persistent kernel: resolve() leaves it out for persistent=True,
-    and so does a config made persistent with another tile); hd192 / 256 causal the greedy walk. persistent=True,
+    and so does a config made persistent with another tile), from 1025 tiles claimed at run time (persistent_dynamic;
+    the greedy walk where the config turns that off); hd192 / 256 causal the greedy walk. persistent=True,
     another tile or a non-causal call keep their own."""
     from kernels.config import persistent_tile_for
     from kernels.interface import forward_config
@@ -95,10 +96,22 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     assert forward_config(nc, 64, False, 1024).tile_m == 192  # non-causal: no persistent_tile
     c128 = AttnConfig().resolve("sm90", 128, True)
     assert c128.exp_in_branch
-    for s_q in (1024, 4096, 32768):
-        p128 = forward_config(c128, 128, True, s_q)
-        assert p128.persistent and p128.persistent_greedy and p128.exp_in_branch and p128.causal_split
-        assert p128.tile_m == 128
+    p128 = forward_config(c128, 128, True, 1024)
+    assert p128.persistent and p128.persistent_greedy and p128.exp_in_branch and p128.causal_split
+    assert p128.tile_m == 128
+    for s_q in (1025, 4096, 32768):  # from 1025: tiles claimed at run time, the kernel persistent=True resolves to
+        dyn = forward_config(c128, 128, True, s_q)
+        assert dyn.persistent and dyn.persistent_dynamic and not dyn.persistent_greedy and dyn.tile_m == 128
+        assert dyn.exp_in_branch is None and dyn.causal_split is None
+        assert dyn == forward_config(AttnConfig(persistent=True, persistent_dynamic=True).resolve("sm90", 128, True),
+                                     128, True, s_q)
+        # dynamic turned off, or a static walk asked for: the entry's static fields (the greedy walk before it)
+        for kw in (dict(persistent_dynamic=False), dict(persistent_greedy=True)):
+            st = forward_config(AttnConfig(**kw).resolve("sm90", 128, True), 128, True, s_q)
+            assert st.persistent and st.persistent_greedy and st.exp_in_branch and st.causal_split, kw
+            assert not st.persistent_dynamic, kw
+        snake128 = forward_config(AttnConfig(persistent_snake=True).resolve("sm90", 128, True), 128, True, s_q)
+        assert snake128.persistent_snake and not snake128.persistent_greedy and not snake128.persistent_dynamic
     rr128 = forward_config(AttnConfig(persistent=True).resolve("sm90", 128, True), 128, True, 1024)
     assert rr128.exp_in_branch is None and not rr128.persistent_greedy  # forced: the resolved config, no exp_in_branch
     assert forward_config(c128, 128, True, 32769) == c128
@@ -107,13 +120,18 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     kept = forward_config(AttnConfig(exp_in_branch=False).resolve("sm90", 128, True), 128, True, 1024)
     assert kept.persistent and kept.exp_in_branch is False  # a value the config chose stays
     assert kept.persistent_greedy  # the entry's other fields still fill what the config left None
-    off = forward_config(AttnConfig(persistent_greedy=False).resolve("sm90", 128, True), 128, True, 4096)
+    off = forward_config(AttnConfig(persistent_greedy=False).resolve("sm90", 128, True), 128, True, 1024)
     assert off.persistent and off.persistent_greedy is False  # the greedy walk turned off: the round robin
+    both_off = dict(persistent_greedy=False, persistent_dynamic=False)
+    off = forward_config(AttnConfig(**both_off).resolve("sm90", 128, True), 128, True, 4096)
+    assert off.persistent and off.persistent_greedy is False and off.persistent_dynamic is False  # the round robin
     # the entry's exp_in_branch only with its causal_split and without a window (the persistent kernel spills else)
-    cs_off = forward_config(AttnConfig(causal_split=False).resolve("sm90", 128, True), 128, True, 4096)
+    cs_off = forward_config(AttnConfig(causal_split=False).resolve("sm90", 128, True), 128, True, 1024)
     assert cs_off.persistent_greedy and not cs_off.exp_in_branch and cs_off.causal_split is False
-    windowed = forward_config(c128, 128, True, 4096, 1, True)
+    windowed = forward_config(c128, 128, True, 1024, 1, True)
     assert windowed.persistent_greedy and not windowed.exp_in_branch
+    windowed = forward_config(c128, 128, True, 4096, 1, True)
+    assert windowed.persistent_dynamic and not windowed.exp_in_branch
     # an explicit snake order stays (the kernel's snake would yield to a filled-in greedy walk)
     snake = forward_config(AttnConfig(persistent_snake=True).resolve("sm90", 64, True), 64, True, 2048)
     assert snake.persistent_snake and not snake.persistent_greedy
@@ -128,7 +146,8 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     for hdim in (64, 128, 192, 256):  # every persistent_tile entry names fields of AttnConfig
         rules = DEFAULTS[("sm90", hdim)]["persistent_tile"][1]
         rules = rules if isinstance(rules, tuple) else ((1 << 30, rules),)
-        assert all(hasattr(AttnConfig(), k) for _, fields in rules for k in fields)
+        rules += tuple((bound, fields["static"]) for bound, fields in rules if "static" in fields)
+        assert all(hasattr(AttnConfig(), k) for _, fields in rules for k in fields if k != "static")
 
 
 def test_persistent_snake_field_stays_out_of_dicts_while_off():

@@ -38,16 +38,17 @@ def test_a_row_is_stale_only_when_todays_resolution_compiles_something_else():
 
 def test_a_forward_row_is_stale_when_the_per_call_rules_changed():
     """call_hash (forward rows from session 49 on): the config as the call of the row's shape runs it (persistent by
-    the length, DEFAULTS' persistent_tile). A row whose call ran the round robin where today's rule runs the greedy
-    walk is stale though its compiled_hash (the resolved config) still matches; the same row with today's call_hash,
-    or without one (older rows), is not."""
+    the length, DEFAULTS' persistent_tile). A row whose call ran the greedy walk where today's rule claims tiles
+    at run time is stale though its compiled_hash (the resolved config) still matches; the same row with today's
+    call_hash is not; one without call_hash (older rows) is stale where today's call runs either."""
     from kernels.staleness import is_stale
     from kernels.tiles import call_compiled_config
 
     shape = dict(seqlen_q=2048, heads=16, causal=True)
     now = compiled_hash(call_compiled_config(AttnConfig(), "sm90", 128, True, 2048))
-    before = compiled_hash(call_compiled_config(AttnConfig(persistent_greedy=False), "sm90", 128, True, 2048))
-    assert now != before and "persistent_greedy" in call_compiled_config(AttnConfig(), "sm90", 128, True, 2048)
+    before = compiled_hash(call_compiled_config(AttnConfig(persistent_dynamic=False), "sm90", 128, True, 2048))
+    assert now != before and "persistent_dynamic" in call_compiled_config(AttnConfig(), "sm90", 128, True, 2048)
+    assert "persistent_greedy" in call_compiled_config(AttnConfig(persistent_dynamic=False), "sm90", 128, True, 2048)
     row = _row(**shape)
     assert not is_stale(dict(row, call_hash=now)) and is_stale(dict(row, call_hash=before))
     # without call_hash (rows before session 49): stale where today's call takes the greedy walk, not elsewhere
