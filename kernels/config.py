@@ -512,8 +512,9 @@ class AttnConfig:
     # issued and hands it to the consumer warpgroups through shared memory. The order is the static walk's numbering
     # (causal: longest first), so a CTA that runs fast takes more tiles, and the last ones end closer together than
     # in a static walk. The greedy walk, the snake and the split tail yield to it (kernels/interface.py drops them from
-    # the call's config). Same tiles, same products: outputs bitwise the static kernel's. Opt-in, not yet run on a
-    # GPU (session 54); left out of to_dict() while None or False.
+    # the call's config). Same tiles, same products: outputs bitwise the static kernel's. None = off, except where
+    # DEFAULTS' persistent_tile sets it (hd128 causal 1025-32k without a softcap, session 55: 1.010-1.023x the greedy
+    # walk on the H200); False keeps that entry's static walk. Left out of to_dict() while None or False.
     persistent_dynamic: bool | None = None
     # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
     # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
