@@ -26,16 +26,17 @@
 # Part 13 (next, session 52): speculative_exp (the default since) against it off on inputs whose rows rescale late
 #   (fwd_ab --inputs sink / late_max), where its votes fire and each redo costs one more QK^T.
 # Part 14 (session 54, H200): the split tail as the hd256 / (192, 128) non-causal default. Part 15 (session 54, H100):
-#   the feature GPU test files with today's defaults. Part 16 (next): spec_redo_budget against the speculative default
-#   and the eager step on late_max / gaussian / sink inputs. Part 17 (next): per-CTA start / end times of the persistent
-#   forward (scripts/cta_timeline.py), static and dynamic. Part 18 (next): persistent_dynamic's GPU tests and A/Bs.
+#   the feature GPU test files with today's defaults. Part 16 (session 55, H200): spec_redo_budget against the speculative
+#   default and the eager step on late_max / gaussian / sink inputs. Part 17 (session 55): per-CTA start / end times of
+#   the persistent forward (scripts/cta_timeline.py), static and dynamic. Part 18 (session 55): persistent_dynamic's GPU
+#   tests and A/Bs. Part 19 (next): the GPU tests and A/B of the hd128 causal dynamic default (session 55).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-18]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-19]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-18]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-19]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -266,6 +267,22 @@ case "$PART" in
   ab 1 64 4096 10 60 --batch 8 "${D[@]}"
   ab 0 256 8192 8 70 --batch 4 "${D[@]}"
   ;;
+19)  # next (session 55): hd128 causal 1025-32k claims its tiles at run time by default (the entry's static fields, the
+  # greedy walk, where persistent_dynamic=False / a softcap): the GPU test files that have not run with it, then the
+  # default against the greedy walk (`greedy`) with the peers, and dyn at (192, 128) / hd256 causal below 16k
+  tests tests/test_gqa_gpu.py 90 -k "not bwd and not backward"
+  tests tests/test_window_softcap_gpu.py 110 -k "not bwd and not backward"
+  tests tests/test_persistent_gpu.py 90
+  tests tests/test_fwd_gpu.py 120 -k "default or public or autograd"
+  G=(--cfg greedy=persistent_dynamic:false)
+  ab 1 128 2048 10 45 --batch 16 "${G[@]}"
+  ab 1 128 4096 10 45 --batch 8 "${G[@]}"
+  ab 1 128 16384 10 60 --batch 2 "${G[@]}"
+  D=(--cfg dyn=persistent:true,persistent_dynamic:true)
+  ab 1 192 4096 10 45 --batch 8 "${D[@]}"
+  ab 1 256 4096 10 45 --batch 8 "${D[@]}"
+  ab 1 256 8192 10 50 --batch 4 "${D[@]}"
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -278,7 +295,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-18" >&2; exit 2 ;;
+*) echo "part must be 1-19" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0
