@@ -1027,11 +1027,10 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     entry names it). An entry's fields other than the tile's fill only fields the config left None; its exp_in_branch
     only where causal_split is on too and the call has no window (``windowed``): the persistent hd128 causal kernel
     spills with it otherwise (CPU SASS: 117 LDL with causal_split off, 100 with a left window); its persistent_greedy
-    not over an explicit persistent_snake=True, its persistent_dynamic not over an explicit persistent_snake or
-    persistent_greedy=True. An entry with ``static`` (fields) claims tiles at run time (persistent_dynamic) unless the
-    config turned that off or asked for a static walk (persistent_greedy / persistent_snake=True): then ``static``'s
-    fields are the entry; so they are where the call has a softcap (``softcapped``: the claiming hd128 causal kernel
-    spills 3 registers with one, CPU SASS; without, and with a window, none)."""
+    not over an explicit persistent_snake=True. An entry with ``static`` (fields) claims tiles at run time
+    (persistent_dynamic) unless the config turned that off or asked for a static walk (persistent_greedy /
+    persistent_snake=True), or the call has a softcap (``softcapped``: the claiming hd128 causal kernel spills 3
+    registers with one, CPU SASS; none without, with a window or not): then ``static``'s fields are the entry."""
     arch = normalize_arch(arch)
     if cfg.persistent is not None:
         return cfg
@@ -1058,8 +1057,6 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
         del fill["exp_in_branch"]
     if cfg.persistent_snake:
         fill.pop("persistent_greedy", None)
-    if cfg.persistent_snake or cfg.persistent_greedy:  # a static walk the caller asked for is not claimed over
-        fill.pop("persistent_dynamic", None)
     return dataclasses.replace(cfg, **fill)
 
 
@@ -1069,9 +1066,9 @@ def call_config(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, seqlen_q:
     when None (persistent_by_default, with DEFAULTS' persistent_tile: persistent_tile_for), normalised to True / None
     so that a non-persistent call's compile cache key (and kernel) is the one from before the field existed.
     ``pack_gqa`` likewise (pack_gqa_by_default): True for the packed kernel (never persistent: AttnConfig refuses
-    persistent=True with it), else None (the plain kernel, its key). ``windowed`` / ``softcapped``: the call has a sliding
-    window / a softcap (persistent_tile_for; result rows have no softcap). kernels/interface.py forward_config memoises it; kernels/tiles.py call_hash names it in
-    result rows."""
+    persistent=True with it), else None (the plain kernel, its key). ``windowed`` / ``softcapped``: the call has a
+    sliding window / a softcap (persistent_tile_for; result rows have no softcap). kernels/interface.py forward_config
+    memoises it; kernels/tiles.py call_hash names it in result rows."""
     if pack_gqa_by_default(cfg, hdim, seqlen_q, group):
         return dataclasses.replace(cfg, pack_gqa=True, persistent=None)
     if cfg.pack_gqa is not None:

@@ -57,8 +57,8 @@ def test_trace_needs_a_persistent_kernel():
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
 @pytest.mark.parametrize("causal", [False, True], ids=["split_tail", "dynamic"])
 def test_traced_kernel_reads_the_global_timer_and_the_plain_one_does_not(causal, tmp_path):
-    """The default 16k call (hd128: persistent with the split tail non-causal, tiles claimed at run time causal), compiled with
-    and without the trace: only the traced one reads %globaltimer (and the SM id)."""
+    """The default 16k call (hd128: persistent with the split tail non-causal, tiles claimed at run time causal),
+    compiled with and without the trace: only the traced one reads %globaltimer (and the SM id)."""
     from kernels.config import AttnConfig, call_config
     from kernels.sm90.compile import make_fwd_kernel
     from sass_cache import kernel_sass
