@@ -29,14 +29,15 @@
 #   the feature GPU test files with today's defaults. Part 16 (session 55, H200): spec_redo_budget against the speculative
 #   default and the eager step on late_max / gaussian / sink inputs. Part 17 (session 55): per-CTA start / end times of
 #   the persistent forward (scripts/cta_timeline.py), static and dynamic. Part 18 (session 55): persistent_dynamic's GPU
-#   tests and A/Bs. Part 19 (next): the GPU tests and A/B of the hd128 causal dynamic default (session 55).
+#   tests and A/Bs. Part 19 (session 56, H100): the GPU tests and A/B of the hd128 causal dynamic default (session 55).
+#   Part 20 (session 56): the rest of part 19, then today's defaults against the peers at hd64 / hd256 / hd128 (+ matmul).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-19]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-20]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-19]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-20]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -283,6 +284,18 @@ case "$PART" in
   ab 1 256 4096 10 45 --batch 8 "${D[@]}"
   ab 1 256 8192 10 50 --batch 4 "${D[@]}"
   ;;
+20)  # session 56: the rest of part 19 (its tests cut at their caps on an H100: the last two of each file; test_ops_gpu),
+  # hd256 causal dyn, then where today's defaults stand against official FA4 / cuDNN at hd64 / hd256 / hd128 (+ matmul)
+  tests tests/test_window_softcap_gpu.py 60 -k "public_api or equal_to_full"
+  tests tests/test_fwd_gpu.py 60 -k "public_api or autograd_through"
+  tests tests/test_ops_gpu.py 120
+  ab 1 256 4096 8 45 --batch 8 --cfg dyn=persistent:true,persistent_dynamic:true
+  ab 0 64 8192 10 40 --batch 4
+  ab 0 64 16384 10 40 --batch 2
+  ab 1 64 8192 10 40 --batch 4
+  ab 0 256 8192 10 40 --batch 4
+  ab 0 128 16384 10 45 --batch 2 --gemm 8192
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -295,7 +308,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-19" >&2; exit 2 ;;
+*) echo "part must be 1-20" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0
