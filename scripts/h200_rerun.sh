@@ -41,11 +41,12 @@ mkdir -p "$OUT"
 python -c "import cutlass, hydra" 2>/dev/null || { echo "cutlass / hydra not importable: source .gpu/boot.sh first" >&2; exit 3; }
 export PYTHONUNBUFFERED=1 CUTE_DSL_ARCH=sm_90a
 LOG=$OUT/$PART.log
-# rows land in the committed H200 set only from an H200: a call for an H200 may run on an H100 (sessions 52-56); the
-# rows of another card go to a set of their own (R=results/h100) or are let through with ANY_GPU=1
+# rows land in the committed H200 sets only from an H200: a call for an H200 may run on an H100 (sessions 52-56). The
+# analysis reads every results/<machine>/<experiment> set together (analysis.select), so another card's rows go to a
+# folder outside results/ (R=$OUT/sets), or into results/h200 with ANY_GPU=1 (their gpu_name says which card)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 if [[ "$R" == results/h200* && "$GPU" != *H200* && -z "${ANY_GPU:-}" ]]; then
-  echo "this GPU is '$GPU', not an H200: set R=results/<gpu> (e.g. results/h100) or ANY_GPU=1" | tee -a "$LOG" >&2
+  echo "this GPU is '$GPU', not an H200: set R=<a folder outside results/> or ANY_GPU=1" | tee -a "$LOG" >&2
   exit 4
 fi
 sweep() {
