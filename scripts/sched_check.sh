@@ -30,14 +30,15 @@
 #   default and the eager step on late_max / gaussian / sink inputs. Part 17 (session 55): per-CTA start / end times of
 #   the persistent forward (scripts/cta_timeline.py), static and dynamic. Part 18 (session 55): persistent_dynamic's GPU
 #   tests and A/Bs. Part 19 (session 56, H100): the GPU tests and A/B of the hd128 causal dynamic default (session 55).
-#   Part 20 (session 56): the rest of part 19, then today's defaults against the peers at hd64 / hd256 / hd128 (+ matmul).
+#   Part 20 (session 56, H100): the rest of part 19, then today's defaults against the peers at hd64 / hd256 / hd128
+#   (+ matmul). Part 21 (next): hd64 non-causal persistent / split tail against one tile per CTA at 2k-32k.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-20]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-21]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-20]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-21]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -296,6 +297,15 @@ case "$PART" in
   ab 0 256 8192 10 40 --batch 4
   ab 0 128 16384 10 45 --batch 2 --gemm 8192
   ;;
+21)  # next (session 56): hd64 non-causal persistent (one tile per CTA by default past 1k): session 49 read persistent /
+  # split 1.020 / 1.019 at 4k, 0.994 / 1.003 at 16k (one reading each); the hd64 non-causal target (1.05x official) sat
+  # at 1.039 / 1.041 at 8k / 16k on an H100 (part 20). 32k tokens, the peers in the rounds
+  ab 0 64 4096 10 50 --batch 8 "${SPLIT[@]}"
+  ab 0 64 8192 10 55 --batch 4 "${SPLIT[@]}"
+  ab 0 64 16384 10 60 --batch 2 "${SPLIT[@]}"
+  ab 0 64 32768 8 70 --batch 1 "${SPLIT[@]}"
+  ab 0 64 2048 10 45 --batch 16 "${SPLIT[@]}"
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -308,7 +318,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-20" >&2; exit 2 ;;
+*) echo "part must be 1-21" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0
