@@ -98,7 +98,7 @@ def _parse_cfg(spec: str):
 
 
 def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra: dict | None = None,
-              official_nolse: bool = False):
+              official_nolse: bool = False, softcap: float = 0.0):
     import torch
 
     import kernels
@@ -115,7 +115,7 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra
 
     def ours(**kw):
         cfg = resolve_config(AttnConfig(**kw), hdim, causal)
-        return lambda: attention_forward(q, k, v, causal, scale, cfg, out=out, lse=lse)[0]
+        return lambda: attention_forward(q, k, v, causal, scale, cfg, out=out, lse=lse, softcap=softcap)[0]
 
     fns = {"ours": ours()}
     for name, kw in extra.items():
@@ -126,7 +126,9 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra
         except ConfigError as e:
             fns.pop(name, None)
             print(f"{name}: skipped at causal={int(causal)}: {e}", flush=True)
-    if base is not None:
+    if base is not None and softcap:
+        print("--softcap: no ours_base (the base tree's call is made without one)", flush=True)
+    elif base is not None:
         iface, cmod = base
         bcfg = iface.resolve_config(cmod.AttnConfig(), hdim, causal)
         fns["ours_base"] = lambda: iface.attention_forward(q, k, v, causal, scale, bcfg, out=out, lse=lse)[0]
@@ -140,16 +142,20 @@ def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra
         # (experiments/backends/fa4_official.py). Without it official compiles a kernel without the LSE store, which
         # ran 0.960x at (192, 128) non-causal 16k on the H200 (session_ab/fwd192nc_harness.jsonl); this script called
         # it that way until 2026-12-03.
-        fns["fa4_official"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)[0]
+        cap = {"softcap": softcap} if softcap else {}
+        fns["fa4_official"] = lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True,
+                                                      **cap)[0]
         if official_nolse:
             def official_nolse():
-                r = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+                r = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, **cap)
                 return r[0] if isinstance(r, tuple) else r
             fns["fa4_official_nolse"] = official_nolse
-            fns["ours_alloc"] = lambda: kernels.attention(q, k, v, causal=causal, softmax_scale=scale)
+            fns["ours_alloc"] = lambda: kernels.attention(q, k, v, causal=causal, softmax_scale=scale, softcap=softcap)
     except ImportError:
         print("flash_attn.cute not importable: no fa4_official", flush=True)
-    if cudnn:
+    if cudnn and softcap:
+        print("--softcap: no sdpa_cudnn (SDPA has no softcap)", flush=True)
+    elif cudnn:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -250,6 +256,8 @@ def main():
     ap.add_argument("--seqlen-k", type=int, default=None, help="K/V length (default: the query length)")
     ap.add_argument("--gemm", type=int, default=0, metavar="N",
                     help="also time a bf16 N x N x N matmul in the same rounds (e.g. 8192); rows gain of_gemm")
+    ap.add_argument("--softcap", type=float, default=0.0,
+                    help="tanh softcap of the scores for ours and official (cuDNN and ours_base left out); rows gain softcap")
     a = ap.parse_args()
     base = load_base(a.base_rev) if a.base_rev else None
     extra = dict(_parse_cfg(s) for s in a.cfg)
@@ -271,7 +279,8 @@ def main():
                 v = torch.randn(batch, s_k, kv_heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
                 shape_scores(a.inputs, q, k)
                 scale = 1.0 / math.sqrt(hdim)
-                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra, a.official_nolse)
+                fns, out = _variants(q, k, v, causal, scale, base, extra, a.cudnn, base_extra, a.official_nolse,
+                                     a.softcap)
                 if a.only:
                     fns = {n: f for n, f in fns.items() if n in a.only or n == "ours"}
                 diffs = check(fns, out)
@@ -293,6 +302,7 @@ def main():
                                speed_vs_official=sf[0], off_p20=sf[1], off_p80=sf[2], n=len(t),
                                rel_diff_vs_ours=diffs[name], gpu=torch.cuda.get_device_name(), hold_us=a.hold_us,
                                **(dict(of_gemm=og[0], gemm_p20=og[1], gemm_p80=og[2], gemm_n=a.gemm) if og else {}),
+                               **(dict(softcap=a.softcap) if a.softcap else {}),
                                **gpu, **prov)
                     rows.append(row)
                     bad = "  BAD" if name != "gemm" and not diffs[name] <= 0.02 else ""

@@ -31,7 +31,8 @@
 #   the persistent forward (scripts/cta_timeline.py), static and dynamic. Part 18 (session 55): persistent_dynamic's GPU
 #   tests and A/Bs. Part 19 (session 56, H100): the GPU tests and A/B of the hd128 causal dynamic default (session 55).
 #   Part 20 (session 56, H100): the rest of part 19, then today's defaults against the peers at hd64 / hd256 / hd128
-#   (+ matmul). Part 21 (next): hd64 non-causal persistent / split tail against one tile per CTA at 2k-32k.
+#   (+ matmul). Part 21 (next): hd64 non-causal persistent / split tail against one tile per CTA at 2k-32k; hd128
+#   causal with a softcap, the claiming kernel against the greedy walk (fwd_ab --softcap).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
@@ -305,6 +306,10 @@ case "$PART" in
   ab 0 64 16384 10 60 --batch 2 "${SPLIT[@]}"
   ab 0 64 32768 8 70 --batch 1 "${SPLIT[@]}"
   ab 0 64 2048 10 45 --batch 16 "${SPLIT[@]}"
+  # hd128 causal with a softcap runs the greedy walk (the claiming kernel keeps the tile index in one stack slot there,
+  # loaded / stored once per tile): dyn against it, official in the rounds (no cuDNN: SDPA has no softcap)
+  ab 1 128 4096 10 45 --batch 8 --softcap 30 --cfg dyn=persistent:true,persistent_dynamic:true
+  ab 1 128 16384 10 60 --batch 2 --softcap 30 --cfg dyn=persistent:true,persistent_dynamic:true
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
