@@ -221,7 +221,9 @@ def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
         parts += ["Issue targets, cell by cell (analysis/targets.py, `python -m analysis.targets`: the open issues' speed "
                   "targets against the round-robin cells above, seqlen 4k-32k unless named; strict, no rounding up; "
                   "'below' gives each cell under the threshold with the A/A band of the noise table where the cell "
-                  "has one, and 'missed, in the noise' means every such cell lies inside its band):", "", markdown_table(tt), ""]
+                  "has one, and 'missed, in the noise' means every such cell lies inside its band; 'stale cells' are "
+                  "those timed on a kernel config today's defaults no longer compile, a reading of an older kernel: "
+                  "re-time them with `python run.py sweep experiment=<name> rerun=stale`):", "", markdown_table(tt), ""]
     t4, _ = table4(df, None) if df is not None and not df.empty else (None, "")
     if t4 is not None and not t4.empty:
         text = markdown_table(t4, floatfmt="{:.3g}")

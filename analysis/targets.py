@@ -9,6 +9,9 @@ do not); a grid cell without them is "untimed", and a target with an untimed cel
 cells are those of one total token count (batch x seqlen): the paper grid's 32k, or issue 9 / 11's small problems at
 8k tokens (``conf/shape/small.yaml``), so rows of other shapes at the same sequence length never pool into a cell.
 
+A cell whose rows were timed on a kernel config today's defaults no longer compile (kernels/staleness.py) is
+counted in the "stale cells" column: its reading is of an older kernel.
+
 ``python -m analysis.targets`` prints the table; ``python run.py figures`` writes it into the README's results
 block (analysis/readme.py).
 """
@@ -140,17 +143,49 @@ def noise_bands(df: pd.DataFrame, mode: str, tokens: int | None = None, baseline
             for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"])}
 
 
-def cell_values(df: pd.DataFrame, t: Target, grid: dict | None = None) -> dict[tuple, float]:
-    """{(hdim, hdim_v, causal, seqlen): the target's ratio} for every cell with round-robin rows."""
+def _cell_groups(df: pd.DataFrame, t: Target, grid: dict | None = None) -> dict[tuple, pd.DataFrame]:
+    """{(hdim, hdim_v, causal, seqlen): the target's round-robin ratio rows in that cell}."""
     tokens = t.tokens or (grid or paper_grid())["total_tokens"]
     rr = entry_ratio_rows(df, t.mode, "fa4" if t.variant else t.entry, t.entry if t.variant else None, tokens,
                           t.baseline, t.experiment)
-    out = {}
     if rr is None or rr.empty:
-        return out
-    for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal", "seqlen_q"]):
+        return {}
+    return {(int(h), int(hv), bool(c), int(s)): g for (h, hv, c, s), g in rr.groupby(["hdim", "hdim_v", "causal",
+                                                                                       "seqlen_q"])}
+
+
+def cell_values(df: pd.DataFrame, t: Target, grid: dict | None = None) -> dict[tuple, float]:
+    """{(hdim, hdim_v, causal, seqlen): the target's ratio} for every cell with round-robin rows."""
+    out = {}
+    for k, g in _cell_groups(df, t, grid).items():
         med = float(pd.to_numeric(g["value"]).median())  # t_entry / t_ours_default
-        out[(int(h), int(hv), bool(c), int(s))] = 1.0 / med if t.variant and not t.default_is_entry else med
+        out[k] = 1.0 / med if t.variant and not t.default_is_entry else med
+    return out
+
+
+def stale_jobs(df: pd.DataFrame) -> set[tuple]:
+    """(job_key, run_id) of the jobs with a timed row of ours on a kernel config today's defaults no longer compile
+    (kernels/staleness.py is_stale: a default changed after the job ran; analysis.audit counts the same rows)."""
+    need = {"kind", "metric", "status", "job_key", "run_id"}
+    if df is None or df.empty or not need <= set(df.columns):
+        return set()
+    from kernels.staleness import is_stale
+
+    d = df[df["kind"].isin(["attn", "compare"]) & (df["metric"] == "time_ms") & (df["status"] == "ok")]
+    return {(r["job_key"], r["run_id"]) for r in d.to_dict("records") if is_stale(r)}
+
+
+def stale_cells(df: pd.DataFrame, t: Target, grid: dict | None = None, jobs: set | None = None) -> set[tuple]:
+    """The target's cells whose ratio rows come from a stale job (stale_jobs): readings of a kernel that today's
+    defaults no longer run, to be re-timed (``python run.py sweep experiment=<name> rerun=stale``)."""
+    jobs = stale_jobs(df) if jobs is None else jobs
+    out = set()
+    for k, g in _cell_groups(df, t, grid).items():
+        if "job_stale" in g and g["job_stale"].fillna(False).astype(bool).any():  # matmul_rows_only's mark
+            out.add(k)
+        elif jobs and {"job_key", "run_id"} <= set(g.columns) and any(j in jobs for j in zip(g["job_key"],
+                                                                                                g["run_id"])):
+            out.add(k)
     return out
 
 
@@ -168,12 +203,15 @@ def grid_cells(t: Target, grid: dict | None = None) -> list[tuple]:
 
 def evaluate(df: pd.DataFrame, targets=TARGETS, grid: dict | None = None) -> pd.DataFrame:
     """One row per target: cells met of those timed, the untimed grid cells, the worst cell, the cells below the
-    threshold (with the A/A pair's p20-p80 band where the cell has one) and the status: met / missed / "missed, in
-    the noise" (every cell below lies inside its A/A band) / untimed cells."""
+    threshold (with the A/A pair's p20-p80 band where the cell has one), the status: met / missed / "missed, in
+    the noise" (every cell below lies inside its A/A band) / untimed cells, and the stale cells (stale_cells: timed
+    on a kernel config today's defaults no longer compile; their reading says nothing about today's kernels)."""
     grid = grid or paper_grid()
+    jobs = stale_jobs(df)
     rows = []
     for t in targets:
         vals = cell_values(df, t, grid)
+        stale = stale_cells(df, t, grid, jobs)
         bands = noise_bands(df, t.mode, t.tokens or grid["total_tokens"], t.baseline, t.experiment)
         cells = grid_cells(t, grid)
         timed = {k: vals[k] for k in cells if k in vals}
@@ -189,7 +227,8 @@ def evaluate(df: pd.DataFrame, targets=TARGETS, grid: dict | None = None) -> pd.
                      "below": ", ".join(f"{_cell(*k)} {v:.3f}" + (f" [A/A {bands[k][0]:.3f}-{bands[k][1]:.3f}]"
                                                                       if k in bands else "") for v, k in below[:6])
                               + (f" +{len(below) - 6}" if len(below) > 6 else ""),
-                     "status": status})
+                     "status": status,
+                     "stale cells": f"{len(stale & set(timed))} of {len(timed)}" if stale & set(timed) else ""})
     return pd.DataFrame(rows)
 
 
@@ -202,10 +241,16 @@ def load_extra_sets(root=None) -> pd.DataFrame:
 
 
 def matmul_rows_only(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` without the GEMM_EXPERIMENTS' rows of other backends than the matmul (load_extra_sets)."""
+    """``df`` without the GEMM_EXPERIMENTS' rows of other backends than the matmul (load_extra_sets); the rows kept
+    of a job whose dropped rows of ours were stale (stale_jobs) say so in ``job_stale``."""
     if df.empty or "experiment" not in df:
         return df
-    return df[~df["experiment"].isin(GEMM_EXPERIMENTS) | (df["backend"] == GEMM_ENTRY)]
+    gemm = df["experiment"].isin(GEMM_EXPERIMENTS)
+    out = df[~gemm | (df["backend"] == GEMM_ENTRY)]
+    jobs = stale_jobs(df[gemm])
+    if jobs and {"job_key", "run_id"} <= set(out.columns):
+        out = out.assign(job_stale=[j in jobs for j in zip(out["job_key"], out["run_id"])])
+    return out
 
 
 def main(argv=None) -> int:

@@ -128,3 +128,37 @@ def test_target_of_one_experiment_reads_its_own_baseline():
     none = Target(9, "det none", "bwd", "deterministic", 0.92, ((128, 128),), (8192, 8192), variant=True,
                   experiment="bwd_peers", baseline="fa4[full]")
     assert _one(df, none)["status"] == "untimed cells"
+
+
+def _stale_time_row(job_key, **kw):
+    """A timed row of our default that recorded a kernel config today's defaults do not compile (kernels/staleness)."""
+    return dict(dict(kind="attn", metric="time_ms", status="ok", backend="fa4", variant="default", mode="fwd",
+                     hdim=128, hdim_v=128, causal=False, seqlen_q=4096, batch=8, heads=16, config={},
+                     compiled_hash="0ld0kernel00", job_key=job_key, run_id="r"), **kw)
+
+
+def test_cells_timed_on_a_kernel_no_longer_compiled_are_counted_stale():
+    t = Target(11, "fwd vs official >= 1.03 at hd128", "fwd", "fa4_official", 1.03, ((128, 128),), (4096, 8192))
+    df = _rows([("fa4_official", "peer", "fwd", 128, c, s, 1.05) for c in (False, True) for s in (4096, 8192)])
+    df["job_key"], df["run_id"], df["kind"] = [f"j{i}" for i in range(4)], "r", "compare"
+    assert _one(df, t)["stale cells"] == ""  # no timed row of ours: nothing to call stale
+    r = _one(pd.concat([df, pd.DataFrame([_stale_time_row("j0")])], ignore_index=True), t)
+    assert r["status"] == "met" and r["stale cells"] == "1 of 4"
+    # the same row in another run of the job (or another job) leaves the cells alone
+    r = _one(pd.concat([df, pd.DataFrame([_stale_time_row("j0", run_id="r2")])], ignore_index=True), t)
+    assert r["stale cells"] == ""
+
+
+def test_the_matmul_cell_is_stale_when_its_jobs_default_row_was():
+    """matmul_rows_only drops fwd_gemm's rows of ours, so it marks the kept matmul rows of a stale job."""
+    from analysis.targets import matmul_rows_only
+
+    df = _rows([("matmul_ref", None, "fwd", 128, False, 8192, 1 / 0.95)])
+    df["experiment"], df["job_key"], df["run_id"], df["kind"] = "fwd_gemm", "g", "r", "compare"
+    t = Target(11, "of gemm", "fwd", "matmul_ref", 0.9, ((128, 128),), (8192, 8192), causal=(False,))
+    r = _one(matmul_rows_only(df), t)
+    assert r["status"] == "met" and r["stale cells"] == ""
+    old = pd.DataFrame([_stale_time_row("g", seqlen_q=8192, batch=4, experiment="fwd_gemm")])
+    kept = matmul_rows_only(pd.concat([df, old], ignore_index=True))
+    assert kept["backend"].tolist() == ["matmul_ref"] and kept["job_stale"].tolist() == [True]
+    assert _one(kept, t)["stale cells"] == "1 of 1"
