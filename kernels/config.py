@@ -254,14 +254,15 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "q_in_regs": (None, False), "split_tail": (None, False),
                                 "persistent_greedy": (None, False), "lazy_row_max": (None, False),
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
-                                "spec_redo_budget": (None,), "persistent_dynamic": (None, False)}
+                                "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
+                                "early_desc": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                  "speculative_exp", "persistent_dynamic")
+                  "speculative_exp", "persistent_dynamic", "early_desc")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -516,6 +517,12 @@ class AttnConfig:
     # DEFAULTS' persistent_tile sets it (hd128 causal 1025-32k without a softcap, session 55: 1.010-1.023x the greedy
     # walk on the H200); False keeps that entry's static walk. Left out of to_dict() while None or False.
     persistent_dynamic: bool | None = None
+    # sm90 forward, overlapped loop (elsewhere no effect): the wgmma descriptors of a block's K and V stages computed
+    # before its waits (the K stage's mbarrier, the warpgroups' GEMM turn), not after them. ptxas does not schedule
+    # across the turn's bar.sync, so without it a dependent chain of about six uniform instructions (the shared
+    # address to descriptor bits, plus the stage offset) stands between the turn and the first HGMMA. Same GEMMs,
+    # same order: outputs bitwise the default's. None = off; left out of to_dict() while None or False.
+    early_desc: bool | None = None
     # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
     # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
     # quad's max shuffles (2 SHFL + 2 FMNMX per row) run only in the rescale arm, which after the first blocks almost no
@@ -661,7 +668,7 @@ class AttnConfig:
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
-                     "persistent_dynamic"):
+                     "persistent_dynamic", "early_desc"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -825,7 +832,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                   "speculative_exp", "spec_redo_budget", "persistent_dynamic")
+                   "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -33,14 +33,14 @@
 #   Part 20 (session 56, H100): the rest of part 19, then today's defaults against the peers at hd64 / hd256 / hd128
 #   (+ matmul). Part 21 (next): hd64 non-causal persistent / split tail against one tile per CTA at 2k-32k; hd128
 #   causal with a softcap, the claiming kernel against the greedy walk (fwd_ab --softcap). Part 22 (next): hd256
-#   lazy_row_max + speculative_exp against the default at 4k-16k.
+#   lazy_row_max + speculative_exp against the default at 4k-16k. Part 23 (next): early_desc's GPU tests and A/Bs.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-22]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-23]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-22]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-23]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -320,6 +320,17 @@ case "$PART" in
   ab 1 256 16384 10 70 --batch 2 "${L[@]}"
   ab 0 256 4096 10 50 --batch 8 "${L[@]}"
   ;;
+23)  # next (session 56): early_desc (the K / V stages' wgmma descriptors before the block's waits; CPU SASS: the turn's
+  # bar.sync is followed by moves only), its GPU tests (bitwise the default's), then A/Bs at 32k tokens
+  tests tests/test_fwd_early_desc_gpu.py 150
+  E=(--cfg early=early_desc:true)
+  ab 0 64 8192 10 45 --batch 4 "${E[@]}"
+  ab 1 128 4096 10 45 --batch 8 "${E[@]}"
+  ab 0 128 16384 10 50 --batch 2 "${E[@]}"
+  ab 1 64 8192 10 45 --batch 4 "${E[@]}"
+  ab 0 256 8192 10 50 --batch 4 "${E[@]}"
+  ab 1 192 8192 10 50 --batch 4 "${E[@]}"
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -332,7 +343,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-22" >&2; exit 2 ;;
+*) echo "part must be 1-23" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

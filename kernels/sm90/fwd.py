@@ -196,7 +196,8 @@ class FlashFwdSm90:
                  pv_wait_mid: bool = False, early_v_release: bool = False, persistent_snake: bool = False,
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
-                 spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False):
+                 spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
+                 early_desc: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -362,6 +363,9 @@ class FlashFwdSm90:
         # the softmax has no FADD per element and the epilogue no quad reduction. P's sums are then those of its 16-bit
         # values, the same ones O is built from.
         self.row_sum_mma = bool(row_sum_mma)
+        # the K / V stages' wgmma descriptors before the block's waits (AttnConfig.early_desc): ptxas keeps the
+        # descriptor arithmetic after the GEMM turn's bar.sync otherwise
+        self.early_desc = bool(early_desc) and intra_wg_overlap
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -1329,10 +1333,15 @@ class FlashFwdSm90:
                     n_block: Int32, state):
         """Overlap, first half: S = Q K^T of the tile's first (last-indexed) block, its masked softmax (no rescale,
         no stale maximum) and P."""
+        tSrK = None
+        if const_expr(self.early_desc):  # the stage's descriptor before the waits (ptxas keeps it after bar.sync)
+            tSrK = frags.tSrK[None, None, None, state.index]
         pipe_k.consumer_wait(state)
         self.sched_sync(frags.wg)
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
-        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+        if const_expr(not self.early_desc):
+            tSrK = frags.tSrK[None, None, None, state.index]
+        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, tSrK, True)
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
@@ -1344,14 +1353,20 @@ class FlashFwdSm90:
                       args: BlockArgs, n_block: Int32, state, state_v, masked: cutlass.Constexpr = None):
         """Overlap, steady state: issue S(j+1) = Q K^T (K stage ``state``) and O += P(j) V(j) (V stage ``state_v``)
         together, run softmax(j+1) while PV(j) is in flight, then P(j+1) and the conditional rescale of O."""
+        tSrK, tOrVt = None, None
+        if const_expr(self.early_desc):  # the stages' descriptors before the waits (ptxas keeps them after bar.sync)
+            tSrK = frags.tSrK[None, None, None, state.index]
+            tOrVt = frags.tOrVt[None, None, None, state_v.index]
         pipe_k.consumer_wait(state)
         self.sched_sync(frags.wg)
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
-        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+        if const_expr(not self.early_desc):
+            tSrK = frags.tSrK[None, None, None, state.index]
+        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, tSrK, True)
         if const_expr(self.rescale_before_pv):  # O (PV(j-1) done) by block j's factors, while S(j+1) is computed
             self.rescale_acc(regs, regs.row_scale)
         pipe_v.consumer_wait(state_v)
-        self.pv_gemm(tiled_mma_pv, frags, regs, state_v.index)
+        self.pv_gemm(tiled_mma_pv, frags, regs, state_v.index, tOrVt)
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(1)
         # S(j+1) by the kept maxima, releasing the K stage itself; not in causal_split's diagonal loop, whose blocks
@@ -1411,13 +1426,16 @@ class FlashFwdSm90:
         return do_rescale
 
     @cute.jit
-    def pv_gemm(self, tiled_mma_pv, frags: ConsumerFrags, regs: TileRegs, stage: Int32):
-        """O += P V on V stage ``stage`` as one wgmma group (row_sum_mma: then, in the same group, L += P 1)."""
+    def pv_gemm(self, tiled_mma_pv, frags: ConsumerFrags, regs: TileRegs, stage: Int32, tOrVt=None):
+        """O += P V on V stage ``stage`` (``tOrVt``: that stage's slice, taken by the caller) as one wgmma group
+        (row_sum_mma: then, in the same group, L += P 1)."""
+        if const_expr(tOrVt is None):
+            tOrVt = frags.tOrVt[None, None, None, stage]
         if const_expr(self.row_sum_mma):
-            wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, stage], False, commit=False)
+            wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, tOrVt, False, commit=False)
             wgmma(frags.ones[0], regs.acc_L, regs.tOrP, frags.ones[2], False, fence=False)
         else:
-            wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, frags.tOrVt[None, None, None, stage], False)
+            wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, tOrVt, False)
 
     @cute.jit
     def softmax_spec(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, acc_S, regs: TileRegs, args: BlockArgs,
