@@ -257,7 +257,8 @@ def main():
     ap.add_argument("--gemm", type=int, default=0, metavar="N",
                     help="also time a bf16 N x N x N matmul in the same rounds (e.g. 8192); rows gain of_gemm")
     ap.add_argument("--softcap", type=float, default=0.0,
-                    help="tanh softcap of the scores for ours and official (cuDNN and ours_base left out); rows gain softcap")
+                    help="tanh softcap of the scores for ours and official (cuDNN and ours_base left out); rows gain "
+                         "softcap")
     a = ap.parse_args()
     base = load_base(a.base_rev) if a.base_rev else None
     extra = dict(_parse_cfg(s) for s in a.cfg)

@@ -287,8 +287,8 @@ case "$PART" in
   ab 1 256 4096 10 45 --batch 8 "${D[@]}"
   ab 1 256 8192 10 50 --batch 4 "${D[@]}"
   ;;
-20)  # session 56: the rest of part 19 (its tests cut at their caps on an H100: the last two of each file; test_ops_gpu),
-  # hd256 causal dyn, then where today's defaults stand against official FA4 / cuDNN at hd64 / hd256 / hd128 (+ matmul)
+20)  # session 56: the rest of part 19 (its tests cut at their caps on an H100: the last two of each file;
+  # test_ops_gpu), hd256 causal dyn, then where today's defaults stand against official FA4 / cuDNN at hd64 / hd256 / hd128 (+ matmul)
   tests tests/test_window_softcap_gpu.py 60 -k "public_api or equal_to_full"
   tests tests/test_fwd_gpu.py 60 -k "public_api or autograd_through"
   tests tests/test_ops_gpu.py 120
@@ -312,8 +312,8 @@ case "$PART" in
   ab 1 128 4096 10 45 --batch 8 --softcap 30 --cfg dyn=persistent:true,persistent_dynamic:true
   ab 1 128 16384 10 60 --batch 2 --softcap 30 --cfg dyn=persistent:true,persistent_dynamic:true
   ;;
-22)  # next (session 56): hd256, whose target (1.03x official) read 1.025 non-causal 8k / 1.029 causal 4k on an H100 (part
-  # 20): lazy_row_max + speculative_exp, the hd 64 / 128 defaults, measured 1.001 / 1.004 there (H100 session 52, 8k)
+22)  # next (session 56): hd256, whose target (1.03x official) read 1.025 non-causal 8k / 1.029 causal 4k on an
+  # H100 (part 20): lazy_row_max + speculative_exp, the hd 64 / 128 defaults, measured 1.001 / 1.004 there (H100 session 52, 8k)
   L=(--cfg spec=lazy_row_max:true,speculative_exp:true lazy=lazy_row_max:true)
   ab 1 256 4096 10 50 --batch 8 "${L[@]}"
   ab 0 256 8192 10 55 --batch 4 "${L[@]}"
