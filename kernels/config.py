@@ -255,14 +255,14 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "persistent_greedy": (None, False), "lazy_row_max": (None, False),
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
                                 "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
-                                "early_desc": (None, False)}
+                                "early_desc": (None, False), "p_smem": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                  "speculative_exp", "persistent_dynamic", "early_desc")
+                  "speculative_exp", "persistent_dynamic", "early_desc", "p_smem")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -523,6 +523,12 @@ class AttnConfig:
     # address to descriptor bits, plus the stage offset) stands between the turn and the first HGMMA. Same GEMMs,
     # same order: outputs bitwise the default's. None = off; left out of to_dict() while None or False.
     early_desc: bool | None = None
+    # sm90 forward: P V with P from shared memory (an SS wgmma; FA3's C++ kernel does so at hd64 non-causal with
+    # 192 x 192 tiles). Each block's P goes to an sP tile (tile_m x tile_n, 16-bit) by stmatrix right after its
+    # conversion, so its registers are free while the P V GEMM runs: room for a wider tile_n at 160 registers. Costs
+    # tile_m * tile_n * 2 bytes of shared memory. Not with row_sum_mma. None = off; left out of to_dict() while None or
+    # False.
+    p_smem: bool | None = None
     # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
     # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
     # quad's max shuffles (2 SHFL + 2 FMNMX per row) run only in the rescale arm, which after the first blocks almost no
@@ -607,6 +613,9 @@ class AttnConfig:
             raise ConfigError("rescale_before_pv=True with intra_wg_overlap=False: it moves the O rescale of the "
                               "overlapped main loop; without the overlap O is already rescaled right before its P V -- "
                               "pass rescale_before_pv=False (or None)")
+        if self.p_smem and self.row_sum_mma:
+            raise ConfigError("p_smem=True with row_sum_mma=True: the row-sum GEMM (m64n8, P times ones) reads P from "
+                              "registers; pass one of them")
         m = self.lpt_l2_mb
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not (1 <= m <= 1024)):
             raise ConfigError(f"lpt_l2_mb={m!r}: must be None (32 MB) or an int in [1, 1024] (MB of L2 for one head "
@@ -668,7 +677,7 @@ class AttnConfig:
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
-                     "persistent_dynamic", "early_desc"):
+                     "persistent_dynamic", "early_desc", "p_smem"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -832,7 +841,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                   "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc")
+                   "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "p_smem")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -137,6 +137,7 @@ class ConsumerFrags(NamedTuple):
     tOrVt: object
     q_copy: object = None  # q_in_regs: (ldmatrix tiled copy, this thread's sQ partition, the register fragment)
     ones: object = None  # row_sum_mma: (its m64n8 tiled MMA, this thread's slice, the ones tile's B fragment)
+    p_smem: object = None  # p_smem: (stmatrix atom, its thread slice, this thread's sP partition, the P V A fragment)
 
 
 class Tile(NamedTuple):
@@ -167,6 +168,7 @@ class TileRegs(NamedTuple):
     row_scale: object
     acc_L: object = None  # row_sum_mma: the m64n8 accumulator of P 1 (every column a row sum)
     spec_left: object = None  # spec_redo_budget: the tile's redos left (one Int32, the same in the whole warpgroup)
+    rP: object = None  # p_smem: P's registers in the S accumulator's layout (tOrP is the same registers as an A view)
 
 
 class BlockArgs(NamedTuple):
@@ -197,7 +199,7 @@ class FlashFwdSm90:
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
-                 early_desc: bool = False):
+                 early_desc: bool = False, p_smem: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -366,6 +368,15 @@ class FlashFwdSm90:
         # the K / V stages' wgmma descriptors before the block's waits (AttnConfig.early_desc): ptxas keeps the
         # descriptor arithmetic after the GEMM turn's bar.sync otherwise
         self.early_desc = bool(early_desc) and intra_wg_overlap
+        # P V with P from shared memory (an SS wgmma, FA3's choice for hd64 non-causal 192 x 192 tiles): each block's P
+        # is stored by stmatrix into an sP tile (tile_m, tile_n) right after its conversion, so its 16-bit registers
+        # die there instead of living until the P V GEMM completes -- room for a wider tile_n. Each warp writes the 16
+        # rows its own wgmma reads, so a proxy fence and a warp sync order the store before the GEMM; the store follows
+        # the wait for the previous P V, which read the same tile. Not with row_sum_mma (its m64n8 GEMM reads P from
+        # registers)
+        if p_smem and row_sum_mma:
+            raise ValueError("p_smem=True with row_sum_mma=True: the row-sum GEMM reads P from registers")
+        self.p_smem = bool(p_smem)
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -380,6 +391,8 @@ class FlashFwdSm90:
         limit = 227 * 1024 - 2048
         if self.row_sum_mma:
             smem, limit = smem + elem * 8 * tile_n, 227 * 1024 - 1024
+        if self.p_smem:
+            smem += elem * tile_m * tile_n
         if smem > limit:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
@@ -401,7 +414,8 @@ class FlashFwdSm90:
             *((warpgroup.OperandSource.RMEM,) if self.q_in_regs else ()))
         mma_pv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-            wg_layout, (64, self.hdim_v), warpgroup.OperandSource.RMEM)
+            wg_layout, (64, self.hdim_v),
+            warpgroup.OperandSource.SMEM if self.p_smem else warpgroup.OperandSource.RMEM)
         return mma_qk, mma_pv
 
     @cute.jit
@@ -435,17 +449,19 @@ class FlashFwdSm90:
         q_o_elems = max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
         o_elems = cute.cosize(sO_layout)
         ones_elems = cute.cosize(self._ones_layout()) if const_expr(self.row_sum_mma) else 0
+        p_elems = cute.cosize(self._p_layout()) if const_expr(self.p_smem) else 0
 
         SharedStorage = self._shared_storage(cute.cosize(sQ_layout), q_o_elems, cute.cosize(sK_layout),
-                                             cute.cosize(sV_layout), o_elems, ones_elems)
+                                             cute.cosize(sV_layout), o_elems, ones_elems, p_elems)
 
         return (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout,
                 sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage)
 
     def _shared_storage(self, q_elems: int, q_o_elems: int, k_elems: int, v_elems: int, o_elems: int,
-                        ones_elems: int):
+                        ones_elems: int, p_elems: int = 0):
         """The shared storage struct: the Q / K / V pipelines' mbarriers, sQ, sK, sV, then sO (separate_o; else O
-        reuses Q's buffer, sized for both) and the row_sum_mma ones tile (``ones_elems`` > 0)."""
+        reuses Q's buffer, sized for both), the row_sum_mma ones tile (``ones_elems`` > 0) and p_smem's P tile
+        (``p_elems`` > 0)."""
         dt, stages = self.dtype, self.num_stages
         fields = {"mbar_Q": cute.struct.MemRange[cutlass.Int64, 2],
                   "mbar_K": cute.struct.MemRange[cutlass.Int64, stages * 2],
@@ -457,9 +473,15 @@ class FlashFwdSm90:
             fields["sO"] = cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
         if ones_elems:
             fields["sOnes"] = cute.struct.Align[cute.struct.MemRange[dt, ones_elems], 1024]
+        if p_elems:
+            fields["sP"] = cute.struct.Align[cute.struct.MemRange[dt, p_elems], 1024]
         if self.dynamic:  # the next tile, from the producer warp to the consumers
             fields["sTileNext"] = cute.struct.Align[cute.struct.MemRange[Int32, 1], 16]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def _p_layout(self):
+        """p_smem: the P tile (tile_m, tile_n), the A operand of the P V wgmma, K-major like sQ."""
+        return self._smem_layout(self.tile_m, self.tile_n, None)
 
     def _ones_layout(self):
         """row_sum_mma: the ones tile, the B operand (N 8, K tile_n) of the m64n8 row-sum wgmma, K-major like sK."""
@@ -650,6 +672,8 @@ class FlashFwdSm90:
             self.fill_ones(storage, tidx)  # (made visible by the barrier in make_pipelines)
             # trace-time handle for consumer_fragments (this kernel's trace only)
             self._s_ones = storage.sOnes.get_tensor(self._ones_layout().outer, swizzle=self._ones_layout().inner)
+        if const_expr(self.p_smem):  # trace-time handle for consumer_fragments, as above
+            self._s_p = storage.sP.get_tensor(self._p_layout().outer, swizzle=self._p_layout().inner)
         pipe_q, pipe_k, pipe_v = self.make_pipelines(storage)
         sQ, sK, sV, sVt, sO = self.smem_tensors(storage, sQ_layout, sK_layout, sV_layout, sO_layout)
 
@@ -1121,6 +1145,17 @@ class FlashFwdSm90:
         return do_rescale
 
     @cute.jit
+    def make_p(self, acc_S, regs: TileRegs, frags: ConsumerFrags):
+        """P of a block in 16 bits (to_p); p_smem: then stored to sP for the next P V (after the previous one's wait),
+        fenced for the async proxy and warp-synced (each warp's wgmma reads the 16 rows the warp wrote)."""
+        self.to_p(acc_S, regs.tOrP)
+        if const_expr(self.p_smem):
+            st_atom, thr_st, tPsP, _ = frags.p_smem
+            cute.copy(st_atom, thr_st.retile(regs.rP), tPsP)
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
+
+    @cute.jit
     def to_p(self, acc_S, tOrP):
         if const_expr(self.p_inline_cvt):
             store_p_asm(acc_S, tOrP, self.dtype == cutlass.BFloat16)
@@ -1176,7 +1211,13 @@ class FlashFwdSm90:
             sOnes = self._s_ones
             wg_mma_l = tiled_mma_l.get_slice(wg * self.threads_per_wg)
             ones = (tiled_mma_l, tiled_mma_l.get_slice(tidx), wg_mma_l.make_fragment_B(wg_mma_l.partition_B(sOnes)))
-        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy, ones)
+        p_smem = None
+        if const_expr(self.p_smem):  # P's registers (the QK^T accumulator's layout) -> sP by stmatrix; sP -> P V
+            sP = self._s_p
+            st_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+            thr_st = cute.make_tiled_copy_C(st_atom, tiled_mma_qk).get_slice(tidx)
+            p_smem = (st_atom, thr_st, thr_st.partition_D(sP), wg_mma_pv.make_fragment_A(wg_mma_pv.partition_A(sP)))
+        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy, ones, p_smem)
 
     @cute.jit
     def load_q_regs(self, frags: ConsumerFrags) -> None:
@@ -1242,7 +1283,12 @@ class FlashFwdSm90:
         thr_mma_qk, thr_mma_pv = frags.thr_mma_qk, frags.thr_mma_pv
         acc_shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
-        tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        rP = None
+        if const_expr(self.p_smem):  # the SS P V reads sP: P's registers only carry it from the conversion to stmatrix
+            rP = cute.make_rmem_tensor(acc_shape_S, self.dtype)
+            tOrP = acc_as_a_operand(rP)
+        else:
+            tOrP = tiled_mma_pv.make_fragment_A(thr_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
 
         n_rows = cute.size(acc_rows_cols(acc_O), mode=[0])
@@ -1257,7 +1303,7 @@ class FlashFwdSm90:
         if const_expr(self.spec_redo_budget > 0):
             spec_left = cute.make_rmem_tensor(1, Int32)
             spec_left[0] = Int32(self.spec_redo_budget)
-        regs = TileRegs(acc_shape_S, acc_O, tOrP, tScS, row_max, row_sum, row_scale, acc_L, spec_left)
+        regs = TileRegs(acc_shape_S, acc_O, tOrP, tScS, row_max, row_sum, row_scale, acc_L, spec_left, rP)
         args = BlockArgs(scale_log2, softcap_mul, m_base, tile.seqlen_q, tile.seqlen_k, tile.n_block_min_masked,
                          tile.n_block_local_end)
         return regs, args, n_iter
@@ -1346,7 +1392,7 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
         self.softmax_block(acc_S, regs, args, n_block, True, True)
-        self.to_p(acc_S, regs.tOrP)
+        self.make_p(acc_S, regs, frags)
 
     @cute.jit
     def overlap_block(self, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags: ConsumerFrags, regs: TileRegs,
@@ -1386,7 +1432,7 @@ class FlashFwdSm90:
                 do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state_v)
-            self.to_p(acc_S, regs.tOrP)
+            self.make_p(acc_S, regs, frags)
             if const_expr(self.rescale_before_pv):
                 self.defer_rescale(regs.row_scale, do_rescale)
             else:
@@ -1407,7 +1453,7 @@ class FlashFwdSm90:
             online_softmax_finish(acc_S, regs.row_sum, regs.row_scale, m_scaled, args.scale_log2, do_rescale, self.tau,
                                   self.emu_frags, self.poly, self.pv_head_cols, self.p_inline_cvt,
                                   not self.row_sum_mma)
-        self.to_p(acc_S, regs.tOrP)
+        self.make_p(acc_S, regs, frags)
         if const_expr(self.rescale_before_pv):
             self.defer_rescale(regs.row_scale, do_rescale)
         else:
@@ -1431,7 +1477,9 @@ class FlashFwdSm90:
         (row_sum_mma: then, in the same group, L += P 1)."""
         if const_expr(tOrVt is None):
             tOrVt = frags.tOrVt[None, None, None, stage]
-        if const_expr(self.row_sum_mma):
+        if const_expr(self.p_smem):
+            wgmma(tiled_mma_pv, regs.acc_O, frags.p_smem[3], tOrVt, False)
+        elif const_expr(self.row_sum_mma):
             wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, tOrVt, False, commit=False)
             wgmma(frags.ones[0], regs.acc_L, regs.tOrP, frags.ones[2], False, fence=False)
         else:
@@ -1562,7 +1610,7 @@ class FlashFwdSm90:
         else:
             do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
             self.maybe_rescale(regs, regs.row_scale, do_rescale)
-        self.to_p(acc_S, regs.tOrP)
+        self.make_p(acc_S, regs, frags)
         pipe_v.consumer_wait(state)
         self.sched_sync(frags.wg)
         self.pv_gemm(tiled_mma_pv, frags, regs, state.index)

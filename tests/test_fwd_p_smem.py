@@ -1,0 +1,94 @@
+"""AttnConfig.p_smem (sm90 forward; opt-in, not yet timed): P V with P from shared memory (an SS wgmma) instead of
+registers (kernels/sm90/fwd.py make_p / pv_gemm).
+
+Each block's P is stored by stmatrix into an sP tile right after its 16-bit conversion, fenced for the async proxy
+and warp-synced; the P V GEMM then reads it through a shared-memory descriptor. P's registers die at the store, not
+when the GEMM completes, which is what lets hd64's 192-row tiles (160 registers per consumer thread) take 192-wide
+key blocks without spilling -- FA3's C++ choice for hd64 non-causal.
+
+CPU tests: the field's rules, the kernel's argument checks, and the machine code (no local memory at hd64 with
+tile_n 160 / 176 / 192; the P V HGMMAs take A from a descriptor, one STSM per 16 columns of P and one proxy fence
+per block in the loop; the same MUFU.EX2 count per column; p_smem=False compiles the default's kernel). The GPU
+checks (outputs against the reference and the default's) are tests/test_fwd_p_smem_gpu.py.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from fwd_switch_checks import check_forward_field  # noqa: E402
+from kernels.config import AttnConfig, ConfigError  # noqa: E402
+from kernels.sm90.sass import find_nvdisasm  # noqa: E402
+
+
+def test_field_rules():
+    check_forward_field("p_smem")
+    for hdim in (64, 128, 192, 256):
+        for causal in (False, True):
+            assert "p_smem" not in AttnConfig().resolve("sm90", hdim, causal).to_dict()  # not a default
+    with pytest.raises(ConfigError, match="row_sum_mma"):
+        AttnConfig(p_smem=True, row_sum_mma=True)
+
+
+def test_kernel_arguments():
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    bf = cutlass.BFloat16
+    k = FlashFwdSm90(bf, 64, 64, False, tile_m=192, tile_n=192, consumer_regs=160, producer_regs=32, p_smem=True)
+    assert k.p_smem and not FlashFwdSm90(bf, 64, 64, False).p_smem
+    with pytest.raises(ValueError, match="row_sum_mma"):
+        FlashFwdSm90(bf, 64, 64, False, p_smem=True, row_sum_mma=True)
+    # sP counts against shared memory: hd256's 128 x 80 tiles leave no room for it
+    with pytest.raises(ValueError, match="shared memory"):
+        FlashFwdSm90(bf, 256, 256, False, tile_n=80, p_smem=True)
+
+
+def _sass(hdim, causal, tmp_path, **kw):
+    from kernels.interface import forward_config
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
+    from sass_cache import kernel_sass
+
+    cfg = forward_config(AttnConfig(**kw).resolve("sm90", hdim, causal), hdim, causal, 8192)
+    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal), str(tmp_path))
+    c = opcode_counts(sass)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0, kw
+    return [body for body in steady_state_loops(sass)], sass
+
+
+def _pv_hgmmas(body, hdim_v):
+    return [r for o, r in body if o.startswith(f"HGMMA.64x{hdim_v}x16")]
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("tile_n,causal", [(192, False), (160, False), (176, False), (192, True)])
+def test_hd64_wide_key_blocks_compile_without_spills(tile_n, causal, tmp_path):
+    loops, _ = _sass(64, causal, tmp_path / "p", tile_n=tile_n, p_smem=True)
+    base, _ = _sass(64, causal, tmp_path / "base")
+    assert len(loops) == len(base)
+    for body, b in zip(loops, base):
+        ops = [o for o, _ in body]
+        pv = _pv_hgmmas(body, 64)
+        assert len(pv) == tile_n // 16
+        # A from a shared-memory descriptor: the first operand after the accumulator is gdesc, not a register
+        assert all(r.split(",")[1].strip().startswith("gdesc") for r in pv), pv[:2]
+        assert all(not r.split(",")[1].strip().startswith("gdesc") for r in _pv_hgmmas(b, 64))  # the default: RS
+        assert sum(o.startswith("STSM") for o in ops) == tile_n // 16  # 4 8x8 matrices of 16 bits per thread each
+        assert sum(o.startswith("FENCE.VIEW.ASYNC.S") for o in ops) == 1
+        # the same exponentials per column as the default's loop
+        per_col = sum(o == "MUFU.EX2" for o in ops) / tile_n
+        assert per_col == pytest.approx(sum(o == "MUFU.EX2" for o, _ in b) / 128, rel=0.05)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+def test_off_is_the_default_kernel(tmp_path):
+    _, off = _sass(64, False, tmp_path / "off", p_smem=False)
+    _, base = _sass(64, False, tmp_path / "base")
+    assert off == base
