@@ -255,14 +255,15 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "persistent_greedy": (None, False), "lazy_row_max": (None, False),
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
                                 "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
-                                "early_desc": (None, False), "p_smem": (None, False)}
+                                "early_desc": (None, False), "p_smem": (None, False),
+                                "p_smem_early": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                  "speculative_exp", "persistent_dynamic", "early_desc", "p_smem")
+                  "speculative_exp", "persistent_dynamic", "early_desc", "p_smem", "p_smem_early")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -529,6 +530,11 @@ class AttnConfig:
     # tile_m * tile_n * 2 bytes of shared memory. Not with row_sum_mma. None = off; left out of to_dict() while None or
     # False.
     p_smem: bool | None = None
+    # with p_smem, overlapped loop, num_stages >= 2 (elsewhere no effect): one sP tile per K/V stage, so a block's P is
+    # converted and stored while the previous block's P V still reads the other tile, instead of after waiting for it
+    # (speculative_exp: before the warpgroup's vote, whose barrier ptxas does not schedule across; again after a redo).
+    # Costs num_stages sP tiles (hd64 192 x 128 and hd128 128 x 128 fit; hd64 192 x 192 does not). None = off.
+    p_smem_early: bool | None = None
     # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
     # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
     # quad's max shuffles (2 SHFL + 2 FMNMX per row) run only in the rescale arm, which after the first blocks almost no
@@ -677,7 +683,7 @@ class AttnConfig:
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
-                     "persistent_dynamic", "early_desc", "p_smem"):
+                     "persistent_dynamic", "early_desc", "p_smem", "p_smem_early"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -841,7 +847,8 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                   "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "p_smem")
+                   "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "p_smem",
+                   "p_smem_early")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -34,7 +34,8 @@
 #   (+ matmul). Part 21 (next): hd64 non-causal persistent / split tail against one tile per CTA at 2k-32k; hd128
 #   causal with a softcap, the claiming kernel against the greedy walk (fwd_ab --softcap). Part 22 (next): hd256
 #   lazy_row_max + speculative_exp against the default at 4k-16k. Part 23 (next): early_desc's GPU tests and A/Bs.
-#   Part 24 (next): p_smem (P V with P from shared memory) at hd64 with 160-192-wide key blocks: A/Bs, then its tests.
+#   Part 24 (next): p_smem (P V with P from shared memory) at hd64 with 160-192-wide key blocks, and p_smem_early
+#   (P stored before the wait for the previous P V): A/Bs, then their tests.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
@@ -334,14 +335,18 @@ case "$PART" in
   ;;
 24)  # next (session 57): p_smem (P V reads P from shared memory: P's registers free while the GEMM runs, so hd64's
   # 192-row tiles take 160-192-wide key blocks without spilling; FA3's C++ kernel runs hd64 non-causal at 192 x 192
-  # this way). A/Bs first (fwd_ab flags a variant whose output is off), then its GPU tests; 32k tokens
-  P=(p192=p_smem:true,tile_n:192 p176=p_smem:true,tile_n:176 p160=p_smem:true,tile_n:160 p128=p_smem:true)
+  # this way) and p_smem_early (one sP tile per K/V stage: P converted and stored among the exponentials, before the
+  # vote and the wait for the previous P V). A/Bs first (fwd_ab flags a variant whose output is off), then the GPU
+  # tests; 32k tokens
+  PE=pe=p_smem:true,p_smem_early:true
+  P=(p192=p_smem:true,tile_n:192 p160=p_smem:true,tile_n:160 "$PE" p128=p_smem:true)
   ab 0 64 8192 10 70 --batch 4 --cfg "${P[@]}"
   ab 0 64 16384 10 70 --batch 2 --cfg "${P[@]}"
-  ab 1 64 8192 10 60 --batch 4 --cfg p192=p_smem:true,tile_n:192 p128=p_smem:true
-  ab 0 64 4096 10 50 --batch 8 --cfg p192=p_smem:true,tile_n:192 p160=p_smem:true,tile_n:160
-  ab 0 128 8192 10 50 --batch 4 --cfg p128=p_smem:true
-  tests tests/test_fwd_p_smem_gpu.py 200
+  ab 1 64 8192 10 55 --batch 4 --cfg p192=p_smem:true,tile_n:192 "$PE"
+  ab 0 128 8192 10 50 --batch 4 --cfg "$PE" p128=p_smem:true
+  ab 1 128 4096 10 50 --batch 8 --cfg "$PE"
+  ab 0 64 4096 10 50 --batch 8 --cfg p176=p_smem:true,tile_n:176 "$PE"
+  tests tests/test_fwd_p_smem_gpu.py 240
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)

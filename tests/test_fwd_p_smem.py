@@ -92,3 +92,49 @@ def test_off_is_the_default_kernel(tmp_path):
     _, off = _sass(64, False, tmp_path / "off", p_smem=False)
     _, base = _sass(64, False, tmp_path / "base")
     assert off == base
+
+
+def test_early_field_rules():
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    check_forward_field("p_smem_early")
+    bf = cutlass.BFloat16
+    kw = dict(tile_m=192, consumer_regs=160, producer_regs=32, p_smem=True, p_smem_early=True)
+    assert FlashFwdSm90(bf, 64, 64, False, **kw).p_smem_early
+    assert not FlashFwdSm90(bf, 64, 64, False, **{**kw, "p_smem": False}).p_smem_early  # nothing to place
+    assert not FlashFwdSm90(bf, 64, 64, False, **kw, intra_wg_overlap=False).p_smem_early
+    assert not FlashFwdSm90(bf, 64, 64, False, **kw, num_stages=1).p_smem_early  # one stage: one sP tile
+    with pytest.raises(ValueError, match="shared memory"):  # two 192 x 192 sP tiles: 144 KB
+        FlashFwdSm90(bf, 64, 64, False, **{**kw, "tile_n": 192})
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("hdim,causal", [(64, False), (64, True), (128, False)])
+def test_early_store_leaves_the_wait(hdim, causal, tmp_path):
+    """On the mask-free loop's common path (kernels.sm90.sass.loop_common_path_ops), single sP tile: every STSM
+    follows the last wait for the P V (WARPGROUP.DEPBAR), and the conversions mostly follow the last exponential.
+    p_smem_early: every STSM precedes the warpgroup's vote (BAR.RED) and that wait, and more conversions sit among the
+    exponentials (hd64 non-causal: 0 -> 16 of 32)."""
+    from kernels.sm90.sass import loop_common_path_ops
+
+    _, one = _sass(hdim, causal, tmp_path / "one", p_smem=True)
+    _, two = _sass(hdim, causal, tmp_path / "two", p_smem=True, p_smem_early=True)
+    ops1, ops2 = ([o for o, _ in loop_common_path_ops(sass)[-1]] for sass in (one, two))
+
+    def last(ops, op):
+        return max(i for i, o in enumerate(ops) if o.startswith(op))
+
+    def first(ops, op):
+        return min(i for i, o in enumerate(ops) if o.startswith(op))
+
+    def among_exps(ops):  # conversions before the last exponential
+        return sum(o.startswith("F2FP") for o in ops[:last(ops, "MUFU.EX2")])
+
+    assert first(ops1, "STSM") > last(ops1, "WARPGROUP.DEPBAR")
+    assert last(ops2, "STSM") < first(ops2, "BAR.RED") and last(ops2, "STSM") < last(ops2, "WARPGROUP.DEPBAR")
+    assert among_exps(ops2) >= among_exps(ops1) + 8
+    for op in ("STSM", "MUFU.EX2", "HGMMA", "FENCE.VIEW.ASYNC.S"):  # moved, none added on the common path
+        assert sum(o.startswith(op) for o in ops2) == sum(o.startswith(op) for o in ops1)

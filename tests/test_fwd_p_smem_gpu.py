@@ -3,7 +3,8 @@
 On the default tile the P V GEMM reads the same 16-bit P from shared memory instead of registers, so out / lse must
 equal the default's up to one rounding (ptxas may fuse a multiply-add in one layout and not in the other). On wider
 hd64 key blocks (tile_n 160 / 176 / 192) the blocks and rescale points differ: those are checked against the fp32
-reference within the bound of tests/test_fwd_gpu.py."""
+reference within the bound of tests/test_fwd_gpu.py. p_smem_early (one sP tile per K/V stage, P stored before the
+wait for the previous P V, and again after speculative_exp's redo) against the default, also where the votes fire."""
 from __future__ import annotations
 
 import pytest
@@ -43,3 +44,36 @@ def test_p_smem_with_other_switches(extra, causal):
         bitwise(AttnConfig(p_smem=True, **extra), AttnConfig(**extra), hdim, hdim, causal, SHAPES[:4])
     run_case(AttnConfig(p_smem=True, tile_n=192, **extra), 64, 64, torch.bfloat16, causal, SHAPES[3],
              check_model=False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("extra", [{}, {"persistent": True}, {"speculative_exp": False}, {"spec_redo_budget": 1},
+                                   {"pingpong": False}],
+                         ids=["default", "persistent", "eager", "budget1", "no_pingpong"])
+def test_p_smem_early_is_the_default(extra, causal):
+    """p_smem_early (one sP tile per K/V stage, P stored before the wait for the previous P V) on hd64 / hd128's
+    default tiles: the default's output up to a rounding."""
+    for hdim in (64, 128):
+        bitwise(AttnConfig(p_smem=True, p_smem_early=True, **extra), AttnConfig(**extra), hdim, hdim, causal,
+                SHAPES[:4])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_p_smem_early_redo_arm(hdim, causal):
+    """speculative_exp's rare arm stores P again after its second QK^T: keys 0..1023 (visited last) scaled up so the
+    votes fire (as tests/test_fwd_speculative_exp_gpu.py test_speculative_exp_rare_arm)."""
+    from test_fwd_loop_shape_gpu import _run, same_up_to_rounding
+
+    b, s, h = 2, 4096, 2
+    q = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    k[:, :1024] *= 4
+    k[:, 7] *= 10
+    v = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
+    for cfg in (AttnConfig(p_smem=True, p_smem_early=True), AttnConfig(p_smem=True)):
+        got = _run(cfg, q, k, v, causal, hdim, hdim)
+        torch.cuda.synchronize()
+        assert torch.isfinite(got[0]).all()
+        same_up_to_rounding(got, ref, f"rare arm hd{hdim} causal={causal} {cfg}")

@@ -199,7 +199,7 @@ class FlashFwdSm90:
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
-                 early_desc: bool = False, p_smem: bool = False):
+                 early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -377,6 +377,10 @@ class FlashFwdSm90:
         if p_smem and row_sum_mma:
             raise ValueError("p_smem=True with row_sum_mma=True: the row-sum GEMM reads P from registers")
         self.p_smem = bool(p_smem)
+        # p_smem, overlapped loop, two or more K/V stages: one sP tile per K/V stage (P of a block goes to its own V
+        # stage's tile), so a block's P is converted and stored while the previous block's P V still reads the other
+        # tile; only the proxy fence and the warp sync wait for nothing. Costs num_stages sP tiles of shared memory
+        self.p_smem_early = bool(p_smem_early) and self.p_smem and intra_wg_overlap and num_stages >= 2
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
         self.n_frag = tile_n // 8
@@ -392,7 +396,7 @@ class FlashFwdSm90:
         if self.row_sum_mma:
             smem, limit = smem + elem * 8 * tile_n, 227 * 1024 - 1024
         if self.p_smem:
-            smem += elem * tile_m * tile_n
+            smem += elem * tile_m * tile_n * (num_stages if self.p_smem_early else 1)
         if smem > limit:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
@@ -480,8 +484,9 @@ class FlashFwdSm90:
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def _p_layout(self):
-        """p_smem: the P tile (tile_m, tile_n), the A operand of the P V wgmma, K-major like sQ."""
-        return self._smem_layout(self.tile_m, self.tile_n, None)
+        """p_smem: the P tile (tile_m, tile_n), the A operand of the P V wgmma, K-major like sQ (p_smem_early: one per
+        K/V stage, (tile_m, tile_n, stages))."""
+        return self._smem_layout(self.tile_m, self.tile_n, self.num_stages if self.p_smem_early else None)
 
     def _ones_layout(self):
         """row_sum_mma: the ones tile, the B operand (N 8, K tile_n) of the m64n8 row-sum wgmma, K-major like sK."""
@@ -1145,12 +1150,15 @@ class FlashFwdSm90:
         return do_rescale
 
     @cute.jit
-    def make_p(self, acc_S, regs: TileRegs, frags: ConsumerFrags):
-        """P of a block in 16 bits (to_p); p_smem: then stored to sP for the next P V (after the previous one's wait),
-        fenced for the async proxy and warp-synced (each warp's wgmma reads the 16 rows the warp wrote)."""
+    def make_p(self, acc_S, regs: TileRegs, frags: ConsumerFrags, stage: Int32 = None):
+        """P of a block in 16 bits (to_p); p_smem: then stored to sP for its P V (single tile: after the previous P V's
+        wait; p_smem_early: the tile of the block's K/V ``stage``), fenced for the async proxy and warp-synced (each
+        warp's wgmma reads the 16 rows the warp wrote)."""
         self.to_p(acc_S, regs.tOrP)
         if const_expr(self.p_smem):
             st_atom, thr_st, tPsP, _ = frags.p_smem
+            if const_expr(self.p_smem_early):
+                tPsP = tPsP[None, None, None, stage]
             cute.copy(st_atom, thr_st.retile(regs.rP), tPsP)
             cute.arch.fence_view_async_shared()
             cute.arch.sync_warp()
@@ -1392,7 +1400,7 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
         self.softmax_block(acc_S, regs, args, n_block, True, True)
-        self.make_p(acc_S, regs, frags)
+        self.make_p(acc_S, regs, frags, state.index)
 
     @cute.jit
     def overlap_block(self, tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags: ConsumerFrags, regs: TileRegs,
@@ -1429,10 +1437,12 @@ class FlashFwdSm90:
                     pipe_k.consumer_release(state)
                     do_rescale = self.softmax_eager_later(acc_S, regs, args, n_block, masked, None, None)
             else:
-                do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked)
+                do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked,
+                                               self.p_smem_early)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state_v)
-            self.make_p(acc_S, regs, frags)
+            if const_expr(not self.p_smem_early):
+                self.make_p(acc_S, regs, frags)
             if const_expr(self.rescale_before_pv):
                 self.defer_rescale(regs.row_scale, do_rescale)
             else:
@@ -1446,6 +1456,9 @@ class FlashFwdSm90:
         if const_expr(self.early_v_release):
             pv_done = functools.partial(self.wait_pv_release_v, pipe_v, state_v)
         do_rescale = self.softmax_eager_later(acc_S, regs, args, n_block, masked, m_scaled, pv_done)
+        p_early = self.p_smem_early and not self.pv_wait_mid  # (pv_wait_mid: the softmax is done after the wait)
+        if const_expr(p_early):  # into the other sP tile than the one P V(j) reads: before its wait
+            self.make_p(acc_S, regs, frags, state.index)
         if const_expr(not self.early_v_release):
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state_v)
@@ -1453,7 +1466,8 @@ class FlashFwdSm90:
             online_softmax_finish(acc_S, regs.row_sum, regs.row_scale, m_scaled, args.scale_log2, do_rescale, self.tau,
                                   self.emu_frags, self.poly, self.pv_head_cols, self.p_inline_cvt,
                                   not self.row_sum_mma)
-        self.make_p(acc_S, regs, frags)
+        if const_expr(not p_early):
+            self.make_p(acc_S, regs, frags, state.index)
         if const_expr(self.rescale_before_pv):
             self.defer_rescale(regs.row_scale, do_rescale)
         else:
@@ -1478,7 +1492,10 @@ class FlashFwdSm90:
         if const_expr(tOrVt is None):
             tOrVt = frags.tOrVt[None, None, None, stage]
         if const_expr(self.p_smem):
-            wgmma(tiled_mma_pv, regs.acc_O, frags.p_smem[3], tOrVt, False)
+            tOsP = frags.p_smem[3]
+            if const_expr(self.p_smem_early):  # the tile of this block's P: its V stage's
+                tOsP = tOsP[None, None, None, stage]
+            wgmma(tiled_mma_pv, regs.acc_O, tOsP, tOrVt, False)
         elif const_expr(self.row_sum_mma):
             wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, tOrVt, False, commit=False)
             wgmma(frags.ones[0], regs.acc_L, regs.tOrP, frags.ones[2], False, fence=False)
@@ -1487,7 +1504,8 @@ class FlashFwdSm90:
 
     @cute.jit
     def softmax_spec(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, acc_S, regs: TileRegs, args: BlockArgs,
-                     n_block: Int32, state, masked: cutlass.Constexpr = None) -> Boolean:
+                     n_block: Int32, state, masked: cutlass.Constexpr = None,
+                     store_p: cutlass.Constexpr[bool] = False) -> Boolean:
         """speculative_exp, a later block whose S is in acc_S and whose K stage ``state`` is still held: P with the
         kept maxima and the rows' partial sums (softmax.exp_kept_max). If no thread of the warpgroup saw a partial sum
         near 2^tau (a barrier.red over the warpgroup: its wgmma below is warpgroup-wide), or after one did, no thread
@@ -1495,7 +1513,9 @@ class FlashFwdSm90:
         it), the eager step would have kept every maximum too: release K, add the partials, no rescale. Else S again
         from the held K stage, K released, and the eager step (masked / lazy as configured). A kept block's P, sums
         and maxima are the eager step's bit for bit; a rescaled row's sum can differ by a rounding, as between the
-        other loop shapes (ptxas contracts row_sum * scale + partial into one FFMA in some layouts, not in others)."""
+        other loop shapes (ptxas contracts row_sum * scale + partial into one FFMA in some layouts, not in others).
+        ``store_p`` (p_smem_early): P to its sP tile right after the exponentials, before the votes (ptxas does not
+        move the conversions and stores across their barrier), and again after a redo."""
         self.prepare_later(acc_S, regs, args, n_block, masked)
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
         # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale (typical partial
@@ -1505,6 +1525,8 @@ class FlashFwdSm90:
         # uniform-datapath instructions more on the common path
         redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit,
                             self.hdim >= 256)
+        if const_expr(store_p):
+            self.make_p(acc_S, regs, frags, state.index)
         redo = warpgroup_any(redo, BAR_SPEC_WG1 + frags.wg, self.threads_per_wg)
         if redo:  # a sum passed the limit: a second vote on the P themselves (p_exceeds), same barrier
             redo = warpgroup_any(p_exceeds(acc_S, regs.row_max, partial, limit), BAR_SPEC_WG1 + frags.wg,
@@ -1518,6 +1540,8 @@ class FlashFwdSm90:
             do_rescale = online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2,
                                              self.tau, self.emu_frags, self.poly, False, False, self.p_inline_cvt, 0,
                                              None, None, self.lazy_row_max)
+            if const_expr(store_p):
+                self.make_p(acc_S, regs, frags, state.index)
             if const_expr(self.spec_redo_budget > 0):
                 regs.spec_left[0] = regs.spec_left[0] - 1
         else:
@@ -1610,7 +1634,7 @@ class FlashFwdSm90:
         else:
             do_rescale = self.softmax_later_block(acc_S, regs, args, n_block)
             self.maybe_rescale(regs, regs.row_scale, do_rescale)
-        self.make_p(acc_S, regs, frags)
+        self.make_p(acc_S, regs, frags, state.index)
         pipe_v.consumer_wait(state)
         self.sched_sync(frags.wg)
         self.pv_gemm(tiled_mma_pv, frags, regs, state.index)

@@ -95,13 +95,19 @@ def loop_common_paths(sass: str) -> list[int]:
     path where the rare arms (the rescale, speculative_exp's second QK^T, the mbarrier retries, which sit out of line)
     are the longer ones. Forward edges only: a guarded BRA falls through or jumps, an unguarded one jumps; inner
     backward branches (retry loops) are not taken."""
+    return [len(p) for p in loop_common_path_ops(sass)]
+
+
+def loop_common_path_ops(sass: str) -> list[list[tuple[str, str]]]:
+    """Per steady-state loop, the instructions [(opcode, operands)] of its common path (loop_common_paths), in order
+    (the first of the shortest paths)."""
     parsed, labels = _parse(sass)
     ins = [(a, op, rest) for a, _, op, rest in parsed]
     out = []
     for head, tail in _loop_spans(ins, labels):
         body = [x for x in parsed if head <= x[0] <= tail]
         pos = {a: i for i, (a, *_) in enumerate(body)}
-        dist = [None] * len(body)
+        dist, prev = [None] * len(body), [None] * len(body)
         dist[0] = 1
         for i, (a, guard, op, rest) in enumerate(body[:-1]):
             if dist[i] is None:
@@ -114,8 +120,11 @@ def loop_common_paths(sass: str) -> list[int]:
                 succ.append(pos[labels[m.group(1)]])
             for j in succ:
                 if dist[j] is None or dist[i] + 1 < dist[j]:
-                    dist[j] = dist[i] + 1
-        out.append(dist[-1])
+                    dist[j], prev[j] = dist[i] + 1, i
+        path = [len(body) - 1]
+        while prev[path[-1]] is not None:
+            path.append(prev[path[-1]])
+        out.append([(body[i][2], body[i][3]) for i in reversed(path)])
     return out
 
 
