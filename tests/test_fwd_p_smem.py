@@ -67,10 +67,17 @@ def _pv_hgmmas(body, hdim_v):
 
 @pytest.mark.compile
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
-@pytest.mark.parametrize("tile_n,causal", [(192, False), (160, False), (176, False), (192, True)])
-def test_hd64_wide_key_blocks_compile_without_spills(tile_n, causal, tmp_path):
-    loops, _ = _sass(64, causal, tmp_path / "p", tile_n=tile_n, p_smem=True)
-    base, _ = _sass(64, causal, tmp_path / "base")
+@pytest.mark.parametrize("tile_n,causal,early", [(192, False, False), (160, False, False), (176, False, False),
+                                                 (192, True, False), (144, False, True)])
+def test_hd64_wide_key_blocks_compile_without_spills(tile_n, causal, early, tmp_path):
+    """Counts on each loop's common path (kernels.sm90.sass.loop_common_path_ops; p_smem_early's redo arm stores P
+    again off that path). p_smem_early fits tile_n 144: two 192 x 144 sP tiles, 204 KB in all."""
+    from kernels.sm90.sass import loop_common_path_ops
+
+    _, sass = _sass(64, causal, tmp_path / "p", tile_n=tile_n, p_smem=True, p_smem_early=early)
+    loops = loop_common_path_ops(sass)
+    _, base_sass = _sass(64, causal, tmp_path / "base")
+    base = loop_common_path_ops(base_sass)
     assert len(loops) == len(base)
     for body, b in zip(loops, base):
         ops = [o for o, _ in body]
