@@ -145,3 +145,19 @@ def test_early_store_leaves_the_wait(hdim, causal, tmp_path):
     assert among_exps(ops2) >= among_exps(ops1) + 8
     for op in ("STSM", "MUFU.EX2", "HGMMA", "FENCE.VIEW.ASYNC.S"):  # moved, none added on the common path
         assert sum(o.startswith(op) for o in ops2) == sum(o.startswith(op) for o in ops1)
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("extra", [{"spec_redo_budget": 1}, {"speculative_exp": False}, {"pingpong": False}],
+                         ids=["budget1", "eager", "no_pingpong"])
+def test_early_store_on_every_loop_shape(extra, tmp_path):
+    """Every steady-state loop stores a block's P on its common path, tile_n / 16 STSM, whatever arm the loop takes
+    (a review helper found the redo-budget loop storing none, session 57: the spec arm and the budget-spent eager arm
+    each need their own store)."""
+    from kernels.sm90.sass import loop_common_path_ops
+
+    for causal in (False, True):
+        _, sass = _sass(64, causal, tmp_path / f"e{int(causal)}", p_smem=True, p_smem_early=True, **extra)
+        for body in loop_common_path_ops(sass):
+            assert sum(o.startswith("STSM") for o, _ in body) == 8, (causal, extra)

@@ -1432,10 +1432,12 @@ class FlashFwdSm90:
                 do_rescale = Boolean(False)
                 if cute.arch.vote_any_sync(regs.spec_left[0] > 0):
                     do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state,
-                                                   masked)
+                                                   masked, self.p_smem_early)
                 else:
                     pipe_k.consumer_release(state)
                     do_rescale = self.softmax_eager_later(acc_S, regs, args, n_block, masked, None, None)
+                    if const_expr(self.p_smem_early):  # into the other sP tile than the one P V(j) reads
+                        self.make_p(acc_S, regs, frags, state.index)
             else:
                 do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked,
                                                self.p_smem_early)
