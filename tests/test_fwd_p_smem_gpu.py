@@ -64,13 +64,9 @@ def test_p_smem_early_redo_arm(hdim, causal):
     """speculative_exp's rare arm stores P again after its second QK^T: keys 0..1023 (visited last) scaled up so the
     votes fire (as tests/test_fwd_speculative_exp_gpu.py test_speculative_exp_rare_arm)."""
     from test_fwd_loop_shape_gpu import _run, same_up_to_rounding
+    from test_fwd_speculative_exp_gpu import rare_arm_inputs
 
-    b, s, h = 2, 4096, 2
-    q = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
-    k[:, :1024] *= 4
-    k[:, 7] *= 10
-    v = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = rare_arm_inputs(hdim)
     ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
     for cfg in (AttnConfig(p_smem=True, p_smem_early=True), AttnConfig(p_smem=True)):
         got = _run(cfg, q, k, v, causal, hdim, hdim)

@@ -49,17 +49,22 @@ def test_speculative_exp_rare_arm(hdim, causal, extra):
     maxima taken from the other keys, so the partial sums blow past 2^tau and the warpgroups compute S again. With a
     redo budget the tiles that spend it run their remaining blocks by the eager step (persistent: the budget starts
     again at every tile a CTA walks)."""
-    b, s, h = 2, 4096, 2
-    q = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
-    k[:, :1024] *= 4
-    k[:, 7] *= 10
-    v = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = rare_arm_inputs(hdim)
     ref = _run(AttnConfig(), q, k, v, causal, hdim, hdim)
     got = _run(AttnConfig(speculative_exp=True, **extra), q, k, v, causal, hdim, hdim)
     torch.cuda.synchronize()
     assert torch.isfinite(got[0]).all()
     same_up_to_rounding(got, ref, f"rare arm hd{hdim} causal={causal} {extra}")
+
+
+def rare_arm_inputs(hdim: int, b: int = 2, s: int = 4096, h: int = 2):
+    """bf16 q, k, v whose keys 0..1023 (visited last) are scaled by 4 and key 7 by 40: the votes fire."""
+    q = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    k[:, :1024] *= 4
+    k[:, 7] *= 10
+    v = torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+    return q, k, v
 
 
 @pytest.mark.parametrize("hdims", [(64, 64), (128, 128), (192, 128)])
