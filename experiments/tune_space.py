@@ -2,8 +2,10 @@
 and the order in which a time budget visits them.
 
 Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows), tile_n, num_stages, the register split
-(producer_regs, consumer_regs), pingpong, exp2_emu_fraction, rescale_before_pv and q_in_regs (only where
-kernels/config.py q_in_regs_fits: 128-row tiles at most 128 wide, exp2 fraction under 1/2). Backward: bwd_tile_m. (``cluster_m`` is not
+(producer_regs, consumer_regs), pingpong, exp2_emu_fraction, rescale_before_pv, q_in_regs (only where
+kernels/config.py q_in_regs_fits: 128-row tiles at most 128 wide, exp2 fraction under 1/2) and p_smem (P V reads P from
+shared memory: P leaves the register floor, sP joins the kernel's shared-memory budget, so hd64's 192-row tiles reach
+192-wide key blocks). Backward: bwd_tile_m. (``cluster_m`` is not
 searched: an opt-in forward switch for non-causal calls only, A/B it with backend.config.cluster_m=2; ``persistent``
 is not searched either: its default is a per-call rule on seqlen_q,
 DEFAULTS' persistent_max_seqlen, which one tuned value per (hdim, causal) cannot express -- A/B it with
@@ -12,7 +14,7 @@ kernel class's constructor accepts it (its shared-memory and register-budget ass
 accumulators of a consumer thread fit its register budget (a lower bound, below): near that bound a kernel may still
 spill, which its timing then shows. Combinations that compile to the same kernel as another (the exp2 fraction is
 rounded to whole register fragments) are kept once. A field searched since after the first tune rows were recorded
-(LATE_FIELDS: rescale_before_pv, q_in_regs) is left out of a job's config where it has the value that leaving it out resolves to
+(LATE_FIELDS: rescale_before_pv, q_in_regs, p_smem) is left out of a job's config where it has the value that leaving it out resolves to
 (job_config), so the jobs, job keys and rows of the searches from before it are unchanged.
 
 Order: first every one-field change of the default (each field at each of its valid values, the others at the
@@ -46,10 +48,11 @@ SM90_FWD_VALUES = {
     "exp2_emu_fraction": (0.0, 0.125, 0.25, 0.5),
     "rescale_before_pv": (False, True),
     "q_in_regs": (False, True),
+    "p_smem": (False, True),
 }
 SM90_BWD_VALUES = {"bwd_tile_m": (64, 80, 128)}  # 80: hd128 only (dQ^T; kernels/sm90/bwd.py)
 # searched fields added after tune rows existed: left out of a job's config at the value they resolve to when left out
-LATE_FIELDS = ("rescale_before_pv", "q_in_regs")
+LATE_FIELDS = ("rescale_before_pv", "q_in_regs", "p_smem")
 REG_RESERVE = 16  # registers per consumer thread beyond the accumulators: row max/sum, indices, addresses (minimum)
 
 
@@ -100,7 +103,7 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
                          exp2_emu_fraction=point["exp2_emu_fraction"], pingpong=point["pingpong"],
                          consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"],
                          rescale_before_pv=bool(point.get("rescale_before_pv", False)),
-                         q_in_regs=bool(point.get("q_in_regs", False)))
+                         q_in_regs=bool(point.get("q_in_regs", False)), p_smem=bool(point.get("p_smem", False)))
         except (ValueError, AssertionError) as e:
             return str(e).splitlines()[0]
         return None
@@ -118,10 +121,11 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
 
 def register_floor(point: dict, hdim: int) -> int:
     """Registers a consumer thread needs at least: its O accumulator (64 rows x hdim_v fp32 over 128 threads), S of
-    the next block (64 x tile_n fp32) and P of the current one (bf16, held while PV(j) runs beside softmax(j+1));
-    with q_in_regs also its Q fragment (64 rows x hdim bf16)."""
+    the next block (64 x tile_n fp32) and P of the current one (bf16, held while PV(j) runs beside softmax(j+1); not
+    with p_smem, where the GEMM reads P from shared memory); with q_in_regs also its Q fragment (64 rows x hdim bf16)."""
     dv, tn = FWD_HDIMS[hdim], point["tile_n"]
-    return dv // 2 + tn // 2 + tn // 4 + (hdim // 4 if point.get("q_in_regs") else 0) + REG_RESERVE
+    p = 0 if point.get("p_smem") else tn // 4
+    return dv // 2 + tn // 2 + p + (hdim // 4 if point.get("q_in_regs") else 0) + REG_RESERVE
 
 
 def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str | None:
@@ -137,7 +141,7 @@ def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str)
         need = register_floor(point, hdim)
         if need > point["consumer_regs"]:
             return (f"registers: the accumulators need >= {need} per consumer thread (O {FWD_HDIMS[hdim] // 2}, "
-                    f"S {point['tile_n'] // 2}, P {point['tile_n'] // 4}, "
+                    f"S {point['tile_n'] // 2}, P {0 if point.get('p_smem') else point['tile_n'] // 4}, "
                     f"{f'Q {hdim // 4}, ' if point.get('q_in_regs') else ''}+{REG_RESERVE}); budget {point['consumer_regs']}")
     return _kernel_check(point, hdim, causal, direction)
 
@@ -148,12 +152,12 @@ def _raw_points(direction: str):
             yield {"bwd_tile_m": v}
         return
     V = SM90_FWD_VALUES
-    for tm, tn, st, lv, pp, ex, rb, qr in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"],
-                                                             V["pingpong"], V["exp2_emu_fraction"],
-                                                             V["rescale_before_pv"], V["q_in_regs"]):
+    for tm, tn, st, lv, pp, ex, rb, qr, ps in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"],
+                                                                 V["reg_split"], V["pingpong"], V["exp2_emu_fraction"],
+                                                                 V["rescale_before_pv"], V["q_in_regs"], V["p_smem"]):
         pr, cr = REG_SPLITS[tm][lv]
         yield {"tile_m": tm, "tile_n": tn, "num_stages": st, "consumer_regs": cr, "producer_regs": pr,
-               "exp2_emu_fraction": ex, "pingpong": pp, "rescale_before_pv": rb, "q_in_regs": qr}
+               "exp2_emu_fraction": ex, "pingpong": pp, "rescale_before_pv": rb, "q_in_regs": qr, "p_smem": ps}
 
 
 def kernel_id(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str:
