@@ -340,9 +340,10 @@ case "$PART" in
   # tests; 32k tokens
   PE=pe=p_smem:true,p_smem_early:true
   P=(p192=p_smem:true,tile_n:192 p160=p_smem:true,tile_n:160 "$PE" p128=p_smem:true)
-  ab 0 64 8192 10 90 --batch 4 --cfg "${P[@]}" pe144=p_smem:true,p_smem_early:true,tile_n:144
-  ab 0 64 16384 10 80 --batch 2 --cfg "${P[@]}"
-  ab 1 64 8192 10 55 --batch 4 --cfg p192=p_smem:true,tile_n:192 "$PE"
+  PEQ=peq=p_smem:true,p_smem_early:true,q_in_regs:true  # (Q in registers spills at hd64 with P in registers)
+  ab 0 64 8192 10 100 --batch 4 --cfg "${P[@]}" pe144=p_smem:true,p_smem_early:true,tile_n:144 "$PEQ"
+  ab 0 64 16384 10 90 --batch 2 --cfg "${P[@]}" "$PEQ"
+  ab 1 64 8192 10 60 --batch 4 --cfg p192=p_smem:true,tile_n:192 "$PE" "$PEQ"
   ab 0 128 8192 10 50 --batch 4 --cfg "$PE" p128=p_smem:true
   ab 1 128 4096 10 50 --batch 8 --cfg "$PE"
   ab 0 64 4096 10 50 --batch 8 --cfg p176=p_smem:true,tile_n:176 "$PE"

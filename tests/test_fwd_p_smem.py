@@ -149,12 +149,14 @@ def test_early_store_leaves_the_wait(hdim, causal, tmp_path):
 
 @pytest.mark.compile
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
-@pytest.mark.parametrize("extra", [{"spec_redo_budget": 1}, {"speculative_exp": False}, {"pingpong": False}],
-                         ids=["budget1", "eager", "no_pingpong"])
+@pytest.mark.parametrize("extra", [{"spec_redo_budget": 1}, {"speculative_exp": False}, {"pingpong": False},
+                                   {"q_in_regs": True}],
+                         ids=["budget1", "eager", "no_pingpong", "q_in_regs"])
 def test_early_store_on_every_loop_shape(extra, tmp_path):
     """Every steady-state loop stores a block's P on its common path, tile_n / 16 STSM, whatever arm the loop takes
     (a review helper found the redo-budget loop storing none, session 57: the spec arm and the budget-spent eager arm
-    each need their own store)."""
+    each need their own store). With q_in_regs: hd64's 192-row tiles take Q in registers without a spill once P is
+    in shared memory (P in registers: 24 LDL / 12 STL); _sass checks for local memory."""
     from kernels.sm90.sass import loop_common_path_ops
 
     for causal in (False, True):

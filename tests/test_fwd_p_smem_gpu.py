@@ -48,8 +48,8 @@ def test_p_smem_with_other_switches(extra, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("extra", [{}, {"persistent": True}, {"speculative_exp": False}, {"spec_redo_budget": 1},
-                                   {"pingpong": False}],
-                         ids=["default", "persistent", "eager", "budget1", "no_pingpong"])
+                                   {"pingpong": False}, {"q_in_regs": True}],
+                         ids=["default", "persistent", "eager", "budget1", "no_pingpong", "q_in_regs"])
 def test_p_smem_early_is_the_default(extra, causal):
     """p_smem_early (one sP tile per K/V stage, P stored before the wait for the previous P V) on hd64 / hd128's
     default tiles: the default's output up to a rounding."""
