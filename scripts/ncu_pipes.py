@@ -3,8 +3,8 @@
 ``ncu --import rep.ncu-rep --page raw --csv > a.csv`` per report, then
 ``python scripts/ncu_pipes.py a.csv b.csv [--labels A B] [--all] [--out table.csv]``: the first profiled kernel of each
 file (``--all``: every kernel of each file, in the report's order; then one label per kernel),
-the metrics below (duration, tensor / MUFU (xu) / FMA / ALU pipe share of peak, issue-active share, the stall reasons
-per issued instruction). Used for the hd64 forward exp2 profile (README, issue 11.4).
+the metrics below (duration, tensor / MUFU (xu) / FMA / ALU pipe share of peak, issue-active share, the shared-memory
+banks' read / write share of peak, the stall reasons per issued instruction; a metric the export lacks is nan). Used for the hd64 forward exp2 profile (README, issue 11.4).
 """
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ METRICS = {
     "alu_pipe_pct": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
     "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "inst_per_cycle": "sm__inst_executed.avg.per_cycle_active",
+    # shared memory: the L1 data banks (wgmma operand reads, TMA writes, ld/st.shared) and the whole L1TEX unit
+    "smem_bank_reads_pct": "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed",
+    "smem_bank_writes_pct": "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed",
+    "l1tex_throughput_pct": "l1tex__throughput.avg.pct_of_peak_sustained_active",
 }
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 STALLS = ("wait", "long_scoreboard", "short_scoreboard", "barrier", "mio_throttle", "dispatch_stall", "not_selected",

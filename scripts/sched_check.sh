@@ -35,14 +35,15 @@
 #   causal with a softcap, the claiming kernel against the greedy walk (fwd_ab --softcap). Part 22 (next): hd256
 #   lazy_row_max + speculative_exp against the default at 4k-16k. Part 23 (next): early_desc's GPU tests and A/Bs.
 #   Part 24 (next): p_smem (P V with P from shared memory) at hd64 with 160-192-wide key blocks, and p_smem_early
-#   (P stored before the wait for the previous P V): A/Bs, then their tests.
+#   (P stored before the wait for the previous P V): A/Bs, then their tests. Part 25 (next): Nsight Compute of the hd256
+#   forward, ours and official (is it bound by shared-memory bandwidth?).
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-24]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-25]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-24]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-25]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -349,6 +350,21 @@ case "$PART" in
   ab 0 64 4096 10 50 --batch 8 --cfg p176=p_smem:true,tile_n:176 "$PE"
   tests tests/test_fwd_p_smem_gpu.py 240
   ;;
+25)  # next (session 57): is hd256's forward bound by shared-memory bandwidth? Per 128 x 80 block, S = Q K^T reads Q
+  # (64 KB) and K (2 x 40 KB, once per warpgroup) from shared memory, P V reads V (2 x 40 KB), and TMA writes the K / V
+  # tiles (80 KB): ~304 KB in the block's 2560 tensor clocks, ~122 B/clk of the SM's 128 (analysis/roofline.py counts
+  # the operand reads only: 70%). Nsight Compute of ours and official at hd256 non-causal 8k: pipes, bank traffic
+  c=$(cap 300)
+  timeout "$c" ncu --clock-control none -k 'regex:(FlashFwdSm90|ForwardSm90)' -c 2 --set full -f -o /tmp/fwd256 \
+    python scripts/ncu_fwd.py --hdim 256 --seqlen 8192 >>"$O/ncu.log" 2>&1
+  echo "ncu rc=$?" >>"$O/ncu.log"
+  ncu --import /tmp/fwd256.ncu-rep --page raw --csv >"$O/fwd256_raw.csv" 2>>"$O/ncu.log"
+  python scripts/ncu_pipes.py "$O/fwd256_raw.csv" --all --labels ours official --out "$O/fwd256_pipes.csv" \
+    >>"$O/ncu.log" 2>&1
+  xz -9 "$O/fwd256_raw.csv"
+  tail -n 40 "$O/ncu.log"
+  exit 0
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -361,7 +377,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-24" >&2; exit 2 ;;
+*) echo "part must be 1-25" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0
