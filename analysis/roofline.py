@@ -18,7 +18,12 @@ Operand rules:
     holds and reads half of it.
   * Hopper (wgmma): each consumer warpgroup issues its own m64 wgmma, so B is read once per 64-row
     warpgroup slice; A comes from shared memory (SS) or registers (RS). When a GEMM has fewer than 128
-    rows its two warpgroups split N instead and each reads all of A.
+    rows its two warpgroups split N instead and each reads all of A. The forward's sources follow the compiled
+    config: Q from registers with ``q_in_regs``, P from shared memory with ``p_smem`` (stored there first: m x n bf16).
+  * ``tma_fill`` (off by default, as in the paper's accounting; ``--tma-fill``): the bytes TMA writes into shared
+    memory each step, which share the banks with the operand reads (forward: the K and V blocks; backward: Q and dO).
+    It matters where the operand reads already come close: sm90 hd256's 128 x 80 tile reads 224 KB of operands in
+    its 2560 tensor clocks (70% of 128 B/clk) and takes 80 KB of K / V besides (95% with them).
 
 Forward (FA4 paper, B200, Table 1): S = Q K^T (SS) and O += P V (P from TMEM, V from smem). For a
 128 x 128 x 128 tile this gives MMA 4MNd/8192 = 1024, smem 2(Md + Nd + Nd)/128 = 768 (= the paper's
@@ -113,18 +118,31 @@ def _sm90_gemm(name, m, n, k, a_src, wgs=2):
     return Gemm(name, m, n, k, a_src, float(wgs), math.ceil(m / 64))
 
 
-def tile_gemms(arch: str, mode: str, m: int, n: int, d: int, dv: int, two_cta: bool = False) -> tuple[list[Gemm], float]:
-    """GEMMs of one tile step and the extra (non-GEMM) shared-memory bytes, for arch 'sm90'/'sm100'."""
+def tile_gemms(arch: str, mode: str, m: int, n: int, d: int, dv: int, two_cta: bool = False, *,
+               q_in_regs: bool = False, p_smem: bool = False, tma_fill: bool = False) -> tuple[list[Gemm], float]:
+    """GEMMs of one tile step and the extra (non-GEMM) shared-memory bytes, for arch 'sm90'/'sm100'.
+
+    sm90 forward operand sources (AttnConfig): ``q_in_regs`` S = Q K^T takes Q from registers (RS); ``p_smem`` O += P V
+    reads P from shared memory (SS), after the threads stored it there (m x n bf16 more). ``tma_fill``: also count the
+    bytes TMA writes into shared memory each step (forward: the K and V block; backward: the Q and dO block), which
+    share the banks with the operand reads; off by default, as in the FA4 paper's accounting."""
     if two_cta and arch != "sm100":
         raise ValueError(f"two_cta=True: 2-CTA MMA is a Blackwell (sm100) feature; arch={arch!r}")
+    if (q_in_regs or p_smem) and (arch != "sm90" or mode != "fwd"):
+        raise ValueError("q_in_regs / p_smem: operand sources of the sm90 forward")
     if mode == "fwd":
+        fill = n * (d + dv) * BF16 if tma_fill else 0.0
         if arch == "sm100":
             if m % 128:
                 raise ValueError(f"tile_m={m}: Blackwell forward tiles are whole 128-row MMAs")
-            return [_sm100_gemm("S=QK^T", m, n, d, "smem"), _sm100_gemm("O+=PV", m, dv, n, "tmem")], 0.0
-        return [_sm90_gemm("S=QK^T", m, n, d, "smem"), _sm90_gemm("O+=PV", m, dv, n, "reg")], 0.0
+            return [_sm100_gemm("S=QK^T", m, n, d, "smem"), _sm100_gemm("O+=PV", m, dv, n, "tmem")], float(fill)
+        gemms = [_sm90_gemm("S=QK^T", m, n, d, "reg" if q_in_regs else "smem"),
+                 _sm90_gemm("O+=PV", m, dv, n, "smem" if p_smem else "reg")]
+        return gemms, float(fill + (m * n * BF16 if p_smem else 0))
     if mode == "bwd":
         extra = m * n * BF16 + 2 * m * d * F32  # dS store; fp32 dQ staged: written, then read by TMA
+        if tma_fill:
+            extra += m * (d + dv) * BF16  # this step's Q and dO blocks
         if arch == "sm100":
             g = [
                 _sm100_gemm("S^T=KQ^T", n, m, d, "smem", two_cta),
@@ -171,8 +189,10 @@ class TileCost:
 
 def tile_cost(gpu: GPU, mode: str, m: int, n: int, d: int, dv: int | None = None, *,
               exp2_emu_fraction: float = 0.0, rescale_share: float = 1.0, overlap: bool = True,
-              two_cta: bool = False, poly_cost_scale: float = 1.0) -> TileCost:
-    """Cycles per resource of one M x N tile (head dims d, dv) on ``gpu``."""
+              two_cta: bool = False, poly_cost_scale: float = 1.0, q_in_regs: bool = False, p_smem: bool = False,
+              tma_fill: bool = False) -> TileCost:
+    """Cycles per resource of one M x N tile (head dims d, dv) on ``gpu`` (operand sources and ``tma_fill``: as
+    tile_gemms)."""
     dv = d if dv is None else dv
     f = float(exp2_emu_fraction)
     if not 0.0 <= f <= 1.0:
@@ -180,7 +200,8 @@ def tile_cost(gpu: GPU, mode: str, m: int, n: int, d: int, dv: int | None = None
     if not 0.0 <= rescale_share <= 1.0:
         raise ValueError(f"rescale_share={rescale_share}: must be in [0, 1]")
     arch = "sm100" if gpu.arch.startswith("sm10") else gpu.arch
-    gemms, extra = tile_gemms(arch, mode, m, n, d, dv, two_cta)
+    gemms, extra = tile_gemms(arch, mode, m, n, d, dv, two_cta, q_in_regs=q_in_regs, p_smem=p_smem,
+                              tma_fill=tma_fill)
     elems = m * n
     if mode == "fwd":
         fma = FWD_FMA_PER_ELEM + rescale_share * dv / n
@@ -325,7 +346,7 @@ DEFAULT_SHAPE = dict(batch=4, seqlen_q=8192, seqlen_k=8192)  # 32k tokens; heads
 
 def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, mode: str = "fwd",
             hdim_v: int | None = None, rescale_share: float | None = None, calib: dict | None = None,
-            use_measured: bool = True) -> Prediction:
+            use_measured: bool = True, tma_fill: bool = False) -> Prediction:
     """Predicted TFLOP/s bound and binding resource for one (GPU, head dim, causal, config, shape).
 
     ``arch``: a GPU key ('h100', 'h200', 'b200', 'b300') or an arch ('sm90' -> H200, 'sm100' -> B200).
@@ -334,6 +355,8 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     ``rescale_share``: share of tiles that rescale O (from the reference's stats); None: 1.0 when
     rescale_threshold == 0, else 0.0 (every rescale skipped: the bound).
     ``calib``: measured microbench values (default: read results/*microbench*/rows.jsonl).
+    The sm90 forward's operand sources follow the compiled config (q_in_regs, p_smem); ``tma_fill``: count the TMA
+    writes into shared memory too (tile_gemms).
     """
     from kernels.config import AttnConfig
 
@@ -363,8 +386,11 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     frac = compiled["exp2_emu_fraction"]  # whole fragments
     run_two_cta = bool(mode == "bwd" and compiled.get("two_cta"))  # two_cta=None: the head dim's default (sm90 hd256)
     two_cta = run_two_cta and cfg_arch == "sm100"
+    sm90_fwd = cfg_arch == "sm90" and mode == "fwd"
     tc = tile_cost(gpu, mode, tm, tn, hdim, hdim_v, exp2_emu_fraction=frac,
-                   rescale_share=rescale_share, overlap=overlap, two_cta=two_cta, poly_cost_scale=poly_scale)
+                   rescale_share=rescale_share, overlap=overlap, two_cta=two_cta, poly_cost_scale=poly_scale,
+                   q_in_regs=sm90_fwd and bool(compiled.get("q_in_regs")),
+                   p_smem=sm90_fwd and bool(compiled.get("p_smem")), tma_fill=tma_fill)
 
     batch = int(_get(shape, "batch", DEFAULT_SHAPE["batch"]))
     sq = int(_get(shape, "seqlen_q", DEFAULT_SHAPE["seqlen_q"]))
@@ -403,11 +429,12 @@ VARIANTS = {
     "no-overlap": {"pingpong": False, "intra_wg_overlap": False},
     "fa3-like": {"rescale_threshold": 0.0, "exp2_emu_fraction": 0.0},
     "2cta": {"two_cta": True},
+    "p_smem": {"p_smem": True},  # sm90 forward: P V reads P from shared memory (an SS wgmma)
 }
 
 
 def table(gpus=("h100", "h200", "b200", "b300"), hdims=(64, 128, 192, 256), modes=("fwd", "bwd"),
-          causals=(False, True), variants=None, calib=None, use_measured=True) -> list[dict]:
+          causals=(False, True), variants=None, calib=None, use_measured=True, tma_fill=False) -> list[dict]:
     """Rows (gpu, mode, hdim, causal, variant, tflops, bound, tile cycles) for every combination the kernels
     have (a backward head dim without a kernel, kernels/tiles.py, has no row)."""
     from kernels.config import ConfigError
@@ -425,15 +452,27 @@ def table(gpus=("h100", "h200", "b200", "b300"), hdims=(64, 128, 192, 256), mode
                         ov = VARIANTS[v]
                         if v == "2cta" and (mode != "bwd" or GPUS[g].arch != "sm100"):
                             continue
+                        if v == "p_smem" and (mode != "fwd" or GPUS[g].arch != "sm90" or not _p_smem_fits(hd, hv, c)):
+                            continue
                         try:
                             p = predict(g, hd, c, ov, dict(hdim_v=hv), mode=mode, calib=calib,
-                                        use_measured=use_measured)
+                                        use_measured=use_measured, tma_fill=tma_fill)
                         except ConfigError:  # no backward kernel for this head dim
                             continue
                         rows.append(dict(gpu=p.gpu, mode=mode, hdim=f"{hd}" if hv == hd else f"{hd}/{hv}",
                                          causal=c, variant=v, **{k: x for k, x in p.row().items()
                                                                  if k not in ("gpu", "mode")}))
     return rows
+
+
+def _p_smem_fits(hdim: int, hdim_v: int, causal: bool) -> bool:
+    """Whether the sm90 forward's default tile has room for sP beside Q and the K / V stages (the kernel's own check,
+    kernels/sm90/fwd.py: 227 KB less a 2 KB margin): hd 64 / 128 yes, (192, 128) and 256 no."""
+    from kernels.config import AttnConfig
+
+    c = AttnConfig(p_smem=True).resolve("sm90", hdim, causal)
+    tiles = c.tile_m * hdim + c.num_stages * c.tile_n * (hdim + hdim_v) + c.tile_m * c.tile_n
+    return tiles * BF16 <= 227 * 1024 - 2048
 
 
 def _format(rows: list[dict]) -> str:
@@ -453,6 +492,8 @@ def _parse(args) -> argparse.Namespace:
     p.add_argument("--mode", nargs="*", default=["fwd", "bwd"])
     p.add_argument("--variant", nargs="*", default=list(VARIANTS))
     p.add_argument("--datasheet", action="store_true", help="use the hardware table only (ignore measured microbench values)")
+    p.add_argument("--tma-fill", action="store_true", dest="tma_fill",
+                   help="count the bytes TMA writes into shared memory each step (K / V blocks; backward Q / dO)")
     if args is None:
         return p.parse_args([])
     if isinstance(args, (list, tuple)):
@@ -467,7 +508,7 @@ def _parse(args) -> argparse.Namespace:
         items = []
     for k, v in items:
         if hasattr(ns, k) and v is not None:
-            if k == "hardware table":
+            if k in ("datasheet", "tma_fill"):
                 setattr(ns, k, bool(v))
             else:
                 setattr(ns, k, list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else [v])
@@ -499,8 +540,9 @@ def report(args=None) -> list[dict]:
         print(f"{get_gpu(g).name}: values used: " + ", ".join(f"{k}={v}" for k, v in used.items()))
     print()
     rows = table(gpus=ns.gpu, hdims=ns.hdim, modes=ns.mode, variants=ns.variant, calib=calib,
-                 use_measured=not ns.datasheet)
-    print("Predicted bound (TFLOP/s) per config; tau>0 assumes every rescale skipped (the bound):")
+                 use_measured=not ns.datasheet, tma_fill=ns.tma_fill)
+    print("Predicted bound (TFLOP/s) per config; tau>0 assumes every rescale skipped (the bound)"
+          + ("; shared memory counts the TMA writes:" if ns.tma_fill else ":"))
     print(_format(rows))
     return rows
 

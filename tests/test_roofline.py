@@ -52,6 +52,44 @@ def test_hopper_operand_sources():
     assert tc.cycles["mufu"] == 1024
 
 
+def test_hopper_forward_operand_switches_and_tma_fill():
+    """q_in_regs: Q K^T takes A from registers; p_smem: P V takes P from shared memory after the threads stored it;
+    tma_fill: the K / V blocks TMA writes each step. hd256's 128 x 80 tile: operand reads 224 KB (70% of the tensor
+    clocks at 128 B/clk), with the fill 304 KB (95%)."""
+    kb = 1024
+    g, extra = rl.tile_gemms("sm90", "fwd", 128, 80, 256, 256)
+    assert (sum(x.smem_bytes for x in g) + extra) / kb == 64 + 80 + 80 and extra == 0
+    g, extra = rl.tile_gemms("sm90", "fwd", 128, 80, 256, 256, tma_fill=True)
+    assert extra / kb == 80
+    h = GPUS["h200"]
+    tc = rl.tile_cost(h, "fwd", 128, 80, 256, tma_fill=True)
+    assert tc.cycles["mma"] == 2560 and tc.cycles["smem"] == 304 * kb / h.smem_bytes_per_clk
+    g, _ = rl.tile_gemms("sm90", "fwd", 192, 128, 64, 64, q_in_regs=True)
+    assert g[0].a_src == "reg" and g[0].smem_bytes == 128 * 64 * 2 * 3  # K only, once per warpgroup
+    g, extra = rl.tile_gemms("sm90", "fwd", 192, 128, 64, 64, p_smem=True)
+    assert g[1].a_src == "smem" and extra == 192 * 128 * 2  # P stored, then read as the SS GEMM's A
+    assert g[1].smem_bytes == 192 * 128 * 2 + 128 * 64 * 2 * 3
+    with pytest.raises(ValueError, match="sm90 forward"):
+        rl.tile_gemms("sm100", "fwd", 128, 128, 128, 128, q_in_regs=True)
+    g, extra = rl.tile_gemms("sm90", "bwd", 64, 128, 128, 128, tma_fill=True)
+    g0, extra0 = rl.tile_gemms("sm90", "bwd", 64, 128, 128, 128)
+    assert extra - extra0 == 64 * 256 * 2  # the step's Q and dO blocks
+
+
+def test_predict_follows_the_compiled_operand_sources():
+    """hd128's default takes Q in registers (kernels/config.py DEFAULTS): fewer shared-memory bytes than with it
+    off; p_smem at hd64 makes the forward bound by shared memory in the model (P stored and read, N = 64 GEMMs)."""
+    on = rl.predict("h200", 128, False, use_measured=False)
+    off = rl.predict("h200", 128, False, {"q_in_regs": False}, use_measured=False)
+    assert on.tile_cycles["smem"] < off.tile_cycles["smem"] and on.tile_cycles["mma"] == off.tile_cycles["mma"]
+    p = rl.predict("h200", 64, False, {"p_smem": True}, use_measured=False)
+    assert p.bound == "smem" and p.tflops < rl.predict("h200", 64, False, use_measured=False).tflops
+    fill = rl.predict("h200", 256, False, use_measured=False, tma_fill=True)
+    assert fill.tile_cycles["smem"] > rl.predict("h200", 256, False, use_measured=False).tile_cycles["smem"]
+    rows = rl.table(gpus=("h200", "b200"), modes=("fwd",), variants=["p_smem"], use_measured=False)
+    assert {(r["gpu"], r["hdim"]) for r in rows} == {("H200", "64"), ("H200", "128")}  # no room at 192 / 256
+
+
 def test_two_cta_rejected_on_hopper():
     with pytest.raises(ValueError, match="two_cta"):
         rl.tile_gemms("sm90", "bwd", 64, 128, 128, 128, two_cta=True)
