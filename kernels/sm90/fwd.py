@@ -379,7 +379,7 @@ class FlashFwdSm90:
         self.p_smem = bool(p_smem)
         # p_smem, overlapped loop, two or more K/V stages: one sP tile per K/V stage (P of a block goes to its own V
         # stage's tile), so a block's P is converted and stored while the previous block's P V still reads the other
-        # tile; only the proxy fence and the warp sync wait for nothing. Costs num_stages sP tiles of shared memory
+        # tile: the store waits for no GEMM. Costs num_stages sP tiles of shared memory
         self.p_smem_early = bool(p_smem_early) and self.p_smem and intra_wg_overlap and num_stages >= 2
         self.consumer_regs, self.producer_regs = consumer_regs, producer_regs
         # exp2 split: a thread's row holds tile_n/4 values in tile_n/8 fragments (pairs of adjacent columns)
