@@ -194,6 +194,14 @@ def test_main_prints_table(capsys):
         rl.main(["--variant", "nope"])
     # a Hydra-style mapping works too
     assert len(rl.report({"gpu": "b200", "hdim": [128], "mode": ("bwd",), "datasheet": True})) == 2 * 7
+    capsys.readouterr()
+    base = rl.report(["--gpu", "h200", "--hdim", "256", "--mode", "fwd", "--variant", "default", "--datasheet"])
+    fill = rl.report(["--gpu", "h200", "--hdim", "256", "--mode", "fwd", "--variant", "default", "--datasheet",
+                      "--tma-fill"])
+    assert "counts the TMA writes" in capsys.readouterr().out
+    assert [r["cyc_smem"] > b["cyc_smem"] for r, b in zip(fill, base)] == [True, True]  # causal both
+    assert rl.report({"gpu": "h200", "hdim": [256], "mode": ["fwd"], "variant": ["default"], "datasheet": True,
+                      "tma_fill": True})[0]["cyc_smem"] == fill[0]["cyc_smem"]
 
 
 # ---- the calibration microbenchmarks (experiments/microbench): CPU-side checks -------------------------
