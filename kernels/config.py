@@ -256,7 +256,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
                                 "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
                                 "early_desc": (None, False), "p_smem": (None, False),
-                                "p_smem_early": (None, False)}
+                                "p_smem_early": (None, False), "q_regs_k": (None, 0)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -535,6 +535,12 @@ class AttnConfig:
     # (speculative_exp: before the warpgroup's vote, whose barrier ptxas does not schedule across; again after a redo).
     # Costs num_stages sP tiles (hd64 192 x 128 and hd128 128 x 128 fit; hd64 192 x 192 does not). None = off.
     p_smem_early: bool | None = None
+    # sm90 forward, overlapped or not: the first q_regs_k k-blocks (16 head-dim columns each) of Q held in registers
+    # (loaded once per Q tile, as q_in_regs does for all of Q), the rest read from shared memory by each QK^T; Q in
+    # registers in part where all of it does not fit (hd256: 64 registers per thread, the consumer at 212 of 240).
+    # Each QK^T stays one wgmma group, its RS k-blocks first. An int in [0, hdim / 16); q_in_regs=True wins.
+    # None or 0 = off (left out of to_dict()).
+    q_regs_k: int | None = None
     # sm90 forward, rescale_threshold > 0 (elsewhere no effect): a block's rescale decision taken on each thread's own
     # row maxima (a row grows by more than tau iff one of its lanes' columns does: the warp's vote is the same), the
     # quad's max shuffles (2 SHFL + 2 FMNMX per row) run only in the rescale arm, which after the first blocks almost no
@@ -642,6 +648,10 @@ class AttnConfig:
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or not (1 <= b <= 1024)):
             raise ConfigError(f"spec_redo_budget={b!r}: must be None (no budget) or an int in [1, 1024] (second QK^Ts "
                               "per Q tile and warpgroup before the tile runs the eager step)")
+        q = self.q_regs_k
+        if q is not None and (isinstance(q, bool) or not isinstance(q, int) or not 0 <= q < 16):
+            raise ConfigError(f"q_regs_k={q!r}: must be None or an int in [0, hdim / 16) (k-blocks of 16 head-dim "
+                              "columns of Q held in registers; q_in_regs=True holds all)")
         n = self.bwd_dq_stages
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n not in (1, 2)):
             raise ConfigError(f"bwd_dq_stages={n!r}: must be None (two where they fit) or 1 or 2")
@@ -683,11 +693,11 @@ class AttnConfig:
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
-                     "persistent_dynamic", "early_desc", "p_smem", "p_smem_early"):
+                     "persistent_dynamic", "early_desc", "p_smem", "p_smem_early", "q_regs_k"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
-                                  f"{'None' if name == 'spec_redo_budget' else 'False'}")
+                                  f"{'None' if name in ('spec_redo_budget', 'q_regs_k') else 'False'}")
         updates = {k: d[k] for k in ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "bwd_tile_m")
                    if getattr(self, k) is None}
         if self.rescale_before_pv is None:
@@ -848,7 +858,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "p_smem",
-                   "p_smem_early")
+                   "p_smem_early", "q_regs_k")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -36,14 +36,15 @@
 #   lazy_row_max + speculative_exp against the default at 4k-16k. Part 23 (next): early_desc's GPU tests and A/Bs.
 #   Part 24 (next): p_smem (P V with P from shared memory) at hd64 with 160-192-wide key blocks, and p_smem_early
 #   (P stored before the wait for the previous P V): A/Bs, then their tests. Part 25 (next): Nsight Compute of the hd256
-#   forward, ours and official (is it bound by shared-memory bandwidth?).
+#   forward, ours and official (is it bound by shared-memory bandwidth?). Part 26 (next): q_regs_k at hd256 and
+#   (192, 128): A/Bs, then its GPU tests.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-25]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-26]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-25]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-26]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -365,6 +366,16 @@ case "$PART" in
   tail -n 40 "$O/ncu.log"
   exit 0
   ;;
+26)  # next (session 57): q_regs_k (Q K^T's first k-blocks of Q from registers, the rest from shared memory) at hd256,
+  # where all of Q does not fit in registers and the roofline's shared-memory term (with the TMA fill) is ~95% of the
+  # tensor clocks; (192, 128) too. A/Bs first, then the GPU tests (outputs the default's up to a rounding)
+  Q=(qr4=q_regs_k:4 qr2=q_regs_k:2)  # (8 spills 12 LDL / 8 STL)
+  ab 0 256 8192 10 75 --batch 4 --cfg "${Q[@]}"
+  ab 1 256 4096 10 70 --batch 8 --cfg "${Q[@]}"
+  ab 0 256 16384 10 75 --batch 2 --cfg qr4=q_regs_k:4 qr2=q_regs_k:2
+  ab 1 192 8192 10 60 --batch 4 --cfg qr4=q_regs_k:4 qr2=q_regs_k:2
+  tests tests/test_fwd_q_regs_k_gpu.py 200
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -377,7 +388,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-25" >&2; exit 2 ;;
+*) echo "part must be 1-26" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

@@ -110,7 +110,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..config import speculation_compiles
 from . import exp2 as exp2_mod
 from .barriers import FWD_SPEC_WG1, FWD_TILE_EMPTY, FWD_TILE_FULL_WG1, Bar
-from .gemm import wgmma
+from .gemm import wgmma, wgmma_split_a
 from .layout import acc_as_a_operand, acc_rows_cols
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .fwd_tail import TailCombine, tail_piece, tail_pieces
@@ -138,6 +138,7 @@ class ConsumerFrags(NamedTuple):
     q_copy: object = None  # q_in_regs: (ldmatrix tiled copy, this thread's sQ partition, the register fragment)
     ones: object = None  # row_sum_mma: (its m64n8 tiled MMA, this thread's slice, the ones tile's B fragment)
     p_smem: object = None  # p_smem: (stmatrix atom, its thread slice, this thread's sP partition, the P V A fragment)
+    q_part: object = None  # q_regs_k: (the RS tiled MMA of Q K^T, Q's register fragment of the first k-blocks)
 
 
 class Tile(NamedTuple):
@@ -199,7 +200,7 @@ class FlashFwdSm90:
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
-                 early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False):
+                 early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -357,6 +358,17 @@ class FlashFwdSm90:
         # (a third less of that GEMM's operand traffic; the GPU runs at its power cap in long calls). Not with a window
         # in the non-overlapped loop: hd128 causal with a left window there spills 9 LDL / STL with Q in registers
         self.q_in_regs = bool(q_in_regs) and (intra_wg_overlap or not self.has_window)
+        # the first q_regs_k k-blocks (16 head-dim columns each) of Q in registers, the rest read from shared memory:
+        # Q in registers in part, where all of it does not fit (hd256: 64 registers per thread). Each QK^T is one wgmma
+        # group, its RS k-blocks first (gemm.wgmma_split_a); a third less shared-memory traffic on those k-blocks
+        # (the register part is a column slice of sQ: its width must divide the 64-column swizzle atom or be a multiple
+        # of it that divides hdim; hd256: 1, 2, 4 or 8 k-blocks)
+        w = 16 * int(q_regs_k) if not isinstance(q_regs_k, bool) and int(q_regs_k) == q_regs_k else -1
+        if not 0 <= w < hdim or (w and (hdim % w or (64 % w and w % 64))):
+            raise ValueError(f"q_regs_k={q_regs_k!r}: k-blocks of Q in registers, an int in [0, {hdim // 16}) whose "
+                             f"16-column width divides 64 or is a multiple of 64 dividing {hdim} (q_in_regs=True "
+                             "holds all of them)")
+        self.q_regs_k = 0 if self.q_in_regs else int(q_regs_k)
         # tau > 0: the rescale decision on each thread's own row maxima, the quad's shuffles only in the rescale arm
         # (softmax.online_softmax_step lazy_max); bitwise the same output
         self.lazy_row_max = bool(lazy_row_max) and self.tau != 0.0
@@ -487,6 +499,12 @@ class FlashFwdSm90:
         """p_smem: the P tile (tile_m, tile_n), the A operand of the P V wgmma, K-major like sQ (p_smem_early: one per
         K/V stage, (tile_m, tile_n, stages))."""
         return self._smem_layout(self.tile_m, self.tile_n, self.num_stages if self.p_smem_early else None)
+
+    def _tiled_mma_qk_rs(self):
+        """q_regs_k: Q K^T's tiled MMA with A (Q) from registers, for the k-blocks held there."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (self.num_consumer_wg, 1, 1), (64, self.tile_n), warpgroup.OperandSource.RMEM)
 
     def _ones_layout(self):
         """row_sum_mma: the ones tile, the B operand (N 8, K tile_n) of the m64n8 row-sum wgmma, K-major like sK."""
@@ -1204,7 +1222,17 @@ class FlashFwdSm90:
         wg_mma_pv = tiled_mma_pv.get_slice(wg * self.threads_per_wg)
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-        q_copy = None
+        q_copy, q_part = None, None
+        if const_expr(self.q_regs_k > 0):  # the head of Q in registers (filled per tile by load_q_regs), the rest SS
+            mma_rs = self._tiled_mma_qk_rs()
+            kq = self.q_regs_k * 16
+            tSrQr = mma_rs.make_fragment_A(mma_rs.get_slice(tidx).partition_shape_A((self.tile_m, kq)))
+            copy_q = cute.make_tiled_copy_A(
+                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), mma_rs)
+            thr_copy_q = copy_q.get_slice(tidx)
+            q_copy = (copy_q, thr_copy_q.partition_S(cute.local_tile(sQ, (self.tile_m, kq), (0, 0))),
+                      thr_copy_q.retile(tSrQr))
+            q_part = (mma_rs, tSrQr)
         if const_expr(self.q_in_regs):  # Q's register fragment, filled per Q tile by load_q_regs
             tSrQ = tiled_mma_qk.make_fragment_A(thr_mma_qk.partition_shape_A((self.tile_m, self.hdim)))
             copy_q = cute.make_tiled_copy_A(
@@ -1225,7 +1253,15 @@ class FlashFwdSm90:
             st_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
             thr_st = cute.make_tiled_copy_C(st_atom, tiled_mma_qk).get_slice(tidx)
             p_smem = (st_atom, thr_st, thr_st.partition_D(sP), wg_mma_pv.make_fragment_A(wg_mma_pv.partition_A(sP)))
-        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy, ones, p_smem)
+        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy, ones, p_smem, q_part)
+
+    @cute.jit
+    def qk_gemm(self, tiled_mma_qk, acc_S, frags: ConsumerFrags, tSrK):
+        """S = Q K^T on K stage slice ``tSrK`` as one wgmma group (q_regs_k: Q's first k-blocks from registers)."""
+        if const_expr(self.q_regs_k > 0):
+            wgmma_split_a(frags.q_part[0], tiled_mma_qk, acc_S, frags.q_part[1], frags.tSrQ, tSrK, True)
+        else:
+            wgmma(tiled_mma_qk, acc_S, frags.tSrQ, tSrK, True)
 
     @cute.jit
     def load_q_regs(self, frags: ConsumerFrags) -> None:
@@ -1250,7 +1286,7 @@ class FlashFwdSm90:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
-        if const_expr(self.q_in_regs):
+        if const_expr(self.q_in_regs or self.q_regs_k > 0):
             self.load_q_regs(frags)
 
         if const_expr(self.intra_wg_overlap):
@@ -1395,7 +1431,7 @@ class FlashFwdSm90:
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
         if const_expr(not self.early_desc):
             tSrK = frags.tSrK[None, None, None, state.index]
-        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, tSrK, True)
+        self.qk_gemm(tiled_mma_qk, acc_S, frags, tSrK)
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
@@ -1416,7 +1452,7 @@ class FlashFwdSm90:
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
         if const_expr(not self.early_desc):
             tSrK = frags.tSrK[None, None, None, state.index]
-        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, tSrK, True)
+        self.qk_gemm(tiled_mma_qk, acc_S, frags, tSrK)
         if const_expr(self.rescale_before_pv):  # O (PV(j-1) done) by block j's factors, while S(j+1) is computed
             self.rescale_acc(regs, regs.row_scale)
         pipe_v.consumer_wait(state_v)
@@ -1535,7 +1571,7 @@ class FlashFwdSm90:
                                  self.threads_per_wg)
         do_rescale = Boolean(False)
         if redo:
-            wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+            self.qk_gemm(tiled_mma_qk, acc_S, frags, frags.tSrK[None, None, None, state.index])
             warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
             self.prepare_later(acc_S, regs, args, n_block, masked)
@@ -1626,7 +1662,7 @@ class FlashFwdSm90:
         conditional rescale of O), P, then O += P V, all on K/V stage ``state``."""
         pipe_k.consumer_wait(state)
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
-        wgmma(tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK[None, None, None, state.index], True)
+        self.qk_gemm(tiled_mma_qk, acc_S, frags, frags.tSrK[None, None, None, state.index])
         self.sched_arrive(frags.wg)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)

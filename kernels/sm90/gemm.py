@@ -23,3 +23,24 @@ def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.
         atom.set(warpgroup.Field.ACCUMULATE, True)
     if const_expr(commit):
         warpgroup.commit_group()
+
+
+@cute.jit
+def wgmma_split_a(rs_mma: cute.TiledMma, ss_mma: cute.TiledMma, acc: cute.Tensor, tA_regs: cute.Tensor,
+                  tA_smem: cute.Tensor, tB: cute.Tensor, zero_init: cutlass.Constexpr[bool]):
+    """acc (+)= A B as one wgmma group whose first k-blocks take A from registers (``tA_regs``: its k-blocks, on
+    ``rs_mma``'s atom) and the rest from shared memory (``tA_smem``: every k-block's descriptor, the ones past
+    tA_regs used, on ``ss_mma``'s atom); B (``tB``) from shared memory throughout."""
+    warpgroup.fence()
+    kr = cute.size(tA_regs.shape[2])
+    atom = cute.make_mma_atom(rs_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(kr):
+        cute.gemm(atom, acc, tA_regs[None, None, k], tB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    atom_s = cute.make_mma_atom(ss_mma.op)
+    atom_s.set(warpgroup.Field.ACCUMULATE, kr > 0 or not zero_init)
+    for k in cutlass.range_constexpr(kr, cute.size(tB.shape[2])):
+        cute.gemm(atom_s, acc, tA_smem[None, None, k], tB[None, None, k], acc)
+        atom_s.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
