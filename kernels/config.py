@@ -730,6 +730,9 @@ class AttnConfig:
             det = dict(d.get("det", ({}, {}))[int(causal)]) if self.deterministic else {}
             updates["det_schedule"] = det.pop("det_schedule", "rotate")
             updates.update({k: v for k, v in det.items() if getattr(self, k) is None})
+        if self.q_regs_k and self.q_regs_k >= int(hdim) // 16:
+            raise ConfigError(f"q_regs_k={self.q_regs_k} at hdim={hdim}: Q has {int(hdim) // 16} k-blocks; hold fewer "
+                              "in registers, or all with q_in_regs=True")
         entry = TUNED.get((arch, int(hdim), bool(causal)), {}) if tuned else {}  # conf/tuned/<arch>.yaml (run.py tune)
         updates.update({k: v for k, v in entry.items() if getattr(self, k) is None})
         if updates.get("rescale_before_pv") and not self.intra_wg_overlap:  # a default for the overlapped loop only

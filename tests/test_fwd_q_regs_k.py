@@ -9,8 +9,9 @@ bytes per clock as its tensor clocks allow; Q is the one operand a warpgroup re-
 
 CPU tests: the field's rules, the kernel's width rule (a column slice of sQ: its width divides the 64-column swizzle
 atom or is a multiple of it), and the machine code (hd256: the first q_regs_k QK^T HGMMAs read A from registers, the
-rest from descriptors; no local memory at hd256 and (192, 128); 0 compiles the default's kernel). The GPU check
-(outputs against the default's) is tests/test_fwd_q_regs_k_gpu.py.
+rest from descriptors; no local memory at hd256 and (192, 128); 0 compiles the default's kernel). These cannot tell
+whether the registers hold the right columns of Q (a review helper moved the slice to columns 64-127 and they still
+passed): the GPU check, outputs against the default's, is tests/test_fwd_q_regs_k_gpu.py.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_field_rules():
             AttnConfig(q_regs_k=bad)
     with pytest.raises(ConfigError, match="q_regs_k"):
         AttnConfig(q_regs_k=4).resolve("sm100", 256, False)
+    with pytest.raises(ConfigError, match="k-blocks"):
+        AttnConfig(q_regs_k=4).resolve("sm90", 64, False)  # hd64 has 4
     assert (compiled_config(AttnConfig(q_regs_k=4), "sm90", 256, False, mode="bwd")
             == compiled_config(AttnConfig(), "sm90", 256, False, mode="bwd"))
     for hdim in (64, 128, 192, 256):
@@ -58,6 +61,7 @@ def test_kernel_width_rule():
                 assert "q_regs_k" in str(e)
     assert ok == {256: [0, 1, 2, 4, 8], 192: [0, 1, 2, 4], 64: [0, 1, 2]}
     assert FlashFwdSm90(bf, 128, 128, False, q_in_regs=True, q_regs_k=4).q_regs_k == 0  # all of Q wins
+    assert FlashFwdSm90(bf, 128, 128, False, q_in_regs=True, q_regs_k=3).q_regs_k == 0  # (no width rule then)
 
 
 def _sass(hdim, causal, tmp_path, **kw):

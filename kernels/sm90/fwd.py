@@ -364,7 +364,7 @@ class FlashFwdSm90:
         # (the register part is a column slice of sQ: its width must divide the 64-column swizzle atom or be a multiple
         # of it that divides hdim; hd256: 1, 2, 4 or 8 k-blocks)
         w = 16 * int(q_regs_k) if not isinstance(q_regs_k, bool) and int(q_regs_k) == q_regs_k else -1
-        if not 0 <= w < hdim or (w and (hdim % w or (64 % w and w % 64))):
+        if not self.q_in_regs and (not 0 <= w < hdim or (w and (hdim % w or (64 % w and w % 64)))):
             raise ValueError(f"q_regs_k={q_regs_k!r}: k-blocks of Q in registers, an int in [0, {hdim // 16}) whose "
                              f"16-column width divides 64 or is a multiple of 64 dividing {hdim} (q_in_regs=True "
                              "holds all of them)")
