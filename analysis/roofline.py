@@ -119,25 +119,29 @@ def _sm90_gemm(name, m, n, k, a_src, wgs=2):
 
 
 def tile_gemms(arch: str, mode: str, m: int, n: int, d: int, dv: int, two_cta: bool = False, *,
-               q_in_regs: bool = False, p_smem: bool = False, tma_fill: bool = False) -> tuple[list[Gemm], float]:
+               q_in_regs: bool = False, p_smem: bool = False, tma_fill: bool = False,
+               q_regs_k: int = 0) -> tuple[list[Gemm], float]:
     """GEMMs of one tile step and the extra (non-GEMM) shared-memory bytes, for arch 'sm90'/'sm100'.
 
-    sm90 forward operand sources (AttnConfig): ``q_in_regs`` S = Q K^T takes Q from registers (RS); ``p_smem`` O += P V
-    reads P from shared memory (SS), after the threads stored it there (m x n bf16 more). ``tma_fill``: also count the
+    sm90 forward operand sources (AttnConfig): ``q_in_regs`` S = Q K^T takes Q from registers (RS); ``q_regs_k`` only
+    its first q_regs_k k-blocks (16 columns each; S = Q K^T as an RS and an SS part); ``p_smem`` O += P V reads P from
+    shared memory (SS), after the threads stored it there (m x n bf16 more). ``tma_fill``: also count the
     bytes TMA writes into shared memory each step (forward: the K and V block; backward: the Q and dO block), which
     share the banks with the operand reads; off by default, as in the FA4 paper's accounting."""
     if two_cta and arch != "sm100":
         raise ValueError(f"two_cta=True: 2-CTA MMA is a Blackwell (sm100) feature; arch={arch!r}")
-    if (q_in_regs or p_smem) and (arch != "sm90" or mode != "fwd"):
-        raise ValueError("q_in_regs / p_smem: operand sources of the sm90 forward")
+    if (q_in_regs or p_smem or q_regs_k) and (arch != "sm90" or mode != "fwd"):
+        raise ValueError("q_in_regs / q_regs_k / p_smem: operand sources of the sm90 forward")
     if mode == "fwd":
         fill = n * (d + dv) * BF16 if tma_fill else 0.0
         if arch == "sm100":
             if m % 128:
                 raise ValueError(f"tile_m={m}: Blackwell forward tiles are whole 128-row MMAs")
             return [_sm100_gemm("S=QK^T", m, n, d, "smem"), _sm100_gemm("O+=PV", m, dv, n, "tmem")], float(fill)
-        gemms = [_sm90_gemm("S=QK^T", m, n, d, "reg" if q_in_regs else "smem"),
-                 _sm90_gemm("O+=PV", m, dv, n, "smem" if p_smem else "reg")]
+        kr = d if q_in_regs else min(16 * int(q_regs_k), d)  # Q's columns read from registers
+        qk = [_sm90_gemm("S=QK^T", m, n, d, "reg" if q_in_regs else "smem")] if kr in (0, d) else [
+            _sm90_gemm("S=QK^T (Q regs)", m, n, kr, "reg"), _sm90_gemm("S=QK^T (Q smem)", m, n, d - kr, "smem")]
+        gemms = qk + [_sm90_gemm("O+=PV", m, dv, n, "smem" if p_smem else "reg")]
         return gemms, float(fill + (m * n * BF16 if p_smem else 0))
     if mode == "bwd":
         extra = m * n * BF16 + 2 * m * d * F32  # dS store; fp32 dQ staged: written, then read by TMA
@@ -190,7 +194,7 @@ class TileCost:
 def tile_cost(gpu: GPU, mode: str, m: int, n: int, d: int, dv: int | None = None, *,
               exp2_emu_fraction: float = 0.0, rescale_share: float = 1.0, overlap: bool = True,
               two_cta: bool = False, poly_cost_scale: float = 1.0, q_in_regs: bool = False, p_smem: bool = False,
-              tma_fill: bool = False) -> TileCost:
+              tma_fill: bool = False, q_regs_k: int = 0) -> TileCost:
     """Cycles per resource of one M x N tile (head dims d, dv) on ``gpu`` (operand sources and ``tma_fill``: as
     tile_gemms)."""
     dv = d if dv is None else dv
@@ -201,7 +205,7 @@ def tile_cost(gpu: GPU, mode: str, m: int, n: int, d: int, dv: int | None = None
         raise ValueError(f"rescale_share={rescale_share}: must be in [0, 1]")
     arch = "sm100" if gpu.arch.startswith("sm10") else gpu.arch
     gemms, extra = tile_gemms(arch, mode, m, n, d, dv, two_cta, q_in_regs=q_in_regs, p_smem=p_smem,
-                              tma_fill=tma_fill)
+                              tma_fill=tma_fill, q_regs_k=q_regs_k)
     elems = m * n
     if mode == "fwd":
         fma = FWD_FMA_PER_ELEM + rescale_share * dv / n
@@ -390,7 +394,8 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     tc = tile_cost(gpu, mode, tm, tn, hdim, hdim_v, exp2_emu_fraction=frac,
                    rescale_share=rescale_share, overlap=overlap, two_cta=two_cta, poly_cost_scale=poly_scale,
                    q_in_regs=sm90_fwd and bool(compiled.get("q_in_regs")),
-                   p_smem=sm90_fwd and bool(compiled.get("p_smem")), tma_fill=tma_fill)
+                   p_smem=sm90_fwd and bool(compiled.get("p_smem")), tma_fill=tma_fill,
+                   q_regs_k=int(compiled.get("q_regs_k") or 0) if sm90_fwd else 0)
 
     batch = int(_get(shape, "batch", DEFAULT_SHAPE["batch"]))
     sq = int(_get(shape, "seqlen_q", DEFAULT_SHAPE["seqlen_q"]))

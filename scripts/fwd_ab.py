@@ -39,7 +39,10 @@ Each variant's output is first checked against ``ours`` (max |diff| relative to 
 with NaN in its output, is flagged BAD and its times are still printed). Then ``--repeats`` rounds (rounded up to whole cycles of
 balanced orders: every variant follows every other equally often), the L2 flushed before every call; per
 variant the median time, TFLOP/s, and the per-round speed ratios against ours and against fa4_official (median and
-[p20, p80]). A session script for kernel work; the committed benchmark is ``python run.py sweep experiment=...``.
+[p20, p80]). Rows of this tree's configs (ours and every --cfg) also carry the roofline model's bound for them
+(model_tflops, model_bound: analysis/roofline.py predict with the TMA fill counted, on the hardware table's entry for
+the device), printed after the times. A session script for kernel work; the committed benchmark is
+``python run.py sweep experiment=...``.
 """
 from __future__ import annotations
 
@@ -95,6 +98,29 @@ def _parse_cfg(spec: str):
         kw[k] = True if lv == "true" else False if lv == "false" else None if lv == "none" else (
             int(v) if v.lstrip("-").isdigit() else float(v))
     return name, kw
+
+
+def gpu_key(device_name: str) -> str | None:
+    """kernels.hardware's key of a CUDA device name ('NVIDIA H100 80GB HBM3' -> 'h100'), None when not listed."""
+    from kernels.hardware import GPUS
+
+    name = device_name.lower()
+    hits = [k for k in GPUS if k in name]
+    return max(hits, key=len) if hits else None
+
+
+def model_bound(gpu: str | None, hdim: int, dv: int, causal: bool, fields: dict, shape: dict) -> dict:
+    """The roofline model's bound for this tree's config ``fields`` (analysis/roofline.py predict, TMA fill counted):
+    {model_tflops, model_bound}; {} where the model has no answer (no GPU key, a config it refuses)."""
+    if gpu is None:
+        return {}
+    try:
+        from analysis.roofline import predict
+
+        p = predict(gpu, hdim, causal, dict(fields), dict(shape, hdim_v=dv), tma_fill=True)
+    except Exception:  # noqa: BLE001 -- a session script: the timing matters more than the model
+        return {}
+    return dict(model_tflops=p.tflops, model_bound=p.bound)
 
 
 def _variants(q, k, v, causal, scale, base, extra: dict, cudnn: bool, base_extra: dict | None = None,
@@ -305,6 +331,9 @@ def main():
                                **(dict(of_gemm=og[0], gemm_p20=og[1], gemm_p80=og[2], gemm_n=a.gemm) if og else {}),
                                **(dict(softcap=a.softcap) if a.softcap else {}),
                                **gpu, **prov)
+                    if name == "ours" or name in extra:  # this tree's configs: the roofline's bound beside the time
+                        row.update(model_bound(gpu_key(row["gpu"]), hdim, dv, causal, extra.get(name, {}),
+                                               dict(batch=batch, seqlen_q=s, seqlen_k=s_k, heads=heads)))
                     rows.append(row)
                     bad = "  BAD" if name != "gemm" and not diffs[name] <= 0.02 else ""
                     shape = f"s{s}" + (f" sk{s_k}" if s_k != s else "") + (f" b{batch} h{heads}/{kv_heads}"
@@ -312,7 +341,9 @@ def main():
                     print(f"hd{hdim} {shape} causal={int(causal)} {name:16s} {med:7.3f} ms {row['tflops']:6.1f} TFLOP/s"
                           f"  speed/ours {so[0]:.3f} [{so[1]:.3f}, {so[2]:.3f}]"
                           f"  speed/official {sf[0]:.3f} [{sf[1]:.3f}, {sf[2]:.3f}]  diff {diffs[name]:.2e}{bad}"
-                          + (f"  of gemm {og[0]:.3f} [{og[1]:.3f}, {og[2]:.3f}]" if og else ""), flush=True)
+                          + (f"  of gemm {og[0]:.3f} [{og[1]:.3f}, {og[2]:.3f}]" if og else "")
+                          + (f"  model {row['model_tflops']:.0f} ({row['model_bound']})" if "model_tflops" in row
+                             else ""), flush=True)
                     if a.out:
                         with open(a.out, "a") as f:
                             f.write(json.dumps(row) + "\n")

@@ -66,6 +66,9 @@ def test_hopper_forward_operand_switches_and_tma_fill():
     assert tc.cycles["mma"] == 2560 and tc.cycles["smem"] == 304 * kb / h.smem_bytes_per_clk
     g, _ = rl.tile_gemms("sm90", "fwd", 192, 128, 64, 64, q_in_regs=True)
     assert g[0].a_src == "reg" and g[0].smem_bytes == 128 * 64 * 2 * 3  # K only, once per warpgroup
+    g, _ = rl.tile_gemms("sm90", "fwd", 128, 80, 256, 256, q_regs_k=4)  # hd256: 64 of Q's 256 columns in registers
+    assert [x.a_src for x in g] == ["reg", "smem", "reg"] and [x.k for x in g[:2]] == [64, 192]
+    assert sum(x.smem_bytes for x in g) / kb == 64 + 80 + 80 - 16 and sum(x.flops for x in g) == 4 * 128 * 80 * 256
     g, extra = rl.tile_gemms("sm90", "fwd", 192, 128, 64, 64, p_smem=True)
     assert g[1].a_src == "smem" and extra == 192 * 128 * 2  # P stored, then read as the SS GEMM's A
     assert g[1].smem_bytes == 192 * 128 * 2 + 128 * 64 * 2 * 3
