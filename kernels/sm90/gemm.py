@@ -10,15 +10,16 @@ from cutlass.cute.nvgpu import warpgroup
 @cute.jit
 def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
           zero_init: cutlass.Constexpr[bool], fence: cutlass.Constexpr[bool] = True,
-          commit: cutlass.Constexpr[bool] = True):
-    """acc (+)= tA tB over every k-block, issued asynchronously on a fresh atom of ``tiled_mma`` (the tiled MMA's
-    own accumulate flag is never touched). ``fence``: wgmma.fence first (needed when registers the chain reads
-    were written since the last fence); ``commit``: close the chain as one wgmma group; the caller waits."""
+          commit: cutlass.Constexpr[bool] = True, k_from: cutlass.Constexpr[int] = 0):
+    """acc (+)= tA tB over the k-blocks of tA from ``k_from`` on, issued asynchronously on a fresh atom of
+    ``tiled_mma`` (the tiled MMA's own accumulate flag is never touched). ``fence``: wgmma.fence first (needed when
+    registers the chain reads were written since the last fence); ``commit``: close the chain as one wgmma group; the
+    caller waits."""
     if const_expr(fence):
         warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+    for k in cutlass.range_constexpr(k_from, cute.size(tA.shape[2])):
         cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     if const_expr(commit):
@@ -31,16 +32,5 @@ def wgmma_split_a(rs_mma: cute.TiledMma, ss_mma: cute.TiledMma, acc: cute.Tensor
     """acc (+)= A B as one wgmma group whose first k-blocks take A from registers (``tA_regs``: its k-blocks, on
     ``rs_mma``'s atom) and the rest from shared memory (``tA_smem``: every k-block's descriptor, the ones past
     tA_regs used, on ``ss_mma``'s atom); B (``tB``) from shared memory throughout."""
-    warpgroup.fence()
-    kr = cute.size(tA_regs.shape[2])
-    atom = cute.make_mma_atom(rs_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(kr):
-        cute.gemm(atom, acc, tA_regs[None, None, k], tB[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    atom_s = cute.make_mma_atom(ss_mma.op)
-    atom_s.set(warpgroup.Field.ACCUMULATE, kr > 0 or not zero_init)
-    for k in cutlass.range_constexpr(kr, cute.size(tB.shape[2])):
-        cute.gemm(atom_s, acc, tA_smem[None, None, k], tB[None, None, k], acc)
-        atom_s.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
+    wgmma(rs_mma, acc, tA_regs, tB, zero_init, commit=False)
+    wgmma(ss_mma, acc, tA_smem, tB, False, fence=False, k_from=cute.size(tA_regs.shape[2]))
