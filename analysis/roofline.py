@@ -471,13 +471,14 @@ def table(gpus=("h100", "h200", "b200", "b300"), hdims=(64, 128, 192, 256), mode
 
 
 def _p_smem_fits(hdim: int, hdim_v: int, causal: bool) -> bool:
-    """Whether the sm90 forward's default tile has room for sP beside Q and the K / V stages (the kernel's own check,
-    kernels/sm90/fwd.py: 227 KB less a 2 KB margin): hd 64 / 128 yes, (192, 128) and 256 no."""
+    """Whether the sm90 forward's default tile has room for sP beside Q and the K / V stages (the kernel's own rule,
+    kernels.tiles.sm90_fwd_smem): hd 64 / 128 yes, (192, 128) and 256 no."""
     from kernels.config import AttnConfig
+    from kernels.tiles import sm90_fwd_smem
 
     c = AttnConfig(p_smem=True).resolve("sm90", hdim, causal)
-    tiles = c.tile_m * hdim + c.num_stages * c.tile_n * (hdim + hdim_v) + c.tile_m * c.tile_n
-    return tiles * BF16 <= 227 * 1024 - 2048
+    smem, limit = sm90_fwd_smem(c.tile_m, c.tile_n, c.num_stages, hdim, hdim_v, elem=BF16, p_tiles=1)
+    return smem <= limit
 
 
 def _format(rows: list[dict]) -> str:

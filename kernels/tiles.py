@@ -18,6 +18,20 @@ SM100_BWD_TILE = (128, 128)  # FA4 paper (B200): 128 x 128 backward tiles; no sm
 SM90_BWD_TILE_N = 128  # K/V rows per CTA when the kernel module cannot be imported (two 64-row MMA warpgroups)
 
 
+def sm90_fwd_smem(tile_m: int, tile_n: int, num_stages: int, hdim: int, hdim_v: int, *, elem: int = 2,
+                  row_sum_mma: bool = False, p_tiles: int = 0) -> tuple[int, int]:
+    """(bytes, limit) of the sm90 forward's shared-memory tiles: Q, the K / V stages, row_sum_mma's ones tile and
+    ``p_tiles`` sP tiles (p_smem: 1, p_smem_early: num_stages). The struct holds the mbarriers in its first KB (sQ is
+    1024-aligned), then the tiles (KB multiples), then sO / the ones tile: the tiles alone keep a 2 KB margin under
+    the 227 KB of sm_90a, the ones tile may use the second of those KB (hd256). The kernel's constructor refuses a
+    tile over the limit (kernels/sm90/fwd.py); the roofline asks here where a switch fits."""
+    smem = elem * (tile_m * hdim + num_stages * tile_n * (hdim + hdim_v) + p_tiles * tile_m * tile_n)
+    limit = 227 * 1024 - 2048
+    if row_sum_mma:
+        smem, limit = smem + elem * 8 * tile_n, 227 * 1024 - 1024
+    return smem, limit
+
+
 def _sm90_bwd_table() -> dict | None:
     try:
         from .sm90.bwd import BWD_TILES

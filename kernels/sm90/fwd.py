@@ -108,6 +108,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from ..config import speculation_compiles
+from ..tiles import sm90_fwd_smem
 from . import exp2 as exp2_mod
 from .barriers import FWD_SPEC_WG1, FWD_TILE_EMPTY, FWD_TILE_FULL_WG1, Bar
 from .gemm import wgmma, wgmma_split_a
@@ -401,14 +402,9 @@ class FlashFwdSm90:
         self.poly = exp2_mod.POLY_COEFFS
         self.num_threads = self.threads_per_wg * (1 + self.num_consumer_wg)
         elem = dtype.width // 8
-        smem = elem * (tile_m * hdim + num_stages * tile_n * (hdim + hdim_v))
-        # the struct: the mbarriers in its first KB (sQ is 1024-aligned), the tiles (KB multiples), then sO / the ones
-        # tile; the tiles alone keep a 2 KB margin, the row_sum_mma ones tile may use the second of those KB (hd256)
-        limit = 227 * 1024 - 2048
-        if self.row_sum_mma:
-            smem, limit = smem + elem * 8 * tile_n, 227 * 1024 - 1024
-        if self.p_smem:
-            smem += elem * tile_m * tile_n * (num_stages if self.p_smem_early else 1)
+        p_tiles = (num_stages if self.p_smem_early else 1) if self.p_smem else 0
+        smem, limit = sm90_fwd_smem(tile_m, tile_n, num_stages, hdim, hdim_v, elem=elem, row_sum_mma=self.row_sum_mma,
+                                    p_tiles=p_tiles)
         if smem > limit:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
