@@ -22,6 +22,22 @@ def check_forward_field(name: str) -> None:
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
+def spill_free_sass(hdim: int, causal: bool, workdir: str, seqlen: int = 8192, **fields) -> str:
+    """SASS of the sm90 forward that a call of ``seqlen`` queries runs with AttnConfig(**fields) (bf16; hdim 192 with
+    hdim_v 128), after checking it has no local memory."""
+    from kernels.config import AttnConfig
+    from kernels.interface import forward_config
+    from kernels.sm90.compile import make_fwd_kernel
+    from kernels.sm90.sass import count, opcode_counts
+    from sass_cache import kernel_sass
+
+    cfg = forward_config(AttnConfig(**fields).resolve("sm90", hdim, causal), hdim, causal, seqlen)
+    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal), workdir)
+    c = opcode_counts(sass)
+    assert count(c, "LDL") == 0 and count(c, "STL") == 0, fields
+    return sass
+
+
 def loop_ops(cfg, hdim: int, causal: bool, workdir: str, all_loops: bool = False) -> list:
     """The opcodes of the mask-free K/V loop (causal: the last) of the sm90 forward compiled from the resolved ``cfg``
     (bf16; hdim 192 with hdim_v 128), after checking the kernel has no local memory; ``all_loops``: a list of every

@@ -42,15 +42,10 @@ def test_kernel_takes_it_with_the_overlapped_loop_only():
 
 
 def _loops(hdim, causal, early, tmp_path):
-    from kernels.interface import forward_config
-    from kernels.sm90.compile import make_fwd_kernel
-    from kernels.sm90.sass import count, opcode_counts, steady_state_loops
-    from sass_cache import kernel_sass
+    from fwd_switch_checks import spill_free_sass
+    from kernels.sm90.sass import steady_state_loops
 
-    cfg = forward_config(AttnConfig(early_desc=early).resolve("sm90", hdim, causal), hdim, causal, 8192)
-    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal), str(tmp_path))
-    c = opcode_counts(sass)
-    assert count(c, "LDL") == 0 and count(c, "STL") == 0
+    sass = spill_free_sass(hdim, causal, str(tmp_path), early_desc=early)
     return [[o for o, _ in body] for body in steady_state_loops(sass)], sass
 
 

@@ -65,16 +65,9 @@ def test_kernel_width_rule():
 
 
 def _sass(hdim, causal, tmp_path, **kw):
-    from kernels.interface import forward_config
-    from kernels.sm90.compile import make_fwd_kernel
-    from kernels.sm90.sass import count, opcode_counts
-    from sass_cache import kernel_sass
+    from fwd_switch_checks import spill_free_sass
 
-    cfg = forward_config(AttnConfig(**kw).resolve("sm90", hdim, causal), hdim, causal, 8192)
-    sass = kernel_sass(make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal), str(tmp_path))
-    c = opcode_counts(sass)
-    assert count(c, "LDL") == 0 and count(c, "STL") == 0, kw
-    return sass
+    return spill_free_sass(hdim, causal, str(tmp_path), **kw)
 
 
 @pytest.mark.compile
