@@ -19,7 +19,8 @@ Operand rules:
   * Hopper (wgmma): each consumer warpgroup issues its own m64 wgmma, so B is read once per 64-row
     warpgroup slice; A comes from shared memory (SS) or registers (RS). When a GEMM has fewer than 128
     rows its two warpgroups split N instead and each reads all of A. The forward's sources follow the compiled
-    config: Q from registers with ``q_in_regs``, P from shared memory with ``p_smem`` (stored there first: m x n bf16).
+    config: Q from registers with ``q_in_regs`` (its first k-blocks with ``q_regs_k``), P from shared memory with
+    ``p_smem`` (stored there first: m x n bf16).
   * ``tma_fill`` (off by default, as in the paper's accounting; ``--tma-fill``): the bytes TMA writes into shared
     memory each step, which share the banks with the operand reads (forward: the K and V blocks; backward: Q and dO).
     It matters where the operand reads already come close: sm90 hd256's 128 x 80 tile reads 224 KB of operands in
@@ -359,8 +360,8 @@ def predict(arch, hdim: int, causal: bool = False, config=None, shape=None, *, m
     ``rescale_share``: share of tiles that rescale O (from the reference's stats); None: 1.0 when
     rescale_threshold == 0, else 0.0 (every rescale skipped: the bound).
     ``calib``: measured microbench values (default: read results/*microbench*/rows.jsonl).
-    The sm90 forward's operand sources follow the compiled config (q_in_regs, p_smem); ``tma_fill``: count the TMA
-    writes into shared memory too (tile_gemms).
+    The sm90 forward's operand sources follow the compiled config (q_in_regs, q_regs_k, p_smem); ``tma_fill``: count
+    the TMA writes into shared memory too (tile_gemms).
     """
     from kernels.config import AttnConfig
 
