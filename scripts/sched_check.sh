@@ -35,16 +35,16 @@
 #   causal with a softcap, the claiming kernel against the greedy walk (fwd_ab --softcap). Part 22 (next): hd256
 #   lazy_row_max + speculative_exp against the default at 4k-16k. Part 23 (next): early_desc's GPU tests and A/Bs.
 #   Part 24 (next): p_smem (P V with P from shared memory) at hd64 with 160-192-wide key blocks, and p_smem_early
-#   (P stored before the wait for the previous P V): A/Bs, then their tests. Part 25 (next): Nsight Compute of the hd256
+#   (P stored before the wait for the previous P V): A/Bs (their tests: part 27). Part 25 (next): Nsight Compute of the hd256
 #   forward, ours and official (is it bound by shared-memory bandwidth?). Part 26 (next): q_regs_k at hd256 and
-#   (192, 128): A/Bs, then its GPU tests.
+#   (192, 128): A/Bs, then its GPU tests. Part 27 (next): p_smem's GPU tests.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-26]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-27]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-26]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-27]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -338,8 +338,8 @@ case "$PART" in
 24)  # next (session 57): p_smem (P V reads P from shared memory: P's registers free while the GEMM runs, so hd64's
   # 192-row tiles take 160-192-wide key blocks without spilling; FA3's C++ kernel runs hd64 non-causal at 192 x 192
   # this way) and p_smem_early (one sP tile per K/V stage: P converted and stored among the exponentials, before the
-  # vote and the wait for the previous P V). A/Bs first (fwd_ab flags a variant whose output is off), then the GPU
-  # tests; 32k tokens
+  # vote and the wait for the previous P V). The A/Bs (fwd_ab flags a variant whose output is off); their GPU tests
+  # are part 27 (about 44 tests: they would not fit after these in one call); 32k tokens
   PE=pe=p_smem:true,p_smem_early:true
   P=(p192=p_smem:true,tile_n:192 p160=p_smem:true,tile_n:160 "$PE" p128=p_smem:true)
   PEQ=peq=p_smem:true,p_smem_early:true,q_in_regs:true  # (Q in registers spills at hd64 with P in registers)
@@ -349,7 +349,9 @@ case "$PART" in
   ab 0 128 8192 10 50 --batch 4 --cfg "$PE" p128=p_smem:true
   ab 1 128 4096 10 50 --batch 8 --cfg "$PE"
   ab 0 64 4096 10 50 --batch 8 --cfg p176=p_smem:true,tile_n:176 "$PE"
-  tests tests/test_fwd_p_smem_gpu.py 240
+  ;;
+27)  # next (session 57): the GPU tests of p_smem / p_smem_early (part 24's A/Bs), in a call of their own
+  tests tests/test_fwd_p_smem_gpu.py 540
   ;;
 25)  # next (session 57): is hd256's forward bound by shared-memory bandwidth? Per 128 x 80 block, S = Q K^T reads Q
   # (64 KB) and K (2 x 40 KB, once per warpgroup) from shared memory, P V reads V (2 x 40 KB), and TMA writes the K / V
@@ -388,7 +390,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-26" >&2; exit 2 ;;
+*) echo "part must be 1-27" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0
