@@ -38,13 +38,14 @@
 #   (P stored before the wait for the previous P V): A/Bs (their tests: part 27). Part 25 (next): Nsight Compute of the hd256
 #   forward, ours and official (is it bound by shared-memory bandwidth?). Part 26 (next): q_regs_k at hd256 and
 #   (192, 128): A/Bs, then its GPU tests. Part 27 (next): p_smem's GPU tests.
+#   Part 28 (first, when a session may get one call): the deciding A/Bs of parts 24 / 26 / 22 and 16 p_smem tests.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-27]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-28]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-27]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-28]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -378,6 +379,18 @@ case "$PART" in
   ab 1 192 8192 10 60 --batch 4 --cfg qr4=q_regs_k:4 qr2=q_regs_k:2
   tests tests/test_fwd_q_regs_k_gpu.py 200
   ;;
+28)  # session 58 (devices scarce: one call may be all a session gets): the deciding A/Bs of parts 24 / 26 / 22 in
+  # one call: hd64 non-causal with P from shared memory (192-wide blocks, one tile per stage, + Q in registers), hd256
+  # with Q in registers in part and lazy_row_max + speculative_exp; fwd_ab flags a variant whose output is off
+  ab 0 64 8192 10 90 --batch 4 --cfg p192=p_smem:true,tile_n:192 pe=p_smem:true,p_smem_early:true \
+    peq=p_smem:true,p_smem_early:true,q_in_regs:true
+  ab 0 64 16384 10 80 --batch 2 --cfg p192=p_smem:true,tile_n:192 pe=p_smem:true,p_smem_early:true \
+    peq=p_smem:true,p_smem_early:true,q_in_regs:true
+  ab 0 256 8192 10 80 --batch 4 --cfg qr4=q_regs_k:4 qr2=q_regs_k:2 spec=lazy_row_max:true,speculative_exp:true
+  ab 1 256 4096 10 75 --batch 8 --cfg qr4=q_regs_k:4 qr2=q_regs_k:2 spec=lazy_row_max:true,speculative_exp:true
+  ab 1 64 8192 10 60 --batch 4 --cfg p192=p_smem:true,tile_n:192 pe=p_smem:true,p_smem_early:true
+  tests tests/test_fwd_p_smem_gpu.py 120 -k "wide_key_blocks or early_is_the_default and not persistent"
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
@@ -390,7 +403,7 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-27" >&2; exit 2 ;;
+*) echo "part must be 1-28" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0
