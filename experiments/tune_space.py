@@ -3,9 +3,11 @@ and the order in which a time budget visits them.
 
 Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows), tile_n, num_stages, the register split
 (producer_regs, consumer_regs), pingpong, exp2_emu_fraction, rescale_before_pv, q_in_regs (only where
-kernels/config.py q_in_regs_fits: 128-row tiles at most 128 wide, exp2 fraction under 1/2) and p_smem (P V reads P from
+kernels/config.py q_in_regs_fits: 128-row tiles at most 128 wide, exp2 fraction under 1/2), p_smem (P V reads P from
 shared memory: P leaves the register floor, sP joins the kernel's shared-memory budget, so hd64's 192-row tiles reach
-192-wide key blocks). Backward: bwd_tile_m. (``cluster_m`` is not
+192-wide key blocks), p_smem_early (with p_smem only: one sP tile per K/V stage, P stored before the wait for the
+previous P V) and q_regs_k (without q_in_regs only: the first 1 / 2 / 4 k-blocks of Q in registers, for head dims
+where all of Q does not fit). Backward: bwd_tile_m. (``cluster_m`` is not
 searched: an opt-in forward switch for non-causal calls only, A/B it with backend.config.cluster_m=2; ``persistent``
 is not searched either: its default is a per-call rule on seqlen_q,
 DEFAULTS' persistent_max_seqlen, which one tuned value per (hdim, causal) cannot express -- A/B it with
@@ -14,7 +16,7 @@ kernel class's constructor accepts it (its shared-memory and register-budget ass
 accumulators of a consumer thread fit its register budget (a lower bound, below): near that bound a kernel may still
 spill, which its timing then shows. Combinations that compile to the same kernel as another (the exp2 fraction is
 rounded to whole register fragments) are kept once. A field searched since after the first tune rows were recorded
-(LATE_FIELDS: rescale_before_pv, q_in_regs, p_smem) is left out of a job's config where it has the value that leaving it out resolves to
+(LATE_FIELDS: rescale_before_pv, q_in_regs, p_smem, p_smem_early, q_regs_k) is left out of a job's config where it has the value that leaving it out resolves to
 (job_config), so the jobs, job keys and rows of the searches from before it are unchanged.
 
 Order: first every one-field change of the default (each field at each of its valid values, the others at the
@@ -26,6 +28,7 @@ change.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 from kernels.config import AttnConfig, ConfigError, TUNED_FIELDS, normalize_arch, q_in_regs_fits, table_defaults
@@ -49,10 +52,12 @@ SM90_FWD_VALUES = {
     "rescale_before_pv": (False, True),
     "q_in_regs": (False, True),
     "p_smem": (False, True),
+    "p_smem_early": (False, True),
+    "q_regs_k": (0, 1, 2, 4),  # (8, hd256's widest, spills: 12 LDL / 8 STL on the CPU)
 }
 SM90_BWD_VALUES = {"bwd_tile_m": (64, 80, 128)}  # 80: hd128 only (dQ^T; kernels/sm90/bwd.py)
 # searched fields added after tune rows existed: left out of a job's config at the value they resolve to when left out
-LATE_FIELDS = ("rescale_before_pv", "q_in_regs", "p_smem")
+LATE_FIELDS = ("rescale_before_pv", "q_in_regs", "p_smem", "p_smem_early", "q_regs_k")
 REG_RESERVE = 16  # registers per consumer thread beyond the accumulators: row max/sum, indices, addresses (minimum)
 
 
@@ -103,7 +108,8 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
                          exp2_emu_fraction=point["exp2_emu_fraction"], pingpong=point["pingpong"],
                          consumer_regs=point["consumer_regs"], producer_regs=point["producer_regs"],
                          rescale_before_pv=bool(point.get("rescale_before_pv", False)),
-                         q_in_regs=bool(point.get("q_in_regs", False)), p_smem=bool(point.get("p_smem", False)))
+                         q_in_regs=bool(point.get("q_in_regs", False)), p_smem=bool(point.get("p_smem", False)),
+                         p_smem_early=bool(point.get("p_smem_early", False)), q_regs_k=int(point.get("q_regs_k", 0)))
         except (ValueError, AssertionError) as e:
             return str(e).splitlines()[0]
         return None
@@ -122,10 +128,16 @@ def _kernel_check(point: dict, hdim: int, causal: bool, direction: str) -> str |
 def register_floor(point: dict, hdim: int) -> int:
     """Registers a consumer thread needs at least: its O accumulator (64 rows x hdim_v fp32 over 128 threads), S of
     the next block (64 x tile_n fp32) and P of the current one (bf16, held while PV(j) runs beside softmax(j+1); not
-    with p_smem, where the GEMM reads P from shared memory); with q_in_regs also its Q fragment (64 rows x hdim bf16)."""
+    with p_smem, where the GEMM reads P from shared memory); with q_in_regs also its Q fragment (64 rows x hdim bf16),
+    with q_regs_k the first q_regs_k k-blocks of it (64 rows x 16 columns bf16 each: 4 registers)."""
     dv, tn = FWD_HDIMS[hdim], point["tile_n"]
     p = 0 if point.get("p_smem") else tn // 4
-    return dv // 2 + tn // 2 + p + (hdim // 4 if point.get("q_in_regs") else 0) + REG_RESERVE
+    return dv // 2 + tn // 2 + p + _q_regs(point, hdim) + REG_RESERVE
+
+
+def _q_regs(point: dict, hdim: int) -> int:
+    """Registers per consumer thread that hold Q: all of it with q_in_regs, q_regs_k k-blocks of 16 columns else."""
+    return hdim // 4 if point.get("q_in_regs") else 4 * int(point.get("q_regs_k") or 0)
 
 
 def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str | None:
@@ -142,7 +154,7 @@ def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str)
         if need > point["consumer_regs"]:
             return (f"registers: the accumulators need >= {need} per consumer thread (O {FWD_HDIMS[hdim] // 2}, "
                     f"S {point['tile_n'] // 2}, P {0 if point.get('p_smem') else point['tile_n'] // 4}, "
-                    f"{f'Q {hdim // 4}, ' if point.get('q_in_regs') else ''}+{REG_RESERVE}); budget {point['consumer_regs']}")
+                    f"{f'Q {_q_regs(point, hdim)}, ' if _q_regs(point, hdim) else ''}+{REG_RESERVE}); budget {point['consumer_regs']}")
     return _kernel_check(point, hdim, causal, direction)
 
 
@@ -152,23 +164,37 @@ def _raw_points(direction: str):
             yield {"bwd_tile_m": v}
         return
     V = SM90_FWD_VALUES
-    for tm, tn, st, lv, pp, ex, rb, qr, ps in itertools.product(V["tile_m"], V["tile_n"], V["num_stages"],
-                                                                 V["reg_split"], V["pingpong"], V["exp2_emu_fraction"],
-                                                                 V["rescale_before_pv"], V["q_in_regs"], V["p_smem"]):
+    for tm, tn, st, lv, pp, ex, rb, qr, ps, pe, qk in itertools.product(
+            V["tile_m"], V["tile_n"], V["num_stages"], V["reg_split"], V["pingpong"], V["exp2_emu_fraction"],
+            V["rescale_before_pv"], V["q_in_regs"], V["p_smem"], V["p_smem_early"], V["q_regs_k"]):
+        if (pe and not ps) or (qk and qr):  # p_smem_early needs p_smem; q_regs_k holds part of what q_in_regs holds
+            continue
         pr, cr = REG_SPLITS[tm][lv]
         yield {"tile_m": tm, "tile_n": tn, "num_stages": st, "consumer_regs": cr, "producer_regs": pr,
-               "exp2_emu_fraction": ex, "pingpong": pp, "rescale_before_pv": rb, "q_in_regs": qr, "p_smem": ps}
+               "exp2_emu_fraction": ex, "pingpong": pp, "rescale_before_pv": rb, "q_in_regs": qr, "p_smem": ps,
+               "p_smem_early": pe, "q_regs_k": qk}
 
 
 def kernel_id(point: dict, arch: str, hdim: int, causal: bool, direction: str) -> str:
     """What the point compiles to (exp2 fraction as compiled), as a stable string: equal ids = one kernel."""
-    cc = compiled_config(AttnConfig(**point), arch, hdim, causal, mode=direction)
+    return _kernel_id(tuple(sorted(point.items())), arch, hdim, causal, direction)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_id(items: tuple, arch: str, hdim: int, causal: bool, direction: str) -> str:
+    cc = compiled_config(AttnConfig(**dict(items)), arch, hdim, causal, mode=direction)
     return repr(sorted(cc.items()))
 
 
 def valid_points(arch: str, hdim: int, causal: bool, direction: str) -> list[dict]:
     """Every valid point of the space, one per compiled kernel (the first of each in enumeration order)."""
     arch = check_target(arch, hdim, direction)
+    return [dict(items) for items in _valid_points(arch, int(hdim), bool(causal), direction)]
+
+
+@functools.lru_cache(maxsize=None)
+def _valid_points(arch: str, hdim: int, causal: bool, direction: str) -> tuple:
+    """valid_points, once per process (each point's checks are pure functions of it and the defaults table)."""
     out, seen = [], set()
     for p in _raw_points(direction):
         if why_invalid(p, arch, hdim, causal, direction) is not None:
@@ -176,8 +202,8 @@ def valid_points(arch: str, hdim: int, causal: bool, direction: str) -> list[dic
         kid = kernel_id(p, arch, hdim, causal, direction)
         if kid not in seen:
             seen.add(kid)
-            out.append(p)
-    return out
+            out.append(tuple(p.items()))
+    return tuple(out)
 
 
 def job_config(point: dict, arch: str, hdim: int, causal: bool) -> dict:
@@ -189,7 +215,7 @@ def job_config(point: dict, arch: str, hdim: int, causal: bool) -> dict:
     if not late:
         return dict(point)
     implicit = AttnConfig(**{k: v for k, v in point.items() if k not in LATE_FIELDS}).resolve(arch, hdim, causal)
-    return {k: v for k, v in point.items() if not (k in late and v == bool(getattr(implicit, k)))}
+    return {k: v for k, v in point.items() if not (k in late and v == (getattr(implicit, k) or False))}
 
 
 def reg_split(point: dict):
@@ -228,13 +254,14 @@ def candidates(arch: str, hdim: int, causal: bool, direction: str, valid: list[d
     covered = pairs(base).union(*(pairs(p) for p in order)) if order else set(pairs(base))
     goal = set().union(*(pairs(p) for p in valid)) if valid else set()
     rest = [p for p in pool if p not in order]
+    rest_pairs = [pairs(p) for p in rest]
     while not goal <= covered and rest:
-        gains = [len(pairs(p) - covered) for p in rest]
+        gains = [len(ps - covered) for ps in rest_pairs]
         i = max(range(len(rest)), key=lambda j: gains[j])  # first of the best: deterministic
         if gains[i] == 0:
             break
         order.append(rest.pop(i))
-        covered |= pairs(order[-1])
+        covered |= rest_pairs.pop(i)
     return order
 
 

@@ -849,7 +849,7 @@ def quantized_exp2_fraction(fraction: float, fragments_per_row: int) -> float:
 #     - {hdim: 128, causal: false, direction: fwd, config: {tile_m: 128, tile_n: 176, ...}, evidence: {...}}
 # An entry overrides the table above for its (hdim, causal), only for the fields of its direction. No file: the table.
 TUNED_FIELDS = {"fwd": ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_regs", "exp2_emu_fraction",
-                        "rescale_before_pv", "q_in_regs", "p_smem"),
+                        "rescale_before_pv", "q_in_regs", "p_smem", "p_smem_early", "q_regs_k"),
                 "bwd": ("bwd_tile_m",)}
 # fields that only one direction's kernels read (kernels/tiles.py compiled_config drops the other direction's)
 BWD_ONLY_FIELDS = ("deterministic", "two_cta", "det_schedule", "bwd_tile_m", "bwd_lpt_heads", "bwd_rotate_q", "bwd_pdl",
@@ -1022,6 +1022,8 @@ def table_defaults(arch: str, hdim: int, causal: bool, tuned: bool = True) -> di
     d["rescale_before_pv"] = for_causal(d["rescale_before_pv"], causal)  # the value resolve() fills
     d["q_in_regs"] = bool(for_causal(d.get("q_in_regs", False), causal))  # likewise (where the tile takes it, below)
     d["p_smem"] = bool(for_causal(d.get("p_smem", False), causal))  # off where the table does not set it
+    d["p_smem_early"] = bool(for_causal(d.get("p_smem_early", False), causal))  # likewise
+    d["q_regs_k"] = int(for_causal(d.get("q_regs_k", 0), causal))  # likewise (0: Q from shared memory)
     d.pop("persistent_max_seqlen")  # a per-call rule, not a field (persistent_by_default)
     d.pop("persistent_tile", None)  # a per-call rule too (persistent_tile_for)
     d.pop("two_cta")  # a per-call rule (two_cta_by_default), not filled in by resolve()
