@@ -194,7 +194,8 @@ def valid_points(arch: str, hdim: int, causal: bool, direction: str) -> list[dic
 
 @functools.lru_cache(maxsize=None)
 def _valid_points(arch: str, hdim: int, causal: bool, direction: str) -> tuple:
-    """valid_points, once per process (each point's checks are pure functions of it and the defaults table)."""
+    """valid_points, once per process: each point's checks are pure functions of it and the defaults table (a point
+    sets every tuned field, so conf/tuned/ does not enter)."""
     out, seen = [], set()
     for p in _raw_points(direction):
         if why_invalid(p, arch, hdim, causal, direction) is not None:
