@@ -207,6 +207,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
                         bwd_tile_m=64, persistent_max_seqlen=(0, 16384), two_cta=True, rescale_before_pv=False,
                         p_cvt_asm=(True, True), bwd_two_cta_n80=True,
+                        # lazy_row_max + speculative_exp, as at hd 64 / 128. H100 session 59 (no H200 lent;
+                        # session_ab/fwd256_spec_h100.jsonl), 32k tokens, 10 rounds, speed vs the default of then:
+                        # non-causal 1.007 / 1.001 (twice) at 4k / 8k, causal 1.006 (twice) / 1.001 at 4k / 16k; lazy
+                        # alone 0.999-1.006, Q from registers for 2 / 4 of its k-blocks (q_regs_k) 0.999-1.003
+                        lazy_row_max=(True, True), speculative_exp=(True, True),
                         # non-causal: the split tail where split_tail_pays, as at (192, 128). Session 49, split / one
                         # tile per CTA: 1.024 at 16k (4k 1.003: left out by the rule)
                         split_tail=(True, False),

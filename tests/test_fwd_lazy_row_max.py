@@ -1,4 +1,4 @@
-"""AttnConfig.lazy_row_max (sm90 forward, tau > 0; the hd 64 / 128 default since session 50): the rescale decision on
+"""AttnConfig.lazy_row_max (sm90 forward, tau > 0; the hd 64 / 128 default since session 50, hd256 since 59): the rescale decision on
 each thread's own row maxima, the quad's max shuffles only in the rescale arm (kernels/sm90/softmax.py
 online_softmax_step lazy_max).
 
@@ -22,10 +22,11 @@ from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 
 def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
     check_forward_field("lazy_row_max")
-    # a default at hd 64 / 128 (session 50), not at hd256 / (192, 128) (not timed) nor at tau 0 (no vote to change)
-    for hdim in (64, 128):
+    # a default at hd 64 / 128 (session 50) and hd256 (session 59, with speculative_exp), not at (192, 128) (timed
+    # 1.00 alone, session 52) nor at tau 0 (no vote to change)
+    for hdim in (64, 128, 256):
         assert all(AttnConfig().resolve("sm90", hdim, causal).lazy_row_max for causal in (False, True))
-    assert "lazy_row_max" not in AttnConfig().resolve("sm90", 256, False).to_dict()
+    assert "lazy_row_max" not in AttnConfig().resolve("sm90", 192, False).to_dict()
     assert "lazy_row_max" not in AttnConfig(rescale_threshold=0.0).resolve("sm90", 128, False).to_dict()
     assert AttnConfig(lazy_row_max=False).resolve("sm90", 128, False).lazy_row_max is False
 

@@ -25,10 +25,10 @@ from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 
 def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
     check_forward_field("speculative_exp")
-    assert "speculative_exp" not in AttnConfig().resolve("sm90", 256, False).to_dict()  # not a default at hd256
+    assert "speculative_exp" not in AttnConfig(rescale_threshold=0.0).resolve("sm90", 256, False).to_dict()
 
 
-@pytest.mark.parametrize("hdim", [64, 128, 192])
+@pytest.mark.parametrize("hdim", [64, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_default_where_measured_and_left_out_where_the_kernel_drops_it(hdim, causal):
     assert AttnConfig().resolve("sm90", hdim, causal).speculative_exp is True
@@ -111,7 +111,8 @@ def test_causal_diagonal_loop_stays_eager(hdim, tmp_path):
 def test_common_path_is_shorter(hdim, causal, tmp_path):
     """The mask-free loop's common path (kernels.sm90.sass.loop_common_paths: every guarded branch on its cheaper
     side, i.e. no rescale, no second QK^T) issues at least 10% fewer instructions than the default's (session 51:
-    hd64 324 / 379, hd128 321 / 381, hd256 287 / 326 with the sums pinned, 325 without; (192, 128) causal 366 / 448)."""
+    hd64 324 / 379, hd128 321 / 381, hd256 287 / 326 with the sums pinned, 325 without; (192, 128) causal 366 / 448).
+    hd256's default has the lazy row maxima since session 59, whose path is already shorter: 287 / 318, at least 9%."""
     from kernels.sm90.sass import loop_common_paths
     from sass_cache import fwd_sass
 
@@ -121,24 +122,28 @@ def test_common_path_is_shorter(hdim, causal, tmp_path):
                                           str(tmp_path / str(spec))))[-1]
 
     base, spec = common(False), common(True)
-    assert spec <= 0.9 * base, (spec, base)
+    assert spec <= (0.91 if hdim == 256 else 0.9) * base, (spec, base)
 
 
 @pytest.mark.compile
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
-@pytest.mark.parametrize("hdim,causal,seqlen", [(64, True, 1024), (128, False, 32768), (192, True, 4096)],
-                         ids=["hd64_causal_1k_128row_persistent", "hd128_split_tail", "192_causal_greedy"])
+@pytest.mark.parametrize("hdim,causal,seqlen", [(64, True, 1024), (128, False, 32768), (192, True, 4096),
+                                                (256, False, 16384), (256, True, 4096)],
+                         ids=["hd64_causal_1k_128row_persistent", "hd128_split_tail", "192_causal_greedy",
+                              "hd256_split_tail", "hd256_causal_greedy"])
 def test_default_calls_speculate_without_spills(hdim, causal, seqlen, tmp_path):
     """The kernels calls run by default (kernels.config.call_config: the persistent tiles and walks of DEFAULTS) compile
     the speculative loop, uniform and spill-free: hd64 causal <= 1k (128-row persistent tiles, not timed with it),
-    hd128 non-causal (the persistent split tail), (192, 128) causal (the greedy walk)."""
+    hd128 non-causal (the persistent split tail), (192, 128) causal (the greedy walk), hd256 both (since session 59;
+    non-causal, kernels.interface runs the split tail per call where split_tail_pays: asked for here)."""
     from kernels.config import call_config
     from kernels.sm90.compile import make_fwd_kernel
     from kernels.sm90.sass import count, opcode_counts, steady_state_loops
     from sass_cache import kernel_sass
 
-    cfg = call_config(AttnConfig().resolve("sm90", hdim, causal), "sm90", hdim, causal, seqlen)
-    assert cfg.persistent
+    cfg = AttnConfig(persistent=True if hdim == 256 and not causal else None).resolve("sm90", hdim, causal)
+    cfg = call_config(cfg, "sm90", hdim, causal, seqlen)
+    assert cfg.persistent and (cfg.split_tail or causal)
     kern = make_fwd_kernel(cfg, "bfloat16", hdim, 128 if hdim == 192 else hdim, causal)
     assert kern.speculative_exp
     sass = kernel_sass(kern, str(tmp_path))
@@ -146,4 +151,7 @@ def test_default_calls_speculate_without_spills(hdim, causal, seqlen, tmp_path):
     assert count(c, "LDL") == 0 and count(c, "STL") == 0
     loops = [[o for o, _ in body] for body in steady_state_loops(sass)]
     assert sum(o.startswith("BAR.RED") for o in loops[-1]) == 2  # the speculating (mask-free) loop's two votes
-    assert not any(o == "R2UR" for body in loops for o in body)
+    r2ur = [sum(o == "R2UR" for o in body) for body in loops]
+    assert r2ur[-1] == 0, r2ur
+    # hd256's split tail has 5 in its 1014-instruction outer loop with speculative_exp off too (session 59)
+    assert sum(r2ur) <= (5 if hdim == 256 and not causal else 0), r2ur

@@ -1,6 +1,6 @@
-"""GPU checks of speculative_exp (sm90 forward, the hd 64 / 128 / (192, 128) default since session 52; CPU SASS:
-tests/test_fwd_speculative_exp.py): a later block's P with the kept maxima, S again and the eager step only when the
-warpgroup's votes say a row may have grown by tau. Every comparison is against the eager step (test_fwd_loop_shape_gpu
+"""GPU checks of speculative_exp (sm90 forward, the hd 64 / 128 / (192, 128) default since session 52, hd256 since
+session 59; CPU SASS: tests/test_fwd_speculative_exp.py): a later block's P with the kept maxima, S again and the
+eager step only when the warpgroup's votes say a row may have grown by tau. Every comparison is against the eager step (test_fwd_loop_shape_gpu
 _run runs configs that leave the field unset with it off). A block that keeps its maxima gets the eager step's P,
 sums and maxima bit for bit, so non-causal calls on gaussian inputs (no later block rescales at tau 8) must equal the
 eager kernel's exactly; where rows rescale (causal diagonal blocks, the
@@ -40,7 +40,7 @@ def test_speculative_exp_with_the_other_switches(hdim, extra, causal):
             exact=not causal)
 
 
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("extra", [{}, {"spec_redo_budget": 1}, {"spec_redo_budget": 2, "persistent": True}],
                          ids=["unbudgeted", "budget1", "budget2_persistent"])
@@ -113,7 +113,7 @@ def _sums_past_the_limit(b, s, h, hdim, device):
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 
 
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_speculative_exp_second_vote_keeps_the_block(hdim, causal):
     """The second vote's arm (sums past the limit, no P past it): no second QK^T, the partial sums kept. The model
