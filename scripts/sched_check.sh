@@ -39,13 +39,14 @@
 #   forward, ours and official (is it bound by shared-memory bandwidth?). Part 26 (next): q_regs_k at hd256 and
 #   (192, 128): A/Bs, then its GPU tests. Part 27 (next): p_smem's GPU tests.
 #   Part 28 (first, when a session may get one call): the deciding A/Bs of parts 24 / 26 / 22 and 16 p_smem tests.
+#   Part 29 (session 59): hd256's lazy + speculative default: its GPU tests, the split tail against the old default.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-28]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-29]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-28]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-29]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -390,6 +391,14 @@ case "$PART" in
   ab 1 256 4096 10 75 --batch 8 --cfg qr4=q_regs_k:4 qr2=q_regs_k:2 spec=lazy_row_max:true,speculative_exp:true
   ab 1 64 8192 10 60 --batch 4 --cfg p192=p_smem:true,tile_n:192 pe=p_smem:true,p_smem_early:true
   tests tests/test_fwd_p_smem_gpu.py 120 -k "wide_key_blocks or early_is_the_default and not persistent"
+  ;;
+29)  # session 59: hd256's new default (lazy_row_max + speculative_exp): its GPU tests at hd256, then the split tail
+  # (non-causal 16k / 32k, not in the A/Bs that chose it) against the default of before
+  tests tests/test_fwd_speculative_exp_gpu.py 220 -k 256
+  OLD=(--cfg old=lazy_row_max:false,speculative_exp:false)
+  ab 0 256 16384 10 90 --batch 2 "${OLD[@]}"
+  ab 0 256 32768 8 90 --batch 1 "${OLD[@]}"
+  ab 1 256 8192 10 70 --batch 4 "${OLD[@]}"
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
