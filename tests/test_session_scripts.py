@@ -83,10 +83,11 @@ def test_official_loop_mix_counts_a_loop_body_and_its_pv_wait():
     assert official_loop_mix.loop_mix(body[:3])["wait0_at"] == -1
 
 
-def test_sched_check_script_parses():
+@pytest.mark.parametrize("script", ["sched_check.sh", "h200_rerun.sh", "first_call.sh"])
+def test_session_shell_scripts_parse(script):
     import subprocess
 
-    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "sched_check.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)]).returncode == 0
 
 
 @pytest.mark.compile
