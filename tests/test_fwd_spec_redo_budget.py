@@ -42,13 +42,13 @@ def test_field_rules():
 def test_kept_where_the_call_speculates_and_dropped_elsewhere(causal):
     assert AttnConfig(spec_redo_budget=3).resolve("sm90", 128, causal).spec_redo_budget == 3
     assert AttnConfig(spec_redo_budget=3).resolve("sm90", 192, causal).spec_redo_budget == 3
+    assert AttnConfig(spec_redo_budget=3).resolve("sm90", 256, causal).spec_redo_budget == 3  # default since session 59
     # no speculation: the config (and hash) of the call without a budget
     for cfg, hdim in ((AttnConfig(spec_redo_budget=3, speculative_exp=False), 128),
                       (AttnConfig(spec_redo_budget=3, rescale_threshold=0.0), 64),
-                      (AttnConfig(spec_redo_budget=3), 256)):  # hd256: speculative_exp is not a default
+                      (AttnConfig(spec_redo_budget=3, speculative_exp=False), 256)):
         base = dataclasses.replace(cfg, spec_redo_budget=None)
         assert cfg.resolve("sm90", hdim, causal) == base.resolve("sm90", hdim, causal)
-    assert AttnConfig(spec_redo_budget=3, speculative_exp=True).resolve("sm90", 256, causal).spec_redo_budget == 3
 
 
 def test_kernel_takes_it_only_with_speculation():
