@@ -1,6 +1,6 @@
-"""AttnConfig.lazy_row_max (sm90 forward, tau > 0; the hd 64 / 128 default since session 50, hd256 since 59): the rescale decision on
-each thread's own row maxima, the quad's max shuffles only in the rescale arm (kernels/sm90/softmax.py
-online_softmax_step lazy_max).
+"""AttnConfig.lazy_row_max (sm90 forward, tau > 0; the hd 64 / 128 default since session 50, hd256 since 59): the
+rescale decision on each thread's own row maxima, the quad's max shuffles only in the rescale arm
+(kernels/sm90/softmax.py online_softmax_step lazy_max).
 
 CPU tests: the field (dict / hash while off, sm100 refuses it, forward-only), the kernel switch (off at tau 0), and the
 machine code: in the K/V loop every SHFL.BFLY follows the warp's VOTE.ANY (the default: before it), with the same
