@@ -1,12 +1,12 @@
 """GPU checks of speculative_exp (sm90 forward, the hd 64 / 128 / (192, 128) default since session 52, hd256 since
-session 59; CPU SASS: tests/test_fwd_speculative_exp.py): a later block's P with the kept maxima, S again and the
-eager step only when the warpgroup's votes say a row may have grown by tau. Every comparison is against the eager
-step (test_fwd_loop_shape_gpu _run runs configs that leave the field unset with it off). A block that keeps its maxima gets the eager step's P,
-sums and maxima bit for bit, so non-causal calls on gaussian inputs (no later block rescales at tau 8) must equal the
-eager kernel's exactly; where rows rescale (causal diagonal blocks, the
-rare arm's inputs: keys near the start of the sequence, which the loop visits last, scaled up) ptxas may contract a
-row sum's update differently from the default's loop, so those compare within one rounding, as the other loop shapes
-do (tests/test_fwd_loop_shape_gpu.py)."""
+session 59; CPU SASS: tests/test_fwd_speculative_exp.py): a later block's P with the kept maxima, S again and the eager
+step only when the warpgroup's votes say a row may have grown by tau. Every comparison is against the eager step
+(test_fwd_loop_shape_gpu _run runs configs that leave the field unset with it off). A block that keeps its maxima gets
+the eager step's P, sums and maxima bit for bit, so non-causal calls on gaussian inputs (no later block rescales at tau
+8) must equal the eager kernel's exactly; where rows rescale (causal diagonal blocks, the rare arm's inputs: keys near
+the start of the sequence, which the loop visits last, scaled up) ptxas may contract a row sum's update differently from
+the default's loop, so those compare within one rounding, as the other loop shapes do
+(tests/test_fwd_loop_shape_gpu.py)."""
 from __future__ import annotations
 
 import pytest
