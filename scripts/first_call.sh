@@ -3,10 +3,10 @@
 # H100 or nothing): on an H200 it re-times the stale committed forward rows (scripts/h200_rerun.sh, RERUN=stale: hd128,
 # then hd 64 / 256 / (192, 128)); on any other card, whose rows may not enter results/h200/, the session A/Bs and GPU
 # tests still owed (scripts/sched_check.sh parts, in order, until DEADLINE seconds). Logs under <out_dir>.
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [sched parts, default "29 27"]
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [sched parts, default "29 21 27"]
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-29 27}
+PARTS=${2:-29 21 27}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}
