@@ -183,7 +183,8 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         bwd_det_two_writers=(True, True),
                         # AttnConfig.speculative_exp: H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz), 32k tokens,
                         # 6-8 rounds, speed vs the default of then: non-causal 1.016 / 1.005 at 8k / 32k, causal 1.005
-                        # at 8k (hd256: 1.001 non-causal with lazy_row_max, 1.004 causal at 8k; its default since session 59)
+                        # at 8k (hd256: 1.001 non-causal with lazy_row_max, 1.004 causal at 8k; a default there since
+                        # session 59)
                         speculative_exp=(True, True),
                         # non-causal: the split tail where kernels.interface.split_tail_pays (a call its length leaves
                         # one tile per CTA runs persistent for it). H200 session 49 (archive_2026-12-05,
