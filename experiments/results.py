@@ -269,8 +269,30 @@ def archive(path: str | os.PathLike) -> tuple[Path, int]:
     return store.archive_file, moved
 
 
+def merge(path: str | os.PathLike, rows_file: str | os.PathLike) -> tuple[int, int]:
+    """Bring rows timed elsewhere (a device call's copy of a set's live file) into the set: every job they hold is
+    replaced -- its rows dropped from the archive and the live file -- and their lines appended to the live file
+    byte for byte, in order. Only complete jobs are taken (a torn or partial job in ``rows_file`` is left out).
+    Returns (rows removed, rows added)."""
+    live = live_path(path)
+    lines = _lines(Path(rows_file).read_text(encoding="utf-8"))
+    counts = Counter((r.get("job_key"), r.get("run_id")) for _, r in lines)
+    whole = [(line, r) for line, r in lines
+             if r.get("job_nrows") is None or counts[(r.get("job_key"), r.get("run_id"))] == r["job_nrows"]]
+    keys = {r["job_key"] for _, r in whole if r.get("job_key")}
+    already = {line for line, _ in _lines(_live_text(live))}
+    if whole and all(line in already for line, _ in whole):
+        return 0, 0  # merged before: nothing to do (running it twice changes nothing)
+    store = ResultStore(live)
+    removed = store.drop_jobs(keys)
+    with store._lock(), open(live, "a", encoding="utf-8") as f:
+        f.write("".join(line for line, _ in whole))
+    return removed, len(whole)
+
+
 def main(argv=None) -> int:
-    """``python -m experiments.results archive SET [SET ...]``: compress committed sets (see the module doc)."""
+    """``python -m experiments.results archive SET [SET ...]``: compress committed sets (see the module doc);
+    ``python -m experiments.results merge SET ROWS``: bring a device call's rows of SET into it (see ``merge``)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m experiments.results",
@@ -279,7 +301,16 @@ def main(argv=None) -> int:
     a = sub.add_parser("archive", help="move a set's rows.jsonl into rows.jsonl.xz (lossless; readers, resume "
                                        "and appends keep working); leaves rows.jsonl empty for new rows")
     a.add_argument("sets", nargs="+", help="a set's folder or its rows.jsonl (e.g. results/h200/bwd_peers)")
+    m = sub.add_parser("merge", help="replace the jobs in ROWS (a set's rows.jsonl copied back from a device call) "
+                                     "with ROWS' rows: their old rows leave the archive and the live file")
+    m.add_argument("set", help="the committed set, e.g. results/h200/fwd_peers")
+    m.add_argument("rows", help="the rows file the device call returned")
     ns = p.parse_args(argv)
+    if ns.cmd == "merge":
+        removed, added = merge(ns.set, ns.rows)
+        print(f"{live_path(ns.set)}: {removed} rows replaced by {added} from {ns.rows} ({len(read_rows(live_path(ns.set)))} "
+              "rows in the set)")
+        return 0
     for s in ns.sets:
         live = live_path(s)
         size = live.stat().st_size if live.exists() else 0

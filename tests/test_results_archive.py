@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments.results import ResultStore, archive, archive_path, read_rows
+from experiments.results import ResultStore, archive, archive_path, merge, read_rows
 from experiments.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,6 +234,30 @@ def test_archive_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "experiments.results", "archive", str(tmp_path / "nope")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no result set" in bad.stderr
+
+
+def test_merge_replaces_the_retimed_jobs_of_archive_and_live(tmp_path):
+    """A device call returns its copy of a set's live file: merge drops the old rows of each job it holds (archived
+    or live), appends its complete jobs byte for byte, leaves a partial job out, and a second merge changes nothing."""
+    path = tmp_path / "h200" / "exp" / "rows.jsonl"
+    _store(path, _jobs(4))
+    archive(path)
+    _store(path, _jobs(2, tag="live"))
+    before = read_rows(path)
+    retimed = [dict(r, run_id="device", value=r["value"] + 100) for r in _jobs(4)[1]]  # job j1 re-timed
+    partial = [dict(r, job_nrows=3) for r in _jobs(3, tag="torn")[2][:2]]  # 2 of a job's 3 rows
+    device = tmp_path / "device_rows.jsonl"
+    device.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in retimed + partial), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "experiments.results", "merge", str(path.parent), str(device)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(retimed)} rows replaced by {len(retimed)}" in done.stdout
+    after = read_rows(path)
+    kept = [r for r in before if r["job_key"] != "j1"]
+    assert after[:len(kept)] == kept and after[len(kept):] == retimed
+    assert not any(r["job_key"] == "j1" for r in read_rows(archive_path(path)))  # the archive lost the old rows
+    assert not any(r["job_key"].startswith("torn") for r in after)
+    assert merge(path.parent, device) == (0, 0) and read_rows(path) == after
 
 
 def _tracked() -> list[Path]:
