@@ -129,7 +129,7 @@ class _Rows:
         # variants that resolve to one kernel (e.g. a switch already off by default) are recognisable as such
         resolved = _resolved(cfg, shape, config_arch)
         self.base = dict(experiment=job.get("experiment"), job_key=_job_key(job), kind="attn",
-                         backend=backend or job["backend"], **shape.to_dict(), config=cfg.to_dict() if cfg else None,
+                         backend=backend or job["backend"], **shape.to_dict(), config=cfg.as_written() if cfg else None,
                          config_hash=cfg.config_hash() if cfg else None,
                          resolved_config=resolved.to_dict() if resolved else None,
                          resolved_config_hash=resolved.config_hash() if resolved else None, device=device)
@@ -326,7 +326,7 @@ def _ab_row(rows: _Rows, backend, shape: Shape, ab: dict, mode: str, scale, inpu
     row (value = median t_A / t_B), or a skip/fail row with that metric. Returns the error class of a failure."""
     base_cfg = ab["config"]
     resolved = _resolved(base_cfg, shape, backend.config_arch)
-    ident = dict(ab_baseline=ab["variant"], ab_config=base_cfg.to_dict() if base_cfg else None,
+    ident = dict(ab_baseline=ab["variant"], ab_config=base_cfg.as_written() if base_cfg else None,
                  ab_config_hash=base_cfg.config_hash() if base_cfg else None,
                  ab_resolved_config_hash=resolved.config_hash() if resolved else None)
     before = gpu_state_fields("before")

@@ -776,6 +776,18 @@ class AttnConfig:
                 if not (f.name in PER_CALL_FIELDS and getattr(self, f.name) is None)
                 and not (f.name in OMITTED_AT and _omitted(getattr(self, f.name), OMITTED_AT[f.name]))}
 
+    def as_written(self) -> dict:
+        """to_dict() plus every OMITTED_AT field set away from its field default (e.g. an explicit
+        ``speculative_exp=False``, which to_dict() leaves out, so its hash is that of the default): the dict result
+        rows record as their ``config``, from which AttnConfig(**d) rebuilds this config exactly (kernels/staleness.py
+        resolves it again). config_hash() and the compile keys stay on to_dict()."""
+        d = self.to_dict()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in OMITTED_AT and f.name not in d and v is not None and not _omitted(v, (f.default,)):
+                d[f.name] = v
+        return d
+
     @classmethod
     def from_dict(cls, d: dict | None) -> "AttnConfig":
         return cls(**dict(d or {}))

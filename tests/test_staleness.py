@@ -130,3 +130,24 @@ def test_audit_names_the_stale_cells_and_the_command_that_re_times_them():
     assert not ok and "1 of 3 timed rows" in line and "fwd 128 s8192 causal" in line
     assert "python run.py sweep experiment=fwd_peers rerun=stale" in line
     assert _stale_line("x", pd.DataFrame())[0]
+
+
+def test_a_switch_turned_off_is_recorded_so_its_rows_are_not_stale(tmp_path, monkeypatch):
+    """to_dict() leaves an explicit speculative_exp=False out (its hash is the default's), so rows that recorded it
+    read as the default config and came out stale (fwd_ablation's no_speculative_exp, session 60); rows record
+    AttnConfig.as_written() now, and a sweep's rows of that variant are not stale."""
+    from experiments.results import read_rows
+    from experiments.sweep import run_sweep
+    from kernels.staleness import is_stale
+
+    off = AttnConfig(speculative_exp=False)
+    assert "speculative_exp" not in off.to_dict() and off.as_written()["speculative_exp"] is False
+    row = _row({"speculative_exp": False}, hdim=128, causal=False)
+    assert not is_stale(row) and is_stale(dict(row, config=off.to_dict()))
+    monkeypatch.chdir(tmp_path)
+    cfg = composed("experiment=fwd_peers", "experiment.backends=[fa4_model]", "experiment.peers=[]", "shape=cpu",
+                   "shape.grid.seqlens=[64]", "shape.grid.causal=[false]", "bench=quick", "isolation=inline",
+                   "progress=false", "results_dir=st", "+experiment.configs=[{name: nospec, config: {speculative_exp: false}}]")
+    assert run_sweep(cfg, out=io.StringIO()) == 0
+    rows = [r for r in read_rows(tmp_path / "st" / "fwd_peers" / "rows.jsonl") if r.get("compiled_hash")]
+    assert rows and all(r["config"]["speculative_exp"] is False and not is_stale(r) for r in rows)
