@@ -290,6 +290,47 @@ def merge(path: str | os.PathLike, rows_file: str | os.PathLike) -> tuple[int, i
     return removed, len(whole)
 
 
+# what a row measured, for prune: its experiment, mode and shape, who was timed, what and how it ended
+ROW_SIGNATURE = ("experiment", "mode", "hdim", "hdim_v", "causal", "seqlen_q", "seqlen_k", "batch", "heads", "heads_kv",
+                 "window", "varlen", "dtype", "backend", "variant", "baseline", "baseline_variant", "metric", "status")
+
+
+def superseded_jobs(rows: list[dict]) -> set[str]:
+    """Round-robin jobs (with time_ratio rows) whose every row a later complete round-robin job measured again: one
+    job with a newer last row ``time`` has each of the old job's row signatures (ROW_SIGNATURE: experiment, shape,
+    entry, metric, status). The analysis draws each (experiment, shape) from its latest round-robin job
+    (analysis/select.py latest_round_robin_job), so such a job's rows are history only (git keeps them). A key with
+    several runs (a job re-timed into the set under its own key) counts only when every run of it is measured again
+    by another job."""
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("job_key"):
+            runs[(r["job_key"], r.get("run_id"))].append(r)
+    sig = lambda r: json.dumps([r.get(k) for k in ROW_SIGNATURE], sort_keys=True, default=str)
+    info, keep = [], set()
+    for (key, _), rs in runs.items():
+        if not any(r.get("metric") == "time_ratio" for r in rs):
+            keep.add(key)  # not round-robin: separately timed jobs (e.g. compile_time's samples) are pooled, never replaced
+            continue
+        whole = all(r.get("job_nrows") in (None, len(rs)) for r in rs)
+        info.append((key, max(str(r.get("time") or "") for r in rs), {sig(r) for r in rs}, whole))
+    done: dict[str, list[bool]] = defaultdict(list)  # per job key, per run: measured again by a later job
+    for key, t, sigs, _ in info:
+        done[key].append(any(whole and k != key and t2 > t and sigs <= s for k, t2, s, whole in info))
+    return {key for key, runs_done in done.items() if all(runs_done) and key not in keep}  # drop_jobs: every run
+
+
+def prune(path: str | os.PathLike, dry_run: bool = False) -> tuple[int, int]:
+    """Drop the superseded jobs of a set (``superseded_jobs``) from its archive and live file; returns (jobs, rows)
+    dropped (or that would be, with ``dry_run``)."""
+    live = live_path(path)
+    rows = read_rows(live)
+    keys = superseded_jobs(rows)
+    if dry_run or not keys:
+        return len(keys), sum(r.get("job_key") in keys for r in rows)
+    return len(keys), ResultStore(live).drop_jobs(keys)
+
+
 def main(argv=None) -> int:
     """``python -m experiments.results archive SET [SET ...]``: compress committed sets (see the module doc);
     ``python -m experiments.results merge SET ROWS``: bring a device call's rows of SET into it (see ``merge``)."""
@@ -305,7 +346,16 @@ def main(argv=None) -> int:
                                      "with ROWS' rows: their old rows leave the archive and the live file")
     m.add_argument("set", help="the committed set, e.g. results/h200/fwd_peers")
     m.add_argument("rows", help="the rows file the device call returned")
+    pr = sub.add_parser("prune", help="drop jobs that a later job of the set measured again entry for entry (the "
+                                      "analysis draws only the later one; git history keeps the rows)")
+    pr.add_argument("sets", nargs="+", help="a set's folder or its rows.jsonl")
+    pr.add_argument("--dry-run", action="store_true", help="say what would be dropped, change nothing")
     ns = p.parse_args(argv)
+    if ns.cmd == "prune":
+        for s in ns.sets:
+            jobs, n = prune(s, ns.dry_run)
+            print(f"{live_path(s)}: {jobs} superseded jobs, {n} rows {'would be ' if ns.dry_run else ''}dropped")
+        return 0
     if ns.cmd == "merge":
         removed, added = merge(ns.set, ns.rows)
         print(f"{live_path(ns.set)}: {removed} rows replaced by {added} from {ns.rows} ({len(read_rows(live_path(ns.set)))} "

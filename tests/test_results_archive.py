@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments.results import ResultStore, archive, archive_path, merge, read_rows
+from experiments.results import ResultStore, archive, archive_path, merge, prune, read_rows, superseded_jobs
 from experiments.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,6 +258,40 @@ def test_merge_replaces_the_retimed_jobs_of_archive_and_live(tmp_path):
     assert not any(r["job_key"] == "j1" for r in read_rows(archive_path(path)))  # the archive lost the old rows
     assert not any(r["job_key"].startswith("torn") for r in after)
     assert merge(path.parent, device) == (0, 0) and read_rows(path) == after
+
+
+def _rr_job(key: str, time: str, entries: tuple, run: str = "r", nrows: int | None = None, ratio: bool = True) -> list[dict]:
+    """One job's rows: per entry a time_ms row (and a time_ratio row when ``ratio``: a round-robin job)."""
+    rows = []
+    for e in entries:
+        rows.append(dict(job_key=key, run_id=run, time=time, experiment="x", mode="fwd", hdim=64, causal=False,
+                         seqlen_q=1024, backend=e, metric="time_ms", status="ok", value=1.0))
+        if ratio:
+            rows.append(dict(rows[-1], metric="time_ratio"))
+    return [dict(r, job_nrows=nrows or len(rows)) for r in rows]
+
+
+def test_superseded_jobs_are_those_a_later_job_measured_again_entry_for_entry(tmp_path):
+    old = _rr_job("old", "2026-11-30", ("fa4", "peer"))
+    wider = _rr_job("wider", "2026-11-29", ("fa4", "flex"))  # an entry the later job lacks: kept
+    sep = _rr_job("sep", "2026-11-28", ("fa4",), ratio=False)  # separately timed (pooled): kept
+    twice = _rr_job("twice", "2026-11-30", ("fa4",)) + _rr_job("twice", "2026-12-09", ("fa4",), run="r2")  # newest run
+    torn_later = _rr_job("torn", "2026-12-10", ("fa4", "peer", "flex"), nrows=99)  # incomplete: supersedes nothing
+    new = _rr_job("new", "2026-12-06", ("fa4", "peer", "extra"))
+    assert superseded_jobs(old + wider + sep + twice + torn_later + new) == {"old"}
+    assert superseded_jobs(old + new + _rr_job("twice", "2026-11-30", ("fa4",))) == {"old", "twice"}
+    path = tmp_path / "h200" / "exp" / "rows.jsonl"
+    _store(path, [old, wider, sep, new])
+    archive(path)
+    _store(path, [twice])
+    before = read_rows(path)
+    assert prune(path.parent, dry_run=True) == (1, len(old)) and read_rows(path) == before
+    done = subprocess.run([sys.executable, "-m", "experiments.results", "prune", str(path.parent)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"1 superseded jobs, {len(old)} rows dropped" in done.stdout
+    assert read_rows(path) == [r for r in before if r["job_key"] != "old"]
+    assert prune(path.parent) == (0, 0)
 
 
 def _tracked() -> list[Path]:
