@@ -261,7 +261,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "persistent_greedy": (None, False), "lazy_row_max": (None, False),
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
                                 "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
-                                "early_desc": (None, False), "p_smem": (None, False),
+                                "early_desc": (None, False), "skip_idle_wg": (None, False), "p_smem": (None, False),
                                 "p_smem_early": (None, False), "q_regs_k": (None, 0)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
@@ -269,7 +269,7 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                  "speculative_exp", "persistent_dynamic", "early_desc", "p_smem", "p_smem_early")
+                  "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -530,6 +530,13 @@ class AttnConfig:
     # address to descriptor bits, plus the stage offset) stands between the turn and the first HGMMA. Same GEMMs,
     # same order: outputs bitwise the default's. None = off; left out of to_dict() while None or False.
     early_desc: bool | None = None
+    # sm90 forward, overlapped loop (elsewhere no effect): a consumer warpgroup whose 64 rows of the Q tile all lie past
+    # seqlen_q (the last tile of a sequence: at hd64's 192-row tiles a 4k / 16k sequence leaves two of the three idle,
+    # 8k / 32k one) keeps the tile's barrier protocol -- every K / V stage waited for and released, its GEMM turns
+    # taken and passed on -- but issues no GEMM and no softmax, so the others get the tensor cores and the MUFU pipe.
+    # Rows past seqlen_q are never stored: outputs bitwise the default's. None = off; left out of to_dict() while None
+    # or False.
+    skip_idle_wg: bool | None = None
     # sm90 forward: P V with P from shared memory (an SS wgmma; FA3's C++ kernel does so at hd64 non-causal with
     # 192 x 192 tiles). Each block's P goes to an sP tile (tile_m x tile_n, 16-bit) by stmatrix right after its
     # conversion, so its registers are free while the P V GEMM runs: room for a wider tile_n at 160 registers. Costs
@@ -699,7 +706,7 @@ class AttnConfig:
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
-                     "persistent_dynamic", "early_desc", "p_smem", "p_smem_early", "q_regs_k"):
+                     "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -878,7 +885,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "rescale_threshold", "persistent", "cluster_m", "pack_gqa", "rescale_before_pv", "causal_split",
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                   "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "p_smem",
+                   "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
                    "p_smem_early", "q_regs_k")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}

@@ -5,10 +5,10 @@
 # RERUN=stale: the 8k-token small problems, fwd_small + bwd_small; the forward grid, its ablation and fwd_gemm were
 # re-timed in session 60). Another card's rows may not enter results/h200/: there "small" is skipped. Logs under
 # <out_dir>.
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "29 small 21 27"]
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "29 30 small 21 27"]
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-29 small 21 27}
+PARTS=${2:-29 30 small 21 27}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}

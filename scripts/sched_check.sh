@@ -44,9 +44,9 @@
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-29]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-30]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-29]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-30]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -393,12 +393,23 @@ case "$PART" in
   tests tests/test_fwd_p_smem_gpu.py 120 -k "wide_key_blocks or early_is_the_default and not persistent"
   ;;
 29)  # session 59: hd256's new default (lazy_row_max + speculative_exp): its GPU tests at hd256, then the split tail
-  # (non-causal 16k / 32k, not in the A/Bs that chose it) against the default of before
-  tests tests/test_fwd_speculative_exp_gpu.py 220 -k 256
+  # (non-causal 16k, not in the A/Bs that chose it) against the default of before (32k / causal 8k: session 60 cut them
+  # to leave part 30 room in a first call)
+  tests tests/test_fwd_speculative_exp_gpu.py 200 -k 256
   OLD=(--cfg old=lazy_row_max:false,speculative_exp:false)
-  ab 0 256 16384 10 90 --batch 2 "${OLD[@]}"
-  ab 0 256 32768 8 90 --batch 1 "${OLD[@]}"
-  ab 1 256 8192 10 70 --batch 4 "${OLD[@]}"
+  ab 0 256 16384 10 80 --batch 2 "${OLD[@]}"
+  ;;
+30)  # session 60: skip_idle_wg (a consumer warpgroup whose rows all lie past seqlen_q issues no GEMM / softmax; CPU
+  # SASS: the K/V loop unchanged, one idle loop more). hd64's 192-row tiles leave 2 of 3 warpgroups idle in the last
+  # tile at 4k / 16k, 1 at 8k / 32k: the hd64 non-causal target (1.05x official) read 1.037 / 1.041 / 1.047 / 1.036
+  # at 4k / 8k / 16k / 32k (H200 session 60). GPU tests (bitwise the default's), then A/Bs with the peers in the rounds
+  tests tests/test_fwd_skip_idle_wg_gpu.py 110
+  S=(--cfg skip=skip_idle_wg:true)
+  ab 0 64 4096 10 50 --batch 8 "${S[@]}"
+  ab 0 64 16384 10 60 --batch 2 "${S[@]}"
+  ab 0 64 8192 10 50 --batch 4 "${S[@]}"
+  ab 0 64 2048 10 40 --batch 16 "${S[@]}"
+  ab 1 64 32768 8 60 --batch 1 "${S[@]}"
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)

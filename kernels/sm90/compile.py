@@ -57,7 +57,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         lazy_row_max=bool(cfg.lazy_row_max), row_sum_mma=bool(cfg.row_sum_mma),
         speculative_exp=bool(cfg.speculative_exp), spec_redo_budget=int(cfg.spec_redo_budget or 0),
         trace_ctas=trace_ctas, persistent_dynamic=bool(cfg.persistent_dynamic) and bool(cfg.persistent) and not varlen,
-        early_desc=bool(cfg.early_desc), p_smem=bool(cfg.p_smem),
+        early_desc=bool(cfg.early_desc), skip_idle_wg=bool(cfg.skip_idle_wg), p_smem=bool(cfg.p_smem),
         p_smem_early=bool(cfg.p_smem_early), q_regs_k=int(cfg.q_regs_k or 0))
 
 

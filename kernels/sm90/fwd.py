@@ -201,7 +201,8 @@ class FlashFwdSm90:
                  q_in_regs: bool = False, split_tail: bool = False, persistent_greedy: bool = False,
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
-                 early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0):
+                 early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
+                 skip_idle_wg: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -410,6 +411,13 @@ class FlashFwdSm90:
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
         # persistent, where shared memory allows (all but hd256): O in its own buffer (see the module docstring)
         self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= limit
+        # a warpgroup whose rows all lie past seqlen_q runs idle_loop (AttnConfig.skip_idle_wg): the overlapped loop only,
+        # not in the split tail (its pieces go to a workspace the combine reads whole) nor on the causal walks (greedy /
+        # claimed at run time: there the branch cost the mask-free loop's common path 8-42 instructions, CPU SASS at
+        # hd 64 / 128 / 256 causal 8k). The idle warpgroup's O and row statistics are left as they are: its rows are
+        # never stored (TMA clips them, the LSE store skips them)
+        self.skip_idle_wg = (bool(skip_idle_wg) and intra_wg_overlap and not self.split_tail and not self.greedy
+                             and not self.dynamic)
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -1285,7 +1293,17 @@ class FlashFwdSm90:
         if const_expr(self.q_in_regs or self.q_regs_k > 0):
             self.load_q_regs(frags)
 
-        if const_expr(self.intra_wg_overlap):
+        if const_expr(self.skip_idle_wg):
+            rows_q = tile.seqlen_q
+            if const_expr(self.pack_gqa):  # rows of the packed ((group, s), ...) layout
+                rows_q = tile.seqlen_q * self.qhead_per_kvhead
+            # warpgroup w holds rows w * 64 .. w * 64 + 63 of the tile; the vote tells ptxas the branch is uniform
+            if cute.arch.vote_any_sync(args.m_base + frags.wg * 64 >= rows_q):
+                state = self.idle_loop(pipe_q, pipe_k, pipe_v, frags, n_iter, state, q_state)
+            else:
+                state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
+                                              tile.n_block_max, n_iter, state, q_state)
+        elif const_expr(self.intra_wg_overlap):
             state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
                                           tile.n_block_max, n_iter, state, q_state)
         else:
@@ -1394,6 +1412,31 @@ class FlashFwdSm90:
         if const_expr(self.separate_o):
             pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
         self.last_pv(tiled_mma_pv, pipe_v, frags, regs, state)
+        state.advance()
+        return state
+
+    @cute.jit
+    def idle_loop(self, pipe_q, pipe_k, pipe_v, frags: ConsumerFrags, n_iter: Int32, state, q_state):
+        """skip_idle_wg, a warpgroup whose rows all lie past seqlen_q: the barrier protocol of mainloop_overlap over the
+        tile's n_iter K/V blocks in its order (K stage waited for, GEMM turn taken and passed on, K released; per later
+        block also the previous block's V stage), with no GEMM and no softmax. Returns the consumer K/V state."""
+        pipe_k.consumer_wait(state)
+        self.sched_sync(frags.wg)
+        self.sched_arrive(frags.wg)
+        pipe_k.consumer_release(state)
+        for i in cutlass.range(n_iter - 1, unroll=1):
+            state_v = state.clone()
+            state.advance()
+            pipe_k.consumer_wait(state)
+            self.sched_sync(frags.wg)
+            pipe_v.consumer_wait(state_v)
+            self.sched_arrive(frags.wg)
+            pipe_k.consumer_release(state)
+            pipe_v.consumer_release(state_v)
+        if const_expr(self.separate_o):
+            pipe_q.consumer_release(q_state)
+        pipe_v.consumer_wait(state)
+        pipe_v.consumer_release(state)
         state.advance()
         return state
 
