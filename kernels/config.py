@@ -531,11 +531,11 @@ class AttnConfig:
     # same order: outputs bitwise the default's. None = off; left out of to_dict() while None or False.
     early_desc: bool | None = None
     # sm90 forward, overlapped loop, outside the split tail and the causal walks (elsewhere no effect; kernels/sm90/fwd.py
-    # says why): a consumer warpgroup whose 64 rows of the Q tile all lie past seqlen_q (the last tile of a sequence: at hd64's 192-row tiles a 4k / 16k sequence leaves two of the three idle,
-    # 8k / 32k one) keeps the tile's barrier protocol -- every K / V stage waited for and released, its GEMM turns
-    # taken and passed on -- but issues no GEMM and no softmax, so the others get the tensor cores and the MUFU pipe.
-    # Rows past seqlen_q are never stored: outputs bitwise the default's. None = off; left out of to_dict() while None
-    # or False.
+    # says why): a consumer warpgroup whose 64 rows of the Q tile all lie past seqlen_q (the last tile of a sequence:
+    # at hd64's 192-row tiles a 4k / 16k sequence leaves two of the three idle, 8k / 32k one) keeps the tile's barrier
+    # protocol -- every K / V stage waited for and released, its GEMM turns taken and passed on -- but issues no GEMM
+    # and no softmax, so the others get the tensor cores and the MUFU pipe. Rows past seqlen_q are never stored:
+    # outputs bitwise the default's. None = off; left out of to_dict() while None or False.
     skip_idle_wg: bool | None = None
     # sm90 forward: P V with P from shared memory (an SS wgmma; FA3's C++ kernel does so at hd64 non-causal with
     # 192 x 192 tiles). Each block's P goes to an sP tile (tile_m x tile_n, 16-bit) by stmatrix right after its
