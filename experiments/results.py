@@ -310,7 +310,7 @@ def superseded_jobs(rows: list[dict]) -> set[str]:
     info, keep = [], set()
     for (key, _), rs in runs.items():
         if not any(r.get("metric") == "time_ratio" for r in rs):
-            keep.add(key)  # not round-robin: separately timed jobs (e.g. compile_time's samples) are pooled, never replaced
+            keep.add(key)  # not round-robin: separately timed jobs (compile_time's samples) are pooled, never replaced
             continue
         whole = all(r.get("job_nrows") in (None, len(rs)) for r in rs)
         info.append((key, max(str(r.get("time") or "") for r in rs), {sig(r) for r in rs}, whole))
@@ -358,8 +358,8 @@ def main(argv=None) -> int:
         return 0
     if ns.cmd == "merge":
         removed, added = merge(ns.set, ns.rows)
-        print(f"{live_path(ns.set)}: {removed} rows replaced by {added} from {ns.rows} ({len(read_rows(live_path(ns.set)))} "
-              "rows in the set)")
+        total = len(read_rows(live_path(ns.set)))
+        print(f"{live_path(ns.set)}: {removed} rows replaced by {added} from {ns.rows} ({total} rows in the set)")
         return 0
     for s in ns.sets:
         live = live_path(s)
