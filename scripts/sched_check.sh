@@ -411,6 +411,13 @@ case "$PART" in
   ab 0 64 2048 10 40 --batch 16 "${S[@]}"
   ab 1 64 32768 8 60 --batch 1 "${S[@]}"
   ;;
+31)  # session 61: hd64 non-causal, persistent with and without skip_idle_wg (H100 session 61: persistent / one-tile
+  # 1.063 / 1.035 / 1.021 at 2k / 4k / 8k, skip_idle_wg alone 1.020 / 1.017 / 1.005): do they stack?
+  PS=(--cfg pers=persistent:true ps=persistent:true,skip_idle_wg:true)
+  ab 0 64 4096 10 50 --batch 8 "${PS[@]}"
+  ab 0 64 2048 10 40 --batch 16 "${PS[@]}"
+  ab 0 64 8192 10 50 --batch 4 "${PS[@]}"
+  ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
   for t in test_window_softcap_gpu.py test_gqa_gpu.py test_varlen_gpu.py test_ops_gpu.py; do tests "tests/$t" 100; done
