@@ -93,7 +93,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # through persistent_tile), which beats the one-tile kernel at every head dim up to 16k (hd128 32k too), and
     # hd128 non-causal runs persistent up to 32k with the split tail; the entries give the numbers.
     ("sm90", 64): dict(tile_m=192, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=160, producer_regs=32,
-                       bwd_tile_m=128, persistent_max_seqlen=(1024, 16384), two_cta=False, rescale_before_pv=False,
+                       # non-causal persistent up to 8k since session 61 (H100 80GB HBM3, git 7fa1e98, 32k tokens, 10
+                       # rounds, outputs bitwise; session_ab/sched_part29_30_21_h100.jsonl, part 21): persistent /
+                       # one-tile 1.063 / 1.035 / 1.021 at 2k / 4k / 8k (H200 session 49: 1.020 at 4k); 16k 1.012
+                       # (H200 session 49: 0.994) and 32k 1.007 [0.978, 1.017] stay one tile
+                       bwd_tile_m=128, persistent_max_seqlen=(8192, 16384), two_cta=False, rescale_before_pv=False,
                        bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
                        # the rescale vote on each lane's own maxima, the quad's max shuffles in the rescale arm
                        # (AttnConfig.lazy_row_max; outputs bitwise). H200 session 50 (archive_2026-12-05b,

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The first device call of a session, adapted to the card that came (sessions 52-60 asked for an H200 and mostly got an
+# The first device call of a session, adapted to the card that came (sessions 52-61 asked for an H200 and mostly got an
 # H100 or nothing): the session A/Bs and GPU tests still owed (scripts/sched_check.sh parts), in order, until DEADLINE
-# seconds; on an H200 the part "small" among them re-times the committed rows still stale (scripts/h200_rerun.sh,
-# RERUN=stale: the 8k-token small problems, fwd_small + bwd_small; the forward grid, its ablation and fwd_gemm were
-# re-timed in session 60). Another card's rows may not enter results/h200/: there "small" is skipped. Logs under
-# <out_dir>.
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "29 30 small 21 27"]
+# seconds; on an H200 the part "stale" among them re-times the committed rows still stale (scripts/h200_rerun.sh,
+# RERUN=stale, parts fwd64256, abl_fwd and small: hd64 non-causal 2k-8k since session 61 made persistent its default
+# there, and the 8k-token small problems, fwd_small + bwd_small). Another card's rows may not enter results/h200/:
+# there "stale" is skipped. Logs under <out_dir>.
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "31 stale"]
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-29 30 small 21 27}
+PARTS=${2:-31 stale}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}
@@ -17,9 +17,12 @@ echo "card: $GPU, git ${FA4LAB_GIT_SHA:-unknown}"
 left() { echo $((DEADLINE - (SECONDS - START))); }
 for p in $PARTS; do
   (( $(left) < 60 )) && { echo "part $p skipped: $(left) s left"; continue; }
-  if [[ "$p" == small ]]; then
-    [[ "$GPU" == *H200* ]] || { echo "part small skipped: not an H200"; continue; }
-    RERUN=stale CAP=$(( $(left) / 2 - 10 )) bash scripts/h200_rerun.sh "$O/p" small 2>&1 | tail -n 4
+  if [[ "$p" == stale ]]; then
+    [[ "$GPU" == *H200* ]] || { echo "part stale skipped: not an H200"; continue; }
+    for r in fwd64256 abl_fwd small; do
+      (( $(left) < 60 )) && { echo "rerun $r skipped: $(left) s left"; continue; }
+      RERUN=stale CAP=$(( $(left) / 2 - 10 )) bash scripts/h200_rerun.sh "$O/p" "$r" 2>&1 | tail -n 4
+    done
     continue
   fi
   DEADLINE=$(left) bash scripts/sched_check.sh "$O/p$p" "$p" 2>&1 | tail -n 4

@@ -34,7 +34,7 @@ def test_field_validates_and_stays_out_of_dicts_while_none():
             == compiled_config(AttnConfig(), "sm90", 128, True, mode="bwd"))
 
 
-@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 1024), (64, True, 16384), (128, False, 32768),
+@pytest.mark.parametrize("hdim,causal,bound", [(64, False, 8192), (64, True, 16384), (128, False, 32768),
                                                (128, True, 32768), (192, False, 0), (192, True, 16384),
                                                (256, False, 0), (256, True, 16384)])
 def test_default_rule_is_the_table(hdim, causal, bound):
