@@ -403,7 +403,7 @@ case "$PART" in
   # SASS: the K/V loop unchanged, one idle loop more). hd64's 192-row tiles leave 2 of 3 warpgroups idle in the last
   # tile at 4k / 16k, 1 at 8k / 32k: the hd64 non-causal target (1.05x official) read 1.037 / 1.041 / 1.047 / 1.036
   # at 4k / 8k / 16k / 32k (H200 session 60). GPU tests (bitwise the default's), then A/Bs with the peers in the rounds
-  tests tests/test_fwd_skip_idle_wg_gpu.py 110
+  tests tests/test_fwd_skip_idle_wg_gpu.py 160
   S=(--cfg skip=skip_idle_wg:true)
   ab 0 64 4096 10 50 --batch 8 "${S[@]}"
   ab 0 64 16384 10 60 --batch 2 "${S[@]}"
@@ -411,12 +411,15 @@ case "$PART" in
   ab 0 64 2048 10 40 --batch 16 "${S[@]}"
   ab 1 64 32768 8 60 --batch 1 "${S[@]}"
   ;;
-31)  # session 61: hd64 non-causal, persistent with and without skip_idle_wg (H100 session 61: persistent / one-tile
-  # 1.063 / 1.035 / 1.021 at 2k / 4k / 8k, skip_idle_wg alone 1.020 / 1.017 / 1.005): do they stack?
-  PS=(--cfg pers=persistent:true ps=persistent:true,skip_idle_wg:true)
-  ab 0 64 4096 10 50 --batch 8 "${PS[@]}"
-  ab 0 64 2048 10 40 --batch 16 "${PS[@]}"
-  ab 0 64 8192 10 50 --batch 4 "${PS[@]}"
+31)  # session 61: hd64 non-causal persistent is the default up to 8k since session 61 (H100: persistent / one-tile
+  # 1.063 / 1.035 / 1.021 at 2k / 4k / 8k, 1.012 / 1.007 at 16k / 32k; skip_idle_wg alone on one tile 1.020 / 1.017 /
+  # 1.005 / 1.001 at 2k-16k). Does skip_idle_wg stack on the persistent kernel, and does persistent pay at 16k / 32k
+  # (H200 session 49 read 0.994 at 16k)? `one` = the one-tile kernel of before
+  ab 0 64 4096 10 50 --batch 8 --cfg skip=skip_idle_wg:true one=persistent:false
+  ab 0 64 16384 10 60 --batch 2 --cfg pers=persistent:true ps=persistent:true,skip_idle_wg:true
+  ab 0 64 8192 10 50 --batch 4 --cfg skip=skip_idle_wg:true one=persistent:false
+  ab 0 64 32768 8 70 --batch 1 --cfg pers=persistent:true ps=persistent:true,skip_idle_wg:true
+  ab 0 64 2048 10 40 --batch 16 --cfg skip=skip_idle_wg:true one=persistent:false
   ;;
 11)  # next: the forward GPU test files with today's defaults (parts 6 / 7 were cut by the time limit; since session 52
   # speculative_exp is the hd 64 / 128 / (192, 128) default and none of these files has run with it: run this first)
