@@ -100,6 +100,8 @@ def test_default_rule_runs_the_persistent_kernel_at_short_seqlen():
     _run({}, 2, 1000, 1000, 4, 4, 64, 64, True)  # hd64 causal <= 1024: persistent, 128-row tiles, greedy walk
     _run({}, 1, 1100, 1100, 4, 4, 64, 64, True)  # 1025-16384: persistent, the table's 192-row tiles, greedy walk
     _run({}, 1, 16500, 16500, 1, 1, 64, 64, True)  # past the bound: the one-tile kernel
+    _run({}, 1, 8192, 8192, 1, 1, 64, 64, False)  # hd64 non-causal <= 8192 (since session 61): persistent, round robin
+    _run({}, 1, 8200, 8200, 1, 1, 64, 64, False)  # past the bound: the one-tile kernel
     _run({}, 2, 1000, 1000, 4, 4, 128, 128, True)  # hd128 causal: greedy walk, exp_in_branch + causal_split
     _run({}, 1, 1100, 1100, 2, 2, 128, 128, True, window=(256, -1))  # with a window: greedy, no exp_in_branch
     _run({}, 1, 1100, 1100, 2, 2, 128, 128, True, window=(256, -1), cap=30.0)
@@ -109,3 +111,5 @@ def test_default_rule_runs_the_persistent_kernel_at_short_seqlen():
     assert any("('persistent', True)" in k and "('tile_m', 128)" in k for k in keys)  # test_persistent.py, CPU)
     assert any("('persistent_greedy', True)" in k and "('exp_in_branch', True)" in k for k in keys)
     assert any("persistent" not in k for k in keys)
+    fwd = [r.key for r in compile_records() if r.key[0] == "fwd"]  # (kind, fields, dtype, hdim, hdim_v, causal, ...)
+    assert any(("persistent", True) in k[1] and k[3] == 64 and k[5] is False for k in fwd)  # hd64 non-causal 8192
