@@ -81,9 +81,11 @@ def test_persistent_matches_reference(hdims, causal):
     ({"intra_wg_overlap": False}, 128, 128, (-1, -1), 0.0, 1),
     ({"pingpong": False}, 64, 64, (-1, -1), 0.0, 1),
     ({}, 128, 128, (200, -1), 30.0, 4),  # window + softcap + GQA 4:1
+    ({}, 64, 64, (200, -1), 30.0, 4),  # the same at hd64 (non-causal persistent by default up to 8k since session 61)
     ({"persistent_snake": True}, 64, 64, (-1, -1), 0.0, 1),  # causal: odd full rounds in reverse CTA order
     ({"persistent_snake": True}, 128, 128, (-1, -1), 0.0, 1),
-], ids=["hd128", "hd64", "hd256", "no_overlap", "no_pingpong", "window_cap_gqa", "snake64", "snake128"])
+], ids=["hd128", "hd64", "hd256", "no_overlap", "no_pingpong", "window_cap_gqa", "window_cap_gqa64", "snake64",
+         "snake128"])
 def test_few_ctas_walk_many_tiles(monkeypatch, sms, causal, case):
     """A grid of 1 or 3 CTAs (the SM count patched) walks every tile (dozens per CTA)."""
     import kernels.interface as iface
