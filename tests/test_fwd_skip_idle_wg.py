@@ -1,5 +1,5 @@
-"""AttnConfig.skip_idle_wg (sm90 forward, overlapped loop; opt-in, first timed in session 61): a consumer warpgroup whose 64 rows of
-the Q tile all lie past seqlen_q keeps the tile's barrier protocol but issues no GEMM and no softmax
+"""AttnConfig.skip_idle_wg (sm90 forward, overlapped loop; opt-in, first timed in session 61): a consumer warpgroup
+whose 64 rows of the Q tile all lie past seqlen_q keeps the tile's barrier protocol but issues no GEMM and no softmax
 (kernels/sm90/fwd.py idle_loop). At hd64's 192-row tiles the last tile of a 4k / 16k sequence has 64 valid rows (two
 warpgroups idle), of an 8k / 32k one 128 (one idle).
 
