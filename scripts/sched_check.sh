@@ -421,6 +421,20 @@ case "$PART" in
   ab 0 64 32768 8 70 --batch 1 --cfg pers=persistent:true ps=persistent:true,skip_idle_wg:true
   ab 0 64 2048 10 40 --batch 16 --cfg skip=skip_idle_wg:true one=persistent:false
   ;;
+33)  # session 62: four consumer warpgroups (tile_m=256, 4 x 64 rows, 112 registers each, no ping-pong): one more warp
+  # per SM sub-partition to hide the softmax chain's latency (hd64's loop is bound by each warp's dependent chain:
+  # issue active 47.5%, top stall "wait"). CPU SASS, hd64 non-causal: spill-free at tile_n 64 (with or without the
+  # intra-warpgroup overlap) and 96 (without); 80 / 96 with the overlap and 112 / 128 spill. `one` = today's one-tile
+  # kernel (192 rows), `w4*` one tile too, `w4p` persistent
+  W4=tile_m:256,consumer_regs:112,producer_regs:24,pingpong:false
+  ab 0 64 8192 10 80 --batch 4 --cfg one=persistent:false w4a=$W4,tile_n:64,persistent:false \
+    w4b=$W4,tile_n:64,intra_wg_overlap:false,persistent:false w4c=$W4,tile_n:96,intra_wg_overlap:false,persistent:false \
+    w4p=$W4,tile_n:64,persistent:true
+  ab 0 64 16384 10 80 --batch 2 --cfg w4a=$W4,tile_n:64 w4b=$W4,tile_n:64,intra_wg_overlap:false \
+    w4c=$W4,tile_n:96,intra_wg_overlap:false
+  ab 1 64 8192 10 80 --batch 4 --cfg w4a=$W4,tile_n:64,persistent:false w4c=$W4,tile_n:96,intra_wg_overlap:false,persistent:false \
+    one=persistent:false
+  ;;
 32)  # session 61: the GPU tests of hd64 non-causal's persistent default up to 8k (the A/Bs that chose it, part 21, read
   # its outputs bitwise the one-tile kernel's at 2k / 4k / 8k; these add odd lengths, the bound's both sides, the API)
   tests tests/test_persistent_gpu.py 150 -k "default_rule or window_cap_gqa64"

@@ -207,8 +207,14 @@ class FlashFwdSm90:
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
             raise ValueError(f"head dims ({hdim}, {hdim_v}): supported (64,64), (128,128), (256,256), (192,128)")
-        if tile_m not in (128, 192):
-            raise ValueError(f"tile_m={tile_m}: the sm90 kernel uses 2 or 3 consumer warpgroups x 64 rows (128 or 192)")
+        if tile_m not in (128, 192, 256):
+            raise ValueError(f"tile_m={tile_m}: the sm90 kernel uses 2, 3 or 4 consumer warpgroups x 64 rows "
+                             "(128, 192 or 256)")
+        if tile_m == 256 and (pingpong or persistent_dynamic):
+            # named barriers: the ping-pong tokens would take ids 2-5 (5-7 are speculative_exp's votes) and a 4th
+            # vote id 8 (persistent_dynamic's tile handoff); Hopper has 16 ids, the table keeps them apart
+            raise ValueError("tile_m=256 (4 consumer warpgroups) with pingpong or persistent_dynamic: their named "
+                             "barriers would overlap; pass pingpong=False and no persistent_dynamic")
         self.num_consumer_wg = tile_m // 64
         if tile_n % 16 or not 16 <= tile_n <= 256:
             raise ValueError(f"tile_n={tile_n}: must be a multiple of 16 in [16, 256]")
