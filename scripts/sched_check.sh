@@ -435,6 +435,12 @@ case "$PART" in
   ab 1 64 8192 10 80 --batch 4 --cfg w4a=$W4,tile_n:64,persistent:false w4c=$W4,tile_n:96,intra_wg_overlap:false,persistent:false \
     one=persistent:false
   ;;
+34)  # session 62: the GPU tests of tile_m=256 (part 33's kernels), then the forward cases of the GQA and window /
+  # softcap suites with today's defaults (hd256 lazy + speculative since session 59, hd64 persistent <= 8k since 61)
+  tests tests/test_fwd_gpu.py 150 -k four_consumer
+  tests tests/test_gqa_gpu.py 150 -k "not bwd and not backward"
+  tests tests/test_window_softcap_gpu.py 200 -k "not bwd and not backward"
+  ;;
 32)  # session 61: the GPU tests of hd64 non-causal's persistent default up to 8k (the A/Bs that chose it, part 21, read
   # its outputs bitwise the one-tile kernel's at 2k / 4k / 8k; these add odd lengths, the bound's both sides, the API)
   tests tests/test_persistent_gpu.py 150 -k "default_rule or window_cap_gqa64"

@@ -17,6 +17,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from kernels.config import AttnConfig, ConfigError  # noqa: E402
 
+FOUR_WG = dict(tile_m=256, consumer_regs=112, producer_regs=24, pingpong=False)
+
 pytestmark = pytest.mark.compile
 
 FACTORS = {
@@ -85,6 +87,30 @@ def test_three_consumer_warpgroups_compile(causal, overlap):
     assert compile_fwd(kern, tvm_ffi=False) is not None
 
 
+# four consumer warpgroups (tile_m=256, 112 registers each, no ping-pong; opt-in, slower than the default on an H100:
+# README "Four consumer warpgroups"): the shapes that fit the registers without local memory
+@pytest.mark.parametrize("causal,overlap,tile_n", [(False, True, 64), (True, True, 64), (False, False, 96)])
+def test_four_consumer_warpgroups_compile_spill_free(causal, overlap, tile_n, tmp_path):
+    from fwd_switch_checks import spill_free_sass
+    from kernels.sm90.compile import make_fwd_kernel
+
+    fields = dict(FOUR_WG, tile_n=tile_n, intra_wg_overlap=overlap, persistent=False)
+    kern = make_fwd_kernel(AttnConfig(**fields).resolve("sm90", 64, causal), "bfloat16", 64, 64, causal)
+    assert kern.num_consumer_wg == 4 and kern.num_threads == 640
+    spill_free_sass(64, causal, str(tmp_path), **fields)
+
+
+@pytest.mark.parametrize("extra,match", [(dict(pingpong=True), "pingpong"),
+                                         (dict(persistent=True, persistent_dynamic=True), "persistent_dynamic")])
+def test_four_consumer_warpgroups_refuse_overlapping_barriers(extra, match):
+    from kernels.interface import get_fwd_kernel, resolve_config
+
+    cfg = resolve_config(AttnConfig(**dict(FOUR_WG, tile_n=64, **extra)), 64, False)
+    with pytest.raises(ConfigError, match=match) as ei:
+        get_fwd_kernel(cfg, "bfloat16", 64, 64, False, tvm_ffi=False)
+    assert "\n" not in str(ei.value)
+
+
 def test_two_configs_two_kernels_through_interface():
     from kernels import compile_cache
     from kernels.interface import compiled_exp2_fraction, get_fwd_kernel, resolve_config
@@ -122,7 +148,7 @@ def test_rescale_before_pv_is_its_own_kernel_and_refused_without_overlap():
 
 @pytest.mark.parametrize("kwargs,dtype,match", [
     (dict(rescale_threshold=16.0), "float16", "rescale_threshold"),
-    (dict(tile_m=256), "bfloat16", "tile_m"),
+    (dict(tile_m=256), "bfloat16", "tile_m=256"),  # 4 consumer warpgroups with ping-pong (the default)
     (dict(tile_m=192), "bfloat16", "registers"),  # 3 consumer warpgroups cannot have 240 registers each
     (dict(num_stages=4, tile_n=128), "bfloat16", "shared memory"),
 ])

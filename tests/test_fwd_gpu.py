@@ -137,6 +137,18 @@ def test_three_consumer_warpgroups(overlap, causal):
     run_case(cfg, 64, 64, torch.float16, causal, (2, 4097, 17, 1), check_model=False)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("overlap,tile_n", [(True, 64), (False, 96)])
+def test_four_consumer_warpgroups(overlap, tile_n, causal):
+    """tile_m = 256: four consumer warpgroups, 112/24 registers, no ping-pong (opt-in; the spill-free tiles)."""
+    cfg = AttnConfig(tile_m=256, tile_n=tile_n, consumer_regs=112, producer_regs=24, pingpong=False,
+                     intra_wg_overlap=overlap, persistent=False)
+    for shape in SHAPES_SWITCH:
+        run_case(cfg, 64, 64, torch.bfloat16, causal, shape)
+    run_case(cfg, 64, 64, torch.float16, causal, (2, 4097, 17, 1), check_model=False)
+    run_case(dataclasses.replace(cfg, persistent=True), 64, 64, torch.bfloat16, causal, SHAPES_SWITCH[0])
+
+
 def test_two_configs_two_kernels():
     """The real path compiles a distinct kernel per config (no stale cubin across an ablation)."""
     from kernels.interface import get_fwd_kernel, resolve_config
