@@ -434,6 +434,8 @@ class AttnConfig:
     # or varlen). No effect without grouped K/V. None = decided per call (pack_gqa_by_default: when the per-head Q tile
     # would be partly padding); True / False force it. Left out of to_dict() while None.
     pack_gqa: bool | None = None
+    # sm90 forward: 64 rows per consumer warpgroup; 256 (four, 112 registers each at most, pingpong=False) is opt-in and
+    # slower at hd64 on an H100 (README "Four consumer warpgroups")
     tile_m: int | None = None
     tile_n: int | None = None
     num_stages: int | None = None

@@ -3,8 +3,8 @@
 How the FA4 switches map onto Hopper (every one a compile-time constant of this class):
 a producer warp (warpgroup 0, register budget lowered with setmaxnreg) streams Q once and K/V blocks
 through a ``num_stages``-deep shared-memory ring with TMA on mbarriers (PipelineTmaAsync); tile_m / 64
-consumer warpgroups (2 for tile_m = 128, 3 for 192; registers raised with setmaxnreg) each own 64 rows of
-the Q tile and run QK^T as an SS wgmma and PV as an RS wgmma with P kept in registers, fp32 accumulators.
+consumer warpgroups (2 for tile_m = 128, 3 for 192, 4 for 256 without pingpong; registers raised with
+setmaxnreg) each own 64 rows of the Q tile and run QK^T as an SS wgmma and PV as an RS wgmma with P kept in registers, fp32 accumulators.
 ``pingpong`` orders the warpgroups' GEMM issue round-robin with named barriers so one warpgroup's softmax
 (its MUFU work) runs under the others' GEMMs; off, they run unsynchronised. ``intra_wg_overlap`` issues QK^T(j+1) and PV(j) together and
 runs softmax(j+1) while PV(j) is in flight. ``rescale_threshold`` (tau) keeps a warp's stale row maxima
