@@ -435,6 +435,12 @@ case "$PART" in
   ab 1 64 8192 10 80 --batch 4 --cfg w4a=$W4,tile_n:64,persistent:false w4c=$W4,tile_n:96,intra_wg_overlap:false,persistent:false \
     one=persistent:false
   ;;
+35)  # session 62: more forward GPU suites with today's defaults (last run before sessions 59 / 61 changed hd256 / hd64)
+  tests tests/test_ops_gpu.py 150
+  tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
+  tests tests/test_varlen_gpu.py 150 -k "not bwd and not backward"
+  tests tests/test_fwd_gpu.py 200 -k "not (default or public or autograd or four_consumer)"
+  ;;
 34)  # session 62: the GPU tests of tile_m=256 (part 33's kernels), then the forward cases of the GQA and window /
   # softcap suites with today's defaults (hd256 lazy + speculative since session 59, hd64 persistent <= 8k since 61)
   tests tests/test_fwd_gpu.py 150 -k four_consumer
