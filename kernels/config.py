@@ -96,7 +96,8 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # non-causal persistent up to 8k since session 61 (H100 80GB HBM3, git 7fa1e98, 32k tokens, 10
                        # rounds, outputs bitwise; session_ab/sched_part29_30_21_h100.jsonl, part 21): persistent /
                        # one-tile 1.063 / 1.035 / 1.021 at 2k / 4k / 8k (H200 session 49: 1.020 at 4k); 16k 1.012
-                       # (H200 session 49: 0.994) and 32k 1.007 [0.978, 1.017] stay one tile
+                       # (H200 session 49: 0.994) and 32k 1.007 [0.978, 1.017] stay one tile (session 62, H100, part 31:
+                       # 1.061 / 1.034 / 1.021 again, 16k 1.012, 32k 1.007; sched_part31_h100.jsonl)
                        bwd_tile_m=128, persistent_max_seqlen=(8192, 16384), two_cta=False, rescale_before_pv=False,
                        bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
                        # the rescale vote on each lane's own maxima, the quad's max shuffles in the rescale arm
