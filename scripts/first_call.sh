@@ -5,10 +5,11 @@
 # RERUN=stale, parts fwd64256, abl_fwd and small: hd64 non-causal 2k-8k since session 61 made persistent its default
 # there, and the 8k-token small problems, fwd_small + bwd_small). Another card's rows may not enter results/h200/:
 # there "stale" is skipped. Logs under <out_dir>.
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "32 stale 31"]
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale"]
+# (parts 31-35 ran in session 62, on an H100; what is still owed is the H200 re-time of the stale rows)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-32 stale 31}
+PARTS=${2:-stale}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}
