@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The first device call of a session, adapted to the card that came (sessions 52-61 asked for an H200 and mostly got an
+# The first device call of a session, adapted to the card that came (sessions 52-62 asked for an H200 and mostly got an
 # H100 or nothing): the session A/Bs and GPU tests still owed (scripts/sched_check.sh parts), in order, until DEADLINE
 # seconds; on an H200 the part "stale" among them re-times the committed rows still stale (scripts/h200_rerun.sh,
 # RERUN=stale, parts fwd64256, abl_fwd and small: hd64 non-causal 2k-8k since session 61 made persistent its default
 # there, and the 8k-token small problems, fwd_small + bwd_small). Another card's rows may not enter results/h200/:
 # there "stale" is skipped. Logs under <out_dir>.
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale"]
-# (parts 31-35 ran in session 62, on an H100; what is still owed is the H200 re-time of the stale rows)
+# Parts in H200_ONLY (default "stale 36": sched_check part 36, hd64 non-causal persistent at 16k / 32k) run only on an
+# H200 and are skipped elsewhere.
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 36"]
+# (parts 31-35 ran in session 62, on an H100; what is still owed is H200 work: the stale rows, part 36)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-stale}
+PARTS=${2:-stale 36}
+H200_ONLY=" ${H200_ONLY:-stale 36} "
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}
@@ -18,8 +21,8 @@ echo "card: $GPU, git ${FA4LAB_GIT_SHA:-unknown}"
 left() { echo $((DEADLINE - (SECONDS - START))); }
 for p in $PARTS; do
   (( $(left) < 60 )) && { echo "part $p skipped: $(left) s left"; continue; }
+  if [[ "$H200_ONLY" == *" $p "* && "$GPU" != *H200* ]]; then echo "part $p skipped: not an H200"; continue; fi
   if [[ "$p" == stale ]]; then
-    [[ "$GPU" == *H200* ]] || { echo "part stale skipped: not an H200"; continue; }
     for r in fwd64256 abl_fwd small; do
       (( $(left) < 60 )) && { echo "rerun $r skipped: $(left) s left"; continue; }
       RERUN=stale CAP=$(( $(left) / 2 - 10 )) bash scripts/h200_rerun.sh "$O/p" "$r" 2>&1 | tail -n 4

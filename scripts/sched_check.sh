@@ -435,6 +435,12 @@ case "$PART" in
   ab 1 64 8192 10 80 --batch 4 --cfg w4a=$W4,tile_n:64,persistent:false w4c=$W4,tile_n:96,intra_wg_overlap:false,persistent:false \
     one=persistent:false
   ;;
+36)  # session 62 (for an H200: scripts/first_call.sh runs it only there): does hd64 non-causal persistent pay at 16k /
+  # 32k on the H200 today? The H100 read 1.012 / 1.007 twice (sessions 61-62), the H200 0.994 at 16k in session 49, on
+  # the loop before lazy_row_max and speculative_exp. `ours` = one tile there
+  ab 0 64 16384 12 110 --batch 2 --cfg pers=persistent:true
+  ab 0 64 32768 10 130 --batch 1 --cfg pers=persistent:true split=persistent:true,split_tail:true
+  ;;
 35)  # session 62: more forward GPU suites with today's defaults (last run before sessions 59 / 61 changed hd256 / hd64)
   tests tests/test_ops_gpu.py 150
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
