@@ -23,6 +23,8 @@ assert max(Bar) + 1 <= 15, "Hopper has named barriers 0..15"
 
 # The forward's speculative_exp vote (barrier.red.or of consumer warpgroup 0, 1, 2): ids 5, 6, 7, which only the
 # backward kernels use (BWD_PDS, BWD_DQ_FULL): no forward kernel has any other barrier past FWD_SCHED_WG1's three.
+# Four consumer warpgroups (tile_m=256) would need ping-pong ids 2-5 and vote ids 5-8: the kernel refuses ping-pong and
+# persistent_dynamic (FWD_TILE_EMPTY = 8) there.
 FWD_SPEC_WG1 = Bar.FWD_SCHED_WG1 + 3
 # persistent_dynamic's tile handoff (the producer warp claims the next tile, the consumer warpgroups read it from shared
 # memory): empty = every consumer warpgroup read the last one (the producer waits on it), full + w = the producer wrote

@@ -211,8 +211,9 @@ class FlashFwdSm90:
             raise ValueError(f"tile_m={tile_m}: the sm90 kernel uses 2, 3 or 4 consumer warpgroups x 64 rows "
                              "(128, 192 or 256)")
         if tile_m == 256 and (pingpong or persistent_dynamic):
-            # named barriers: the ping-pong tokens would take ids 2-5 (5-7 are speculative_exp's votes) and a 4th
-            # vote id 8 (persistent_dynamic's tile handoff); Hopper has 16 ids, the table keeps them apart
+            # named barriers (kernels/sm90/barriers.py): four ping-pong tokens would take ids 2-5, and id 5 is the
+            # first of speculative_exp's votes (5-8 with four warpgroups); the fourth vote's id 8 is
+            # persistent_dynamic's tile handoff (FWD_TILE_EMPTY)
             raise ValueError("tile_m=256 (4 consumer warpgroups) with pingpong or persistent_dynamic: their named "
                              "barriers would overlap; pass pingpong=False and no persistent_dynamic")
         self.num_consumer_wg = tile_m // 64
