@@ -2,9 +2,9 @@
 and the order in which a time budget visits them.
 
 Forward (sm90): tile_m (2 or 3 consumer warpgroups of 64 rows; 4, tile_m=256, is not searched: it needs pingpong
-off and 112 registers, and ran 0.88-0.94x the default at hd64 on an H100, README "Four consumer warpgroups"), tile_n, num_stages, the register split
-(producer_regs, consumer_regs), pingpong, exp2_emu_fraction, rescale_before_pv, q_in_regs (only where
-kernels/config.py q_in_regs_fits: 128-row tiles at most 128 wide, exp2 fraction under 1/2), p_smem (P V reads P from
+off and 112 registers, and ran 0.88-0.94x the default at hd64 on an H100, README "Four consumer warpgroups"), tile_n,
+num_stages, the register split (producer_regs, consumer_regs), pingpong, exp2_emu_fraction, rescale_before_pv,
+q_in_regs (only where kernels/config.py q_in_regs_fits: 128-row tiles at most 128 wide, exp2 fraction under 1/2), p_smem (P V reads P from
 shared memory: P leaves the register floor, sP joins the kernel's shared-memory budget, so hd64's 192-row tiles reach
 192-wide key blocks), p_smem_early (with p_smem only: one sP tile per K/V stage, P stored before the wait for the
 previous P V) and q_regs_k (without q_in_regs only: the first 1 / 2 / 4 k-blocks of Q in registers, for head dims
