@@ -40,13 +40,16 @@
 #   (192, 128): A/Bs, then its GPU tests. Part 27 (next): p_smem's GPU tests.
 #   Part 28 (first, when a session may get one call): the deciding A/Bs of parts 24 / 26 / 22 and 16 p_smem tests.
 #   Part 29 (session 59): hd256's lazy + speculative default: its GPU tests, the split tail against the old default.
+#   Parts 30-32 (sessions 60-61): skip_idle_wg, hd64 non-causal persistent up to 8k (A/Bs, GPU tests). Parts 33-35
+#   (session 62, H100): four consumer warpgroups (tile_m=256) A/Bs and tests, the forward GPU suites with today's
+#   defaults. Part 36 (for an H200): hd64 non-causal persistent at 16k / 32k. Each part's case below says more.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-30]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-36]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-30]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-36]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
