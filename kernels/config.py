@@ -267,14 +267,15 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
                                 "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
                                 "early_desc": (None, False), "skip_idle_wg": (None, False), "p_smem": (None, False),
-                                "p_smem_early": (None, False), "q_regs_k": (None, 0)}
+                                "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                   "pv_wait_mid", "bwd_det_two_writers", "bwd_det_diag_align", "early_v_release", "bwd_two_cta_cta_release",
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
-                  "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early")
+                  "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
+                  "qk_halves")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -544,6 +545,12 @@ class AttnConfig:
     # and no softmax, so the others get the tensor cores and the MUFU pipe. Rows past seqlen_q are never stored:
     # outputs bitwise the default's. None = off; left out of to_dict() while None or False.
     skip_idle_wg: bool | None = None
+    # sm90 forward, speculative_exp's steady state (the overlapped loop's mask-free blocks, no softcap, no q_regs_k, no
+    # redo budget; elsewhere no effect): each block's S = Q K^T issued as two wgmma groups of tile_n/2 key columns, and
+    # the exponentials of the first half run while the tensor cores compute the second (one wait between them), instead
+    # of all of them after the whole block. Same products, same sums in the same order: outputs bitwise the default's.
+    # None = off; left out of to_dict() while None or False.
+    qk_halves: bool | None = None
     # sm90 forward: P V with P from shared memory (an SS wgmma; FA3's C++ kernel does so at hd64 non-causal with
     # 192 x 192 tiles). Each block's P goes to an sP tile (tile_m x tile_n, 16-bit) by stmatrix right after its
     # conversion, so its registers are free while the P V GEMM runs: room for a wider tile_n at 160 registers. Costs
@@ -713,7 +720,8 @@ class AttnConfig:
                               "rescale_before_pv=None or False")
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
-                     "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k"):
+                     "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
+                     "qk_halves"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -893,7 +901,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
-                   "p_smem_early", "q_regs_k")
+                   "p_smem_early", "q_regs_k", "qk_halves")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

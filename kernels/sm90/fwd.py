@@ -140,6 +140,7 @@ class ConsumerFrags(NamedTuple):
     ones: object = None  # row_sum_mma: (its m64n8 tiled MMA, this thread's slice, the ones tile's B fragment)
     p_smem: object = None  # p_smem: (stmatrix atom, its thread slice, this thread's sP partition, the P V A fragment)
     q_part: object = None  # q_regs_k: (the RS tiled MMA of Q K^T, Q's register fragment of the first k-blocks)
+    k_halves: object = None  # qk_halves: (Q K^T's tiled MMA of tile_n/2 columns, the two halves' K fragments)
 
 
 class Tile(NamedTuple):
@@ -202,7 +203,7 @@ class FlashFwdSm90:
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
-                 skip_idle_wg: bool = False):
+                 skip_idle_wg: bool = False, qk_halves: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -416,6 +417,12 @@ class FlashFwdSm90:
         if smem > limit:
             raise ValueError(f"shared memory {smem} B for tile_n={tile_n}, num_stages={num_stages}, hdim={hdim} "
                              "exceeds the 227 KB of sm_90a; lower tile_n or num_stages")
+        # speculative_exp's steady state: S(j+1) = Q K^T as two wgmma groups of tile_n/2 key columns each, so the
+        # exponentials of the first half run while the tensor cores still compute the second (AttnConfig.qk_halves).
+        # Same products and sums, in the same order: bitwise the default's output. Not with q_regs_k (its split A), a
+        # softcap (applied to the whole block first) or a redo budget. (tile_n / 2, a multiple of 8, is a wgmma N.)
+        self.qk_halves = (bool(qk_halves) and self.speculative_exp and self.spec_redo_budget == 0
+                          and self.q_regs_k == 0 and self.softcap == 0.0)
         # persistent, where shared memory allows (all but hd256): O in its own buffer (see the module docstring)
         self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= limit
         # a warpgroup whose rows all lie past seqlen_q runs idle_loop (AttnConfig.skip_idle_wg): the overlapped loop only,
@@ -516,6 +523,13 @@ class FlashFwdSm90:
         return sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
             (self.num_consumer_wg, 1, 1), (64, self.tile_n), warpgroup.OperandSource.RMEM)
+
+    def _tiled_mma_qk_half(self):
+        """qk_halves: Q K^T's tiled MMA over tile_n/2 key columns (A as the full one's: its fragment serves both)."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (self.num_consumer_wg, 1, 1), (64, self.tile_n // 2),
+            *((warpgroup.OperandSource.RMEM,) if self.q_in_regs else ()))
 
     def _ones_layout(self):
         """row_sum_mma: the ones tile, the B operand (N 8, K tile_n) of the m64n8 row-sum wgmma, K-major like sK."""
@@ -1264,7 +1278,14 @@ class FlashFwdSm90:
             st_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
             thr_st = cute.make_tiled_copy_C(st_atom, tiled_mma_qk).get_slice(tidx)
             p_smem = (st_atom, thr_st, thr_st.partition_D(sP), wg_mma_pv.make_fragment_A(wg_mma_pv.partition_A(sP)))
-        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy, ones, p_smem, q_part)
+        k_halves = None
+        if const_expr(self.qk_halves):  # K's two halves of tile_n/2 rows, each the B operand of a half-width Q K^T
+            mma_h = self._tiled_mma_qk_half()
+            wg_mma_h = mma_h.get_slice(wg * self.threads_per_wg)
+            sK_h = cute.flat_divide(sK, (self.tile_n // 2,))  # (tile_n/2, 2, hdim, stages)
+            k_halves = (mma_h, [wg_mma_h.make_fragment_B(wg_mma_h.partition_B(sK_h[None, h, None, None]))
+                                for h in range(2)])
+        return ConsumerFrags(wg, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrVt, q_copy, ones, p_smem, q_part, k_halves)
 
     @cute.jit
     def qk_gemm(self, tiled_mma_qk, acc_S, frags: ConsumerFrags, tSrK):
@@ -1273,6 +1294,18 @@ class FlashFwdSm90:
             wgmma_split_a(frags.q_part[0], tiled_mma_qk, acc_S, frags.q_part[1], frags.tSrQ, tSrK, True)
         else:
             wgmma(tiled_mma_qk, acc_S, frags.tSrQ, tSrK, True)
+
+    @cute.jit
+    def qk_gemm_halves(self, acc_S, frags: ConsumerFrags, stage: Int32):
+        """qk_halves: S = Q K^T on K stage ``stage`` as two wgmma groups, key columns 0 .. tile_n/2 - 1 first. Each
+        half's accumulator is a view of half of acc_S's registers: a wgmma m64nN fragment orders its values by 8-column
+        chunk last, so the first tile_n/2 columns are its first half (layout.acc_rows_cols keeps that order)."""
+        mma_h, tK = frags.k_halves
+        shape_h = mma_h.get_slice(0).partition_shape_C((self.tile_m, self.tile_n // 2))
+        n_half = cute.size(acc_S) // 2
+        for h in cutlass.range_constexpr(2):
+            acc_h = cute.make_tensor(acc_S.iterator + h * n_half, cute.make_layout(shape_h))
+            wgmma(mma_h, acc_h, frags.tSrQ, tK[h][None, None, None, stage], True, fence=h == 0)
 
     @cute.jit
     def load_q_regs(self, frags: ConsumerFrags) -> None:
@@ -1498,13 +1531,18 @@ class FlashFwdSm90:
         acc_S = cute.make_rmem_tensor(regs.acc_shape_S, Float32)
         if const_expr(not self.early_desc):
             tSrK = frags.tSrK[None, None, None, state.index]
-        self.qk_gemm(tiled_mma_qk, acc_S, frags, tSrK)
+        # qk_halves where the block's S goes straight to the exponentials (no mask to apply to the whole block first)
+        halves = self.qk_halves and (masked is False or (masked is None and not self.causal and not self.has_window))
+        if const_expr(halves):
+            self.qk_gemm_halves(acc_S, frags, state.index)
+        else:
+            self.qk_gemm(tiled_mma_qk, acc_S, frags, tSrK)
         if const_expr(self.rescale_before_pv):  # O (PV(j-1) done) by block j's factors, while S(j+1) is computed
             self.rescale_acc(regs, regs.row_scale)
         pipe_v.consumer_wait(state_v)
         self.pv_gemm(tiled_mma_pv, frags, regs, state_v.index, tOrVt)
         self.sched_arrive(frags.wg)
-        warpgroup.wait_group(1)
+        warpgroup.wait_group(2 if halves else 1)  # (halves: S's first half; softmax_spec waits for the second)
         # S(j+1) by the kept maxima, releasing the K stage itself; not in causal_split's diagonal loop, whose blocks
         # are where a row can still lack a maximum (its vote would always redo them)
         if const_expr(self.speculative_exp and masked is not True):
@@ -1522,7 +1560,7 @@ class FlashFwdSm90:
                         self.make_p(acc_S, regs, frags, state.index)
             else:
                 do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked,
-                                               self.p_smem_early)
+                                               self.p_smem_early, halves)
             warpgroup.wait_group(0)
             pipe_v.consumer_release(state_v)
             if const_expr(not self.p_smem_early):
@@ -1589,7 +1627,7 @@ class FlashFwdSm90:
     @cute.jit
     def softmax_spec(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, acc_S, regs: TileRegs, args: BlockArgs,
                      n_block: Int32, state, masked: cutlass.Constexpr = None,
-                     store_p: cutlass.Constexpr[bool] = False) -> Boolean:
+                     store_p: cutlass.Constexpr[bool] = False, halves: cutlass.Constexpr[bool] = False) -> Boolean:
         """speculative_exp, a later block whose S is in acc_S and whose K stage ``state`` is still held: P with the
         kept maxima and the rows' partial sums (softmax.exp_kept_max). If no thread of the warpgroup saw a partial sum
         near 2^tau (a barrier.red over the warpgroup: its wgmma below is warpgroup-wide), or after one did, no thread
@@ -1599,7 +1637,8 @@ class FlashFwdSm90:
         and maxima are the eager step's bit for bit; a rescaled row's sum can differ by a rounding, as between the
         other loop shapes (ptxas contracts row_sum * scale + partial into one FFMA in some layouts, not in others).
         ``store_p`` (p_smem_early): P to its sP tile right after the exponentials, before the votes (ptxas does not
-        move the conversions and stores across their barrier), and again after a redo."""
+        move the conversions and stores across their barrier), and again after a redo. ``halves`` (qk_halves): S's
+        second half still in flight; the exponentials of the first wait for it halfway."""
         self.prepare_later(acc_S, regs, args, n_block, masked)
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
         # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale (typical partial
@@ -1608,7 +1647,7 @@ class FlashFwdSm90:
         # the sums pinned at hd256 only: elsewhere they stay put unpinned, and pinned cost (192, 128) causal 23
         # uniform-datapath instructions more on the common path
         redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit,
-                            self.hdim >= 256)
+                            self.hdim >= 256, warpgroup.wait_group if halves else None)
         if const_expr(store_p):
             self.make_p(acc_S, regs, frags, state.index)
         redo = warpgroup_any(redo, BAR_SPEC_WG1 + frags.wg, self.threads_per_wg)
@@ -1617,7 +1656,10 @@ class FlashFwdSm90:
                                  self.threads_per_wg)
         do_rescale = Boolean(False)
         if redo:
-            self.qk_gemm(tiled_mma_qk, acc_S, frags, frags.tSrK[None, None, None, state.index])
+            if const_expr(halves):  # (the same register halves as the first issue: ptxas serializes every wgmma else)
+                self.qk_gemm_halves(acc_S, frags, state.index)
+            else:
+                self.qk_gemm(tiled_mma_qk, acc_S, frags, frags.tSrK[None, None, None, state.index])
             warpgroup.wait_group(0)
             pipe_k.consumer_release(state)
             self.prepare_later(acc_S, regs, args, n_block, masked)

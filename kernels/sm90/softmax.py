@@ -252,6 +252,19 @@ def _row_sum(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int
     return _tree(part, _add)
 
 
+def _sum_chains(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int], lo: cutlass.Constexpr[int],
+                hi: cutlass.Constexpr[int], part):
+    """_row_sum's k partials of row ``r`` carried over columns lo .. hi-1 (``part`` None: started at lo); the tree of
+    the partials after the last column is _row_sum, bit for bit."""
+    if part is None:
+        part, lo = [s[r, lo + j] for j in range(k)], lo + k
+    else:
+        part = list(part)
+    for c in range(lo, hi):
+        part[c % k] = part[c % k] + s[r, c]
+    return part
+
+
 @cute.jit
 def _row_max(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int]):
     """This thread's maximum of row ``r`` of ``s``: k independent partials in column order, tree-reduced."""
@@ -307,19 +320,44 @@ def _exp_rows(s: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, row_sc
 @cute.jit
 def exp_kept_max(acc_S: cute.Tensor, row_max: cute.Tensor, scale_log2: Float32, emu_frags: cutlass.Constexpr[tuple],
                  poly: cutlass.Constexpr[tuple], partial: cute.Tensor, limit: cutlass.Constexpr[float],
-                 pin: cutlass.Constexpr[bool] = False) -> Boolean:
+                 pin: cutlass.Constexpr[bool] = False, mid=None) -> Boolean:
     """speculative_exp (tau > 0, a later block): P = 2^(S * scale_log2 - m * scale_log2) in place with the kept row
     maxima m -- the eager step's keep arm, the same arithmetic -- and each row's partial sum into ``partial`` (the
     same partials, the same order), with no maximum taken. Returns whether this thread saw a row whose partial sum
     exceeds ``limit`` (just under 2^tau: every P <= it, so no column grew by tau and the eager step would keep the
     maxima too), that has no maximum yet (-inf), or a NaN sum. ``pin``: the sums pinned (pin_f32) where they are
     computed; unpinned, the hd256 kernel computes them a second time after the vote (36 FADDs more on its common
-    path; CPU SASS, session 51)."""
+    path; CPU SASS, session 51). ``mid(n)`` (qk_halves: S's second half still in flight): called with n = 1 between
+    the exponentials of the first half of the columns and the rest (the wait for that half), the sums carried in the
+    same order; with n = 0 instead if the first half holds a NaN (the block is redone)."""
     s = acc_rows_cols(acc_S)
     k = _chains(cute.size(s, mode=[1]))
     redo = Boolean(False)
+    if const_expr(mid is not None):
+        n, offsets, chains = cute.size(s, mode=[1]), [], []
+        nan0 = Boolean(False)
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            m = pin_f32(row_max[r])
+            offsets.append(Float32(0.0) if m == -Float32.inf else m * scale_log2)
+            _exp_cols(s, r, offsets[r], scale_log2, emu_frags, poly, 0, n // 2)
+            chains.append(_sum_chains(s, r, k, 0, n // 2, None))
+            h0 = _tree(list(chains[r]), _add)
+            nan0 = nan0 | (h0 != h0)
+        # a branch on the first half's P, with a different wait in each arm: ptxas hoists a wait above independent
+        # work inside a block (then the first half's exponentials wait for the second half of S too), and LLVM would
+        # hoist two equal waits above the branch. A NaN among them (only from NaN inputs) redoes the block anyway.
+        if cute.arch.vote_any_sync(nan0):
+            mid(0)
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                partial[r] = Float32(math.nan)
+        else:
+            mid(1)
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                _exp_cols(s, r, offsets[r], scale_log2, emu_frags, poly, n // 2, n)
+                partial[r] = _tree(_sum_chains(s, r, k, n // 2, n, chains[r]), _add)
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-        partial[r] = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k, True, True)
+        if const_expr(mid is None):
+            partial[r] = _exp_row(s, r, row_max, scale_log2, emu_frags, poly, k, True, True)
         if const_expr(pin):
             partial[r] = pin_f32(partial[r])
         redo = redo | (partial[r] > Float32(limit)) | (partial[r] != partial[r]) | (row_max[r] == -Float32.inf)
