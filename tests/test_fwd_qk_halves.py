@@ -3,7 +3,7 @@ state each block's S = Q K^T is issued as two wgmma groups of tile_n/2 key colum
 run before the wait for the second (kernels/sm90/fwd.py qk_gemm_halves, softmax.exp_kept_max ``mid``).
 
 CPU tests: the field's rules, the kernel switch (only with speculative_exp, not with q_regs_k, a softcap or a redo
-budget), and the machine code: no local memory, no serialized wgmma (ptxas adds a WARPGROUP.DEPBAR after every HGMMA
+budget, nor below 32-key blocks), and the machine code: no local memory, no serialized wgmma (ptxas adds a WARPGROUP.DEPBAR after every HGMMA
 when it cannot pipeline them: it did while the redo issued S whole into the halves' registers), two more waits than
 the default (the first half's, and the NaN arm's), twice the QK^T HGMMAs in the steady state, and the point of it: the
 first half's MUFU.EX2 between the first half's wait and the second's (ptxas hoists a plain wait above them; the branch on
@@ -43,6 +43,7 @@ def test_kernel_takes_it_only_on_the_speculative_step():
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, qk_halves=True, softcap=30.0).qk_halves
     assert not FlashFwdSm90(bf, 256, 256, False, tile_n=80, speculative_exp=True, qk_halves=True, q_regs_k=2).qk_halves
     assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, qk_halves=True, spec_redo_budget=1).qk_halves
+    assert not FlashFwdSm90(bf, 128, 128, False, speculative_exp=True, qk_halves=True, tile_n=16).qk_halves
 
 
 def _first_half_mufu(body) -> tuple[int, int]:

@@ -420,9 +420,10 @@ class FlashFwdSm90:
         # speculative_exp's steady state: S(j+1) = Q K^T as two wgmma groups of tile_n/2 key columns each, so the
         # exponentials of the first half run while the tensor cores still compute the second (AttnConfig.qk_halves).
         # Same products and sums, in the same order: bitwise the default's output. Not with q_regs_k (its split A), a
-        # softcap (applied to the whole block first) or a redo budget. (tile_n / 2, a multiple of 8, is a wgmma N.)
+        # softcap (applied to the whole block first) or a redo budget; tile_n >= 32, so that a thread's half row holds
+        # the row sum's 4 partial chains (softmax._sum_chains). (tile_n / 2, a multiple of 8, is a wgmma N.)
         self.qk_halves = (bool(qk_halves) and self.speculative_exp and self.spec_redo_budget == 0
-                          and self.q_regs_k == 0 and self.softcap == 0.0)
+                          and self.q_regs_k == 0 and self.softcap == 0.0 and tile_n >= 32)
         # persistent, where shared memory allows (all but hd256): O in its own buffer (see the module docstring)
         self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= limit
         # a warpgroup whose rows all lie past seqlen_q runs idle_loop (AttnConfig.skip_idle_wg): the overlapped loop only,

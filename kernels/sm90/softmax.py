@@ -254,8 +254,9 @@ def _row_sum(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int
 
 def _sum_chains(s: cute.Tensor, r: cutlass.Constexpr[int], k: cutlass.Constexpr[int], lo: cutlass.Constexpr[int],
                 hi: cutlass.Constexpr[int], part):
-    """_row_sum's k partials of row ``r`` carried over columns lo .. hi-1 (``part`` None: started at lo); the tree of
-    the partials after the last column is _row_sum, bit for bit."""
+    """_row_sum's k partials of row ``r`` carried over columns lo .. hi-1 (``part`` None: started at lo, hi - lo >= k);
+    the tree of the partials after the last column is _row_sum, bit for bit."""
+    assert part is not None or hi - lo >= k, (lo, hi, k)
     if part is None:
         part, lo = [s[r, lo + j] for j in range(k)], lo + k
     else:
