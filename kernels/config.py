@@ -61,6 +61,8 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   off at 8k / 16k: hd128 non-causal 1.017 / 1.026, hd64 1.007 / 1.005, (192, 128) 1.004 / 1.004,
 #                   hd256 1.004 / 1.003 (causal 1.006 / 1.005); causal hd64 0.992 / 0.990, hd128 0.999 / 0.998,
 #                   (192, 128) 0.998 / 0.998: off there
+#   p_before_vote : (non-causal, causal) AttnConfig.p_before_vote=None: the sm90 forward's P V wait and P conversion
+#                   before speculative_exp's vote (absent: off; resolve() fills it only where the call speculates)
 #   q_in_regs     : (non-causal, causal) AttnConfig.q_in_regs=None: the sm90 forward's QK^T with Q in registers (absent:
 #                   off; resolve() fills it only on the table's 128 x 128 tile)
 #   bwd_diag_align : (non-causal, causal) AttnConfig.bwd_diag_align=None: the sm90 causal 80-row backward walks Q tiles
@@ -109,6 +111,11 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # rounds, speed vs the default of then: non-causal 1.012 / 1.012 / 1.013 at 2k / 8k / 16k,
                        # causal 1.028 / 1.032 at 4k / 16k
                        speculative_exp=(True, True),
+                       # AttnConfig.p_before_vote (outputs bitwise on blocks that keep their maxima). H100 session 63
+                       # (session_ab/p_before_vote_h100.jsonl; no H200 lent), 32k tokens, 8 rounds, speed vs the
+                       # default of then: non-causal 1.007 / 1.044 / 1.044 at 8k (persistent) / 16k / 32k; causal 16k
+                       # 0.946 (the causal loops' common path 326 -> 378 instructions in the CPU SASS): off there
+                       p_before_vote=(True, False),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
                        bwd_pdl=(True, True), bwd_stream_post=(True, True),
@@ -152,6 +159,10 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # 1.007 / 1.032 / 1.044 at 1k / 4k / 16k (it takes over pv_wait_mid's and exp_in_branch's
                         # P V wait)
                         speculative_exp=(True, True),
+                        # AttnConfig.p_before_vote. H100 session 63 (session_ab/p_before_vote_h100.jsonl), 32k tokens,
+                        # 8 rounds, speed vs the default of then: non-causal 16k 1.018 (the split tail); causal 16k
+                        # 0.940: off there. ((192, 128) non-causal 16k 1.001 and hd256 causal 16k 0.996: not defaults)
+                        p_before_vote=(True, False),
                         # non-causal: the persistent kernel's partial last round cut over every SM where
                         # kernels.interface.split_tail_pays (AttnConfig.split_tail). H200 session 49 (archive_2026-12-05,
                         # sched_split_*.jsonl), 32k tokens, 10-12 rounds, speed vs the default of then: 1.011-1.013 /
@@ -267,7 +278,8 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "row_sum_mma": (None, False), "speculative_exp": (None, False),
                                 "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
                                 "early_desc": (None, False), "skip_idle_wg": (None, False), "p_smem": (None, False),
-                                "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False)}
+                                "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False),
+                                "p_before_vote": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -275,7 +287,7 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                   "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
-                  "qk_halves")
+                  "qk_halves", "p_before_vote")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -551,6 +563,12 @@ class AttnConfig:
     # of all of them after the whole block. Same products, same sums in the same order: outputs bitwise the default's.
     # None = off; left out of to_dict() while None or False.
     qk_halves: bool | None = None
+    # sm90 forward, speculative_exp's steady state (not with p_smem or a redo budget; elsewhere no effect): the wait for
+    # the previous block's P V, its V stage's release and this block's P conversion to 16 bits before the warpgroup's
+    # vote instead of after it. ptxas does not move instructions across the vote's branch, so after it the 32-64
+    # conversions run alone; before it they interleave with the MUFU exponentials. A redone block is converted again.
+    # Same values: outputs bitwise the default's. None = off; left out of to_dict() while None or False.
+    p_before_vote: bool | None = None
     # sm90 forward: P V with P from shared memory (an SS wgmma; FA3's C++ kernel does so at hd64 non-causal with
     # 192 x 192 tiles). Each block's P goes to an sP tile (tile_m x tile_n, 16-bit) by stmatrix right after its
     # conversion, so its registers are free while the P V GEMM runs: room for a wider tile_n at 160 registers. Costs
@@ -721,7 +739,7 @@ class AttnConfig:
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
                      "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
-                     "qk_halves"):
+                     "qk_halves", "p_before_vote"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -737,7 +755,7 @@ class AttnConfig:
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                      "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                      "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail", "lazy_row_max",
-                     "row_sum_mma", "speculative_exp"):
+                     "row_sum_mma", "speculative_exp", "p_before_vote"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "lazy_row_max" and not self.rescale_threshold:
                 continue  # no rescale vote at tau 0: the kernel is the default's, and so stay its config and hash
@@ -773,6 +791,9 @@ class AttnConfig:
                 self.rescale_threshold, self.tile_n or updates.get("tile_n"), frac, self.intra_wg_overlap,
                 self.row_sum_mma):
             del updates["speculative_exp"]  # a kernel that drops it (kernels/sm90/fwd.py) keeps its config and hash
+        if updates.get("p_before_vote") and (not updates.get("speculative_exp", self.speculative_exp) or self.p_smem
+                                             or self.spec_redo_budget or self.qk_halves):
+            del updates["p_before_vote"]  # kernels without it (kernels/sm90/fwd.py) keep their config and hash
         if self.spec_redo_budget is not None and not updates.get("speculative_exp", self.speculative_exp):
             updates["spec_redo_budget"] = None  # no speculation, no budget: the config and hash of the call without it
         if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:
@@ -901,7 +922,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
-                   "p_smem_early", "q_regs_k", "qk_halves")
+                   "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

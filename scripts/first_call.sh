@@ -2,16 +2,16 @@
 # The first device call of a session, adapted to the card that came (sessions 52-62 asked for an H200 and mostly got an
 # H100 or nothing): the session A/Bs and GPU tests still owed (scripts/sched_check.sh parts), in order, until DEADLINE
 # seconds; on an H200 the part "stale" among them re-times the committed rows still stale (scripts/h200_rerun.sh,
-# RERUN=stale, parts fwd64256, abl_fwd and small: hd64 non-causal 2k-8k since session 61 made persistent its default
-# there, and the 8k-token small problems, fwd_small + bwd_small). Another card's rows may not enter results/h200/:
-# there "stale" is skipped. Logs under <out_dir>.
+# RERUN=stale, parts fwd64256, fwd128nf, abl_fwd and small: hd64 non-causal 2k-8k since session 61 made persistent its
+# default there, hd 64 / 128 non-causal since session 63 made p_before_vote theirs, and the 8k-token small problems,
+# fwd_small + bwd_small). Another card's rows may not enter results/h200/: there "stale" is skipped. Logs under <out_dir>.
 # Parts in H200_ONLY (default "stale 36": sched_check part 36, hd64 non-causal persistent at 16k / 32k) run only on an
-# H200 and are skipped elsewhere.
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 36"]
-# (parts 31-35 ran in session 62, on an H100; what is still owed is H200 work: the stale rows, part 36)
+# H200 and are skipped elsewhere; part 37 (p_before_vote's GPU tests and A/Bs) runs on any card.
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "37 stale 36"]
+# (parts 31-35 ran in session 62, on an H100; owed: part 37 on any card, the stale rows and part 36 on an H200)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-stale 36}
+PARTS=${2:-37 stale 36}
 H200_ONLY=" ${H200_ONLY:-stale 36} "
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
@@ -23,7 +23,7 @@ for p in $PARTS; do
   (( $(left) < 60 )) && { echo "part $p skipped: $(left) s left"; continue; }
   if [[ "$H200_ONLY" == *" $p "* && "$GPU" != *H200* ]]; then echo "part $p skipped: not an H200"; continue; fi
   if [[ "$p" == stale ]]; then
-    for r in fwd64256 abl_fwd small; do
+    for r in fwd64256 fwd128nf abl_fwd small; do
       (( $(left) < 60 )) && { echo "rerun $r skipped: $(left) s left"; continue; }
       RERUN=stale CAP=$(( $(left) / 2 - 10 )) bash scripts/h200_rerun.sh "$O/p" "$r" 2>&1 | tail -n 4
     done

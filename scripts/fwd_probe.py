@@ -10,6 +10,10 @@ the default kernel's launch arguments (one tile per CTA, paper-grid shape: 32k t
   no_rowsum   a row's sum is its first P value: none of the 31-63 FADDs per row and block
   no_exp      P = the exponent itself (an FFMA, no MUFU.EX2): the softmax without the MUFU pipe
   no_maxshfl  the row maxima are not reduced across the quad (2 shuffles + FMNMX per row and block left out)
+  warp_vote   speculative_exp's votes over the warp (vote.any) instead of the warpgroup (a named-barrier reduction):
+              what a per-warp redo could win on the common path. Safe only where no vote fires (the gaussian inputs
+              here: a thread's partial sums stay far below 2^tau); a fired vote would issue a wgmma in some warps only
+  no_vote     no speculative vote at all (every block keeps its maxima; the redo code is dead)
 The speed of a probe over the default is an upper bound of what a cheaper form of that piece could win (e.g. row sums
 from the tensor core: no_rowsum). The default's output is checked against the fp32 math of torch first; the probes'
 are not (they are wrong). A session script; nothing it prints is a result of the kernels.
@@ -31,7 +35,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 def _probe_patches(name: str):
     """(module, attribute, replacement) triples of a probe (applied while its kernel is traced)."""
-    from kernels.sm90 import softmax
+    import cutlass
+    import cutlass.cute as cute
+
+    from kernels.sm90 import fwd, softmax
 
     def first_value(s, r, k):
         return s[r, 0]
@@ -42,12 +49,20 @@ def _probe_patches(name: str):
     def no_shuffle(x):
         return x
 
+    def warp_vote(pred, bar_id, n_threads, *, loc=None, ip=None):
+        return cute.arch.vote_any_sync(pred)
+
+    def no_vote(pred, bar_id, n_threads, *, loc=None, ip=None):
+        return cutlass.Boolean(False)
+
     return {"no_rowsum": [(softmax, "_row_sum", first_value)],
             "no_exp": [(softmax, "exp2_mufu", exponent_only)],
-            "no_maxshfl": [(softmax, "quad_allreduce_max", no_shuffle)]}[name]
+            "no_maxshfl": [(softmax, "quad_allreduce_max", no_shuffle)],
+            "warp_vote": [(fwd, "warpgroup_any", warp_vote)],
+            "no_vote": [(fwd, "warpgroup_any", no_vote)]}[name]
 
 
-PROBES = ("no_rowsum", "no_exp", "no_maxshfl")
+PROBES = ("no_rowsum", "no_exp", "no_maxshfl", "warp_vote", "no_vote")
 
 
 @contextlib.contextmanager

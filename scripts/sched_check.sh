@@ -42,14 +42,15 @@
 #   Part 29 (session 59): hd256's lazy + speculative default: its GPU tests, the split tail against the old default.
 #   Parts 30-32 (sessions 60-61): skip_idle_wg, hd64 non-causal persistent up to 8k (A/Bs, GPU tests). Parts 33-35
 #   (session 62, H100): four consumer warpgroups (tile_m=256) A/Bs and tests, the forward GPU suites with today's
-#   defaults. Part 36 (for an H200): hd64 non-causal persistent at 16k / 32k. Each part's case below says more.
+#   defaults. Part 36 (for an H200): hd64 non-causal persistent at 16k / 32k. Part 37 (session 63, any card):
+#   p_before_vote's GPU tests and A/Bs. Each part's case below says more.
 # Part 4 (optional): scripts/fwd_probe.py at hd64 / hd128 8k, what the row sums' FADDs, the MUFU exponentials and the
 #   max shuffles cost (kernels compiled without each; their outputs are wrong by design).
 # Every step gets min(its cap, the time left before DEADLINE seconds, default 570) so the call returns its logs.
 # Logs and rows under <out_dir> (rows as scripts/fwd_ab.py writes them). Written 2026-12-04/05 (sessions 47-48), when
-# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-36]
+# no GPU was lent. Usage on the GPU host:  source .gpu/boot.sh && bash scripts/sched_check.sh <out_dir> [1-37]
 set -u
-O=${1:?usage: scripts/sched_check.sh <out_dir> [1-36]}
+O=${1:?usage: scripts/sched_check.sh <out_dir> [1-37]}
 PART=${2:-1}
 DEADLINE=${DEADLINE:-570}
 START=$SECONDS
@@ -473,7 +474,21 @@ case "$PART" in
   cat "$O/probe.log"
   exit 0
   ;;
-*) echo "part must be 1-28" >&2; exit 2 ;;
+37)  # session 63 (any card): p_before_vote, the hd 64 / 128 non-causal default since session 63 (H100: 1.044 at hd64
+  # 16k / 32k, 1.018 at hd128 16k; causal 0.946 / 0.940, off there). Its GPU tests whole (session 63 ran the gaussian
+  # non-causal and other-switch cases), the default's forward GPU suite, then A/Bs against it off (`off`): hd64 causal
+  # with the inline-PTX conversion (`asm` = p_cvt_asm on, `pa` = p_cvt_asm + p_before_vote: the CPU SASS of `pa` has
+  # the non-causal shape, 323 instructions and the 32 conversions before the vote, where causal's LLVM conversion sinks
+  # past it), hd256 non-causal, (192, 128) non-causal 32k
+  tests tests/test_fwd_p_before_vote_gpu.py 200
+  tests tests/test_fwd_gpu.py 150 -k "default or public or autograd"
+  ab 1 64 16384 8 60 --batch 2 --cfg asm=p_cvt_asm:true pa=p_cvt_asm:true,p_before_vote:true
+  ab 1 64 8192 8 55 --batch 4 --cfg asm=p_cvt_asm:true pa=p_cvt_asm:true,p_before_vote:true
+  ab 0 256 16384 8 55 --batch 2 --cfg pbv=p_before_vote:true
+  ab 0 192 32768 8 55 --batch 1 --cfg pbv=p_before_vote:true
+  ab 0 64 16384 8 55 --batch 2 --cfg off=p_before_vote:false
+  ;;
+*) echo "part must be 1-37" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

@@ -203,7 +203,7 @@ class FlashFwdSm90:
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
-                 skip_idle_wg: bool = False, qk_halves: bool = False):
+                 skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -424,6 +424,14 @@ class FlashFwdSm90:
         # the row sum's 4 partial chains (softmax._sum_chains). (tile_n / 2, a multiple of 8, is a wgmma N.)
         self.qk_halves = (bool(qk_halves) and self.speculative_exp and self.spec_redo_budget == 0
                           and self.q_regs_k == 0 and self.softcap == 0.0 and tile_n >= 32)
+        # speculative_exp's steady state: the wait for P V(j), V(j)'s release and P(j+1)'s 16-bit conversion before the
+        # vote instead of after it (AttnConfig.p_before_vote): the vote's branch is a scheduling barrier for ptxas, so
+        # after it the conversions run alone, before it they fill the MUFU exponentials' gaps. A redone block is
+        # converted again after its eager step. Same values: bitwise the default's output on blocks that keep their
+        # maxima (a redone row within a rounding, as speculative_exp's). Not with P from shared memory (its store has
+        # its own place), a redo budget or qk_halves (not measured together)
+        self.p_before_vote = (bool(p_before_vote) and self.speculative_exp and not self.p_smem
+                              and self.spec_redo_budget == 0 and not self.qk_halves)
         # persistent, where shared memory allows (all but hd256): O in its own buffer (see the module docstring)
         self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= limit
         # a warpgroup whose rows all lie past seqlen_q runs idle_loop (AttnConfig.skip_idle_wg): the overlapped loop only,
@@ -1560,11 +1568,15 @@ class FlashFwdSm90:
                     if const_expr(self.p_smem_early):  # into the other sP tile than the one P V(j) reads
                         self.make_p(acc_S, regs, frags, state.index)
             else:
+                pv_first = None
+                if const_expr(self.p_before_vote):
+                    pv_first = functools.partial(self.wait_pv_release_v, pipe_v, state_v)
                 do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked,
-                                               self.p_smem_early, halves)
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(state_v)
-            if const_expr(not self.p_smem_early):
+                                               self.p_smem_early, halves, pv_first)
+            if const_expr(not self.p_before_vote):
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(state_v)
+            if const_expr(not self.p_smem_early and not self.p_before_vote):
                 self.make_p(acc_S, regs, frags)
             if const_expr(self.rescale_before_pv):
                 self.defer_rescale(regs.row_scale, do_rescale)
@@ -1628,7 +1640,8 @@ class FlashFwdSm90:
     @cute.jit
     def softmax_spec(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, acc_S, regs: TileRegs, args: BlockArgs,
                      n_block: Int32, state, masked: cutlass.Constexpr = None,
-                     store_p: cutlass.Constexpr[bool] = False, halves: cutlass.Constexpr[bool] = False) -> Boolean:
+                     store_p: cutlass.Constexpr[bool] = False, halves: cutlass.Constexpr[bool] = False,
+                     pv_first=None) -> Boolean:
         """speculative_exp, a later block whose S is in acc_S and whose K stage ``state`` is still held: P with the
         kept maxima and the rows' partial sums (softmax.exp_kept_max). If no thread of the warpgroup saw a partial sum
         near 2^tau (a barrier.red over the warpgroup: its wgmma below is warpgroup-wide), or after one did, no thread
@@ -1639,7 +1652,9 @@ class FlashFwdSm90:
         other loop shapes (ptxas contracts row_sum * scale + partial into one FFMA in some layouts, not in others).
         ``store_p`` (p_smem_early): P to its sP tile right after the exponentials, before the votes (ptxas does not
         move the conversions and stores across their barrier), and again after a redo. ``halves`` (qk_halves): S's
-        second half still in flight; the exponentials of the first wait for it halfway."""
+        second half still in flight; the exponentials of the first wait for it halfway. ``pv_first`` (p_before_vote):
+        called after the exponentials, before the votes (waits for P V(j) and releases its V stage); P is then converted
+        there, and again after a redo."""
         self.prepare_later(acc_S, regs, args, n_block, masked)
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
         # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale (typical partial
@@ -1651,6 +1666,9 @@ class FlashFwdSm90:
                             self.hdim >= 256, warpgroup.wait_group if halves else None)
         if const_expr(store_p):
             self.make_p(acc_S, regs, frags, state.index)
+        if const_expr(pv_first is not None):
+            pv_first()
+            self.make_p(acc_S, regs, frags)
         redo = warpgroup_any(redo, BAR_SPEC_WG1 + frags.wg, self.threads_per_wg)
         if redo:  # a sum passed the limit: a second vote on the P themselves (p_exceeds), same barrier
             redo = warpgroup_any(p_exceeds(acc_S, regs.row_max, partial, limit), BAR_SPEC_WG1 + frags.wg,
@@ -1669,6 +1687,8 @@ class FlashFwdSm90:
                                              None, None, self.lazy_row_max)
             if const_expr(store_p):
                 self.make_p(acc_S, regs, frags, state.index)
+            if const_expr(pv_first is not None):
+                self.make_p(acc_S, regs, frags)
             if const_expr(self.spec_redo_budget > 0):
                 regs.spec_left[0] = regs.spec_left[0] - 1
         else:
