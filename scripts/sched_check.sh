@@ -479,7 +479,7 @@ case "$PART" in
   # non-causal and other-switch cases), the default's forward GPU suite, then A/Bs against it off (`off`): hd64 causal
   # with the inline-PTX conversion (`asm` = p_cvt_asm on, `pa` = p_cvt_asm + p_before_vote: the CPU SASS of `pa` has
   # the non-causal shape, 323 instructions and the 32 conversions before the vote, where causal's LLVM conversion sinks
-  # past it), hd256 non-causal, (192, 128) non-causal 32k
+  # past it), hd256 non-causal, (192, 128) non-causal 32k; then the forward cases of the feature suites with the default
   tests tests/test_fwd_p_before_vote_gpu.py 200
   tests tests/test_fwd_gpu.py 150 -k "default or public or autograd"
   ab 1 64 16384 8 60 --batch 2 --cfg asm=p_cvt_asm:true pa=p_cvt_asm:true,p_before_vote:true
@@ -487,6 +487,9 @@ case "$PART" in
   ab 0 256 16384 8 55 --batch 2 --cfg pbv=p_before_vote:true
   ab 0 192 32768 8 55 --batch 1 --cfg pbv=p_before_vote:true
   ab 0 64 16384 8 55 --batch 2 --cfg off=p_before_vote:false
+  tests tests/test_window_softcap_gpu.py 120 -k "not bwd and not backward"
+  tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
+  tests tests/test_fwd_speculative_exp_gpu.py 120
   ;;
 *) echo "part must be 1-37" >&2; exit 2 ;;
 esac
