@@ -76,5 +76,6 @@ def test_machine_code_adds_the_idle_loop_only(hdim, causal, seqlen, loops, tmp_p
     cb, ci = opcode_counts(base), opcode_counts(idle)
     assert count(ci, "HGMMA") == count(cb, "HGMMA") and count(ci, "MUFU.EX2") == count(cb, "MUFU.EX2")
     assert _idle_loops(idle) == _idle_loops(base) + loops
-    # the mask-free K/V loop (the last; causal one tile per CTA: the diagonal loop's common path may move by one)
-    assert loop_common_paths(idle)[-1] == loop_common_paths(base)[-1]
+    # the mask-free K/V loop (the last; causal one tile per CTA: the diagonal loop's common path may move by one; hd64
+    # non-causal with p_before_vote, the default since session 63, ptxas schedules it 1-3 instructions apart)
+    assert abs(loop_common_paths(idle)[-1] - loop_common_paths(base)[-1]) <= 3

@@ -152,6 +152,10 @@ def test_default_calls_speculate_without_spills(hdim, causal, seqlen, tmp_path):
     loops = [[o for o, _ in body] for body in steady_state_loops(sass)]
     assert sum(o.startswith("BAR.RED") for o in loops[-1]) == 2  # the speculating (mask-free) loop's two votes
     r2ur = [sum(o == "R2UR" for o in body) for body in loops]
-    assert r2ur[-1] == 0, r2ur
+    # hd128 non-causal since session 63 (p_before_vote): 3 in the speculating loop (the K pipeline state moved from
+    # vector to uniform registers per block) and 1 in the other (CPU SASS); the kernel measured 1.018x the one before
+    # with them (H100)
+    pbv = hdim == 128 and not causal
+    assert r2ur[-1] == (3 if pbv else 0), r2ur
     # hd256's split tail has 5 in its 1014-instruction outer loop with speculative_exp off too (session 59)
-    assert sum(r2ur) <= (5 if hdim == 256 and not causal else 0), r2ur
+    assert sum(r2ur) <= (5 if hdim == 256 and not causal else 4 if pbv else 0), r2ur
