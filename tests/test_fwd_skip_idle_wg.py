@@ -71,11 +71,13 @@ def test_machine_code_adds_the_idle_loop_only(hdim, causal, seqlen, loops, tmp_p
     from fwd_switch_checks import spill_free_sass
     from kernels.sm90.sass import count, loop_common_paths, opcode_counts
 
-    base = spill_free_sass(hdim, causal, str(tmp_path / "base"), seqlen=seqlen)
-    idle = spill_free_sass(hdim, causal, str(tmp_path / "idle"), seqlen=seqlen, skip_idle_wg=True)
+    # p_before_vote (the hd 64 / 128 non-causal default since session 63) off: skip_idle_wg was measured without it, and
+    # with it ptxas schedules the two kernels' mask-free loops 1-3 instructions apart
+    base = spill_free_sass(hdim, causal, str(tmp_path / "base"), seqlen=seqlen, p_before_vote=False)
+    idle = spill_free_sass(hdim, causal, str(tmp_path / "idle"), seqlen=seqlen, skip_idle_wg=True,
+                           p_before_vote=False)
     cb, ci = opcode_counts(base), opcode_counts(idle)
     assert count(ci, "HGMMA") == count(cb, "HGMMA") and count(ci, "MUFU.EX2") == count(cb, "MUFU.EX2")
     assert _idle_loops(idle) == _idle_loops(base) + loops
-    # the mask-free K/V loop (the last; causal one tile per CTA: the diagonal loop's common path may move by one; hd64
-    # non-causal with p_before_vote, the default since session 63, ptxas schedules it 1-3 instructions apart)
-    assert abs(loop_common_paths(idle)[-1] - loop_common_paths(base)[-1]) <= 3
+    # the mask-free K/V loop (the last; causal one tile per CTA: the diagonal loop's common path may move by one)
+    assert loop_common_paths(idle)[-1] == loop_common_paths(base)[-1]
