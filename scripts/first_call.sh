@@ -11,7 +11,7 @@
 # (parts 31-35 ran in session 62, on an H100; owed: part 37 on any card, the stale rows and part 36 on an H200)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-37 stale 36}
+PARTS=${2:-37 38 stale 36}
 H200_ONLY=" ${H200_ONLY:-stale 36} "
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS

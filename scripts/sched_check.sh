@@ -491,7 +491,18 @@ case "$PART" in
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_fwd_speculative_exp_gpu.py 120
   ;;
-*) echo "part must be 1-37" >&2; exit 2 ;;
+38)  # session 64 (any card): o_direct (O from registers straight to global, Q's buffer released after the last Q K^T:
+  # where O shared Q's buffer, hd256 persistent, the next tile's Q loads during the last block and the epilogue). Its
+  # GPU tests, then A/Bs against the default: hd256 causal 16k / 8k (persistent greedy), 32k (one tile; `pod`: the
+  # greedy walk with it), hd256 non-causal 4k (one tile; `pod`: persistent with it), hd128 non-causal 16k (split tail)
+  tests tests/test_fwd_o_direct_gpu.py 150
+  ab 1 256 16384 8 55 --batch 2 --cfg od=o_direct:true
+  ab 1 256 32768 8 60 --batch 1 --cfg od=o_direct:true pod=persistent:true,persistent_greedy:true,o_direct:true
+  ab 0 256 4096 8 50 --batch 8 --cfg od=o_direct:true pod=persistent:true,o_direct:true
+  ab 1 256 8192 8 50 --batch 4 --cfg od=o_direct:true
+  ab 0 128 16384 8 50 --batch 2 --cfg od=o_direct:true
+  ;;
+*) echo "part must be 1-38" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

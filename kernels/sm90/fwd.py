@@ -203,7 +203,8 @@ class FlashFwdSm90:
                  lazy_row_max: bool = False, row_sum_mma: bool = False, speculative_exp: bool = False,
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
-                 skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False):
+                 skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False,
+                 o_direct: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -432,8 +433,13 @@ class FlashFwdSm90:
         # its own place), a redo budget or qk_halves (not measured together)
         self.p_before_vote = (bool(p_before_vote) and self.speculative_exp and not self.p_smem
                               and self.spec_redo_budget == 0 and not self.qk_halves)
+        # O from the accumulator registers to global memory, no shared memory or TMA store (AttnConfig.o_direct); not
+        # varlen (its stores stay inside the sequence: store_o_varlen), packed GQA (rows of another layout) or a cluster
+        self.o_direct = bool(o_direct) and not varlen and not self.pack_gqa and cluster_m == 1
         # persistent, where shared memory allows (all but hd256): O in its own buffer (see the module docstring)
-        self.separate_o = self.persistent and smem + elem * tile_m * hdim_v <= limit
+        self.separate_o = self.persistent and not self.o_direct and smem + elem * tile_m * hdim_v <= limit
+        # Q's buffer released after the tile's last Q K^T (no O store reads it: its own buffer, or none)
+        self.early_q_release = self.separate_o or self.o_direct
         # a warpgroup whose rows all lie past seqlen_q runs idle_loop (AttnConfig.skip_idle_wg): the overlapped loop only,
         # not in the split tail (its pieces go to a workspace the combine reads whole) nor on the causal walks (greedy /
         # claimed at run time: there the branch cost the mask-free loop's common path 8-42 instructions, CPU SASS at
@@ -563,7 +569,8 @@ class FlashFwdSm90:
         if const_expr(self.pack_gqa):  # ((group, s), d, h_kv, b) / ((group, s), h_kv, b): a row per (position, head)
             mQ, mO, mLSE = [self.packed_view(t, mK.shape[2]) for t in (mQ, mO, mLSE)]
         (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
-         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
+         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO,
+                                                                                  tma_o=not self.o_direct)
         seqlen_q = mQ.shape[0]
         if const_expr(self.pack_gqa):
             seqlen_q = mQ.shape[0][1] * self.qhead_per_kvhead  # packed rows
@@ -668,7 +675,8 @@ class FlashFwdSm90:
                           for t in (mQ, mK, mV, mO)]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
         (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
-         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO)
+         sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO,
+                                                                                  tma_o=not self.o_direct)
         scale_log2 = self.score_scale(softmax_scale)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -716,7 +724,7 @@ class FlashFwdSm90:
                 mTrace[bx_trace, 0] = cute.arch.globaltimer()
                 mTrace[bx_trace, 3] = cutlass.Int64(cute.arch.smid())
         if warp_idx == 0:
-            if const_expr(self.varlen):  # no O descriptor: a predicated store
+            if const_expr(self.varlen or self.o_direct):  # no O descriptor: a predicated store
                 for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
                     cpasync.prefetch_descriptor(atom)
             else:
@@ -1369,7 +1377,7 @@ class FlashFwdSm90:
         else:
             self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
             self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx)
-        if const_expr(not self.separate_o):
+        if const_expr(not self.early_q_release):
             pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
         if const_expr(self.persistent):
             q_state.advance()
@@ -1458,7 +1466,7 @@ class FlashFwdSm90:
                 state.advance()
                 self.overlap_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, n_block, state,
                                    state_v)
-        if const_expr(self.separate_o):
+        if const_expr(self.early_q_release):
             pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
         self.last_pv(tiled_mma_pv, pipe_v, frags, regs, state)
         state.advance()
@@ -1482,7 +1490,7 @@ class FlashFwdSm90:
             self.sched_arrive(frags.wg)
             pipe_k.consumer_release(state)
             pipe_v.consumer_release(state_v)
-        if const_expr(self.separate_o):
+        if const_expr(self.early_q_release):
             pipe_q.consumer_release(q_state)
         pipe_v.consumer_wait(state)
         pipe_v.consumer_release(state)
@@ -1760,7 +1768,7 @@ class FlashFwdSm90:
             self.serial_block(tiled_mma_qk, tiled_mma_pv, pipe_k, pipe_v, frags, regs, args, i, n_block, state)
             state.advance()
         self.sched_arrive(frags.wg)
-        if const_expr(self.separate_o):
+        if const_expr(self.early_q_release):
             pipe_q.consumer_release(q_state)
         return state
 
@@ -1835,7 +1843,15 @@ class FlashFwdSm90:
     @cute.jit
     def store_o(self, mO, sO, tma_atom_O, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
         """O registers -> shared memory (stmatrix, once every consumer is done reading sQ / the previous O store has
-        read sO) -> global (store_o_tma, or store_o_varlen)."""
+        read sO) -> global (store_o_tma, or store_o_varlen); o_direct: registers -> global (store_o_direct)."""
+        if const_expr(self.o_direct):
+            self.store_o_direct(mO, tiled_mma_pv, rO, tile, m_base, tidx)
+        else:
+            self.store_o_smem(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, m_base, tidx)
+
+    @cute.jit
+    def store_o_smem(self, mO, sO, tma_atom_O, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
+        """store_o through shared memory."""
         if const_expr(self.separate_o):
             if tidx < 32:  # the previous tile's O store must have read sO before it is written again
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1856,6 +1872,20 @@ class FlashFwdSm90:
             else:
                 if tidx < 32:
                     self.store_o_tma(mO, sO, tma_atom_O, tile.head, tile.bidx, tile.m_block)
+
+    @cute.jit
+    def store_o_direct(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
+        """o_direct: each thread writes its rows of O from registers, in the accumulator's adjacent column pairs
+        (32-bit stores), skipping rows past seqlen_q."""
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, self.hdim_v), (tile.m_block, 0))
+        tOgO = acc_rows_cols(thr_mma_pv.partition_C(gO))
+        tOrO = acc_rows_cols(rO)
+        tOcO = acc_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))
+        for r in cutlass.range_constexpr(cute.size(tOrO, mode=[0])):
+            if m_base + tOcO[r, 0][0] < tile.seqlen_q:
+                for c in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
+                    tOgO[r, c] = tOrO[r, c]
 
     @cute.jit
     def store_o_tma(self, mO, sO, tma_atom_O, head: Int32, bidx: Int32, m_block: Int32):
