@@ -501,6 +501,12 @@ case "$PART" in
   ab 0 256 4096 8 50 --batch 8 --cfg od=o_direct:true pod=persistent:true,o_direct:true
   ab 1 256 8192 8 50 --batch 4 --cfg od=o_direct:true
   ab 0 128 16384 8 50 --batch 2 --cfg od=o_direct:true
+  # what speculative_exp's vote still costs at hd64 16k now that P is converted before it (session 63's probes ran
+  # on the default of before: warp_vote 1.011, no_vote 1.067)
+  timeout "$(cap 90)" python scripts/fwd_probe.py --hdims 64 --seqlens 16384 --repeats 8 --probes warp_vote no_vote \
+    --out "$O/probe.jsonl" >>"$O/probe.log" 2>&1
+  echo "probe rc=$?" >>"$O/probe.log"
+  grep -vE "^ *$" "$O/probe.log" | tail -n 8
   ;;
 *) echo "part must be 1-38" >&2; exit 2 ;;
 esac
