@@ -494,13 +494,17 @@ case "$PART" in
 38)  # session 64 (any card): o_direct (O from registers straight to global, Q's buffer released after the last Q K^T:
   # where O shared Q's buffer, hd256 persistent, the next tile's Q loads during the last block and the epilogue). Its
   # GPU tests, then A/Bs against the default: hd256 causal 16k / 8k (persistent greedy), 32k (one tile; `pod`: the
-  # greedy walk with it), hd256 non-causal 4k (one tile; `pod`: persistent with it), hd128 non-causal 16k (split tail)
+  # greedy walk with it), hd256 non-causal 4k (one tile; `pod`: persistent with it), hd128 non-causal 16k (split tail),
+  # hd64 non-causal 4k / 8k (persistent)
   tests tests/test_fwd_o_direct_gpu.py 150
   ab 1 256 16384 8 55 --batch 2 --cfg od=o_direct:true
   ab 1 256 32768 8 60 --batch 1 --cfg od=o_direct:true pod=persistent:true,persistent_greedy:true,o_direct:true
   ab 0 256 4096 8 50 --batch 8 --cfg od=o_direct:true pod=persistent:true,o_direct:true
   ab 1 256 8192 8 50 --batch 4 --cfg od=o_direct:true
   ab 0 128 16384 8 50 --batch 2 --cfg od=o_direct:true
+  # hd64 non-causal persistent (its own sO; o_direct also drops the epilogue's barrier over the three warpgroups)
+  ab 0 64 4096 8 45 --batch 8 --cfg od=o_direct:true
+  ab 0 64 8192 8 45 --batch 4 --cfg od=o_direct:true
   # what speculative_exp's vote still costs at hd64 16k now that P is converted before it (session 63's probes ran
   # on the default of before: warp_vote 1.011, no_vote 1.067)
   timeout "$(cap 90)" python scripts/fwd_probe.py --hdims 64 --seqlens 16384 --repeats 8 --probes warp_vote no_vote \
