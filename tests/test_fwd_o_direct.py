@@ -1,7 +1,8 @@
 """AttnConfig.o_direct (sm90 forward): O from the accumulator registers straight to global memory instead of
 stmatrix + a TMA store, and Q's buffer released after the tile's last Q K^T (kernels/sm90/fwd.py store_o_direct,
 early_q_release). CPU tests: the field's rules, where the kernel takes it (not varlen, packed GQA or a cluster), and the
-machine code: no STSM / UTMASTG and one 32-bit STG per column pair of a thread's O rows, no local memory. GPU checks:
+machine code: no STSM / UTMASTG, nor the epilogue's two barriers, and one 32-bit STG per column pair of a thread's
+O rows, no local memory. GPU checks:
 tests/test_fwd_o_direct_gpu.py."""
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ def test_machine_code_stores_o_from_registers(hdim, causal, seqlen, tmp_path):
     assert count(off, "UTMASTG") > 0 and count(off, "STSM") > 0
     assert count(on, "UTMASTG") == 0 and count(on, "STSM") == 0
     assert count(on, "HGMMA") == count(off, "HGMMA") and count(on, "MUFU.EX2") == count(off, "MUFU.EX2")
+    # the epilogue's two barriers over the consumer warpgroups (around the stmatrix) are gone
+    assert count(on, "BAR.SYNC") == count(off, "BAR.SYNC") - 2
     # per store site a thread's 2 rows x hdim/8 column pairs (tile_m 128 / 192: 64 rows per warpgroup, 4 threads a
     # row): hdim/4 32-bit stores, each kernel with one store site per epilogue (the split tail's pieces aside)
     stores = count(on, "STG.E") - count(on, "STG.E.64") - count(off, "STG.E") + count(off, "STG.E.64")
