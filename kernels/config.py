@@ -279,7 +279,8 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "spec_redo_budget": (None,), "persistent_dynamic": (None, False),
                                 "early_desc": (None, False), "skip_idle_wg": (None, False), "p_smem": (None, False),
                                 "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False),
-                                "p_before_vote": (None, False), "o_direct": (None, False)}
+                                "p_before_vote": (None, False), "o_direct": (None, False),
+                                "spec_warp_redo": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -287,7 +288,7 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                   "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
-                  "qk_halves", "p_before_vote", "o_direct")
+                  "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -576,6 +577,12 @@ class AttnConfig:
     # while the last block's softmax, P V and epilogue run. Same values: outputs bitwise the default's. None = off; left
     # out of to_dict() while None or False.
     o_direct: bool | None = None
+    # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
+    # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
+    # released right after S, and the votes are over each warp (vote.any) instead of over the warpgroup (a named
+    # barrier): a warp's redo issues no wgmma. Kept blocks: bitwise the default's output; a redone row within a
+    # rounding. None = off; left out of to_dict() while None or False.
+    spec_warp_redo: bool | None = None
     # sm90 forward: P V with P from shared memory (an SS wgmma; FA3's C++ kernel does so at hd64 non-causal with
     # 192 x 192 tiles). Each block's P goes to an sP tile (tile_m x tile_n, 16-bit) by stmatrix right after its
     # conversion, so its registers are free while the P V GEMM runs: room for a wider tile_n at 160 registers. Costs
@@ -746,7 +753,7 @@ class AttnConfig:
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
                      "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
-                     "qk_halves", "p_before_vote", "o_direct"):
+                     "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -929,7 +936,8 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "exp_in_branch", "p_cvt_asm", "lpt_l2_mb", "pv_wait_mid", "early_v_release", "persistent_snake",
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
-                   "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote", "o_direct")
+                   "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote", "o_direct",
+                   "spec_warp_redo")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

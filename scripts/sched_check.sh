@@ -491,6 +491,15 @@ case "$PART" in
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_fwd_speculative_exp_gpu.py 120
   ;;
+39)  # session 64 (any card): spec_warp_redo (with p_before_vote: speculative_exp's exponentials on a copy of S, the
+  # votes over each warp, a warp's redo from the kept S; no BAR.RED, no second Q K^T). GPU tests, then A/Bs against
+  # the default at hd64 non-causal 16k / 4k (persistent), hd128 non-causal 16k (split tail), and the fired-vote inputs
+  tests tests/test_fwd_spec_warp_redo_gpu.py 150
+  ab 0 64 16384 8 55 --batch 2 --cfg wr=spec_warp_redo:true
+  ab 0 64 4096 8 45 --batch 8 --cfg wr=spec_warp_redo:true
+  ab 0 128 16384 8 55 --batch 2 --cfg wr=spec_warp_redo:true
+  ab 0 64 8192 6 45 --batch 4 --inputs late_max --cfg wr=spec_warp_redo:true
+  ;;
 38)  # session 64 (any card): o_direct (O from registers straight to global, Q's buffer released after the last Q K^T:
   # where O shared Q's buffer, hd256 persistent, the next tile's Q loads during the last block and the epilogue). Its
   # GPU tests, then A/Bs against the default: hd256 causal 16k / 8k (persistent greedy), 32k (one tile; `pod`: the
@@ -512,7 +521,7 @@ case "$PART" in
   echo "probe rc=$?" >>"$O/probe.log"
   grep -vE "^ *$" "$O/probe.log" | tail -n 8
   ;;
-*) echo "part must be 1-38" >&2; exit 2 ;;
+*) echo "part must be 1-39" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

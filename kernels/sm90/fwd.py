@@ -117,7 +117,7 @@ from .mask import apply_mask, n_block_range, n_block_range_window
 from .fwd_tail import TailCombine, tail_piece, tail_pieces
 from .scheduler import snake_tile, tile_at, tile_coords
 from .softmax import (apply_softcap, exp_kept_max, finalize, online_softmax_finish, online_softmax_step, p_exceeds,
-                      rescale_o, store_p_asm, warpgroup_any)
+                      rescale_o, s_exceeds, store_p_asm, warpgroup_any)
 
 LOG2_E = math.log2(math.e)
 
@@ -204,7 +204,7 @@ class FlashFwdSm90:
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
                  skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False,
-                 o_direct: bool = False):
+                 o_direct: bool = False, spec_warp_redo: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -433,6 +433,10 @@ class FlashFwdSm90:
         # its own place), a redo budget or qk_halves (not measured together)
         self.p_before_vote = (bool(p_before_vote) and self.speculative_exp and not self.p_smem
                               and self.spec_redo_budget == 0 and not self.qk_halves)
+        # speculative_exp's redo per warp from the block's kept S (AttnConfig.spec_warp_redo): the exponentials of the
+        # common path go to a copy, so a redo needs no second Q K^T (K released right after S) and no warpgroup-wide
+        # vote (a warp's redo runs no wgmma). With p_before_vote (P made inside softmax_spec, from either copy)
+        self.spec_warp_redo = bool(spec_warp_redo) and self.p_before_vote
         # O from the accumulator registers to global memory, no shared memory or TMA store (AttnConfig.o_direct); not
         # varlen (its stores stay inside the sequence: store_o_varlen), packed GQA (rows of another layout) or a cluster
         self.o_direct = bool(o_direct) and not varlen and not self.pack_gqa and cluster_m == 1
@@ -1579,8 +1583,12 @@ class FlashFwdSm90:
                 pv_first = None
                 if const_expr(self.p_before_vote):
                     pv_first = functools.partial(self.wait_pv_release_v, pipe_v, state_v)
-                do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state, masked,
-                                               self.p_smem_early, halves, pv_first)
+                if const_expr(self.spec_warp_redo):
+                    self.prepare_later(acc_S, regs, args, n_block, masked)
+                    do_rescale = self.softmax_spec_warp(pipe_k, frags, acc_S, regs, args, state, pv_first)
+                else:
+                    do_rescale = self.softmax_spec(tiled_mma_qk, pipe_k, frags, acc_S, regs, args, n_block, state,
+                                                   masked, self.p_smem_early, halves, pv_first)
             if const_expr(not self.p_before_vote):
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(state_v)
@@ -1701,6 +1709,36 @@ class FlashFwdSm90:
                 regs.spec_left[0] = regs.spec_left[0] - 1
         else:
             pipe_k.consumer_release(state)
+            for r in cutlass.range_constexpr(cute.size(partial)):
+                regs.row_sum[r] = regs.row_sum[r] + partial[r]
+        return do_rescale
+
+    @cute.jit
+    def softmax_spec_warp(self, pipe_k, frags: ConsumerFrags, acc_S, regs: TileRegs, args: BlockArgs, state,
+                          pv_first) -> Boolean:
+        """spec_warp_redo (with p_before_vote): softmax_spec on a copy of the block's S. K released at once; P with the
+        kept maxima into the copy, then P V(j)'s wait, P's conversion, and the votes over the warp (vote.any). A warp
+        whose vote fires runs the eager step on the kept S (no wgmma: the other warps of its warpgroup go on) and
+        converts P again."""
+        pipe_k.consumer_release(state)
+        acc_P = cute.make_rmem_tensor(acc_S.layout, Float32)
+        acc_P.store(acc_S.load())
+        partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
+        limit = 2.0 ** self.tau * (1.0 - 2.0 ** -6)  # (softmax_spec's margin)
+        redo = exp_kept_max(acc_P, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit,
+                            self.hdim >= 256)
+        pv_first()
+        self.make_p(acc_P, regs, frags)
+        redo = cute.arch.vote_any_sync(redo)
+        if redo:
+            redo = cute.arch.vote_any_sync(s_exceeds(acc_S, regs.row_max, args.scale_log2, partial, limit))
+        do_rescale = Boolean(False)
+        if redo:
+            do_rescale = online_softmax_step(acc_S, regs.row_max, regs.row_sum, regs.row_scale, args.scale_log2,
+                                             self.tau, self.emu_frags, self.poly, False, False, self.p_inline_cvt, 0,
+                                             None, None, self.lazy_row_max)
+            self.make_p(acc_S, regs, frags)
+        else:
             for r in cutlass.range_constexpr(cute.size(partial)):
                 regs.row_sum[r] = regs.row_sum[r] + partial[r]
         return do_rescale

@@ -381,6 +381,21 @@ def p_exceeds(acc_S: cute.Tensor, row_max: cute.Tensor, partial: cute.Tensor,
     return over
 
 
+@cute.jit
+def s_exceeds(acc_S: cute.Tensor, row_max: cute.Tensor, scale_log2: Float32, partial: cute.Tensor,
+              limit: cutlass.Constexpr[float]) -> Boolean:
+    """p_exceeds from the block's S instead of its P (AttnConfig.spec_warp_redo: P's fp32 values are gone by the vote):
+    whether a row's largest S * scale_log2 - m * scale_log2, the exponent of its largest P, passes log2(limit) (the
+    limit's margin covers the exponential's rounding), a row has no maximum yet, or a sum is NaN."""
+    s = acc_rows_cols(acc_S)
+    k = _chains(cute.size(s, mode=[1]))
+    over = Boolean(False)
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        x = _row_max(s, r, k) * scale_log2 - row_max[r] * scale_log2
+        over = over | (x > Float32(math.log2(limit))) | (partial[r] != partial[r]) | (row_max[r] == -Float32.inf)
+    return over
+
+
 @dsl_user_op
 def warpgroup_any(pred: Boolean, bar_id, n_threads: int, *, loc=None, ip=None) -> Boolean:
     """Whether ``pred`` holds in any thread of the ``n_threads`` that meet at named barrier ``bar_id`` (an Int32,

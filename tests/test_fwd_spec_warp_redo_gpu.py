@@ -1,0 +1,53 @@
+"""GPU checks of AttnConfig.spec_warp_redo (sm90 forward, with p_before_vote: speculative_exp's exponentials on a copy
+of the block's S, votes over each warp, a warp's redo the eager step on the kept S instead of a second Q K^T; CPU
+tests: tests/test_fwd_spec_warp_redo.py), against the default's speculative step (``OFF``). A block that keeps its
+maxima gets the same P, sums and maxima, so gaussian non-causal calls must equal it bit for bit; where rows rescale
+(causal diagonal blocks, the redo inputs) within one rounding, as speculative_exp's own tests compare."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.config import AttnConfig
+from test_fwd_gpu import HDIM_PAIRS, SHAPES_DEFAULT
+from test_fwd_loop_shape_gpu import _run, bitwise, same_up_to_rounding
+from test_fwd_speculative_exp_gpu import rare_arm_inputs
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2), (2, 8192, 8192, 2)]
+ON = dict(speculative_exp=True, p_before_vote=True, spec_warp_redo=True)
+OFF = dict(speculative_exp=True, p_before_vote=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdims", HDIM_PAIRS)
+def test_spec_warp_redo_is_bitwise_the_speculative_step(hdims, causal):
+    bitwise(AttnConfig(**ON), AttnConfig(**OFF), *hdims, causal, SHAPES, exact=not causal)
+
+
+@pytest.mark.parametrize("extra", [{"persistent": True}, {"persistent": False}, {"pingpong": False},
+                                   {"q_in_regs": False}, {"tile_n": 112}],
+                         ids=["persistent", "one_tile", "no_pingpong", "q_smem", "tile_n112"])
+def test_spec_warp_redo_with_other_switches(extra):
+    for hdim in (64, 128):
+        bitwise(AttnConfig(**ON, **extra), AttnConfig(**OFF, **extra), hdim, hdim, False, SHAPES[:4], exact=True)
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_spec_warp_redo_redo_and_nan(hdim, causal):
+    """The rare arm's inputs (keys near the start scaled up: the votes fire, warps redo from the kept S), then the same
+    with one query row NaN (NaN sums: the block is redone)."""
+    q, k, v = rare_arm_inputs(hdim)
+    for nan_row in (False, True):
+        if nan_row:
+            q[0, 1000, 0, 3] = float("nan")
+        ref = _run(AttnConfig(**OFF), q, k, v, causal, hdim, hdim)
+        got = _run(AttnConfig(**ON), q, k, v, causal, hdim, hdim)
+        torch.cuda.synchronize()
+        for g, r in zip(got, ref):
+            assert torch.equal(g.isnan(), r.isnan()), (hdim, causal, nan_row)
+        assert got[0].isnan().any() == nan_row
+        finite = [t.nan_to_num() for t in got], [t.nan_to_num() for t in ref]
+        same_up_to_rounding(*finite, f"redo hd{hdim} causal={causal} nan_row={nan_row}")
