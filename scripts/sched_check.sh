@@ -493,11 +493,16 @@ case "$PART" in
   ;;
 39)  # session 64 (any card): spec_warp_redo (with p_before_vote: speculative_exp's exponentials on a copy of S, the
   # votes over each warp, a warp's redo from the kept S; no BAR.RED, no second Q K^T). GPU tests, then A/Bs against
-  # the default at hd64 non-causal 16k / 4k (persistent), hd128 non-causal 16k (split tail), and the fired-vote inputs
+  # the default at hd64 non-causal 16k / 4k (persistent), hd128 non-causal 16k (split tail), hd64 causal 16k (with
+  # p_cvt_asm + p_before_vote: `paw`, against those two alone: `pa`), hd256 causal 16k (with p_before_vote: `pw`;
+  # o_direct: `od`), and the fired-vote inputs (late_max)
   tests tests/test_fwd_spec_warp_redo_gpu.py 150
   ab 0 64 16384 8 55 --batch 2 --cfg wr=spec_warp_redo:true
-  ab 0 64 4096 8 45 --batch 8 --cfg wr=spec_warp_redo:true
+  ab 1 64 16384 8 60 --batch 2 --cfg pa=p_cvt_asm:true,p_before_vote:true \
+    paw=p_cvt_asm:true,p_before_vote:true,spec_warp_redo:true
   ab 0 128 16384 8 55 --batch 2 --cfg wr=spec_warp_redo:true
+  ab 1 256 16384 8 60 --batch 2 --cfg pw=p_before_vote:true,spec_warp_redo:true od=o_direct:true
+  ab 0 64 4096 8 45 --batch 8 --cfg wr=spec_warp_redo:true
   ab 0 64 8192 6 45 --batch 4 --inputs late_max --cfg wr=spec_warp_redo:true
   ;;
 38)  # session 64 (any card): o_direct (O from registers straight to global, Q's buffer released after the last Q K^T:
