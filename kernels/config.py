@@ -63,6 +63,8 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   (192, 128) 0.998 / 0.998: off there
 #   p_before_vote : (non-causal, causal) AttnConfig.p_before_vote=None: the sm90 forward's P V wait and P conversion
 #                   before speculative_exp's vote (absent: off; resolve() fills it only where the call speculates)
+#   spec_warp_redo : (non-causal, causal) AttnConfig.spec_warp_redo=None: speculative_exp's votes per warp, a warp's
+#                   redo from the kept S (absent: off; resolve() fills it only where p_before_vote resolves on)
 #   q_in_regs     : (non-causal, causal) AttnConfig.q_in_regs=None: the sm90 forward's QK^T with Q in registers (absent:
 #                   off; resolve() fills it only on the table's 128 x 128 tile)
 #   bwd_diag_align : (non-causal, causal) AttnConfig.bwd_diag_align=None: the sm90 causal 80-row backward walks Q tiles
@@ -101,7 +103,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # (H200 session 49: 0.994) and 32k 1.007 [0.978, 1.017] stay one tile (session 62, H100, part 31:
                        # 1.061 / 1.034 / 1.021 again, 16k 1.012, 32k 1.007; sched_part31_h100.jsonl)
                        bwd_tile_m=128, persistent_max_seqlen=(8192, 16384), two_cta=False, rescale_before_pv=False,
-                       bwd_lpt_heads=(0, 1), p_cvt_asm=(True, False),
+                       # p_cvt_asm causal too since session 64 (with p_before_vote + spec_warp_redo below; alone it
+                       # measured 0.990-0.992 there, H200 2026-12-01)
+                       bwd_lpt_heads=(0, 1), p_cvt_asm=(True, True),
                        # the rescale vote on each lane's own maxima, the quad's max shuffles in the rescale arm
                        # (AttnConfig.lazy_row_max; outputs bitwise). H200 session 50 (archive_2026-12-05b,
                        # sched_lazy.jsonl), 32k tokens, 10 rounds: 1.039 non-causal 8k, 1.017 causal 4k
@@ -114,8 +118,16 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # AttnConfig.p_before_vote (outputs bitwise on blocks that keep their maxima). H100 session 63
                        # (session_ab/p_before_vote_h100.jsonl; no H200 lent), 32k tokens, 8 rounds, speed vs the
                        # default of then: non-causal 1.007 / 1.044 / 1.044 at 8k (persistent) / 16k / 32k; causal 16k
-                       # 0.946 (the causal loops' common path 326 -> 378 instructions in the CPU SASS): off there
-                       p_before_vote=(True, False),
+                       # 0.946 (the causal loops' common path 326 -> 378 instructions in the CPU SASS; with p_cvt_asm
+                       # 0.976, session 64). Causal too since session 64, with the two switches below
+                       p_before_vote=(True, True),
+                       # AttnConfig.spec_warp_redo (votes per warp, a warp's redo from the kept S; kept blocks bitwise).
+                       # H100 session 64 (session_ab/spec_warp_redo_h100.jsonl; no H200 lent), 32k tokens, 6-8 rounds,
+                       # speed vs the default of then: non-causal 1.048 / 1.066 / 1.034 / 1.032 at 4k / 8k (persistent)
+                       # / 16k / 32k; causal with p_cvt_asm + p_before_vote 1.036 / 1.043 / 1.067 at 8k / 16k / 32k
+                       # (the vote probe's bound at 16k: no_vote 1.035, fwd_probe_vote_pbv_h100.jsonl). hd128 non-causal
+                       # 16k 0.947, hd256 causal 16k 1.000: not defaults there
+                       spec_warp_redo=(True, True),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
                        bwd_pdl=(True, True), bwd_stream_post=(True, True),
@@ -574,8 +586,9 @@ class AttnConfig:
     # straight to global memory (each thread its rows' 32-bit column pairs, rows past seqlen_q skipped) instead of
     # through shared memory and a TMA store, and Q's buffer released after the tile's last Q K^T instead of after the
     # O store. Where O shares Q's buffer (the persistent hd256 kernel) the producer can then load the next tile's Q
-    # while the last block's softmax, P V and epilogue run. Same values: outputs bitwise the default's. None = off; left
-    # out of to_dict() while None or False.
+    # while the last block's softmax, P V and epilogue run. Same values: outputs bitwise the default's. H100 session 64
+    # (session_ab/o_direct_h100.jsonl): 0.965-0.990 at hd256 (1.000 at causal 32k on the greedy walk): opt-in. None =
+    # off; left out of to_dict() while None or False.
     o_direct: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
@@ -769,7 +782,7 @@ class AttnConfig:
         for name in ("bwd_lpt_heads", "exp_in_branch", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                      "causal_split", "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
                      "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs", "split_tail", "lazy_row_max",
-                     "row_sum_mma", "speculative_exp", "p_before_vote"):
+                     "row_sum_mma", "speculative_exp", "p_before_vote", "spec_warp_redo"):
             v = d.get(name, (0, 0))[1 if causal else 0]
             if name == "lazy_row_max" and not self.rescale_threshold:
                 continue  # no rescale vote at tau 0: the kernel is the default's, and so stay its config and hash
@@ -808,6 +821,8 @@ class AttnConfig:
         if updates.get("p_before_vote") and (not updates.get("speculative_exp", self.speculative_exp) or self.p_smem
                                              or self.spec_redo_budget or self.qk_halves):
             del updates["p_before_vote"]  # kernels without it (kernels/sm90/fwd.py) keep their config and hash
+        if updates.get("spec_warp_redo") and not updates.get("p_before_vote", self.p_before_vote):
+            del updates["spec_warp_redo"]  # (likewise: the kernel takes it only with p_before_vote)
         if self.spec_redo_budget is not None and not updates.get("speculative_exp", self.speculative_exp):
             updates["spec_redo_budget"] = None  # no speculation, no budget: the config and hash of the call without it
         if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:

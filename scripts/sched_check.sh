@@ -491,6 +491,18 @@ case "$PART" in
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_fwd_speculative_exp_gpu.py 120
   ;;
+40)  # session 64 (any card): the GPU tests owed by hd64's new default (spec_warp_redo with p_cvt_asm + p_before_vote in
+  # causal too; H100 A/Bs in session_ab/spec_warp_redo_h100.jsonl): the switch's file whole (session 64 ran 12 of its
+  # cases), p_before_vote's (part 37's: its causal and redo cases' final form), the default's forward suite, the
+  # forward cases of the feature suites, speculative_exp's, then the rest of o_direct's (cut by part 38's cap)
+  tests tests/test_fwd_spec_warp_redo_gpu.py 150
+  tests tests/test_fwd_p_before_vote_gpu.py 150
+  tests tests/test_fwd_gpu.py 150 -k "default or public or autograd"
+  tests tests/test_window_softcap_gpu.py 120 -k "not bwd and not backward"
+  tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
+  tests tests/test_fwd_speculative_exp_gpu.py 120
+  tests tests/test_fwd_o_direct_gpu.py 200
+  ;;
 39)  # session 64 (any card): spec_warp_redo (with p_before_vote: speculative_exp's exponentials on a copy of S, the
   # votes over each warp, a warp's redo from the kept S; no BAR.RED, no second Q K^T). GPU tests, then A/Bs against
   # the default at hd64 non-causal 16k / 4k (persistent), hd128 non-causal 16k (split tail), hd64 causal 16k (with
@@ -526,7 +538,7 @@ case "$PART" in
   echo "probe rc=$?" >>"$O/probe.log"
   grep -vE "^ *$" "$O/probe.log" | tail -n 8
   ;;
-*) echo "part must be 1-39" >&2; exit 2 ;;
+*) echo "part must be 1-40" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0

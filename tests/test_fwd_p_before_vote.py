@@ -1,5 +1,6 @@
 """AttnConfig.p_before_vote (sm90 forward, speculative_exp's steady state; the hd 64 / 128 non-causal default since
-session 63, H100: 1.044x at hd64 16k / 32k, 1.018x at hd128 16k): the wait for the previous block's P V, its V
+session 63, H100: 1.044x at hd64 16k / 32k, 1.018x at hd128 16k; hd64 causal too since session 64, with p_cvt_asm and
+spec_warp_redo): the wait for the previous block's P V, its V
 release and this block's P conversion to 16 bits before the warpgroup's vote (kernels/sm90/fwd.py softmax_spec
 ``pv_first``). ptxas does not schedule across the vote's branch, so after it the conversions (F2FP) run alone; before
 it they interleave with the MUFU exponentials.
@@ -27,7 +28,7 @@ def test_field_rules_and_defaults():
     for hdim in (64, 128, 192, 256):
         for causal in (False, True):
             on = AttnConfig().resolve("sm90", hdim, causal).p_before_vote
-            assert bool(on) == (hdim in (64, 128) and not causal), (hdim, causal)
+            assert bool(on) == (hdim == 64 or (hdim == 128 and not causal)), (hdim, causal)
     # kept out where the kernel drops it (no speculation, qk_halves, P from shared memory, a redo budget)
     for extra in ({"speculative_exp": False}, {"qk_halves": True}, {"p_smem": True}, {"spec_redo_budget": 1},
                   {"rescale_threshold": 0.0}):
@@ -71,8 +72,11 @@ def test_machine_code_converts_before_the_vote(hdim, causal, seqlen, convs, extr
     from fwd_switch_checks import spill_free_sass
     from kernels.sm90.sass import count, opcode_counts, steady_state_loops
 
-    off = spill_free_sass(hdim, causal, str(tmp_path / "off"), seqlen=seqlen, p_before_vote=False, **extra)
-    on = spill_free_sass(hdim, causal, str(tmp_path / "on"), seqlen=seqlen, p_before_vote=True, **extra)
+    # (the warpgroup vote: spec_warp_redo, hd64's default since session 64, votes per warp)
+    off = spill_free_sass(hdim, causal, str(tmp_path / "off"), seqlen=seqlen, p_before_vote=False,
+                          spec_warp_redo=False, **extra)
+    on = spill_free_sass(hdim, causal, str(tmp_path / "on"), seqlen=seqlen, p_before_vote=True,
+                         spec_warp_redo=False, **extra)
     c_off, c_on = opcode_counts(off), opcode_counts(on)
     assert count(c_on, "HGMMA") == count(c_off, "HGMMA") and count(c_on, "MUFU.EX2") == count(c_off, "MUFU.EX2")
     # a thread's 2 rows x tile_n/4 P, in pairs, moved before the vote (the split tail's loop has 2 there either way)
