@@ -491,6 +491,18 @@ case "$PART" in
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_fwd_speculative_exp_gpu.py 120
   ;;
+41)  # next (any card): session 64's hd64 default (spec_warp_redo; causal with p_cvt_asm + p_before_vote) at the lengths
+  # session 64 did not time, against the default before it (`old`): causal 1k (128-row persistent tiles) / 2k / 4k
+  # (the greedy walk), non-causal 1k / 2k (persistent); then (192, 128) with p_before_vote + spec_warp_redo (`pw`)
+  OLD64=(old=spec_warp_redo:false,p_before_vote:false,p_cvt_asm:false)
+  ab 1 64 1024 10 45 --batch 32 --cfg "${OLD64[@]}"
+  ab 1 64 2048 10 45 --batch 16 --cfg "${OLD64[@]}"
+  ab 1 64 4096 8 45 --batch 8 --cfg "${OLD64[@]}"
+  ab 0 64 1024 10 45 --batch 32 --cfg old=spec_warp_redo:false
+  ab 0 64 2048 10 45 --batch 16 --cfg old=spec_warp_redo:false
+  ab 0 192 16384 8 55 --batch 2 --cfg pw=p_before_vote:true,spec_warp_redo:true
+  ab 1 192 16384 8 55 --batch 2 --cfg pw=p_before_vote:true,spec_warp_redo:true
+  ;;
 40)  # session 64 (any card): the GPU tests owed by hd64's new default (spec_warp_redo with p_cvt_asm + p_before_vote in
   # causal too; H100 A/Bs in session_ab/spec_warp_redo_h100.jsonl): the switch's file whole (session 64 ran 12 of its
   # cases), p_before_vote's (part 37's: its causal and redo cases' final form), the default's forward suite, the
@@ -538,7 +550,7 @@ case "$PART" in
   echo "probe rc=$?" >>"$O/probe.log"
   grep -vE "^ *$" "$O/probe.log" | tail -n 8
   ;;
-*) echo "part must be 1-40" >&2; exit 2 ;;
+*) echo "part must be 1-41" >&2; exit 2 ;;
 esac
 [[ -f "$O/ab.log" ]] && grep -E "TFLOP|rc=|skipped" "$O/ab.log"  # parts of tests alone write no ab.log
 exit 0
