@@ -60,7 +60,8 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   16k tokens, 8 rounds, outputs bitwise equal (results/h200/session_ab/fwd_pcvt_all.jsonl), speed vs
 #                   off at 8k / 16k: hd128 non-causal 1.017 / 1.026, hd64 1.007 / 1.005, (192, 128) 1.004 / 1.004,
 #                   hd256 1.004 / 1.003 (causal 1.006 / 1.005); causal hd64 0.992 / 0.990, hd128 0.999 / 0.998,
-#                   (192, 128) 0.998 / 0.998: off there
+#                   (192, 128) 0.998 / 0.998: off there (hd64 causal on since session 64, with p_before_vote and
+#                   spec_warp_redo: 1.036-1.067 at 8k-32k, H100)
 #   p_before_vote : (non-causal, causal) AttnConfig.p_before_vote=None: the sm90 forward's P V wait and P conversion
 #                   before speculative_exp's vote (absent: off; resolve() fills it only where the call speculates)
 #   spec_warp_redo : (non-causal, causal) AttnConfig.spec_warp_redo=None: speculative_exp's votes per warp, a warp's
