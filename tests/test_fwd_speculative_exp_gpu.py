@@ -67,6 +67,23 @@ def rare_arm_inputs(hdim: int, b: int = 2, s: int = 4096, h: int = 2):
     return q, k, v
 
 
+def redo_and_nan_match(cfg, base_cfg, hdim: int, causal: bool):
+    """``cfg`` against ``base_cfg`` on the rare arm's inputs (the votes fire), then the same with one query row NaN (NaN
+    sums: the block is redone): the same NaNs, and the finite values within a rounding."""
+    q, k, v = rare_arm_inputs(hdim)
+    for nan_row in (False, True):
+        if nan_row:
+            q[0, 1000, 0, 3] = float("nan")
+        ref = _run(base_cfg, q, k, v, causal, hdim, hdim)
+        got = _run(cfg, q, k, v, causal, hdim, hdim)
+        torch.cuda.synchronize()
+        for g, r in zip(got, ref):
+            assert torch.equal(g.isnan(), r.isnan()), (hdim, causal, nan_row)
+        assert got[0].isnan().any() == nan_row
+        finite = [t.nan_to_num() for t in got], [t.nan_to_num() for t in ref]
+        same_up_to_rounding(*finite, f"redo hd{hdim} causal={causal} nan_row={nan_row}")
+
+
 @pytest.mark.parametrize("hdims", [(64, 64), (128, 128), (192, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_spec_redo_budget_where_nothing_redoes_is_bitwise_the_default(hdims, causal):
