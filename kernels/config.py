@@ -824,6 +824,9 @@ class AttnConfig:
             del updates["p_before_vote"]  # kernels without it (kernels/sm90/fwd.py) keep their config and hash
         if updates.get("spec_warp_redo") and not updates.get("p_before_vote", self.p_before_vote):
             del updates["spec_warp_redo"]  # (likewise: the kernel takes it only with p_before_vote)
+        if updates.get("spec_warp_redo") and (self.consumer_regs or updates.get("consumer_regs")) < 160:
+            # S and its copy live together: four consumer warpgroups at 112 registers spill (3 LDL, CPU SASS)
+            del updates["spec_warp_redo"]
         if self.spec_redo_budget is not None and not updates.get("speculative_exp", self.speculative_exp):
             updates["spec_redo_budget"] = None  # no speculation, no budget: the config and hash of the call without it
         if updates.get("pv_wait_mid") and not self.pingpong and not causal:  # hd128 non-causal without pingpong:

@@ -16,7 +16,14 @@ from kernels.sm90.sass import find_nvdisasm  # noqa: E402
 
 
 def test_field_rules():
+    from kernels.config import AttnConfig
+
     check_forward_field("spec_warp_redo")
+    assert all(AttnConfig().resolve("sm90", 64, causal).spec_warp_redo for causal in (False, True))
+    for extra in ({"p_before_vote": False}, {"speculative_exp": False},
+                  {"tile_m": 256, "consumer_regs": 112, "pingpong": False}):  # (the last: 3 LDL with it)
+        assert not AttnConfig(**extra).resolve("sm90", 64, False).spec_warp_redo, extra
+    assert not AttnConfig().resolve("sm90", 128, False).spec_warp_redo
 
 
 def test_kernel_takes_it_only_with_p_before_vote():
