@@ -493,7 +493,8 @@ case "$PART" in
   ;;
 41)  # next (any card): session 64's hd64 default (spec_warp_redo; causal with p_cvt_asm + p_before_vote) at the lengths
   # session 64 did not time, against the default before it (`old`): causal 1k (128-row persistent tiles) / 2k / 4k
-  # (the greedy walk), non-causal 1k / 2k (persistent); then (192, 128) with p_before_vote + spec_warp_redo (`pw`)
+  # (the greedy walk), non-causal 1k / 2k (persistent); then (192, 128) with p_before_vote + spec_warp_redo (`pw`),
+  # hd128 non-causal 16k with it and Q from shared memory
   OLD64=(old=spec_warp_redo:false,p_before_vote:false,p_cvt_asm:false)
   ab 1 64 1024 10 45 --batch 32 --cfg "${OLD64[@]}"
   ab 1 64 2048 10 45 --batch 16 --cfg "${OLD64[@]}"
@@ -502,6 +503,9 @@ case "$PART" in
   ab 0 64 2048 10 45 --batch 16 --cfg old=spec_warp_redo:false
   ab 0 192 16384 8 55 --batch 2 --cfg pw=p_before_vote:true,spec_warp_redo:true
   ab 1 192 16384 8 55 --batch 2 --cfg pw=p_before_vote:true,spec_warp_redo:true
+  # hd128 non-causal read 0.947 with it (session 64); with Q in shared memory (q_in_regs off: 64 registers free for S
+  # and its copy) `wrq`, against that kernel without it `q`
+  ab 0 128 16384 8 55 --batch 2 --cfg wr=spec_warp_redo:true q=q_in_regs:false wrq=q_in_regs:false,spec_warp_redo:true
   ;;
 40)  # session 64 (any card): the GPU tests owed by hd64's new default (spec_warp_redo with p_cvt_asm + p_before_vote in
   # causal too; H100 A/Bs in session_ab/spec_warp_redo_h100.jsonl): the switch's file whole (session 64 ran 12 of its
