@@ -1653,6 +1653,12 @@ class FlashFwdSm90:
         else:
             wgmma(tiled_mma_pv, regs.acc_O, regs.tOrP, tOrVt, False)
 
+    @property
+    def spec_limit(self) -> float:
+        """speculative_exp's vote limit, just under 2^tau: margin 2^-6, since the eager vote rounds (S - m) * scale,
+        not the FFMA's S * scale - m * scale (typical partial sums are far below it: P <= ~1 per column)."""
+        return 2.0 ** self.tau * (1.0 - 2.0 ** -6)
+
     @cute.jit
     def softmax_spec(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, acc_S, regs: TileRegs, args: BlockArgs,
                      n_block: Int32, state, masked: cutlass.Constexpr = None,
@@ -1673,9 +1679,7 @@ class FlashFwdSm90:
         there, and again after a redo."""
         self.prepare_later(acc_S, regs, args, n_block, masked)
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
-        # margin 2^-6: the eager vote rounds (S - m) * scale, not the FFMA's S * scale - m * scale (typical partial
-        # sums are far below the limit: P <= ~1 per column)
-        limit = 2.0 ** self.tau * (1.0 - 2.0 ** -6)
+        limit = self.spec_limit
         # the sums pinned at hd256 only: elsewhere they stay put unpinned, and pinned cost (192, 128) causal 23
         # uniform-datapath instructions more on the common path
         redo = exp_kept_max(acc_S, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit,
@@ -1724,7 +1728,7 @@ class FlashFwdSm90:
         acc_P = cute.make_rmem_tensor(acc_S.layout, Float32)
         acc_P.store(acc_S.load())
         partial = cute.make_rmem_tensor(cute.size(regs.row_max), Float32)
-        limit = 2.0 ** self.tau * (1.0 - 2.0 ** -6)  # (softmax_spec's margin)
+        limit = self.spec_limit
         redo = exp_kept_max(acc_P, regs.row_max, args.scale_log2, self.emu_frags, self.poly, partial, limit,
                             self.hdim >= 256)
         pv_first()
