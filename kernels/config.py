@@ -127,7 +127,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # speed vs the default of then: non-causal 1.048 / 1.066 / 1.034 / 1.032 at 4k / 8k (persistent)
                        # / 16k / 32k; causal with p_cvt_asm + p_before_vote 1.036 / 1.043 / 1.067 at 8k / 16k / 32k
                        # (the vote probe's bound at 16k: no_vote 1.035, fwd_probe_vote_pbv_h100.jsonl). hd128 non-causal
-                       # 16k 0.947, hd256 causal 16k 1.000: not defaults there
+                       # 16k 0.947, hd256 causal 16k 1.000: not defaults there. H100 session 65 (sched_part41_h100.jsonl,
+                       # 10-12 rounds, 0% throttled), this default over the one before it at the lengths session 64 did
+                       # not time: causal 1.034 / 1.028 / 1.037 at 1k / 2k / 4k, non-causal 1.055 / 1.059 at 1k / 2k
                        spec_warp_redo=(True, True),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)

@@ -62,8 +62,31 @@ def bitwise(cfg, base_cfg, hdim, hdim_v, causal, shapes, exact=False):
         ref = _run(base_cfg, q, k, v, causal, hdim, hdim_v)
         got = _run(cfg, q, k, v, causal, hdim, hdim_v)
         torch.cuda.synchronize()
+        exact_here = exact and keeps_first_maxima(q, k, hdim ** -0.5, [cfg, base_cfg], hdim, causal)
         same_up_to_rounding(got, ref, f"{cfg} against {base_cfg}: hdims ({hdim}, {hdim_v}) causal={causal} "
-                            f"shape={(b, sq, sk, h)}", exact)
+                            f"shape={(b, sq, sk, h)}", exact_here)
+
+
+def keeps_first_maxima(q, k, scale, cfgs, hdim, causal, margin=0.5) -> bool:
+    """Whether no row's maximum grows by more than tau - ``margin`` (log2 units) past the first key block the sm90
+    forward visits (non-causal: the last, partial one) under each config's resolved tile_n: then every later block
+    keeps its maxima and the loop layouts agree bit for bit. A first block of few keys (seqlen_k 4097 at tile_n 128: one
+    key) lets ~1.6% of gaussian rows grow past tau 8 later; those rows rescale, and a rescaled row's sum may round
+    differently between layouts (H100, session 65: the LSE of (1, 17, 4097, 2) one rounding apart, O bitwise)."""
+    import math
+
+    from kernels.interface import resolve_config
+
+    if causal:
+        return False
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * (scale * math.log2(math.e))
+    sk = k.shape[1]
+    for cfg in cfgs:
+        r = resolve_config(cfg, hdim, causal)
+        first = s[..., (sk - 1) // r.tile_n * r.tile_n:].amax(-1)
+        if (s.amax(-1) - first).max().item() > r.rescale_threshold - margin:
+            return False
+    return True
 
 
 def same_up_to_rounding(got, ref, what: str, exact: bool = False):
