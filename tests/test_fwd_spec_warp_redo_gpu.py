@@ -4,9 +4,10 @@ tests: tests/test_fwd_spec_warp_redo.py), against the default's speculative step
 maxima gets the same P, sums and maxima, so gaussian non-causal calls must equal it bit for bit; where rows rescale
 (causal diagonal blocks, the redo inputs) within one rounding, as speculative_exp's own tests compare. H100, session 64
 (results/h200/session_ab/session64_h100.log): the 8 bitwise cases, the persistent case and hd64's redo cases passed;
-hd128 one tile per CTA at (1, 17, 4097, 2) gave O bitwise but an LSE a rounding apart (LLVM lays the kept-maxima sums'
-arithmetic out differently in that kernel), so the other-switch cases compare hd128 within a rounding (spec_warp_redo
-is hd64's default only)."""
+hd128 one tile per CTA at (1, 17, 4097, 2) gave O bitwise but an LSE a rounding apart. That shape's first key block
+holds one key, so some gaussian rows grow past tau later and rescale (session 65 saw the same in p_before_vote's and
+speculative_exp's files at hd64); ``bitwise`` now compares exactly only where the inputs keep their first block's
+maxima (test_fwd_loop_shape_gpu.keeps_first_maxima), at every head dim."""
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,7 @@ def test_spec_warp_redo_is_bitwise_the_speculative_step(hdims, causal):
                          ids=["persistent", "one_tile", "no_pingpong", "q_smem", "tile_n112"])
 def test_spec_warp_redo_with_other_switches(extra):
     for hdim in (64, 128):
-        bitwise(AttnConfig(**ON, **extra), AttnConfig(**OFF, **extra), hdim, hdim, False, SHAPES[:4],
-                exact=hdim == 64)
+        bitwise(AttnConfig(**ON, **extra), AttnConfig(**OFF, **extra), hdim, hdim, False, SHAPES[:4], exact=True)
 
 
 @pytest.mark.parametrize("hdim", [64, 128, 256])
