@@ -83,6 +83,20 @@ tests() {  # test file, cap [pytest args]
   echo "$f $* rc=$?" >>"$O/tests.log"
   tail -n 3 "$O/tests.log"
 }
+ptests() {  # cap, then triples of name, test file, -k expression ('' for none): pytest processes in parallel
+  local c=$1 n f k
+  shift
+  mkdir -p "$O/t"
+  while (($# >= 3)); do
+    n=$1 f=$2 k=$3
+    shift 3
+    (if [[ -n "$k" ]]; then timeout "$c" python -m pytest -q -p no:cacheprovider "$f" -k "$k"
+     else timeout "$c" python -m pytest -q -p no:cacheprovider "$f"; fi >"$O/t/$n.log" 2>&1
+     echo "$n rc=$?" >>"$O/t/$n.log") &
+  done
+  wait
+  for n in "$O"/t/*.log; do grep -hE "^FAILED|^ERROR|passed|failed|rc=" "$n" | cut -c1-250; done | tee -a "$O/tests.log"
+}
 SPLIT=(--cfg pers=persistent:true split=persistent:true,split_tail:true)
 GREEDY=(pers=persistent:true greedy=persistent:true,persistent_greedy:true)
 case "$PART" in
@@ -490,6 +504,19 @@ case "$PART" in
   tests tests/test_window_softcap_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_fwd_speculative_exp_gpu.py 120
+  ;;
+43)  # session 65 (any card): hd128 non-causal 16k, spec_warp_redo with part of Q in registers (session 65 part 41: wr
+  # 0.947, q 0.950, wrq 0.982 over the default, so spec_warp_redo gains 3.4% once Q leaves the registers; CPU SASS: wr
+  # at hd128 keeps S, its copy, O, Q and P live, and ptxas waits for the previous P V after 16 of 64 exponentials);
+  # wrk2 / wrk4 = Q's first 2 / 4 k-blocks in registers (q_regs_k) with it, k2 = without it; then the forward GPU
+  # files still owed, in parallel (compiles dominate them)
+  ab 0 128 16384 6 75 --batch 2 --cfg wrk2=q_in_regs:false,q_regs_k:2,spec_warp_redo:true \
+    wrk4=q_in_regs:false,q_regs_k:4,spec_warp_redo:true k2=q_in_regs:false,q_regs_k:2 \
+    wrq=q_in_regs:false,spec_warp_redo:true
+  ptests "$(cap 240)" fwd tests/test_fwd_gpu.py "default or public or autograd" \
+    ws tests/test_window_softcap_gpu.py "not bwd and not backward" \
+    gqa tests/test_pack_gqa_gpu.py "not bwd and not backward" spec tests/test_fwd_speculative_exp_gpu.py "" \
+    wr tests/test_fwd_spec_warp_redo_gpu.py "" od tests/test_fwd_o_direct_gpu.py ""
   ;;
 42)  # session 65 (any card): the GPU files part 40 stopped in (session 65, H100: a (1, 17, 4097, 2) call's LSE one
   # rounding apart, O bitwise; its first key block holds one key, so ~1.6% of rows grow past tau later and rescale;
