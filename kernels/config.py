@@ -129,7 +129,9 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                        # (the vote probe's bound at 16k: no_vote 1.035, fwd_probe_vote_pbv_h100.jsonl). hd128 non-causal
                        # 16k 0.947, hd256 causal 16k 1.000: not defaults there. H100 session 65 (sched_part41_h100.jsonl,
                        # 10-12 rounds, 0% throttled), this default over the one before it at the lengths session 64 did
-                       # not time: causal 1.034 / 1.028 / 1.037 at 1k / 2k / 4k, non-causal 1.055 / 1.059 at 1k / 2k
+                       # not time: causal 1.034 / 1.028 / 1.037 at 1k / 2k / 4k, non-causal 1.055 / 1.059 at 1k / 2k.
+                       # hd128 non-causal 16k there: with Q from shared memory it gains 1.034 over that kernel, but the
+                       # pair reads 0.982 of the default (Q in registers); (192, 128) 1.000 / 1.002 at 16k
                        spec_warp_redo=(True, True),
                        # PDL for the streaming postprocess (bwd_pdl alone measured 0.987-0.999 here; with the stream
                        # 1.03-1.055 at 8k tokens 1k / 2k; H200 2026-12-04, docs/DEFAULTS_HISTORY.md session 41)
