@@ -510,7 +510,7 @@ case "$PART" in
   # at hd128 keeps S, its copy, O, Q and P live, and ptxas waits for the previous P V after 16 of 64 exponentials);
   # wrk2 / wrk4 = Q's first 2 / 4 k-blocks in registers (q_regs_k) with it, k2 = without it; then the forward GPU
   # files still owed, in parallel (compiles dominate them)
-  ab 0 128 16384 6 75 --batch 2 --cfg wrk2=q_in_regs:false,q_regs_k:2,spec_warp_redo:true \
+  ab 0 128 16384 6 100 --batch 2 --cfg wrk2=q_in_regs:false,q_regs_k:2,spec_warp_redo:true \
     wrk4=q_in_regs:false,q_regs_k:4,spec_warp_redo:true k2=q_in_regs:false,q_regs_k:2 \
     wrq=q_in_regs:false,spec_warp_redo:true
   ptests "$(cap 240)" fwd tests/test_fwd_gpu.py "default or public or autograd" \
