@@ -14,6 +14,10 @@ the default kernel's launch arguments (one tile per CTA, paper-grid shape: 32k t
               what a per-warp redo could win on the common path. Safe only where no vote fires (the gaussian inputs
               here: a thread's partial sums stay far below 2^tau); a fired vote would issue a wgmma in some warps only
   no_vote     no speculative vote at all (every block keeps its maxima; the redo code is dead)
+  no_softmax  all of no_rowsum, no_exp, no_maxshfl and no_vote at once: the loop's GEMMs, barriers and loads with
+              only P = the scaled score (FFMA), its conversion and the masks left (spec_warp_redo's per-warp votes,
+              hd64's default, stay): a ceiling on what any softmax could leave the loop at that shape under the
+              power cap (e.g. hd256 causal 32k, where issue 11 asks for more than any rate measured on the H200)
 The speed of a probe over the default is an upper bound of what a cheaper form of that piece could win (e.g. row sums
 from the tensor core: no_rowsum). The default's output is checked against the fp32 math of torch first; the probes'
 are not (they are wrong). A session script; nothing it prints is a result of the kernels.
@@ -59,10 +63,12 @@ def _probe_patches(name: str):
             "no_exp": [(softmax, "exp2_mufu", exponent_only)],
             "no_maxshfl": [(softmax, "quad_allreduce_max", no_shuffle)],
             "warp_vote": [(fwd, "warpgroup_any", warp_vote)],
-            "no_vote": [(fwd, "warpgroup_any", no_vote)]}[name]
+            "no_vote": [(fwd, "warpgroup_any", no_vote)],
+            "no_softmax": [(softmax, "_row_sum", first_value), (softmax, "exp2_mufu", exponent_only),
+                           (softmax, "quad_allreduce_max", no_shuffle), (fwd, "warpgroup_any", no_vote)]}[name]
 
 
-PROBES = ("no_rowsum", "no_exp", "no_maxshfl", "warp_vote", "no_vote")
+PROBES = ("no_rowsum", "no_exp", "no_maxshfl", "warp_vote", "no_vote", "no_softmax")
 
 
 @contextlib.contextmanager

@@ -93,7 +93,8 @@ def test_session_shell_scripts_parse(script):
 @pytest.mark.compile
 def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
     """scripts/fwd_probe.py: each probe's copy of the hd64 forward lacks its piece in the SASS (no_rowsum: the row
-    sums' FADDs, no_maxshfl: the quad shuffles, no_exp: every MUFU.EX2), and the patches are undone after it."""
+    sums' FADDs, no_maxshfl: the quad shuffles, no_exp: every MUFU.EX2, no_softmax: all three), and the patches are
+    undone after it."""
     import collections
 
     import fwd_probe
@@ -111,13 +112,17 @@ def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
         if sass is None:
             pytest.skip("nvdisasm not installed")
         loops = steady_state_loops(sass)
+        counts = opcode_counts(sass)
         mixes[probe] = (collections.Counter(o.split(".")[0] for o, _ in loops[0]) if loops else None,
-                        count(opcode_counts(sass), "MUFU.EX2"))
+                        count(counts, "MUFU.EX2"), count(counts, "SHFL"), count(counts, "FADD"))
     assert (softmax._row_sum, softmax.exp2_mufu, softmax.quad_allreduce_max) == before
-    base, _ = mixes[None]
+    base = mixes[None][0]
     assert mixes["no_rowsum"][0]["FADD"] < base["FADD"] - 40
     assert mixes["no_maxshfl"][0]["SHFL"] < base["SHFL"]
     assert mixes["no_exp"][1] == 0 and mixes[None][1] > 0
+    # no_softmax: every piece at once (no MUFU.EX2 left, so no steady-state loop to take apart: whole-kernel counts)
+    assert mixes["no_softmax"][1] == 0 and mixes["no_softmax"][2] < mixes[None][2]
+    assert mixes["no_softmax"][3] < mixes[None][3] - 40
 
 
 def test_split_profile_script_has_a_cli():
