@@ -93,8 +93,8 @@ def test_session_shell_scripts_parse(script):
 @pytest.mark.compile
 def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
     """scripts/fwd_probe.py: each probe's copy of the hd64 forward lacks its piece in the SASS (no_rowsum: the row
-    sums' FADDs, no_maxshfl: the quad shuffles, no_exp: every MUFU.EX2, no_softmax: all three), and the patches are
-    undone after it."""
+    sums' FADDs, no_maxshfl: the quad shuffles, no_exp: every MUFU.EX2, no_softmax: all three, free_o: o_direct's
+    stores but one), and the patches are undone after it."""
     import collections
 
     import fwd_probe
@@ -105,16 +105,18 @@ def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
 
     before = (softmax._row_sum, softmax.exp2_mufu, softmax.quad_allreduce_max)
     mixes = {}
-    for probe in (None,) + fwd_probe.PROBES:
-        kern = make_fwd_kernel(AttnConfig(persistent=False).resolve("sm90", 64, False), "bfloat16", 64, 64, False)
-        with fwd_probe.patched(fwd_probe._probe_patches(probe) if probe else []):
+    for probe in (None, "o_direct") + fwd_probe.PROBES:  # o_direct: free_o's kernel unpatched
+        fields = fwd_probe.PROBE_FIELDS.get(probe, {"o_direct": True} if probe == "o_direct" else {})
+        kern = make_fwd_kernel(AttnConfig(persistent=False, **fields).resolve("sm90", 64, False), "bfloat16", 64, 64,
+                               False)
+        with fwd_probe.patched(fwd_probe._probe_patches(probe) if probe not in (None, "o_direct") else []):
             sass = kernel_sass(kern, str(tmp_path / str(probe)))
         if sass is None:
             pytest.skip("nvdisasm not installed")
         loops = steady_state_loops(sass)
         counts = opcode_counts(sass)
         mixes[probe] = (collections.Counter(o.split(".")[0] for o, _ in loops[0]) if loops else None,
-                        count(counts, "MUFU.EX2"), count(counts, "SHFL"), count(counts, "FADD"))
+                        count(counts, "MUFU.EX2"), count(counts, "SHFL"), count(counts, "FADD"), count(counts, "STG"))
     assert (softmax._row_sum, softmax.exp2_mufu, softmax.quad_allreduce_max) == before
     base = mixes[None][0]
     assert mixes["no_rowsum"][0]["FADD"] < base["FADD"] - 40
@@ -123,6 +125,8 @@ def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
     # no_softmax: every piece at once (no MUFU.EX2 left, so no steady-state loop to take apart: whole-kernel counts)
     assert mixes["no_softmax"][1] == 0 and mixes["no_softmax"][2] < mixes[None][2]
     assert mixes["no_softmax"][3] < mixes[None][3] - 40
+    # free_o: o_direct's epilogue with one O store per thread left (hd64: 3 STG in the kernel against 18)
+    assert 0 < mixes["free_o"][4] < mixes["o_direct"][4] - 8
 
 
 def test_split_profile_script_has_a_cli():
