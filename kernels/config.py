@@ -297,7 +297,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "early_desc": (None, False), "skip_idle_wg": (None, False), "p_smem": (None, False),
                                 "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False),
                                 "p_before_vote": (None, False), "o_direct": (None, False),
-                                "spec_warp_redo": (None, False)}
+                                "spec_warp_redo": (None, False), "o_via_v_stage": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -305,7 +305,7 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                   "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
-                  "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo")
+                  "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -595,6 +595,15 @@ class AttnConfig:
     # (session_ab/o_direct_h100.jsonl): 0.965-0.990 at hd256 (1.000 at causal 32k on the greedy walk): opt-in. None =
     # off; left out of to_dict() while None or False.
     o_direct: bool | None = None
+    # sm90 persistent forward where O shares Q's buffer (hd256, (192, 128): no room for its own), overlapped loop, not
+    # varlen, packed GQA, o_direct or skip_idle_wg (elsewhere no effect): O leaves through the last K/V block's V stage
+    # instead of Q's buffer -- stmatrix into that stage in column chunks that fit it (hd256: two of 128 columns), each
+    # read back as 16-byte row pieces and stored to global memory by every consumer thread (rows past seqlen_q
+    # skipped) -- and that stage is released after the epilogue instead of after the last P V. Q's buffer is released
+    # after the tile's last Q K^T, so the producer loads the next tile's Q under the last block and the epilogue, as it
+    # does where O has its own buffer. Same values: outputs bitwise the default's. None = off; left out of to_dict()
+    # while None or False.
+    o_via_v_stage: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
     # released right after S, and the votes are over each warp (vote.any) instead of over the warpgroup (a named
@@ -771,7 +780,7 @@ class AttnConfig:
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
                      "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
-                     "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo"):
+                     "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -960,7 +969,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
                    "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote", "o_direct",
-                   "spec_warp_redo")
+                   "spec_warp_redo", "o_via_v_stage")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -6,16 +6,17 @@
 # default there, hd 64 / 128 non-causal since session 63 made p_before_vote theirs, and the 8k-token small problems,
 # fwd_small + bwd_small). Another card's rows may not enter results/h200/: there "stale" is skipped. Logs under <out_dir>.
 # Parts in H200_ONLY (default "stale 36": sched_check part 36, hd64 non-causal persistent at 16k / 32k) run only on an
-# H200 and are skipped elsewhere; parts 44 (hd256's softmax-free ceiling at 32k) and 43 (hd128 spec_warp_redo with
-# part of Q in registers, then the forward GPU files still owed, in parallel) run on any card; on an H200 the stale rows
-# may then want a second call (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's
+# H200 and are skipped elsewhere; parts 45 (o_via_v_stage: its GPU tests and A/Bs), 44 (hd256's ceilings: fwd_probe
+# no_softmax and free_o) and 43 (hd128 spec_warp_redo with part of Q in registers, then the forward GPU files still
+# owed, in parallel) run on any card, and need about two calls; on an H200 the stale rows then want one more
+# (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's
 # boot comes before it, inside the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "44 43 stale 36"]
-# (parts 40 / 41 / 42 ran in session 65 on an H100; owed: parts 44 and 43 on any card, the stale rows (hd64 since
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "45 44 43 stale 36"]
+# (parts 40 / 41 / 42 ran in session 65 on an H100; owed: parts 45, 44 and 43 on any card, the stale rows (hd64 since
 # session 64's default, hd 64 / 128 non-causal since 63's) and part 36 on an H200)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-44 43 stale 36}
+PARTS=${2:-45 44 43 stale 36}
 H200_ONLY=" ${H200_ONLY:-stale 36} "
 DEADLINE=${DEADLINE:-540}
 START=$SECONDS

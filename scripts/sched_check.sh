@@ -505,6 +505,16 @@ case "$PART" in
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_fwd_speculative_exp_gpu.py 120
   ;;
+45)  # session 65 (any card): o_via_v_stage (new, opt-in; CPU SASS only so far): O through the last block's V stage in
+  # column chunks, Q released after the last Q K^T, in the persistent kernels where O shared Q's buffer. Its GPU
+  # tests, then A/Bs: hd256 causal 8k / 16k (the greedy walk, the default there), non-causal 4k made persistent
+  # (`pers` without it, `povs` with it), (192, 128) causal 16k
+  tests tests/test_fwd_o_via_v_stage_gpu.py 150
+  ab 1 256 8192 8 55 --batch 4 --cfg ov=o_via_v_stage:true
+  ab 1 256 16384 8 55 --batch 2 --cfg ov=o_via_v_stage:true
+  ab 0 256 4096 8 60 --batch 8 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
+  ab 1 192 16384 8 55 --batch 2 --cfg ov=o_via_v_stage:true
+  ;;
 44)  # session 65 (any card): hd256's ceilings (scripts/fwd_probe.py). no_softmax at 32k (row sums, MUFU exponentials,
   # max shuffles and votes out; one tile per CTA, the 32k default): issue 11 asks 1.03 x official there, ~849 TFLOP/s
   # at causal 32k on the H200 grid, above every rate measured on it (ours non-causal 32k: 841). free_o through the

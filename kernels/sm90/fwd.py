@@ -68,7 +68,9 @@ in L2 groups; kernels/sm90/scheduler.py tile_at), the pipelines' states carried 
 K/V loads overlap this tile's epilogue. Where shared memory allows (all but hd256) O gets its own buffer: Q is released
 after the tile's last QK^T (the next Q loads under the last PV and the epilogue) and the O store is waited for only
 before the next epilogue writes the buffer (it runs under the next tile's main loop) and at exit; otherwise O shares
-Q's buffer and the next Q waits for the O store to have read it. The tile-independent wgmma views are built once per
+Q's buffer and the next Q waits for the O store to have read it, unless ``o_via_v_stage``: O then goes through the last
+K/V block's V stage in column chunks (stmatrix, 16-byte pieces read back and stored by every consumer thread), that stage
+is released after the epilogue, and Q after the tile's last QK^T as with its own buffer. The tile-independent wgmma views are built once per
 CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS). ``persistent_snake``
 (causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile). ``persistent_greedy``
 (causal; launched through ``call_persistent_walk``): CTA c walks row c of a host-built table instead, the tiles that
@@ -204,7 +206,7 @@ class FlashFwdSm90:
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
                  skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False,
-                 o_direct: bool = False, spec_warp_redo: bool = False):
+                 o_direct: bool = False, spec_warp_redo: bool = False, o_via_v_stage: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -451,6 +453,17 @@ class FlashFwdSm90:
         # never stored (TMA clips them, the LSE store skips them)
         self.skip_idle_wg = (bool(skip_idle_wg) and intra_wg_overlap and not self.split_tail and not self.greedy
                              and not self.dynamic)
+        # O through the last K/V block's V stage (AttnConfig.o_via_v_stage): persistent kernels where O would share
+        # Q's buffer, in column chunks of the O tile that fit one V stage (whole 64-column swizzle atoms)
+        chunks = 1
+        while chunks < 8 and tile_m * hdim_v // chunks > tile_n * hdim_v:
+            chunks *= 2
+        self.o_chunks = chunks
+        self.o_via_v_stage = (bool(o_via_v_stage) and self.persistent and not self.separate_o and intra_wg_overlap
+                              and not varlen and not self.pack_gqa and not self.o_direct and not self.skip_idle_wg
+                              and (hdim_v // chunks) % 64 == 0)
+        self.early_q_release = self.early_q_release or self.o_via_v_stage
+        self.tma_o_store = not (self.o_direct or self.o_via_v_stage)  # else O leaves through predicated stores
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -574,7 +587,7 @@ class FlashFwdSm90:
             mQ, mO, mLSE = [self.packed_view(t, mK.shape[2]) for t in (mQ, mO, mLSE)]
         (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
          sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO,
-                                                                                  tma_o=not self.o_direct)
+                                                                                  tma_o=self.tma_o_store)
         seqlen_q = mQ.shape[0]
         if const_expr(self.pack_gqa):
             seqlen_q = mQ.shape[0][1] * self.qhead_per_kvhead  # packed rows
@@ -680,7 +693,7 @@ class FlashFwdSm90:
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
         (tma_Q, tma_K, tma_V, tma_O, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O, sQ_layout, sK_layout, sV_layout,
          sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage) = self._host_setup(mQ, mK, mV, mO,
-                                                                                  tma_o=not self.o_direct)
+                                                                                  tma_o=self.tma_o_store)
         scale_log2 = self.score_scale(softmax_scale)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -728,7 +741,7 @@ class FlashFwdSm90:
                 mTrace[bx_trace, 0] = cute.arch.globaltimer()
                 mTrace[bx_trace, 3] = cutlass.Int64(cute.arch.smid())
         if warp_idx == 0:
-            if const_expr(self.varlen or self.o_direct):  # no O descriptor: a predicated store
+            if const_expr(self.varlen or not self.tma_o_store):  # no O descriptor: a predicated store
                 for atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
                     cpasync.prefetch_descriptor(atom)
             else:
@@ -825,6 +838,10 @@ class FlashFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         if const_expr(self.separate_o):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        elif const_expr(self.o_via_v_stage):  # O's column chunk (tile_m, hdim_v / o_chunks) in each V stage
+            chunk = self._smem_layout(self.tile_m, self.hdim_v // self.o_chunks, None)
+            stages = cute.make_layout(self.num_stages, stride=self.tile_n * self.hdim_v)
+            sO = storage.sV.get_tensor(cute.append(chunk.outer, stages), swizzle=chunk.inner)
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # O reuses Q's buffer
         # V^T view (hdim_v, tile_n, stages) for the PV GEMM's B operand
@@ -1343,6 +1360,7 @@ class FlashFwdSm90:
         mainloop_serial), then the epilogue (normalise, LSE, O). Persistent: the consumer states in and out; the
         pingpong token is handed out once per CTA by the caller."""
         regs, args, n_iter = self.tile_regs(tiled_mma_pv, scale_log2, tile, frags)
+        v_last = None  # o_via_v_stage: the last block's V stage state
         if const_expr(not self.persistent):
             if const_expr(self.pingpong):
                 if frags.wg == 0:  # the first warpgroup starts with the GEMM token
@@ -1364,6 +1382,9 @@ class FlashFwdSm90:
             else:
                 state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
                                               tile.n_block_max, n_iter, state, q_state)
+        elif const_expr(self.o_via_v_stage):
+            state, v_last = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs,
+                                                  args, tile.n_block_max, n_iter, state, q_state)
         elif const_expr(self.intra_wg_overlap):
             state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
                                           tile.n_block_max, n_iter, state, q_state)
@@ -1377,10 +1398,12 @@ class FlashFwdSm90:
                 self.store_piece(mOacc, mLSEacc, frags.thr_mma_pv, regs.acc_O, lse, slot)
             else:
                 self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
-                self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx)
+                self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx, v_last)
         else:
             self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
-            self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx)
+            self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx, v_last)
+        if const_expr(self.o_via_v_stage):
+            pipe_v.consumer_release(v_last)  # the epilogue has read O back out of the stage (a piece: never wrote it)
         if const_expr(not self.early_q_release):
             pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
         if const_expr(self.persistent):
@@ -1473,6 +1496,10 @@ class FlashFwdSm90:
         if const_expr(self.early_q_release):
             pipe_q.consumer_release(q_state)  # every QK^T of the tile is done (waited for in the last step)
         self.last_pv(tiled_mma_pv, pipe_v, frags, regs, state)
+        if const_expr(self.o_via_v_stage):  # the last block's V stage: O leaves through it, released after that
+            v_last = state.clone()
+            state.advance()
+            return state, v_last
         state.advance()
         return state
 
@@ -1793,7 +1820,8 @@ class FlashFwdSm90:
         pipe_v.consumer_wait(state)
         self.pv_gemm(tiled_mma_pv, frags, regs, state.index)
         warpgroup.wait_group(0)
-        pipe_v.consumer_release(state)
+        if const_expr(not self.o_via_v_stage):  # (o_via_v_stage: after the epilogue, which writes O there)
+            pipe_v.consumer_release(state)
 
     @cute.jit
     def mainloop_serial(self, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags: ConsumerFrags,
@@ -1883,11 +1911,14 @@ class FlashFwdSm90:
                 mLSEacc[tOcO[r, 0][0], slot] = lse[r]
 
     @cute.jit
-    def store_o(self, mO, sO, tma_atom_O, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
+    def store_o(self, mO, sO, tma_atom_O, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32, v_stage=None):
         """O registers -> shared memory (stmatrix, once every consumer is done reading sQ / the previous O store has
-        read sO) -> global (store_o_tma, or store_o_varlen); o_direct: registers -> global (store_o_direct)."""
+        read sO) -> global (store_o_tma, or store_o_varlen); o_direct: registers -> global (store_o_direct);
+        o_via_v_stage: through the V stage of ``v_stage`` (store_o_v_stage)."""
         if const_expr(self.o_direct):
             self.store_o_direct(mO, tiled_mma_pv, rO, tile, m_base, tidx)
+        elif const_expr(self.o_via_v_stage):
+            self.store_o_v_stage(mO, sO[None, None, v_stage.index], rO, tile, m_base, tidx)
         else:
             self.store_o_smem(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, m_base, tidx)
 
@@ -1914,6 +1945,45 @@ class FlashFwdSm90:
             else:
                 if tidx < 32:
                     self.store_o_tma(mO, sO, tma_atom_O, tile.head, tile.bidx, tile.m_block)
+
+    @cute.jit
+    def store_o_v_stage(self, mO, sO, rO, tile: Tile, m_base: Int32, tidx: Int32):
+        """o_via_v_stage: O through ``sO`` (a column chunk of the O tile in the last block's V stage), one chunk at a
+        time: stmatrix into it, then every consumer thread reads 16-byte row pieces back and stores those inside the
+        sequence to global memory. Chunk c holds accumulator values c * n .. c * n + n - 1 of each thread (the
+        wgmma C fragment's column blocks of 8 are its outermost mode), laid out as a tiled MMA over its columns."""
+        n_threads = self.num_consumer_wg * self.threads_per_wg
+        cols = self.hdim_v // self.o_chunks
+        mma_c = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32,
+            (self.num_consumer_wg, 1, 1), (64, cols), warpgroup.OperandSource.RMEM)
+        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_st = cute.make_tiled_copy_C(st_atom, mma_c).get_slice(tidx)
+        rO_c = cute.make_rmem_tensor(mma_c.get_slice(tidx).partition_shape_C((self.tile_m, cols)), self.dtype)
+        n_c = cute.size(rO_c)
+        vec = 128 // self.dtype.width
+        per_row = cols // vec  # threads per row
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((n_threads // per_row, per_row), order=(1, 0)),
+                                        cute.make_layout((1, vec)))
+        thr = tiled.get_slice(tidx)
+        tOsO = thr.partition_S(sO)
+        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, cols)))
+        row_limit = tile.seqlen_q - m_base
+        for c in cutlass.range_constexpr(self.o_chunks):
+            for i in cutlass.range_constexpr(n_c):
+                rO_c[i] = rO[c * n_c + i]
+            # chunk 0: every warpgroup's last P V has read the stage; later chunks: the previous one has been read
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_threads)
+            cute.copy(st_atom, thr_st.retile(rO_c), thr_st.partition_D(sO))
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_threads)
+            gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, cols), (tile.m_block, c))
+            tOgO = thr.partition_D(gO)
+            tOrO = cute.make_rmem_tensor_like(tOsO)
+            cute.copy(tiled, tOsO, tOrO)
+            for m in cutlass.range_constexpr(cute.size(tOgO, mode=[1])):
+                if tOcO[0, m, 0][0] < row_limit:
+                    cute.copy(tiled, tOrO[None, m, None], tOgO[None, m, None])
 
     @cute.jit
     def store_o_direct(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):

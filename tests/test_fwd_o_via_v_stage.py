@@ -1,0 +1,68 @@
+"""AttnConfig.o_via_v_stage (sm90 persistent forward where O shares Q's buffer: hd256, (192, 128)): O leaves through the
+last K/V block's V stage in column chunks (stmatrix, then 16-byte row pieces read back and stored by every consumer
+thread), that stage released after the epilogue, and Q's buffer released after the tile's last Q K^T
+(kernels/sm90/fwd.py store_o_v_stage). CPU tests: the field's rules, where the kernel takes it, and the machine code:
+no TMA store, the same stmatrix, one LDS.128 and one STG.128 per 16-byte piece, no local memory. GPU checks:
+tests/test_fwd_o_via_v_stage_gpu.py."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from fwd_switch_checks import check_forward_field  # noqa: E402
+from kernels.sm90.sass import find_nvdisasm  # noqa: E402
+
+
+def test_field_rules():
+    check_forward_field("o_via_v_stage")
+
+
+def test_kernel_takes_it_where_o_shares_qs_buffer():
+    import cutlass
+
+    from kernels.sm90.fwd import FlashFwdSm90
+
+    bf = cutlass.BFloat16
+    k = FlashFwdSm90(bf, 256, 256, True, tile_n=80, persistent=True, o_via_v_stage=True)
+    assert k.o_via_v_stage and k.o_chunks == 2 and k.early_q_release and not k.tma_o_store and not k.separate_o
+    k = FlashFwdSm90(bf, 192, 128, True, persistent=True, o_via_v_stage=True)
+    assert k.o_via_v_stage and k.o_chunks == 1 and k.early_q_release
+    # O has its own buffer (hd128 persistent), one tile per CTA, o_direct, the serial loop, varlen: no effect
+    assert not FlashFwdSm90(bf, 128, 128, False, persistent=True, o_via_v_stage=True).o_via_v_stage
+    assert not FlashFwdSm90(bf, 256, 256, True, tile_n=80, o_via_v_stage=True).o_via_v_stage
+    assert not FlashFwdSm90(bf, 256, 256, True, tile_n=80, persistent=True, o_direct=True,
+                            o_via_v_stage=True).o_via_v_stage
+    assert not FlashFwdSm90(bf, 256, 256, True, tile_n=80, persistent=True, intra_wg_overlap=False,
+                            o_via_v_stage=True).o_via_v_stage
+    assert not FlashFwdSm90(bf, 256, 256, False, tile_n=80, varlen=True, o_via_v_stage=True).o_via_v_stage
+    k = FlashFwdSm90(bf, 256, 256, True, tile_n=80, persistent=True)
+    assert not k.o_via_v_stage and not k.early_q_release and k.tma_o_store
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+@pytest.mark.parametrize("hdim,causal,seqlen,extra", [(256, True, 16384, {}), (256, False, 4096, {"persistent": True}),
+                                                      (192, True, 8192, {})],
+                         ids=["256_causal_walk", "256_persistent_split", "192_causal_walk"])
+def test_machine_code_stores_o_through_the_v_stage(hdim, causal, seqlen, extra, tmp_path):
+    from fwd_switch_checks import spill_free_sass
+    from kernels.sm90.sass import count, opcode_counts
+
+    off = opcode_counts(spill_free_sass(hdim, causal, str(tmp_path / "off"), seqlen=seqlen, **extra))
+    on = opcode_counts(spill_free_sass(hdim, causal, str(tmp_path / "on"), seqlen=seqlen, o_via_v_stage=True,
+                                       **extra))
+    hdim_v = 128 if hdim == 192 else hdim
+    assert count(off, "UTMASTG") > 0 and count(on, "UTMASTG") == 0
+    assert count(on, "STSM") == count(off, "STSM") > 0  # the same stmatrix, chunk by chunk
+    assert count(on, "HGMMA") == count(off, "HGMMA") and count(on, "MUFU.EX2") == count(off, "MUFU.EX2")
+    # each of the 256 consumer threads reads and stores tile_m x hdim_v / 256 / 8 16-byte pieces (one store site)
+    pieces = 128 * hdim_v // 256 // 8
+    assert count(on, "LDS.128") - count(off, "LDS.128") == pieces
+    assert count(on, "STG.E.128") - count(off, "STG.E.128") == pieces
+    # two barriers over the consumers per chunk (before its stmatrix, before reading it back) against two around
+    # the TMA store's stmatrix
+    chunks = 2 if hdim == 256 else 1
+    assert count(on, "BAR.SYNC") - count(off, "BAR.SYNC") == 2 * chunks - 2
