@@ -514,6 +514,9 @@ case "$PART" in
   ab 1 256 16384 8 55 --batch 2 --cfg ov=o_via_v_stage:true
   ab 0 256 4096 8 60 --batch 8 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
   ab 1 192 16384 8 55 --batch 2 --cfg ov=o_via_v_stage:true
+  # causal 32k runs one tile per CTA (the greedy walk read 1.000 against it): the walk with it
+  ab 1 256 32768 6 60 --batch 1 --cfg g=persistent:true,persistent_greedy:true \
+    gov=persistent:true,persistent_greedy:true,o_via_v_stage:true
   ;;
 44)  # session 65 (any card): hd256's ceilings (scripts/fwd_probe.py). no_softmax at 32k (row sums, MUFU exponentials,
   # max shuffles and votes out; one tile per CTA, the 32k default): issue 11 asks 1.03 x official there, ~849 TFLOP/s

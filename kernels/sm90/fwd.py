@@ -1949,9 +1949,9 @@ class FlashFwdSm90:
     @cute.jit
     def store_o_v_stage(self, mO, sO, rO, tile: Tile, m_base: Int32, tidx: Int32):
         """o_via_v_stage: O through ``sO`` (a column chunk of the O tile in the last block's V stage), one chunk at a
-        time: stmatrix into it, then every consumer thread reads 16-byte row pieces back and stores those inside the
-        sequence to global memory. Chunk c holds accumulator values c * n .. c * n + n - 1 of each thread (the
-        wgmma C fragment's column blocks of 8 are its outermost mode), laid out as a tiled MMA over its columns."""
+        time: stmatrix into it, then rows_to_global. Chunk c holds accumulator values c * n .. c * n + n - 1 of each
+        thread (the wgmma C fragment's column blocks of 8 are its outermost mode), laid out as a tiled MMA over its
+        columns."""
         n_threads = self.num_consumer_wg * self.threads_per_wg
         cols = self.hdim_v // self.o_chunks
         mma_c = sm90_utils.make_trivial_tiled_mma(
@@ -1961,15 +1961,6 @@ class FlashFwdSm90:
         thr_st = cute.make_tiled_copy_C(st_atom, mma_c).get_slice(tidx)
         rO_c = cute.make_rmem_tensor(mma_c.get_slice(tidx).partition_shape_C((self.tile_m, cols)), self.dtype)
         n_c = cute.size(rO_c)
-        vec = 128 // self.dtype.width
-        per_row = cols // vec  # threads per row
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((n_threads // per_row, per_row), order=(1, 0)),
-                                        cute.make_layout((1, vec)))
-        thr = tiled.get_slice(tidx)
-        tOsO = thr.partition_S(sO)
-        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, cols)))
-        row_limit = tile.seqlen_q - m_base
         for c in cutlass.range_constexpr(self.o_chunks):
             for i in cutlass.range_constexpr(n_c):
                 rO_c[i] = rO[c * n_c + i]
@@ -1978,12 +1969,7 @@ class FlashFwdSm90:
             cute.copy(st_atom, thr_st.retile(rO_c), thr_st.partition_D(sO))
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_threads)
             gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, cols), (tile.m_block, c))
-            tOgO = thr.partition_D(gO)
-            tOrO = cute.make_rmem_tensor_like(tOsO)
-            cute.copy(tiled, tOsO, tOrO)
-            for m in cutlass.range_constexpr(cute.size(tOgO, mode=[1])):
-                if tOcO[0, m, 0][0] < row_limit:
-                    cute.copy(tiled, tOrO[None, m, None], tOgO[None, m, None])
+            self.rows_to_global(sO, gO, cols, tile.seqlen_q - m_base, tidx)
 
     @cute.jit
     def store_o_direct(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
@@ -2015,21 +2001,26 @@ class FlashFwdSm90:
         """Varlen epilogue: every consumer thread copies 16-byte row pieces of the O tile from shared memory to the
         packed O, only for rows inside the sequence (a TMA store clips at the packed tensor's end only, so it would
         overwrite the next sequence's rows)."""
+        gO = cute.local_tile(cute.domain_offset((offset_q, 0), mO[None, None, head]), (self.tile_m, self.hdim_v),
+                             (m_block, 0))
+        self.rows_to_global(sO, gO, self.hdim_v, seqlen_q - m_block * self.tile_m, tidx)
+
+    @cute.jit
+    def rows_to_global(self, sO, gO, cols: cutlass.Constexpr[int], row_limit: Int32, tidx: Int32):
+        """A (tile_m, ``cols``) tile from shared memory ``sO`` to global ``gO``: every consumer thread reads 16-byte
+        row pieces and stores those of rows below ``row_limit``."""
         n_threads = self.num_consumer_wg * self.threads_per_wg
         vec = 128 // self.dtype.width
-        per_row = self.hdim_v // vec  # threads per row
+        per_row = cols // vec  # threads per row
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((n_threads // per_row, per_row), order=(1, 0)),
                                         cute.make_layout((1, vec)))
         thr = tiled.get_slice(tidx)
-        gO = cute.local_tile(cute.domain_offset((offset_q, 0), mO[None, None, head]), (self.tile_m, self.hdim_v),
-                             (m_block, 0))
         tOsO = thr.partition_S(sO)
         tOgO = thr.partition_D(gO)
-        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, self.hdim_v)))
+        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, cols)))
         tOrO = cute.make_rmem_tensor_like(tOsO)
         cute.copy(tiled, tOsO, tOrO)
-        row_limit = seqlen_q - m_block * self.tile_m
         for m in cutlass.range_constexpr(cute.size(tOgO, mode=[1])):
             if tOcO[0, m, 0][0] < row_limit:
                 cute.copy(tiled, tOrO[None, m, None], tOgO[None, m, None])
