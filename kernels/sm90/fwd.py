@@ -69,10 +69,10 @@ K/V loads overlap this tile's epilogue. Where shared memory allows (all but hd25
 after the tile's last QK^T (the next Q loads under the last PV and the epilogue) and the O store is waited for only
 before the next epilogue writes the buffer (it runs under the next tile's main loop) and at exit; otherwise O shares
 Q's buffer and the next Q waits for the O store to have read it, unless ``o_via_v_stage``: O then goes through the last
-K/V block's V stage in column chunks (stmatrix, 16-byte pieces read back and stored by every consumer thread), that stage
-is released after the epilogue, and Q after the tile's last QK^T as with its own buffer. The tile-independent wgmma views are built once per
-CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's (byte-identical SASS). ``persistent_snake``
-(causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile). ``persistent_greedy``
+K/V block's V stage in column chunks (stmatrix, 16-byte pieces read back and stored by every consumer thread), that
+stage is released after the epilogue, and Q after the tile's last QK^T as with its own buffer. The tile-independent
+wgmma views are built once per CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's
+(byte-identical SASS). ``persistent_snake`` (causal): the odd full rounds of the round robin in reverse CTA order (scheduler.snake_tile). ``persistent_greedy``
 (causal; launched through ``call_persistent_walk``): CTA c walks row c of a host-built table instead, the tiles that
 list scheduling of the longest-first order gives it (kernels/sm90/greedy_walk.py). ``split_tail``
 (compile-time; persistent non-causal, no window; launched through ``call_persistent_split``): the tiles of the last
@@ -1403,7 +1403,10 @@ class FlashFwdSm90:
             self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
             self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx, v_last)
         if const_expr(self.o_via_v_stage):
-            pipe_v.consumer_release(v_last)  # the epilogue has read O back out of the stage (a piece: never wrote it)
+            # the epilogue has read O back out of the stage (a piece: never wrote it); its generic-proxy accesses
+            # ordered before the producer's next TMA write there
+            cute.arch.fence_view_async_shared()
+            pipe_v.consumer_release(v_last)
         if const_expr(not self.early_q_release):
             pipe_q.consumer_release(q_state)  # after the store has read sO (persistent: the next Q may land there)
         if const_expr(self.persistent):
