@@ -73,8 +73,9 @@ K/V block's V stage in column chunks (stmatrix, 16-byte pieces read back and sto
 stage is released after the epilogue, and Q after the tile's last QK^T as with its own buffer. The tile-independent
 wgmma views are built once per CTA (consumer_fragments). Not with varlen. Off, the code is the plain kernel's
 (byte-identical SASS). ``persistent_snake`` (causal): the odd full rounds of the round robin in reverse CTA order
-(scheduler.snake_tile). ``persistent_greedy`` (causal; launched through ``call_persistent_walk``): CTA c walks row c of a host-built table instead, the tiles that
-list scheduling of the longest-first order gives it (kernels/sm90/greedy_walk.py). ``split_tail``
+(scheduler.snake_tile). ``persistent_greedy`` (causal; launched through ``call_persistent_walk``): CTA c walks row c
+of a host-built table instead, the tiles that list scheduling of the longest-first order gives it
+(kernels/sm90/greedy_walk.py). ``split_tail``
 (compile-time; persistent non-causal, no window; launched through ``call_persistent_split``): the tiles of the last
 partial round are cut into K/V block pieces over every CTA, computed first (steps t < 0 of the walk, ``step_tile``) with
 their normalised O (fp32) and LSE stored to a workspace (``store_piece``), and merged after the kernel by
