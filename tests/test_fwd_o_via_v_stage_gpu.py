@@ -6,38 +6,16 @@ and not (persistent, the split tail), ragged lengths (rows past seqlen_q, a CTA'
 softcap."""
 from __future__ import annotations
 
-import pytest
-import torch
+import functools
 
-from kernels.config import AttnConfig
-from test_fwd_gpu import SHAPES_DEFAULT
+import pytest
+
+from test_fwd_o_direct_gpu import SHAPES
+from test_fwd_o_direct_gpu import _same as same_as_without
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2), (2, 8192, 8192, 2)]
-
-
-def _run(cfg, q, k, v, causal, **kw):
-    from kernels.interface import attention_forward, resolve_config
-
-    b, sq, h, hdim = q.shape
-    out = torch.full((b, sq, h, v.shape[3]), float("nan"), device="cuda", dtype=q.dtype)
-    lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
-    attention_forward(q, k, v, causal, hdim ** -0.5, resolve_config(cfg, hdim, causal), out=out, lse=lse, **kw)
-    return out, lse
-
-
-def _same(extra, hdim, hdim_v, causal, shapes, **kw):
-    for b, sq, sk, h in shapes:
-        q = torch.randn(b, sq, h, hdim, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, h, hdim, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, h, hdim_v, device="cuda", dtype=torch.bfloat16)
-        ref = _run(AttnConfig(**extra), q, k, v, causal, **kw)
-        got = _run(AttnConfig(o_via_v_stage=True, **extra), q, k, v, causal, **kw)
-        torch.cuda.synchronize()
-        what = (extra, hdim, causal, (b, sq, sk, h), kw)
-        assert not ref[0].isnan().any(), what
-        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]), what
+_same = functools.partial(same_as_without, switch="o_via_v_stage")
 
 
 @pytest.mark.parametrize("causal", [False, True])
