@@ -505,6 +505,19 @@ case "$PART" in
   tests tests/test_pack_gqa_gpu.py 120 -k "not bwd and not backward"
   tests tests/test_fwd_speculative_exp_gpu.py 120
   ;;
+46)  # session 65 (any card): why spec_warp_redo loses at hd128 with Q in registers (part 41: wr 0.947, but 1.034 over
+  # Q-from-shared-memory's kernel; its CPU SASS common path differs from the default's by 4 instructions): Nsight
+  # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
+  c=$(cap 240)
+  timeout "$c" ncu --clock-control none -k 'regex:FlashFwdSm90' -c 2 --set full -f -o /tmp/fwd128wr \
+    python scripts/ncu_fwd.py --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true >>"$O/ncu.log" 2>&1
+  echo "ncu rc=$?" >>"$O/ncu.log"
+  ncu --import /tmp/fwd128wr.ncu-rep --page raw --csv >"$O/fwd128wr_raw.csv" 2>>"$O/ncu.log"
+  python scripts/ncu_pipes.py "$O/fwd128wr_raw.csv" --all --labels ours wr --out "$O/fwd128wr_pipes.csv" \
+    >>"$O/ncu.log" 2>&1
+  xz -9 "$O/fwd128wr_raw.csv"
+  tail -n 40 "$O/ncu.log"
+  ;;
 45)  # session 65 (any card): o_via_v_stage (new, opt-in; CPU SASS only so far): O through the last block's V stage in
   # column chunks, Q released after the last Q K^T, in the persistent kernels where O shared Q's buffer. Its GPU
   # tests, then A/Bs: hd256 causal 8k / 16k (the greedy walk, the default there), non-causal 4k made persistent
