@@ -521,11 +521,13 @@ case "$PART" in
 45)  # session 65 (any card): o_via_v_stage (new, opt-in; CPU SASS only so far): O through the last block's V stage in
   # column chunks, Q released after the last Q K^T, in the persistent kernels where O shared Q's buffer. Its GPU
   # tests, then A/Bs: hd256 causal 8k / 16k (the greedy walk, the default there), non-causal 4k made persistent
-  # (`pers` without it, `povs` with it), (192, 128) causal 16k
+  # (`pers` without it, `povs` with it) and 16k (the split tail), (192, 128) causal 16k, causal 32k on the walk
   tests tests/test_fwd_o_via_v_stage_gpu.py 150
   ab 1 256 8192 8 55 --batch 4 --cfg ov=o_via_v_stage:true
   ab 1 256 16384 8 55 --batch 2 --cfg ov=o_via_v_stage:true
   ab 0 256 4096 8 60 --batch 8 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
+  # non-causal 16k runs persistent with the split tail by default (split_tail_launch): the switch alone
+  ab 0 256 16384 8 55 --batch 2 --cfg ov=o_via_v_stage:true
   ab 1 192 16384 8 55 --batch 2 --cfg ov=o_via_v_stage:true
   # causal 32k runs one tile per CTA (the greedy walk read 1.000 against it): the walk with it
   ab 1 256 32768 6 60 --batch 1 --cfg g=persistent:true,persistent_greedy:true \
