@@ -66,3 +66,31 @@ def test_machine_code_stores_o_through_the_v_stage(hdim, causal, seqlen, extra, 
     # the TMA store's stmatrix
     chunks = 2 if hdim == 256 else 1
     assert count(on, "BAR.SYNC") - count(off, "BAR.SYNC") == 2 * chunks - 2
+
+
+@pytest.mark.compile
+def test_chunk_c_holds_the_fragments_values_c_n_to_c_n_plus_n():
+    """store_o_v_stage takes chunk c's accumulator values as the full fragment's flat values c * n .. c * n + n - 1: in
+    the wgmma C layouts of the (64, 256) and (64, 128) P V tiled MMAs, value c * n + i of a thread is value i of the
+    chunk's layout, 128 columns to the right ((64, N) column-major tile index m + 64 n)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+
+    pairs = []
+
+    @cute.jit
+    def trace():
+        mma = [sm90_utils.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, OperandMajorMode.K,
+                                                 OperandMajorMode.MN, Float32, (2, 1, 1), (64, n),
+                                                 warpgroup.OperandSource.RMEM).tv_layout_C for n in (256, 128)]
+        for t in cutlass.range_constexpr(0, 128, 5):
+            for i in cutlass.range_constexpr(64):
+                for c in cutlass.range_constexpr(2):
+                    pairs.append((cute.crd2idx((t, c * 64 + i), mma[0]), cute.crd2idx((t, i), mma[1]), c))
+
+    trace()
+    assert len(pairs) == 26 * 64 * 2
+    assert all(full == chunk + 64 * 128 * c for full, chunk, c in pairs)
