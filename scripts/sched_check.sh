@@ -83,6 +83,20 @@ tests() {  # test file, cap [pytest args]
   echo "$f $* rc=$?" >>"$O/tests.log"
   tail -n 3 "$O/tests.log"
 }
+ncu_fwd() {  # report name, its kernels' labels, cap, then scripts/ncu_fwd.py's arguments: Nsight Compute of one call
+  # per label (--clock-control none), its raw CSV (xz) and scripts/ncu_pipes.py's table under $O
+  local n=$1 labels=$2 c
+  c=$(cap "$3")
+  shift 3
+  # shellcheck disable=SC2086
+  timeout "$c" ncu --clock-control none -k 'regex:(FlashFwdSm90|ForwardSm90)' -c "$(wc -w <<<"$labels")" --set full \
+    -f -o "/tmp/$n" python scripts/ncu_fwd.py "$@" >>"$O/ncu.log" 2>&1
+  echo "ncu rc=$?" >>"$O/ncu.log"
+  ncu --import "/tmp/$n.ncu-rep" --page raw --csv >"$O/${n}_raw.csv" 2>>"$O/ncu.log"
+  python scripts/ncu_pipes.py "$O/${n}_raw.csv" --all --labels $labels --out "$O/${n}_pipes.csv" >>"$O/ncu.log" 2>&1
+  xz -9 "$O/${n}_raw.csv"
+  tail -n 40 "$O/ncu.log"
+}
 ptests() {  # cap, then triples of name, test file, -k expression ('' for none): pytest processes in parallel
   local c=$1 n f k
   shift
@@ -377,15 +391,7 @@ case "$PART" in
   # (64 KB) and K (2 x 40 KB, once per warpgroup) from shared memory, P V reads V (2 x 40 KB), and TMA writes the K / V
   # tiles (80 KB): ~304 KB in the block's 2560 tensor clocks, ~122 B/clk of the SM's 128 (analysis/roofline.py counts
   # the operand reads only: 70%). Nsight Compute of ours and official at hd256 non-causal 8k: pipes, bank traffic
-  c=$(cap 300)
-  timeout "$c" ncu --clock-control none -k 'regex:(FlashFwdSm90|ForwardSm90)' -c 2 --set full -f -o /tmp/fwd256 \
-    python scripts/ncu_fwd.py --hdim 256 --seqlen 8192 >>"$O/ncu.log" 2>&1
-  echo "ncu rc=$?" >>"$O/ncu.log"
-  ncu --import /tmp/fwd256.ncu-rep --page raw --csv >"$O/fwd256_raw.csv" 2>>"$O/ncu.log"
-  python scripts/ncu_pipes.py "$O/fwd256_raw.csv" --all --labels ours official --out "$O/fwd256_pipes.csv" \
-    >>"$O/ncu.log" 2>&1
-  xz -9 "$O/fwd256_raw.csv"
-  tail -n 40 "$O/ncu.log"
+  ncu_fwd fwd256 "ours official" 300 --hdim 256 --seqlen 8192
   exit 0
   ;;
 26)  # next (session 57): q_regs_k (Q K^T's first k-blocks of Q from registers, the rest from shared memory) at hd256,
@@ -508,15 +514,7 @@ case "$PART" in
 46)  # session 65 (any card): why spec_warp_redo loses at hd128 with Q in registers (part 41: wr 0.947, but 1.034 over
   # Q-from-shared-memory's kernel; its CPU SASS common path differs from the default's by 4 instructions): Nsight
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
-  c=$(cap 240)
-  timeout "$c" ncu --clock-control none -k 'regex:FlashFwdSm90' -c 2 --set full -f -o /tmp/fwd128wr \
-    python scripts/ncu_fwd.py --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true >>"$O/ncu.log" 2>&1
-  echo "ncu rc=$?" >>"$O/ncu.log"
-  ncu --import /tmp/fwd128wr.ncu-rep --page raw --csv >"$O/fwd128wr_raw.csv" 2>>"$O/ncu.log"
-  python scripts/ncu_pipes.py "$O/fwd128wr_raw.csv" --all --labels ours wr --out "$O/fwd128wr_pipes.csv" \
-    >>"$O/ncu.log" 2>&1
-  xz -9 "$O/fwd128wr_raw.csv"
-  tail -n 40 "$O/ncu.log"
+  ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
 45)  # session 65 (any card): o_via_v_stage (new, opt-in; CPU SASS only so far): O through the last block's V stage in
   # column chunks, Q released after the last Q K^T, in the persistent kernels where O shared Q's buffer. Its GPU
