@@ -516,6 +516,18 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
+47)  # session 66 (any card): o_via_v_stage where part 45 (H100) left it open. There: 1.002-1.003 on the causal walk
+  # at 8k / 16k and (192, 128) 16k, 1.000 on the non-causal split tail at 16k, and hd256 non-causal 4k made
+  # persistent 1.015 with it (0.998 without). Here: non-causal made persistent at 1k / 2k / 8k (hd256) and 4k / 8k
+  # ((192, 128)), `pers` / `povs`; the causal walk at 2k / 4k (hd256), `ov`
+  ab 0 256 1024 8 55 --batch 32 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
+  ab 0 256 2048 8 55 --batch 16 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
+  ab 0 256 8192 8 55 --batch 4 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
+  ab 0 192 4096 8 55 --batch 8 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
+  ab 0 192 8192 8 55 --batch 4 --cfg pers=persistent:true povs=persistent:true,o_via_v_stage:true
+  ab 1 256 2048 8 50 --batch 16 --cfg ov=o_via_v_stage:true
+  ab 1 256 4096 8 50 --batch 8 --cfg ov=o_via_v_stage:true
+  ;;
 45)  # session 65 (any card): o_via_v_stage (new, opt-in; CPU SASS only so far): O through the last block's V stage in
   # column chunks, Q released after the last Q K^T, in the persistent kernels where O shared Q's buffer. Its GPU
   # tests, then A/Bs: hd256 causal 8k / 16k (the greedy walk, the default there), non-causal 4k made persistent
