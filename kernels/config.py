@@ -211,7 +211,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # mask-free loop (session_ab/fwd192_ncu.txt); H200, one process, 12 rounds (session_ab/fwd192c_variants.jsonl):
     # 1.032 / 1.037 / 1.039x the kernel with it at 4k / 8k / 16k (paper grid: ours / official 1.02-1.03).
     ("sm90", 192): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 16384), two_cta=False, rescale_before_pv=False,
+                        bwd_tile_m=64, persistent_max_seqlen=(8192, 16384), two_cta=False, rescale_before_pv=False,
                         causal_split=(False, True), p_cvt_asm=(True, False), pv_wait_mid=(False, True),
                         bwd_det_two_writers=(True, True),
                         # AttnConfig.speculative_exp: H100 session 52 (session_ab/fwd_spec_h100.jsonl.xz), 32k tokens,
@@ -226,7 +226,13 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         split_tail=(True, False),
                         # causal <= 16k: persistent on the greedy walk. Session 49 (archive_2026-12-05), speed vs one
                         # tile per CTA: 1.030 / 1.019 / 1.007 / 1.002 at 2k / 4k / 8k / 16k (the round robin 0.819 at 4k)
-                        persistent_tile=(None, dict(persistent_greedy=True))),
+                        # Both with O through the last V stage (AttnConfig.o_via_v_stage), and non-causal <= 8k
+                        # persistent for it: H100 session 66 (session_ab/session66_h100.log, session66_part47_h100.log;
+                        # no H200 came), 32k tokens, 8 rounds, outputs bitwise the default's: non-causal persistent with
+                        # it / one tile per CTA 1.020 / 1.016 at 4k / 8k (persistent alone 1.002 / 1.003); causal
+                        # 1.003 at 16k
+                        persistent_tile=(dict(o_via_v_stage=True),
+                                         dict(persistent_greedy=True, o_via_v_stage=True))),
     # hd256 two_cta=True (the 2-CTA backward, kernels/sm90/bwd_wide_two_cta.py): H200 2026-11-30, same process, 10
     # rounds (results/h200/session_ab/bwd256_2cta.jsonl): 1.149-1.156x the one-CTA hd256 backward at 8k / 16k, causal
     # both (1.15-1.21x official FA4). Calls with a window / softcap, varlen calls run the one-CTA kernel
@@ -239,7 +245,7 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # 1k-16k, 1.04-1.10x the 64-row pairs' deterministic kernel. backward_config picks it for every 2-CTA call but
     # bwd_rotate_q.
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(0, 16384), two_cta=True, rescale_before_pv=False,
+                        bwd_tile_m=64, persistent_max_seqlen=(8192, 16384), two_cta=True, rescale_before_pv=False,
                         p_cvt_asm=(True, True), bwd_two_cta_n80=True,
                         # lazy_row_max + speculative_exp, as at hd 64 / 128. H100 session 59 (no H200 lent;
                         # session_ab/fwd256_spec_h100.jsonl), 32k tokens, 10 rounds, speed vs the default of then:
@@ -251,7 +257,15 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         split_tail=(True, False),
                         # causal <= 16k: persistent on the greedy walk. Session 49 (archive_2026-12-05), speed vs one
                         # tile per CTA: 1.024 / 1.018 / 1.008 / 1.007 at 2k / 4k / 8k / 16k (the round robin 0.768 at 4k)
-                        persistent_tile=(None, dict(persistent_greedy=True))),
+                        # Both with O through the last V stage (AttnConfig.o_via_v_stage), and non-causal <= 8k
+                        # persistent for it: H100 session 66 (session_ab/session66_h100.log, session66_part47_h100.log;
+                        # no H200 came), 32k tokens, 8 rounds, outputs bitwise the default's: non-causal persistent with
+                        # it / one tile per CTA 1.052 / 1.028 / 1.015 / 1.005 at 1k / 2k / 4k / 8k (persistent alone
+                        # 1.009 / 1.004 / 0.998 / 1.000; 16k on the split tail: 1.000 with it, left off); causal 1.006 /
+                        # 1.007 / 1.003 / 1.002 at 2k / 4k / 8k / 16k; the 32k greedy walk 1.003 (g 1.005): 32k stays
+                        # one tile per CTA
+                        persistent_tile=(dict(o_via_v_stage=True),
+                                         dict(persistent_greedy=True, o_via_v_stage=True))),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
     ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
     ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),

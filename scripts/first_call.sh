@@ -11,12 +11,12 @@
 # owed, in parallel) run on any card, and need about two calls; on an H200 the stale rows then want one more
 # (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's
 # boot comes before it, inside the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "47 stale 36"]
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "48 stale 36"]
 # (parts 40 / 41 / 42 ran in session 65 on an H100; owed: parts 45, 44 and 43 on any card, the stale rows (hd64 since
 # session 64's default, hd 64 / 128 non-causal since 63's) and part 36 on an H200)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-47 stale 36}
+PARTS=${2:-48 stale 36}
 H200_ONLY=" ${H200_ONLY:-stale 36} "
 DEADLINE=${DEADLINE:-540}
 START=$SECONDS
@@ -39,4 +39,4 @@ for p in $PARTS; do
   grep -vE "sdpa_cudnn|rc=" "$O/p$p/ab.log" 2>/dev/null | cut -c1-150
 done
 # the device returns at most 8 files from $OUT: the parts' folders travel back as one archive
-(cd "$O" && ls -d p* >/dev/null 2>&1 && tar czf parts.tgz p* && rm -rf p*)
+(cd "$O" && d=$(ls -d p*/ 2>/dev/null) && [[ -n "$d" ]] && tar czf logs.tgz $d && rm -rf $d)

@@ -516,6 +516,19 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
+48)  # session 66 (any card): hd256 / (192, 128)'s new default (non-causal <= 8k persistent with o_via_v_stage, the
+  # causal walk with it) against the one before it (`old`: one tile per CTA non-causal, the walk without it causal),
+  # then the GPU files at those head dims, in parallel
+  ab 0 256 4096 8 45 --batch 8 --cfg old=persistent:false
+  ab 0 192 2048 8 45 --batch 16 --cfg old=persistent:false
+  ab 0 192 1024 8 45 --batch 32 --cfg old=persistent:false
+  ab 1 256 8192 8 45 --batch 4 --cfg old=o_via_v_stage:false
+  ptests "$(cap 260)" fwd tests/test_fwd_gpu.py "(hdims2 or hdims3) and not bwd and not backward" \
+    pers tests/test_persistent_gpu.py "256 or 192" shape tests/test_fwd_loop_shape_gpu.py "hdims2 or hdims3" \
+    ws tests/test_window_softcap_gpu.py "(256 or 192) and not bwd and not backward" \
+    split tests/test_fwd_split_tail_gpu.py "256 or 192" tail tests/test_fwd_tail_gpu.py "" \
+    gqa tests/test_gqa_gpu.py "(256 or 192) and not bwd and not backward" ovs tests/test_fwd_o_via_v_stage_gpu.py ""
+  ;;
 47)  # session 66 (any card): o_via_v_stage where part 45 (H100) left it open. There: 1.002-1.003 on the causal walk
   # at 8k / 16k and (192, 128) 16k, 1.000 on the non-causal split tail at 16k, and hd256 non-causal 4k made
   # persistent 1.015 with it (0.998 without). Here: non-causal made persistent at 1k / 2k / 8k (hd256) and 4k / 8k

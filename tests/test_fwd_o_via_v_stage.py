@@ -20,6 +20,25 @@ def test_field_rules():
     check_forward_field("o_via_v_stage")
 
 
+@pytest.mark.parametrize("hdim", [256, 192])
+def test_default_where_persistent_by_length(hdim):
+    """Session 66's default: calls made persistent by their length (non-causal <= 8k, causal <= 16k) run it; longer
+    calls (one tile per CTA, the split tail), persistent=True (an A/B's forced kernel) and a False stay without it."""
+    from kernels.config import AttnConfig, call_config
+
+    def on(cfg, causal, seqlen):
+        c = call_config(cfg.resolve("sm90", hdim, causal), "sm90", hdim, causal, seqlen)
+        return bool(c.persistent), bool(c.o_via_v_stage)
+
+    for causal, longest in ((False, 8192), (True, 16384)):
+        assert on(AttnConfig(), causal, 1024) == on(AttnConfig(), causal, longest) == (True, True)
+        assert on(AttnConfig(), causal, 2 * longest) == (False, False)
+        assert on(AttnConfig(persistent=True), causal, 4096) == (True, False)
+        assert on(AttnConfig(o_via_v_stage=False), causal, 4096) == (True, False)
+    assert on(AttnConfig(), True, 4096) == on(AttnConfig(persistent=True, persistent_greedy=True, o_via_v_stage=True),
+                                              True, 4096)
+
+
 def test_kernel_takes_it_where_o_shares_qs_buffer():
     import cutlass
 
@@ -51,7 +70,9 @@ def test_machine_code_stores_o_through_the_v_stage(hdim, causal, seqlen, extra, 
     from fwd_switch_checks import spill_free_sass
     from kernels.sm90.sass import count, opcode_counts
 
-    off = opcode_counts(spill_free_sass(hdim, causal, str(tmp_path / "off"), seqlen=seqlen, **extra))
+    # off: turned off by hand (the default at these persistent lengths since session 66)
+    off = opcode_counts(spill_free_sass(hdim, causal, str(tmp_path / "off"), seqlen=seqlen, o_via_v_stage=False,
+                                        **extra))
     on = opcode_counts(spill_free_sass(hdim, causal, str(tmp_path / "on"), seqlen=seqlen, o_via_v_stage=True,
                                        **extra))
     hdim_v = 128 if hdim == 192 else hdim

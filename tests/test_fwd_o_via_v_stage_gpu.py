@@ -24,9 +24,11 @@ def test_o_via_v_stage_is_bitwise_the_persistent_kernel(hdims, causal):
     _same({"persistent": True}, *hdims, causal, SHAPES)
 
 
-def test_o_via_v_stage_default_calls():
-    """hd256 causal up to 16k runs persistent by default (the greedy walk): the switch alone takes it there."""
-    _same({}, 256, 256, True, SHAPES[:4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_o_via_v_stage_default_calls(causal):
+    """hd256 runs persistent by default up to 8k non-causal and 16k causal (the greedy walk), with the switch on since
+    session 66: the default calls against the same calls with it turned off."""
+    _same({}, 256, 256, causal, SHAPES[:4])
 
 
 def test_o_via_v_stage_split_tail():
