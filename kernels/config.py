@@ -615,8 +615,9 @@ class AttnConfig:
     # read back as 16-byte row pieces and stored to global memory by every consumer thread (rows past seqlen_q
     # skipped) -- and that stage is released after the epilogue instead of after the last P V. Q's buffer is released
     # after the tile's last Q K^T, so the producer loads the next tile's Q under the last block and the epilogue, as it
-    # does where O has its own buffer. Same values, so outputs should be bitwise the default's (session 65: CPU SASS
-    # only; tests/test_fwd_o_via_v_stage_gpu.py not run yet). None = off; left out of to_dict() while None or False.
+    # does where O has its own buffer. Same values, so outputs are bitwise the kernel's without it (session 66, H100:
+    # tests/test_fwd_o_via_v_stage_gpu.py passed). None = on where DEFAULTS' persistent_tile names it (hd256 / (192,
+    # 128) calls persistent by their length), else off; left out of to_dict() while None or False.
     o_via_v_stage: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
