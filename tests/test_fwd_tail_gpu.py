@@ -32,10 +32,14 @@ def test_lpt_l2_mb_is_bitwise_the_default(hdims, l2):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_split_prepv_192_matches_the_one_loop_kernel(causal):
-    """(192, 128) causal's default since 2026-12-01 (split + prepv; pv_wait_mid, which implies the split, on later that
-    day: off on both sides here) against the kernel it replaced."""
+    """(192, 128): the split loop with rescale_before_pv (causal's default from 2026-12-01 to 2026-12-03, when
+    rescale_before_pv went off; pv_wait_mid, which implies the split, off on both sides here) against the one-loop
+    kernel it replaced. It differs from today's causal default (without pv_wait_mid) in rescale_before_pv alone."""
+    import dataclasses
+
     cfg = AttnConfig(causal_split=True, rescale_before_pv=True, pv_wait_mid=False)
-    assert cfg.resolve("sm90", 192, True) == AttnConfig(pv_wait_mid=False).resolve("sm90", 192, True)
+    today = AttnConfig(pv_wait_mid=False).resolve("sm90", 192, True)
+    assert cfg.resolve("sm90", 192, True) == dataclasses.replace(today, rescale_before_pv=True)
     _bitwise(cfg, AttnConfig(causal_split=False, rescale_before_pv=False, pv_wait_mid=False), 192, 128, causal,
              SHAPES_DEFAULT[:3] + [(1, 4096, 4096, 2)])
 

@@ -35,8 +35,8 @@ def test_field_validates_and_stays_out_of_dicts_while_none():
 
 
 @pytest.mark.parametrize("hdim,causal,bound", [(64, False, 8192), (64, True, 16384), (128, False, 32768),
-                                               (128, True, 32768), (192, False, 0), (192, True, 16384),
-                                               (256, False, 0), (256, True, 16384)])
+                                               (128, True, 32768), (192, False, 8192), (192, True, 16384),
+                                               (256, False, 8192), (256, True, 16384)])
 def test_default_rule_is_the_table(hdim, causal, bound):
     assert persistent_max_seqlen("sm90", hdim, causal) == bound
     assert persistent_max_seqlen("sm100", hdim, causal) == 0
@@ -73,8 +73,8 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     tiles, both on the greedy walk (persistent_greedy); hd128 causal <= 1k the greedy walk with exp_in_branch and
     causal_split (exp_in_branch alone spills in the persistent kernel: resolve() leaves it out for persistent=True,
     and so does a config made persistent with another tile), from 1025 tiles claimed at run time (persistent_dynamic;
-    the greedy walk where the config turns that off); hd192 / 256 causal the greedy walk. persistent=True,
-    another tile or a non-causal call keep their own."""
+    the greedy walk where the config turns that off); hd192 / 256 O through the last V stage, causal on the greedy
+    walk. persistent=True, another tile or an hd64 / 128 non-causal call keep their own."""
     from kernels.config import persistent_tile_for
     from kernels.interface import forward_config
 
@@ -135,12 +135,13 @@ def test_persistent_tile_replaces_the_table_tiles_only_when_the_length_decides()
     # an explicit snake order stays (the kernel's snake would yield to a filled-in greedy walk)
     snake = forward_config(AttnConfig(persistent_snake=True).resolve("sm90", 64, True), 64, True, 2048)
     assert snake.persistent_snake and not snake.persistent_greedy
-    for hdim in (192, 256):
+    for hdim in (192, 256):  # O through the last V stage (session 66) both ways, causal on the greedy walk
         r = AttnConfig().resolve("sm90", hdim, False)
-        assert persistent_tile_for(r, "sm90", hdim, False, 1024) == r
+        assert persistent_tile_for(r, "sm90", hdim, False, 1024) == dataclasses.replace(r, o_via_v_stage=True)
+        assert not forward_config(r, hdim, False, 8193).persistent
         rc = AttnConfig().resolve("sm90", hdim, True)
         got = persistent_tile_for(rc, "sm90", hdim, True, 1024)
-        assert got.persistent_greedy and got == dataclasses.replace(rc, persistent_greedy=True)
+        assert got == dataclasses.replace(rc, persistent_greedy=True, o_via_v_stage=True)
         assert not forward_config(rc, hdim, True, 16385).persistent
     assert persistent_tile_for(AttnConfig().resolve("sm90", 128, False), "sm90", 128, False, 1024).persistent is None
     for hdim in (64, 128, 192, 256):  # every persistent_tile entry names fields of AttnConfig
