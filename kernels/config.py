@@ -311,7 +311,8 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "early_desc": (None, False), "skip_idle_wg": (None, False), "p_smem": (None, False),
                                 "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False),
                                 "p_before_vote": (None, False), "o_direct": (None, False),
-                                "spec_warp_redo": (None, False), "o_via_v_stage": (None, False)}
+                                "spec_warp_redo": (None, False), "o_via_v_stage": (None, False),
+                                "o_deferred": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -319,7 +320,7 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                   "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
-                  "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage")
+                  "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -619,6 +620,14 @@ class AttnConfig:
     # tests/test_fwd_o_via_v_stage_gpu.py passed). None = on where DEFAULTS' persistent_tile names it (hd256 / (192,
     # 128) calls persistent by their length), else off; left out of to_dict() while None or False.
     o_via_v_stage: bool | None = None
+    # sm90 persistent forward on a static walk (the round robin or the greedy walk; not the split tail or tiles claimed
+    # at run time) where o_via_v_stage applies (elsewhere no effect): a tile's O store through the last V stage waits
+    # until the next tile's first Q K^T is issued, and runs while it computes (the CTA's last tile's after the loop).
+    # The normalised O stays in registers meanwhile, and the V stage is released after that store. Aimed at the
+    # epilogue that o_via_v_stage leaves exposed between tiles (session 66, H100: fwd_probe free_o bounds it at 1.027 /
+    # 1.016 at hd256 causal 8k / 16k, o_via_v_stage won 1.003 / 1.002). Same values, so outputs should be bitwise the
+    # kernel's without it (session 66: CPU SASS only). None = off; left out of to_dict() while None or False.
+    o_deferred: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
     # released right after S, and the votes are over each warp (vote.any) instead of over the warpgroup (a named
@@ -795,7 +804,7 @@ class AttnConfig:
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
                      "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
-                     "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage"):
+                     "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -984,7 +993,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
                    "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote", "o_direct",
-                   "spec_warp_redo", "o_via_v_stage")
+                   "spec_warp_redo", "o_via_v_stage", "o_deferred")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

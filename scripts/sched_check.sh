@@ -516,6 +516,19 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
+49)  # session 66 (any card): o_deferred (new, opt-in; CPU SASS only so far): a tile's O store through the V stage under
+  # the next tile's first Q K^T. Its GPU tests (bitwise against the kernel without it), then A/Bs over today's default
+  # (o_via_v_stage where persistent): hd256 causal 4k / 8k / 16k (the walk), non-causal 1k / 4k (persistent, `od`
+  # without the split tail, which it leaves out), (192, 128) causal 16k and non-causal 4k
+  tests tests/test_fwd_o_deferred_gpu.py 150
+  ab 1 256 8192 8 45 --batch 4 --cfg od=o_deferred:true
+  ab 1 256 16384 8 45 --batch 2 --cfg od=o_deferred:true
+  ab 1 256 4096 8 45 --batch 8 --cfg od=o_deferred:true
+  ab 0 256 4096 8 45 --batch 8 --cfg od=o_deferred:true,split_tail:false
+  ab 0 256 1024 8 45 --batch 32 --cfg od=o_deferred:true,split_tail:false
+  ab 1 192 16384 8 45 --batch 2 --cfg od=o_deferred:true
+  ab 0 192 4096 8 45 --batch 8 --cfg od=o_deferred:true,split_tail:false
+  ;;
 48)  # session 66 (any card): hd256 / (192, 128)'s new default (non-causal <= 8k persistent with o_via_v_stage, the
   # causal walk with it) against the one before it (`old`: one tile per CTA non-causal, the walk without it causal),
   # then the GPU files at those head dims, in parallel

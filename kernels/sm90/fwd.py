@@ -189,6 +189,19 @@ class BlockArgs(NamedTuple):
     n_block_local_end: object
 
 
+class DeferredO(NamedTuple):
+    """o_deferred: the previous tile's O store, run in the next tile's first block (store_deferred): whether there is
+    one (the CTA's first tile has none), that tile, its normalised O (registers kept from tile to tile) and what the
+    store needs (O, the V stages' chunk view, the V pipeline, the consumer thread index)."""
+    pending: object
+    tile: Tile
+    rO: object
+    mO: object
+    sO: object
+    pipe_v: object
+    tidx: Int32
+
+
 class FlashFwdSm90:
     """One compiled forward kernel per (dtype, head dims, causal, resolved AttnConfig)."""
 
@@ -207,7 +220,8 @@ class FlashFwdSm90:
                  spec_redo_budget: int = 0, trace_ctas: bool = False, persistent_dynamic: bool = False,
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
                  skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False,
-                 o_direct: bool = False, spec_warp_redo: bool = False, o_via_v_stage: bool = False):
+                 o_direct: bool = False, spec_warp_redo: bool = False, o_via_v_stage: bool = False,
+                 o_deferred: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -464,6 +478,9 @@ class FlashFwdSm90:
                               and not varlen and not self.pack_gqa and not self.o_direct and not self.skip_idle_wg
                               and (hdim_v // chunks) % 64 == 0)
         self.early_q_release = self.early_q_release or self.o_via_v_stage
+        # AttnConfig.o_deferred: a tile's O store (through the V stage) under the next tile's first Q K^T; static walks
+        # only (each step's tile recomputed from the step index), not the split tail (its pieces store no O)
+        self.o_deferred = bool(o_deferred) and self.o_via_v_stage and not self.split_tail and not self.dynamic
         self.tma_o_store = not (self.o_direct or self.o_via_v_stage)  # else O leaves through predicated stores
 
     # ---- host-side construction -------------------------------------------------------------
@@ -1007,15 +1024,34 @@ class FlashFwdSm90:
                                                  number_of_threads=32 + self.num_consumer_wg * self.threads_per_wg)
                     t = nxt
             else:
+                rO_kept = None  # o_deferred: the previous tile's normalised O, from its end to the next first block
+                if const_expr(self.o_deferred):
+                    rO_kept = cute.make_rmem_tensor(
+                        frags.thr_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), self.dtype)
                 for t in cutlass.range(t_first, n_full, step, unroll=1):
                     m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot = \
                         self.step_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group,
                                        seqlen_q, seqlen_k, mWalk)
                     tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
                                 n_block_local_end)
+                    deferred = None
+                    if const_expr(self.o_deferred):  # the previous step's tile (the first step: its own, unused)
+                        prev = self.step_tile(cutlass.max(t - step, t_first), bx, gx, t_first, n_full, num_tiles,
+                                              m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k, mWalk)
+                        deferred = DeferredO(t != t_first, Tile(prev[0], prev[1], prev[2], seqlen_q, seqlen_k, prev[3],
+                                                                prev[4], prev[5], prev[6]),
+                                             rO_kept, mO, sO, pipe_v, ctidx)
                     state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                   pipe_k, pipe_v, scale_log2, tile, ctidx, frags, state, q_state,
-                                                  mOacc, mLSEacc, slot)
+                                                  mOacc, mLSEacc, slot, deferred)
+                if const_expr(self.o_deferred):
+                    if n_full > t_first:  # the CTA's last tile: its O after the loop
+                        last = self.step_tile(t_first + (n_full - 1 - t_first) // step * step, bx, gx, t_first,
+                                              n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k,
+                                              mWalk)
+                        self.store_deferred(DeferredO(True, Tile(last[0], last[1], last[2], seqlen_q, seqlen_k,
+                                                                 last[3], last[4], last[5], last[6]),
+                                                      rO_kept, mO, sO, pipe_v, ctidx), state)
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1356,7 +1392,7 @@ class FlashFwdSm90:
     @cute.jit
     def consume(self, mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                 scale_log2: Float32, tile: Tile, tidx: Int32, frags: ConsumerFrags, state=None, q_state=None,
-                mOacc=None, mLSEacc=None, slot=None):
+                mOacc=None, mLSEacc=None, slot=None, deferred=None):
         """One tile of the consumer warpgroups: the main loop over the tile's K/V blocks (mainloop_overlap or
         mainloop_serial), then the epilogue (normalise, LSE, O). Persistent: the consumer states in and out; the
         pingpong token is handed out once per CTA by the caller."""
@@ -1385,7 +1421,7 @@ class FlashFwdSm90:
                                               tile.n_block_max, n_iter, state, q_state)
         elif const_expr(self.o_via_v_stage):
             state, v_last = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs,
-                                                  args, tile.n_block_max, n_iter, state, q_state)
+                                                  args, tile.n_block_max, n_iter, state, q_state, deferred)
         elif const_expr(self.intra_wg_overlap):
             state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
                                           tile.n_block_max, n_iter, state, q_state)
@@ -1400,10 +1436,13 @@ class FlashFwdSm90:
             else:
                 self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
                 self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx, v_last)
+        elif const_expr(self.o_deferred):  # O waits in registers for the next tile's first block (store_deferred)
+            self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
+            deferred.rO.store(rO.load())
         else:
             self.store_lse(mLSE, frags.thr_mma_pv, lse, tile, args.m_base)
             self.store_o(mO, sO, tma_atom_O, tiled_mma_pv, rO, tile, args.m_base, tidx, v_last)
-        if const_expr(self.o_via_v_stage):
+        if const_expr(self.o_via_v_stage and not self.o_deferred):
             # the epilogue has read O back out of the stage (a piece: never wrote it); its generic-proxy accesses
             # ordered before the producer's next TMA write there
             cute.arch.fence_view_async_shared()
@@ -1456,11 +1495,12 @@ class FlashFwdSm90:
 
     @cute.jit
     def mainloop_overlap(self, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags: ConsumerFrags,
-                         regs: TileRegs, args: BlockArgs, n_block_max: Int32, n_iter: Int32, state, q_state):
+                         regs: TileRegs, args: BlockArgs, n_block_max: Int32, n_iter: Int32, state, q_state,
+                         deferred=None):
         """Main loop with intra-warpgroup overlap over the n_iter K/V blocks below n_block_max (last to first): the
         first block alone (first_block), then per block the steady state (overlap_block: S(j+1) and O += P(j) V(j)
         issued together), then the last block's PV (last_pv). Returns the consumer K/V state."""
-        self.first_block(tiled_mma_qk, pipe_k, frags, regs, args, n_block_max - 1, state)
+        self.first_block(tiled_mma_qk, pipe_k, frags, regs, args, n_block_max - 1, state, deferred)
         regs.acc_O.fill(0.0)  # (rescale_before_pv: the first step scales these zeros by the first block's 1.0)
         if const_expr(self.row_sum_mma):
             regs.acc_L.fill(0.0)
@@ -1551,9 +1591,9 @@ class FlashFwdSm90:
 
     @cute.jit
     def first_block(self, tiled_mma_qk, pipe_k, frags: ConsumerFrags, regs: TileRegs, args: BlockArgs,
-                    n_block: Int32, state):
+                    n_block: Int32, state, deferred=None):
         """Overlap, first half: S = Q K^T of the tile's first (last-indexed) block, its masked softmax (no rescale,
-        no stale maximum) and P."""
+        no stale maximum) and P. o_deferred: the previous tile's O store while that Q K^T runs."""
         tSrK = None
         if const_expr(self.early_desc):  # the stage's descriptor before the waits (ptxas keeps it after bar.sync)
             tSrK = frags.tSrK[None, None, None, state.index]
@@ -1564,6 +1604,9 @@ class FlashFwdSm90:
             tSrK = frags.tSrK[None, None, None, state.index]
         self.qk_gemm(tiled_mma_qk, acc_S, frags, tSrK)
         self.sched_arrive(frags.wg)
+        if const_expr(deferred is not None):
+            if deferred.pending:
+                self.store_deferred(deferred, state)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
         self.softmax_block(acc_S, regs, args, n_block, True, True)
@@ -1974,6 +2017,18 @@ class FlashFwdSm90:
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_threads)
             gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, cols), (tile.m_block, c))
             self.rows_to_global(sO, gO, cols, tile.seqlen_q - m_base, tidx)
+
+    @cute.jit
+    def store_deferred(self, deferred: DeferredO, state):
+        """o_deferred: the previous tile's O through the V stage its last block used (the one before ``state``, the
+        consumer state at the next tile's start, or after the CTA's last tile), then that stage released."""
+        v_prev = state.clone()
+        v_prev.reverse()
+        tile = deferred.tile
+        self.store_o_v_stage(deferred.mO, deferred.sO[None, None, v_prev.index], deferred.rO, tile,
+                             tile.m_block * self.tile_m, deferred.tidx)
+        cute.arch.fence_view_async_shared()  # the reads before the producer's next TMA write there
+        deferred.pipe_v.consumer_release(v_prev)
 
     @cute.jit
     def store_o_direct(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
