@@ -625,8 +625,10 @@ class AttnConfig:
     # until the next tile's first Q K^T is issued, and runs while it computes (the CTA's last tile's after the loop).
     # The normalised O stays in registers meanwhile, and the V stage is released after that store. Aimed at the
     # epilogue that o_via_v_stage leaves exposed between tiles (session 66, H100: fwd_probe free_o bounds it at 1.027 /
-    # 1.016 at hd256 causal 8k / 16k, o_via_v_stage won 1.003 / 1.002). Same values, so outputs should be bitwise the
-    # kernel's without it (session 66: CPU SASS only). None = off; left out of to_dict() while None or False.
+    # 1.016 at hd256 causal 8k / 16k, o_via_v_stage won 1.003 / 1.002). Same values, so outputs are bitwise the
+    # kernel's without it (session 66, H100: tests/test_fwd_o_deferred_gpu.py -k 'default or one_tile' 5 passed).
+    # Measured slower: 0.998 at hd256 causal 8k (H100, 6 rounds; session_ab/o_deferred_h100.jsonl). None = off; left
+    # out of to_dict() while None or False.
     o_deferred: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is

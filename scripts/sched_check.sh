@@ -516,7 +516,7 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
-49)  # session 66 (any card): o_deferred (new, opt-in; CPU SASS only so far): a tile's O store through the V stage under
+49)  # session 66 (any card): o_deferred (opt-in; 0.998 at hd256 causal 8k, session 66 H100): a tile's O store under
   # the next tile's first Q K^T. Its GPU tests (bitwise against the kernel without it), then A/Bs over today's default
   # (o_via_v_stage where persistent): hd256 causal 4k / 8k / 16k (the walk), non-causal 1k / 4k (persistent, `od`
   # without the split tail, which it leaves out), (192, 128) causal 16k and non-causal 4k
