@@ -1009,11 +1009,8 @@ class FlashFwdSm90:
                                          number_of_threads=32 + self.num_consumer_wg * self.threads_per_wg)
                 t = bx
                 while t < num_tiles:
-                    m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, slot = \
-                        self.step_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group,
-                                       seqlen_q, seqlen_k)
-                    tile = Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
-                                n_block_local_end)
+                    tile = self.whole_tile(t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group,
+                                           seqlen_q, seqlen_k)
                     state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                   pipe_k, pipe_v, scale_log2, tile, ctidx, frags, state, q_state)
                     cute.arch.barrier(barrier_id=FWD_TILE_FULL_WG1 + frags.wg,
@@ -1036,28 +1033,34 @@ class FlashFwdSm90:
                                 n_block_local_end)
                     deferred = None
                     if const_expr(self.o_deferred):  # the previous step's tile (the first step: its own, unused)
-                        prev = self.step_tile(cutlass.max(t - step, t_first), bx, gx, t_first, n_full, num_tiles,
-                                              m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k, mWalk)
-                        deferred = DeferredO(t != t_first, Tile(prev[0], prev[1], prev[2], seqlen_q, seqlen_k, prev[3],
-                                                                prev[4], prev[5], prev[6]),
-                                             rO_kept, mO, sO, pipe_v, ctidx)
+                        prev = self.whole_tile(cutlass.max(t - step, t_first), bx, gx, t_first, n_full, num_tiles,
+                                               m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k, mWalk)
+                        deferred = DeferredO(t != t_first, prev, rO_kept, mO, sO, pipe_v, ctidx)
                     state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                   pipe_k, pipe_v, scale_log2, tile, ctidx, frags, state, q_state,
                                                   mOacc, mLSEacc, slot, deferred)
                 if const_expr(self.o_deferred):
                     if n_full > t_first:  # the CTA's last tile: its O after the loop
-                        last = self.step_tile(t_first + (n_full - 1 - t_first) // step * step, bx, gx, t_first,
-                                              n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k,
-                                              mWalk)
-                        self.store_deferred(DeferredO(True, Tile(last[0], last[1], last[2], seqlen_q, seqlen_k,
-                                                                 last[3], last[4], last[5], last[6]),
-                                                      rO_kept, mO, sO, pipe_v, ctidx), state)
+                        last = self.whole_tile(t_first + (n_full - 1 - t_first) // step * step, bx, gx, t_first,
+                                               n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k,
+                                               mWalk)
+                        self.store_deferred(DeferredO(True, last, rO_kept, mO, sO, pipe_v, ctidx), state)
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
             if const_expr(self.trace_ctas):  # each consumer warpgroup's end (its last tile's O issued)
                 if ctidx % self.threads_per_wg == 0:
                     mTrace[bx, 1 + ctidx // self.threads_per_wg] = cute.arch.globaltimer()
+
+    @cute.jit
+    def whole_tile(self, t: Int32, bx: Int32, gx: Int32, t_first: Int32, n_full: Int32, num_tiles: Int32,
+                   m_blocks: Int32, heads: Int32, batch: Int32, hb_group: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                   mWalk=None) -> Tile:
+        """The Tile of persistent step ``t`` of a walk without the split tail (step_tile without the slot)."""
+        m_block, head, bidx, n_block_min, n_block_max, n_block_min_masked, n_block_local_end, _ = self.step_tile(
+            t, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k, mWalk)
+        return Tile(m_block, head, bidx, seqlen_q, seqlen_k, n_block_min, n_block_max, n_block_min_masked,
+                    n_block_local_end)
 
     @cute.jit
     def step_tile(self, t: Int32, bx: Int32, gx: Int32, t_first: Int32, n_full: Int32, num_tiles: Int32,
