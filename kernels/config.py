@@ -312,7 +312,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False),
                                 "p_before_vote": (None, False), "o_direct": (None, False),
                                 "spec_warp_redo": (None, False), "o_via_v_stage": (None, False),
-                                "o_deferred": (None, False)}
+                                "o_deferred": (None, False), "o_direct_wide": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -320,7 +320,8 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "bwd_two_cta_dv_first", "bwd_two_cta_n80", "persistent_snake", "q_in_regs",
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                   "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
-                  "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred")
+                  "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred",
+                  "o_direct_wide")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -630,6 +631,14 @@ class AttnConfig:
     # Measured slower: 0.998 at hd256 causal 8k (H100, 6 rounds; session_ab/o_deferred_h100.jsonl). None = off; left
     # out of to_dict() while None or False.
     o_deferred: bool | None = None
+    # sm90 forward with o_direct (elsewhere no effect): its stores 16 bytes wide instead of 4. The 4 lanes of a quad
+    # hold the same two rows, each 2 adjacent columns of every 8-column block; per run of 4 blocks they transpose those
+    # column pairs (3 shuffles and 16 selects per 4 words) so each lane stores one block's 8 columns: 16 stores per row
+    # pair at hd256 instead of 64, each writing 64 contiguous bytes of a row. Aimed at hd256's persistent epilogue,
+    # where both warpgroups meet at a barrier before O goes through shared memory (o_via_v_stage) and o_direct, which
+    # needs none, lost to its 4-byte stores (session 64, H100: 0.965-0.990). Same values, so outputs bitwise the
+    # kernel's without it. None = off; left out of to_dict() while None or False.
+    o_direct_wide: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
     # released right after S, and the votes are over each warp (vote.any) instead of over the warpgroup (a named
@@ -806,7 +815,8 @@ class AttnConfig:
         for name in ("causal_split", "exp_in_branch", "p_cvt_asm", "pv_wait_mid", "early_v_release", "q_in_regs",
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
                      "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
-                     "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred"):
+                     "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred",
+                     "o_direct_wide"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -995,7 +1005,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
                    "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote", "o_direct",
-                   "spec_warp_redo", "o_via_v_stage", "o_deferred")
+                   "spec_warp_redo", "o_via_v_stage", "o_deferred", "o_direct_wide")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

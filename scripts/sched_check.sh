@@ -516,6 +516,19 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
+50)  # session 67 (any card): o_direct_wide (new, opt-in; CPU SASS only so far): o_direct's 4-byte stores made 16 bytes
+  # wide by a transpose within each quad (48 shuffles, 256 selects per thread at hd256), so hd256's persistent
+  # epilogue needs no barrier across the warpgroups (o_via_v_stage's does; fwd_probe free_o: 1.027 / 1.016 over it at
+  # causal 8k / 16k). Its GPU tests, then A/Bs over today's default: `od` = o_direct, `odw` = with the wide stores
+  tests tests/test_fwd_o_direct_wide_gpu.py 170
+  ab 1 256 8192 8 45 --batch 4 --cfg od=o_direct:true odw=o_direct:true,o_direct_wide:true
+  ab 1 256 16384 8 45 --batch 2 --cfg od=o_direct:true odw=o_direct:true,o_direct_wide:true
+  ab 0 256 4096 8 45 --batch 8 --cfg od=o_direct:true odw=o_direct:true,o_direct_wide:true
+  ab 1 256 32768 8 45 --batch 1 --cfg odw=o_direct:true,o_direct_wide:true
+  ab 1 192 16384 8 45 --batch 2 --cfg od=o_direct:true odw=o_direct:true,o_direct_wide:true
+  ab 1 128 8192 8 45 --batch 4 --cfg odw=o_direct:true,o_direct_wide:true
+  ab 0 64 8192 8 45 --batch 4 --cfg odw=o_direct:true,o_direct_wide:true
+  ;;
 49)  # session 66 (any card): o_deferred (opt-in; 0.998 at hd256 causal 8k, session 66 H100): a tile's O store under
   # the next tile's first Q K^T. Its GPU tests (bitwise against the kernel without it), then A/Bs over today's default
   # (o_via_v_stage where persistent): hd256 causal 4k / 8k / 16k (the walk), non-causal 1k / 4k (persistent, `od`

@@ -106,7 +106,7 @@ import cutlass.memory
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Boolean, Float32, Int32, const_expr
+from cutlass import Boolean, Float32, Int32, Uint32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -115,7 +115,7 @@ from ..tiles import sm90_fwd_smem
 from . import exp2 as exp2_mod
 from .barriers import FWD_SPEC_WG1, FWD_TILE_EMPTY, FWD_TILE_FULL_WG1, Bar
 from .gemm import wgmma, wgmma_split_a
-from .layout import acc_as_a_operand, acc_rows_cols
+from .layout import acc_as_a_operand, acc_rows_cols, rotate_by_lane
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .fwd_tail import TailCombine, tail_piece, tail_pieces
 from .scheduler import snake_tile, tile_at, tile_coords
@@ -221,7 +221,7 @@ class FlashFwdSm90:
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
                  skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False,
                  o_direct: bool = False, spec_warp_redo: bool = False, o_via_v_stage: bool = False,
-                 o_deferred: bool = False):
+                 o_deferred: bool = False, o_direct_wide: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -461,6 +461,8 @@ class FlashFwdSm90:
         self.separate_o = self.persistent and not self.o_direct and smem + elem * tile_m * hdim_v <= limit
         # Q's buffer released after the tile's last Q K^T (no O store reads it: its own buffer, or none)
         self.early_q_release = self.separate_o or self.o_direct
+        # AttnConfig.o_direct_wide: o_direct's stores 16 bytes wide after a transpose within each quad of lanes
+        self.o_direct_wide = bool(o_direct_wide) and self.o_direct
         # a warpgroup whose rows all lie past seqlen_q runs idle_loop (AttnConfig.skip_idle_wg): the overlapped loop only,
         # not in the split tail (its pieces go to a workspace the combine reads whole) nor on the causal walks (greedy /
         # claimed at run time: there the branch cost the mask-free loop's common path 8-42 instructions, CPU SASS at
@@ -1965,7 +1967,9 @@ class FlashFwdSm90:
         """O registers -> shared memory (stmatrix, once every consumer is done reading sQ / the previous O store has
         read sO) -> global (store_o_tma, or store_o_varlen); o_direct: registers -> global (store_o_direct);
         o_via_v_stage: through the V stage of ``v_stage`` (store_o_v_stage)."""
-        if const_expr(self.o_direct):
+        if const_expr(self.o_direct_wide):
+            self.store_o_wide(mO, tiled_mma_pv, rO, tile, m_base, tidx)
+        elif const_expr(self.o_direct):
             self.store_o_direct(mO, tiled_mma_pv, rO, tile, m_base, tidx)
         elif const_expr(self.o_via_v_stage):
             self.store_o_v_stage(mO, sO[None, None, v_stage.index], rO, tile, m_base, tidx)
@@ -2046,6 +2050,44 @@ class FlashFwdSm90:
             if m_base + tOcO[r, 0][0] < tile.seqlen_q:
                 for c in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
                     tOgO[r, c] = tOrO[r, c]
+
+    @cute.jit
+    def store_o_wide(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
+        """o_direct_wide: o_direct in 16-byte stores. The 4 lanes of a quad hold the same two rows, each 2 adjacent
+        columns of every 8-column block; for each run of 4 blocks they transpose their 4 x 4 column pairs (32-bit
+        words: rotate by the lane's index, 3 shuffles, rotate back) so lane q holds block q's 8 columns, and store
+        them as one 16-byte piece (4 x fewer stores, each writing 64 contiguous bytes per row). Every lane shuffles;
+        only the stores skip rows past seqlen_q."""
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, self.hdim_v), (tile.m_block, 0))
+        tOrO = acc_rows_cols(rO)  # (rows, (pair element, 8-column block))
+        tOcO = acc_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        lane = cute.arch.lane_idx()
+        q = lane % 4
+        quad = lane - q
+        odd = (q & 1) != 0
+        high = (q & 2) != 0
+        pair = cute.make_rmem_tensor((2,), self.dtype)
+        pair32 = cute.recast_tensor(pair, Uint32)
+        piece = cute.make_rmem_tensor((8,), self.dtype)
+        piece32 = cute.recast_tensor(piece, Uint32)
+        for r in cutlass.range_constexpr(cute.size(tOrO, mode=[0])):
+            row = tOcO[r, 0][0]
+            for g in cutlass.range_constexpr(self.hdim_v // 32):
+                a = []
+                for b in cutlass.range_constexpr(4):  # this lane's column pair of blocks 4g .. 4g + 3
+                    pair[0] = tOrO[r, 2 * (4 * g + b)]
+                    pair[1] = tOrO[r, 2 * (4 * g + b) + 1]
+                    a.append(pair32[0])
+                a = rotate_by_lane(a, odd, high, 1)  # a[k] = block 4g + (q + k) % 4's pair
+                w = [a[0]] + [cute.arch.shuffle_sync(a[k], quad + ((q - k) & 3)) for k in (1, 2, 3)]
+                # w[k] = pair (q - k) % 4 of block 4g + q; back in pair order
+                c = rotate_by_lane([w[0], w[3], w[2], w[1]], odd, high, -1)
+                for p in cutlass.range_constexpr(4):
+                    piece32[p] = c[p]
+                if m_base + row < tile.seqlen_q:
+                    cute.copy(atom, piece, cute.local_tile(gO[row, None], (8,), (4 * g + q,)))
 
     @cute.jit
     def store_o_tma(self, mO, sO, tma_atom_O, head: Int32, bidx: Int32, m_block: Int32):

@@ -35,3 +35,15 @@ def acc_as_a_operand(acc):
         stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1], (l.stride[0][2][1], l.stride[2])),
     )
     return cute.make_tensor(acc.iterator, frag)
+
+
+def rotate_by_lane(words, odd, high, sign: int):
+    """4 register words rotated by a lane-dependent amount q = 2 * high + odd (Booleans of the lane): sign 1 ->
+    out[k] = words[(k + q) % 4], sign -1 -> out[k] = words[(k - q) % 4]; two rounds of 4 selects (the quad transpose of
+    FlashFwdSm90.store_o_wide)."""
+    from cutlass import Uint32, select_
+
+    out = list(words)
+    for bit, step in ((odd, 1), (high, 2)):
+        out = [Uint32(select_(bit, out[(k + sign * step) % 4], out[k])) for k in range(4)]
+    return out
