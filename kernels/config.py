@@ -636,8 +636,11 @@ class AttnConfig:
     # column pairs (3 shuffles and 16 selects per 4 words) so each lane stores one block's 8 columns: 16 stores per row
     # pair at hd256 instead of 64, each writing 64 contiguous bytes of a row. Aimed at hd256's persistent epilogue,
     # where both warpgroups meet at a barrier before O goes through shared memory (o_via_v_stage) and o_direct, which
-    # needs none, lost to its 4-byte stores (session 64, H100: 0.965-0.990). Same values, so outputs bitwise the
-    # kernel's without it. None = off; left out of to_dict() while None or False.
+    # needs none, lost to its 4-byte stores (session 64, H100: 0.965-0.990). Same values: outputs bitwise o_direct's
+    # (session 67, H100: tests/test_fwd_o_direct_wide_gpu.py 19 passed). Measured there (session_ab/
+    # o_direct_wide_h100.jsonl, 6-8 rounds) over the default: hd256 causal 1.005 / 1.003 / 1.003 / 1.001 at 4k / 8k /
+    # 16k / 32k (o_direct alone 0.971 at 8k), non-causal 0.994 / 1.005 / 1.006 at 1k / 4k / 8k; (192, 128) 0.994-1.002;
+    # hd128 causal 8k 0.999: opt-in. None = off; left out of to_dict() while None or False.
     o_direct_wide: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is

@@ -516,10 +516,11 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
-50)  # session 67 (any card): o_direct_wide (new, opt-in; CPU SASS only so far): o_direct's 4-byte stores made 16 bytes
-  # wide by a transpose within each quad (48 shuffles, 256 selects per thread at hd256), so hd256's persistent
-  # epilogue needs no barrier across the warpgroups (o_via_v_stage's does; fwd_probe free_o: 1.027 / 1.016 over it at
-  # causal 8k / 16k). Its GPU tests, then A/Bs over today's default: `od` = o_direct, `odw` = with the wide stores
+50)  # session 67: o_direct_wide (opt-in): o_direct's 4-byte stores made 16 bytes wide by a transpose within each
+  # quad (48 shuffles, 256 selects per thread at hd256), so hd256's persistent epilogue needs no barrier across the
+  # warpgroups (o_via_v_stage's does; fwd_probe free_o: 1.027 / 1.016 over it at causal 8k / 16k). Its GPU tests, then
+  # A/Bs over today's default: `od` = o_direct, `odw` = with the wide stores. Ran on an H100 in session 67 (19 passed;
+  # odw 1.003-1.005 at hd256 causal 4k-16k, 1.005 non-causal 4k): owed on an H200, as the candidate default
   tests tests/test_fwd_o_direct_wide_gpu.py 170
   ab 1 256 8192 8 45 --batch 4 --cfg od=o_direct:true odw=o_direct:true,o_direct_wide:true
   ab 1 256 16384 8 45 --batch 2 --cfg od=o_direct:true odw=o_direct:true,o_direct_wide:true
