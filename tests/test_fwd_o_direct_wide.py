@@ -1,6 +1,6 @@
 """AttnConfig.o_direct_wide (sm90 forward, with o_direct): O's stores from registers 16 bytes wide, after the 4 lanes
 of each quad transpose their column pairs (kernels/sm90/fwd.py store_o_wide, layout.rotate_by_lane). CPU tests: the
-field's rules, where the kernel takes it, the lane rotation's index arithmetic, and the machine code: o_direct's 32-bit
+field's rules, where the kernel takes it, the quad transpose's plan (its helper on integers), and the machine code: o_direct's 32-bit
 stores replaced by a quarter as many 128-bit ones, 3 shuffles per 4 words, the same GEMMs and exponentials, no local
 memory. GPU checks: tests/test_fwd_o_direct_wide_gpu.py."""
 from __future__ import annotations
@@ -31,23 +31,24 @@ def test_kernel_takes_it_with_o_direct():
     assert not FlashFwdSm90(bf, 128, 128, False, varlen=True, o_direct=True, o_direct_wide=True).o_direct_wide
 
 
-def test_quad_transpose_index_arithmetic():
-    """The store's word plan on plain integers, for every lane of a quad: rotate by q, shuffle word k from lane
-    (q - k) % 4, reorder, rotate back; lane q must end with pair p of block q in slot p."""
-    from kernels.sm90 import layout
+def test_quad_transpose_plan():
+    """kernels/sm90/layout.quad_transpose run on plain integers with Python selects and the 4 lanes' shuffles
+    simulated: lane q must end with pair p of block q in slot p."""
+    from kernels.sm90.layout import quad_transpose, rotate_by_lane
 
-    def rotate(words, odd, high, sign):  # rotate_by_lane with Python selects
-        out = list(words)
-        for bit, step in ((odd, 1), (high, 2)):
-            out = [out[(k + sign * step) % 4] if bit else out[k] for k in range(4)]
-        return out
+    def pick(cond, a, b):
+        return a if cond else b
 
-    assert "select_" in open(layout.__file__).read()  # the kernel's helper: same two rounds, DSL selects
-    held = {q: [(b, q) for b in range(4)] for q in range(4)}  # lane q: (block b, pair q)
-    rot = {q: rotate(held[q], q & 1, q & 2, 1) for q in range(4)}
+    held = {q: [(b, q) for b in range(4)] for q in range(4)}  # lane q: its pair q of blocks 0..3
+
+    def shuffle_from(src, k):  # what lane src sends as word k: its words rotated by src
+        return rotate_by_lane(held[src], src & 1, src & 2, 1, pick)[k]
+
     for q in range(4):
-        w = [rot[q][0]] + [rot[(q - k) % 4][k] for k in (1, 2, 3)]
-        assert rotate([w[0], w[3], w[2], w[1]], q & 1, q & 2, -1) == [(q, p) for p in range(4)], q
+        got = quad_transpose(held[q], q, q & 1, q & 2, lambda v, src, k: shuffle_from(src, k), pick)
+        assert got == [(q, p) for p in range(4)], q
+    assert rotate_by_lane([0, 1, 2, 3], True, True, 1, pick) == [3, 0, 1, 2]  # q = 3
+    assert rotate_by_lane([0, 1, 2, 3], False, True, -1, pick) == [2, 3, 0, 1]
 
 
 @pytest.mark.compile

@@ -115,7 +115,7 @@ from ..tiles import sm90_fwd_smem
 from . import exp2 as exp2_mod
 from .barriers import FWD_SPEC_WG1, FWD_TILE_EMPTY, FWD_TILE_FULL_WG1, Bar
 from .gemm import wgmma, wgmma_split_a
-from .layout import acc_as_a_operand, acc_rows_cols, rotate_by_lane
+from .layout import acc_as_a_operand, acc_rows_cols, quad_transpose
 from .mask import apply_mask, n_block_range, n_block_range_window
 from .fwd_tail import TailCombine, tail_piece, tail_pieces
 from .scheduler import snake_tile, tile_at, tile_coords
@@ -2055,7 +2055,7 @@ class FlashFwdSm90:
     def store_o_wide(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
         """o_direct_wide: o_direct in 16-byte stores. The 4 lanes of a quad hold the same two rows, each 2 adjacent
         columns of every 8-column block; for each run of 4 blocks they transpose their 4 x 4 column pairs (32-bit
-        words: rotate by the lane's index, 3 shuffles, rotate back) so lane q holds block q's 8 columns, and store
+        words, layout.quad_transpose: 3 shuffles, 16 selects) so lane q holds block q's 8 columns, and store
         them as one 16-byte piece (4 x fewer stores, each writing 64 contiguous bytes per row). Every lane shuffles;
         only the stores skip rows past seqlen_q."""
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
@@ -2080,10 +2080,7 @@ class FlashFwdSm90:
                     pair[0] = tOrO[r, 2 * (4 * g + b)]
                     pair[1] = tOrO[r, 2 * (4 * g + b) + 1]
                     a.append(pair32[0])
-                a = rotate_by_lane(a, odd, high, 1)  # a[k] = block 4g + (q + k) % 4's pair
-                w = [a[0]] + [cute.arch.shuffle_sync(a[k], quad + ((q - k) & 3)) for k in (1, 2, 3)]
-                # w[k] = pair (q - k) % 4 of block 4g + q; back in pair order
-                c = rotate_by_lane([w[0], w[3], w[2], w[1]], odd, high, -1)
+                c = quad_transpose(a, q, odd, high, lambda v, src, k: cute.arch.shuffle_sync(v, quad + src))
                 for p in cutlass.range_constexpr(4):
                     piece32[p] = c[p]
                 if m_base + row < tile.seqlen_q:

@@ -4,10 +4,12 @@ A wgmma m64nN fp32 accumulator fragment has layout ((2, 2, N/8), MMA_M, MMA_N): 
 adjacent columns (mode 0), two rows 8 apart (mode 1), N/8 column chunks of 8 (mode 2).
   ``acc_rows_cols(t)`` -> the same registers viewed as ((2, MMA_M), (2, N/8, MMA_N)) = (rows, cols)
   ``acc_as_a_operand(t)`` -> the registers viewed as the A operand of a following RS wgmma (16-bit)
+  ``quad_transpose(...)`` -> a quad's 4 x 4 column-pair words transposed across its lanes (16-byte O stores)
 """
 from __future__ import annotations
 
 import cutlass.cute as cute
+from cutlass import Uint32, select_
 
 
 def _rows_cols_layout(acc_layout):
@@ -37,13 +39,28 @@ def acc_as_a_operand(acc):
     return cute.make_tensor(acc.iterator, frag)
 
 
-def rotate_by_lane(words, odd, high, sign: int):
-    """4 register words rotated by a lane-dependent amount q = 2 * high + odd (Booleans of the lane): sign 1 ->
-    out[k] = words[(k + q) % 4], sign -1 -> out[k] = words[(k - q) % 4]; two rounds of 4 selects (the quad transpose of
-    FlashFwdSm90.store_o_wide)."""
-    from cutlass import Uint32, select_
 
+def _dsl_pick(cond, a, b):
+    """A 32-bit select in the kernel: ``a`` where ``cond`` holds, else ``b``."""
+    return Uint32(select_(cond, a, b))
+
+
+def rotate_by_lane(words, odd, high, sign: int, pick=_dsl_pick):
+    """4 register words rotated by a lane-dependent amount q = 2 * high + odd (``odd`` / ``high``: the lane's bits):
+    sign 1 -> out[k] = words[(k + q) % 4], sign -1 -> out[k] = words[(k - q) % 4]; two rounds of 4 selects."""
     out = list(words)
     for bit, step in ((odd, 1), (high, 2)):
-        out = [Uint32(select_(bit, out[(k + sign * step) % 4], out[k])) for k in range(4)]
+        out = [pick(bit, out[(k + sign * step) % 4], out[k]) for k in range(4)]
     return out
+
+
+def quad_transpose(words, q, odd, high, shuffle, pick=_dsl_pick):
+    """The 4 x 4 transpose of 32-bit words across the 4 lanes of a quad (FlashFwdSm90.store_o_wide): lane q holds
+    ``words[b]`` = its word of column block b and returns the 4 lanes' words of block q, in lane order. Rotated by q,
+    word k goes to lane (q + k) % 4, so each lane reads its word k from lane (q - k) % 4 -- ``shuffle(value, src, k)``
+    returns lane ``src``'s ``value`` (k: which word; 3 shuffles) -- and the words read are put back in lane order.
+    ``pick`` is the select (the kernel's by default; a plain Python one lets the CPU tests run the plan)."""
+    a = rotate_by_lane(words, odd, high, 1, pick)
+    w = [a[0]] + [shuffle(a[k], (q - k) & 3, k) for k in (1, 2, 3)]
+    # w[k] is lane (q - k) % 4's word of block q
+    return rotate_by_lane([w[0], w[3], w[2], w[1]], odd, high, -1, pick)
