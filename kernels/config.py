@@ -72,6 +72,12 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   from each K/V tile's diagonal row (absent: off). H200 2026-12-01, 16k tokens, 10 rounds
 #                   (results/h200/session_ab/bwd_diag.jsonl), speed vs off at hd128 causal 1k / 2k / 4k / 8k: 1.001 /
 #                   1.017 / 1.018 / 1.009 (official / off: 1.080 / 1.051 / 1.008 / 0.991)
+# O's path out of a persistent tile, as a persistent_tile entry may name it: from the accumulator registers in 16-byte
+# stores (AttnConfig.o_direct + o_direct_wide). A caller who names any of O_PATH_FIELDS keeps the V-stage path
+# (o_via_v_stage) in its place (persistent_tile_for): o_direct turns o_via_v_stage and o_deferred off.
+O_DIRECT_WIDE = {"o_direct": True, "o_direct_wide": True}
+O_PATH_FIELDS = ("o_direct", "o_direct_wide", "o_via_v_stage", "o_deferred")
+
 DEFAULTS: dict[tuple[str, int], dict] = {
     # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
     # exp2 split 0 on sm90: measured on the H200 (2026-11-29, b=2 s=8k bf16) every fraction > 0 was slower
@@ -263,9 +269,15 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # it / one tile per CTA 1.052 / 1.028 / 1.015 / 1.005 at 1k / 2k / 4k / 8k (persistent alone
                         # 1.009 / 1.004 / 0.998 / 1.000; 16k on the split tail: 1.000 with it, left off); causal 1.006 /
                         # 1.007 / 1.003 / 1.002 at 2k / 4k / 8k / 16k; the 32k greedy walk 1.003 (g 1.005): 32k stays
-                        # one tile per CTA
-                        persistent_tile=(dict(o_via_v_stage=True),
-                                         dict(persistent_greedy=True, o_via_v_stage=True))),
+                        # one tile per CTA.
+                        # From 2049 tokens O leaves from registers in 16-byte stores instead (o_direct + o_direct_wide,
+                        # no shared memory, no barrier across the warpgroups; a caller who names any O-path field gets
+                        # the V-stage entry: O_PATH_FIELDS). H100 session 67 (session_ab/o_direct_wide_h100.jsonl, 6-10
+                        # rounds, outputs bitwise), over the V stage: non-causal 1.005 / 1.006 at 4k / 8k (0.994 at 1k:
+                        # left out), causal 1.005 / 1.003 / 1.003 at 4k / 8k / 16k
+                        persistent_tile=(((2048, dict(o_via_v_stage=True)), (1 << 30, O_DIRECT_WIDE)),
+                                         ((2048, dict(persistent_greedy=True, o_via_v_stage=True)),
+                                          (1 << 30, dict(persistent_greedy=True, **O_DIRECT_WIDE))))),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
     ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
     ("sm100", 128): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.125), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
@@ -619,7 +631,8 @@ class AttnConfig:
     # after the tile's last Q K^T, so the producer loads the next tile's Q under the last block and the epilogue, as it
     # does where O has its own buffer. Same values, so outputs are bitwise the kernel's without it (session 66, H100:
     # tests/test_fwd_o_via_v_stage_gpu.py passed). None = on where DEFAULTS' persistent_tile names it (hd256 / (192,
-    # 128) calls persistent by their length), else off; left out of to_dict() while None or False.
+    # 128) calls persistent by their length; at hd256 up to 2k, or longer where the caller named an O-path field),
+    # else off; left out of to_dict() while None or False.
     o_via_v_stage: bool | None = None
     # sm90 persistent forward on a static walk (the round robin or the greedy walk; not the split tail or tiles claimed
     # at run time) where o_via_v_stage applies (elsewhere no effect): a tile's O store through the last V stage waits
@@ -640,7 +653,9 @@ class AttnConfig:
     # (session 67, H100: tests/test_fwd_o_direct_wide_gpu.py 19 passed). Measured there (session_ab/
     # o_direct_wide_h100.jsonl, 6-8 rounds) over the default: hd256 causal 1.005 / 1.003 / 1.003 / 1.001 at 4k / 8k /
     # 16k / 32k (o_direct alone 0.971 at 8k), non-causal 0.994 / 1.005 / 1.006 at 1k / 4k / 8k; (192, 128) 0.994-1.002;
-    # hd128 causal 8k 0.999: opt-in. None = off; left out of to_dict() while None or False.
+    # hd128 causal 8k 0.999. None = on with o_direct where DEFAULTS' persistent_tile names them (hd256 calls persistent
+    # by their length from 2049 tokens: non-causal <= 8k, causal <= 16k), else off; left out of to_dict() while None
+    # or False.
     o_direct_wide: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
@@ -1210,7 +1225,8 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     for (arch, hdim, causal) and ``seqlen_q`` in place of the resolved fields it names, when ``cfg`` holds the table's
     tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
     resolved config); and without DEFAULTS' exp_in_branch, as resolve() leaves it out for persistent=True (unless the
-    entry names it). An entry's fields other than the tile's fill only fields the config left None; its exp_in_branch
+    entry names it). An entry's fields other than the tile's fill only fields the config left None (its o_direct +
+    o_direct_wide only where the config left every O_PATH_FIELDS None, o_via_v_stage else); its exp_in_branch
     only where causal_split is on too and the call has no window (``windowed``): the persistent hd128 causal kernel
     spills with it otherwise (CPU SASS: 117 LDL with causal_split off, 100 with a left window); its persistent_greedy
     not over an explicit persistent_snake=True. An entry with ``static`` (fields) claims tiles at run time
@@ -1236,6 +1252,9 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     table = table_defaults(arch, hdim, causal)
     if any(getattr(cfg, k) != table[k] for k in PERSISTENT_TILE_FIELDS):
         return cfg
+    if tile.get("o_direct") and any(getattr(cfg, k) is not None for k in O_PATH_FIELDS):
+        # the caller chose something of O's path: the entry's direct stores give way to the V stage
+        tile = {**{k: v for k, v in tile.items() if k not in O_DIRECT_WIDE}, "o_via_v_stage": True}
     # the tile fields replace the table's; the others (persistent_greedy, exp_in_branch, ...) fill only what the
     # config left None, so a switch the caller turned off stays off
     fill = {k: v for k, v in tile.items() if k in PERSISTENT_TILE_FIELDS or getattr(cfg, k) is None}

@@ -16,8 +16,8 @@
 # (part 50 ran in session 67 on an H100; owed on an H200: the stale rows, parts 36 and 50)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-stale 36 50}
-H200_ONLY=" ${H200_ONLY:-stale 36 50} "
+PARTS=${2:-51 stale 36}
+H200_ONLY=" ${H200_ONLY:-stale 36} "
 DEADLINE=${DEADLINE:-540}
 START=$SECONDS
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}

@@ -516,6 +516,22 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
+51)  # session 68 (any card): hd256's new default (o_direct + o_direct_wide where a call is persistent by its length
+  # from 2049 tokens: non-causal <= 8k, causal <= 16k on the greedy walk) against the one before it (`old`: O through
+  # the last V stage, which naming o_via_v_stage=True keeps), official FA4 and cuDNN in the rounds; `odw` at 2k (the
+  # V stage stays the default there); then the GPU files at hd256 / (192, 128) under the new default, in parallel
+  ab 1 256 8192 8 45 --batch 4 --cfg old=o_via_v_stage:true
+  ab 0 256 4096 8 45 --batch 8 --cfg old=o_via_v_stage:true
+  ab 1 256 16384 8 45 --batch 2 --cfg old=o_via_v_stage:true
+  ab 1 256 4096 8 40 --batch 8 --cfg old=o_via_v_stage:true
+  ab 0 256 8192 8 40 --batch 4 --cfg old=o_via_v_stage:true
+  ab 0 256 2048 8 35 --batch 16 --cfg odw=o_direct:true,o_direct_wide:true
+  ptests "$(cap 280)" fwd tests/test_fwd_gpu.py "(hdims2 or hdims3) and not bwd and not backward" \
+    pers tests/test_persistent_gpu.py "256 or 192" shape tests/test_fwd_loop_shape_gpu.py "hdims2 or hdims3" \
+    ws tests/test_window_softcap_gpu.py "(256 or 192) and not bwd and not backward" \
+    tail tests/test_fwd_tail_gpu.py "" gqa tests/test_gqa_gpu.py "(256 or 192) and not bwd and not backward" \
+    ovs tests/test_fwd_o_via_v_stage_gpu.py "" odw tests/test_fwd_o_direct_wide_gpu.py ""
+  ;;
 50)  # session 67: o_direct_wide (opt-in): o_direct's 4-byte stores made 16 bytes wide by a transpose within each
   # quad (48 shuffles, 256 selects per thread at hd256), so hd256's persistent epilogue needs no barrier across the
   # warpgroups (o_via_v_stage's does; fwd_probe free_o: 1.027 / 1.016 over it at causal 8k / 16k). Its GPU tests, then

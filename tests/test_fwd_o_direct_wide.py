@@ -31,6 +31,31 @@ def test_kernel_takes_it_with_o_direct():
     assert not FlashFwdSm90(bf, 128, 128, False, varlen=True, o_direct=True, o_direct_wide=True).o_direct_wide
 
 
+def test_default_at_hd256_persistent_from_2049_tokens():
+    """Session 67's H100 A/B made it hd256's default where a call is persistent by its length from 2049 tokens
+    (non-causal <= 8k, causal <= 16k on the greedy walk); a caller who names an O-path field gets the V stage there."""
+    from kernels.config import AttnConfig, call_config
+
+    def path(cfg, causal, seqlen, hdim=256):
+        c = call_config(cfg.resolve("sm90", hdim, causal), "sm90", hdim, causal, seqlen)
+        return bool(c.persistent), bool(c.o_direct), bool(c.o_direct_wide), bool(c.o_via_v_stage)
+
+    wide, v_stage = (True, True, True, False), (True, False, False, True)
+    for causal, longest in ((False, 8192), (True, 16384)):
+        assert path(AttnConfig(), causal, 2048) == v_stage
+        assert path(AttnConfig(), causal, 2049) == path(AttnConfig(), causal, longest) == wide
+        assert path(AttnConfig(), causal, 2 * longest) == (False,) * 4  # one tile per CTA / the split tail
+        for named in (dict(o_via_v_stage=True), dict(o_deferred=True), dict(o_direct=False),
+                      dict(o_direct_wide=False)):
+            assert path(AttnConfig(**named), causal, 4096) == v_stage, named
+        assert path(AttnConfig(o_via_v_stage=False), causal, 4096) == (True, False, False, False)
+        assert path(AttnConfig(persistent=True), causal, 4096) == (True, False, False, False)
+        own = AttnConfig(consumer_regs=224, producer_regs=56)  # its own register split: no entry
+        assert path(own, causal, 4096) == (True, False, False, False)
+        assert path(AttnConfig(), causal, 4096, hdim=192) == v_stage  # (192, 128): lost there (0.994-0.998)
+    assert call_config(AttnConfig().resolve("sm90", 256, True), "sm90", 256, True, 8192).persistent_greedy
+
+
 def test_quad_transpose_plan():
     """kernels/sm90/layout.quad_transpose run on plain integers with Python selects and the 4 lanes' shuffles
     simulated: lane q must end with pair p of block q in slot p."""

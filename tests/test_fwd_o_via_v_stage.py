@@ -22,21 +22,26 @@ def test_field_rules():
 
 @pytest.mark.parametrize("hdim", [256, 192])
 def test_default_where_persistent_by_length(hdim):
-    """Session 66's default: calls made persistent by their length (non-causal <= 8k, causal <= 16k) run it; longer
-    calls (one tile per CTA, the split tail), persistent=True (an A/B's forced kernel) and a False stay without it."""
+    """Session 66's default: calls made persistent by their length (non-causal <= 8k, causal <= 16k) run it (at hd256
+    only up to 2k, or where the caller names it); longer calls (one tile per CTA, the split tail), persistent=True (an
+    A/B's forced kernel) and a False stay without it."""
     from kernels.config import AttnConfig, call_config
 
     def on(cfg, causal, seqlen):
         c = call_config(cfg.resolve("sm90", hdim, causal), "sm90", hdim, causal, seqlen)
         return bool(c.persistent), bool(c.o_via_v_stage)
 
+    # hd256 from 2049 tokens: O from registers in 16-byte stores instead (session 67), unless an O-path field is named
+    wide_from = 2049 if hdim == 256 else 1 << 30
     for causal, longest in ((False, 8192), (True, 16384)):
-        assert on(AttnConfig(), causal, 1024) == on(AttnConfig(), causal, longest) == (True, True)
+        assert on(AttnConfig(), causal, 1024) == on(AttnConfig(), causal, 2048) == (True, True)
+        assert on(AttnConfig(), causal, longest) == (True, longest < wide_from)
+        assert on(AttnConfig(o_via_v_stage=True), causal, longest) == (True, True)
         assert on(AttnConfig(), causal, 2 * longest) == (False, False)
         assert on(AttnConfig(persistent=True), causal, 4096) == (True, False)
         assert on(AttnConfig(o_via_v_stage=False), causal, 4096) == (True, False)
-    assert on(AttnConfig(), True, 4096) == on(AttnConfig(persistent=True, persistent_greedy=True, o_via_v_stage=True),
-                                              True, 4096)
+    assert on(AttnConfig(), True, 2048) == on(AttnConfig(persistent=True, persistent_greedy=True, o_via_v_stage=True),
+                                              True, 2048)
 
 
 def test_kernel_takes_it_where_o_shares_qs_buffer():

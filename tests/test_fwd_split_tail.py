@@ -106,7 +106,7 @@ def test_split_tail_default_where_it_pays_on_the_paper_grid():
     """DEFAULTS' split_tail: non-causal at hd128 / 256 / (192, 128), never causal; on the paper grid (32k tokens, hidden
     2048, 132 SMs) hd256 runs the split from 8k (50 blocks; 4k: the cut would save 25 blocks, under 48), (192, 128)
     (10 heads) from 16k (8k: 39 blocks). Up to 8k both are persistent by their length anyway (with o_via_v_stage,
-    session 66), with the split or not; past 8k persistent only for the split."""
+    session 66; hd256 with o_direct_wide, session 68), with the split or not; past 8k persistent only for the split."""
     from kernels.interface import forward_config, split_tail_launch
 
     for hd in (128, 256, 192):
@@ -118,7 +118,9 @@ def test_split_tail_default_where_it_pays_on_the_paper_grid():
             split = seqlen >= first
             cfg = forward_config(AttnConfig().resolve("sm90", hd, False), hd, False, seqlen, 1, False)
             short = seqlen <= 8192
-            assert bool(cfg.persistent) is short and bool(cfg.o_via_v_stage) is short  # else one tile per CTA
+            assert bool(cfg.persistent) is short  # else one tile per CTA
+            # O through the V stage (hd256 from 2049 tokens: from registers in 16-byte stores, session 68)
+            assert bool(cfg.o_direct_wide if hd == 256 else cfg.o_via_v_stage) is short
             tiles = -(-seqlen // cfg.tile_m) * heads * (32768 // seqlen)
             c, grid = split_tail_launch(cfg, False, 132, tiles, -(-seqlen // cfg.tile_n), True)
             assert bool(c.split_tail) is split and bool(c.persistent) is (split or short), (hd, seqlen)
