@@ -6,14 +6,15 @@
 # 128 non-causal since session 63's p_before_vote, hd256 / (192, 128) since session 66's o_via_v_stage, and the
 # 8k-token small problems, fwd_small + bwd_small). Another card's rows may not enter results/h200/: there "stale" is
 # skipped. Logs under <out_dir>; the parts' folders come back as one archive, logs.tgz (the device returns 8 files).
-# Parts in H200_ONLY (default "stale 36 50": sched_check part 36, hd64 non-causal persistent at 16k / 32k; part 50,
-# o_direct_wide, 1.003-1.006 at hd256 4k-16k on an H100 in session 67: the candidate default's A/Bs) run only on an
-# H200 and are skipped elsewhere. Part 49 (o_deferred, 0.998 at hd256 causal 8k in session 66: its other GPU tests
+# Default parts "51 stale 36": sched_check part 51 (any card) first, hd256's session-68 default (O from registers in
+# 16-byte stores where persistent from 2049 tokens) against the V stage before it, and the GPU files under it. Parts
+# in H200_ONLY (default "stale 36": part 36, hd64 non-causal persistent at 16k / 32k) run only on an H200 and are
+# skipped elsewhere. Part 49 (o_deferred, 0.998 at hd256 causal 8k in session 66: its other GPU tests
 # and A/Bs) runs on any card when named. On an H200 the stale rows want about one more call
 # (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's boot comes before it, inside
 # the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 36 50"]
-# (part 50 ran in session 67 on an H100; owed on an H200: the stale rows, parts 36 and 50)
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "51 stale 36"]
+# (part 50 ran in session 67 on an H100; owed on an H200: the stale rows, parts 36 and 51)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
 PARTS=${2:-51 stale 36}
