@@ -250,8 +250,12 @@ DEFAULTS: dict[tuple[str, int], dict] = {
     # (results/h200/session_ab/bwd256_n80_det.jsonl), det / default 0.944-0.976 non-causal, 0.931-0.956 causal at
     # 1k-16k, 1.04-1.10x the 64-row pairs' deterministic kernel. backward_config picks it for every 2-CTA call but
     # bwd_rotate_q.
+    # causal persistent (the greedy walk) up to 32k since session 68: with O from registers in 16-byte stores it
+    # ran 1.007 [p20-p80 1.006, 1.007] over one tile per CTA at causal 32k (H100, 14 rounds, 75% throttled; 1.007
+    # [0.997, 1.026] in 8 rounds before; session_ab/fwd256c_long_h100_s68.jsonl), with the V stage 1.005 (session 66:
+    # 1.003, the walk alone 1.005); outputs bitwise
     ("sm90", 256): dict(tile_m=128, tile_n=80, num_stages=2, exp2_emu=(0.0, 0.0), consumer_regs=240, producer_regs=24,
-                        bwd_tile_m=64, persistent_max_seqlen=(8192, 16384), two_cta=True, rescale_before_pv=False,
+                        bwd_tile_m=64, persistent_max_seqlen=(8192, 32768), two_cta=True, rescale_before_pv=False,
                         p_cvt_asm=(True, True), bwd_two_cta_n80=True,
                         # lazy_row_max + speculative_exp, as at hd 64 / 128. H100 session 59 (no H200 lent;
                         # session_ab/fwd256_spec_h100.jsonl), 32k tokens, 10 rounds, speed vs the default of then:
@@ -268,13 +272,16 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # no H200 came), 32k tokens, 8 rounds, outputs bitwise the default's: non-causal persistent with
                         # it / one tile per CTA 1.052 / 1.028 / 1.015 / 1.005 at 1k / 2k / 4k / 8k (persistent alone
                         # 1.009 / 1.004 / 0.998 / 1.000; 16k on the split tail: 1.000 with it, left off); causal 1.006 /
-                        # 1.007 / 1.003 / 1.002 at 2k / 4k / 8k / 16k; the 32k greedy walk 1.003 (g 1.005): 32k stays
-                        # one tile per CTA.
+                        # 1.007 / 1.003 / 1.002 at 2k / 4k / 8k / 16k; the 32k greedy walk 1.003 (g 1.005): 32k stayed
+                        # one tile per CTA until session 68 (persistent_max_seqlen above).
                         # From 2049 tokens O leaves from registers in 16-byte stores instead (o_direct + o_direct_wide,
                         # no shared memory, no barrier across the warpgroups; a caller who names any O-path field gets
                         # the V-stage entry: O_PATH_FIELDS). H100 session 67 (session_ab/o_direct_wide_h100.jsonl, 6-10
                         # rounds, outputs bitwise), over the V stage: non-causal 1.005 / 1.006 at 4k / 8k (0.994 at 1k:
-                        # left out), causal 1.005 / 1.003 / 1.003 at 4k / 8k / 16k
+                        # left out), causal 1.005 / 1.003 / 1.003 at 4k / 8k / 16k. Session 68 (H100, part 51,
+                        # session_ab/sched_part51_h100.jsonl, 8 rounds, GPU files at hd256 / (192, 128) 98 passed under
+                        # it): 1.006 / 1.004 non-causal at 4k / 8k, causal 1.006 / 1.003 / 1.004 at 4k / 8k / 16k;
+                        # 0.999 at 2k (not taken)
                         persistent_tile=(((2048, dict(o_via_v_stage=True)), (1 << 30, O_DIRECT_WIDE)),
                                          ((2048, dict(persistent_greedy=True, o_via_v_stage=True)),
                                           (1 << 30, dict(persistent_greedy=True, **O_DIRECT_WIDE))))),

@@ -33,7 +33,7 @@ def test_kernel_takes_it_with_o_direct():
 
 def test_default_at_hd256_persistent_from_2049_tokens():
     """Session 67's H100 A/B made it hd256's default where a call is persistent by its length from 2049 tokens
-    (non-causal <= 8k, causal <= 16k on the greedy walk); a caller who names an O-path field gets the V stage there."""
+    (non-causal <= 8k, causal <= 32k on the greedy walk); a caller who names an O-path field gets the V stage there."""
     from kernels.config import AttnConfig, call_config
 
     def path(cfg, causal, seqlen, hdim=256):
@@ -41,7 +41,7 @@ def test_default_at_hd256_persistent_from_2049_tokens():
         return bool(c.persistent), bool(c.o_direct), bool(c.o_direct_wide), bool(c.o_via_v_stage)
 
     wide, v_stage = (True, True, True, False), (True, False, False, True)
-    for causal, longest in ((False, 8192), (True, 16384)):
+    for causal, longest in ((False, 8192), (True, 32768)):  # causal up to 32k since session 68
         assert path(AttnConfig(), causal, 2048) == v_stage
         assert path(AttnConfig(), causal, 2049) == path(AttnConfig(), causal, longest) == wide
         assert path(AttnConfig(), causal, 2 * longest) == (False,) * 4  # one tile per CTA / the split tail
