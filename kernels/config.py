@@ -661,7 +661,7 @@ class AttnConfig:
     # o_direct_wide_h100.jsonl, 6-8 rounds) over the default: hd256 causal 1.005 / 1.003 / 1.003 / 1.001 at 4k / 8k /
     # 16k / 32k (o_direct alone 0.971 at 8k), non-causal 0.994 / 1.005 / 1.006 at 1k / 4k / 8k; (192, 128) 0.994-1.002;
     # hd128 causal 8k 0.999. None = on with o_direct where DEFAULTS' persistent_tile names them (hd256 calls persistent
-    # by their length from 2049 tokens: non-causal <= 8k, causal <= 16k), else off; left out of to_dict() while None
+    # by their length from 2049 tokens: non-causal <= 8k, causal <= 32k), else off; left out of to_dict() while None
     # or False.
     o_direct_wide: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,

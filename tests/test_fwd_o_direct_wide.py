@@ -32,8 +32,9 @@ def test_kernel_takes_it_with_o_direct():
 
 
 def test_default_at_hd256_persistent_from_2049_tokens():
-    """Session 67's H100 A/B made it hd256's default where a call is persistent by its length from 2049 tokens
-    (non-causal <= 8k, causal <= 32k on the greedy walk); a caller who names an O-path field gets the V stage there."""
+    """hd256's default since session 68 (H100 A/Bs of sessions 67 / 68) where a call is persistent by its length from
+    2049 tokens (non-causal <= 8k, causal <= 32k on the greedy walk); a caller who names an O-path field gets the V
+    stage there."""
     from kernels.config import AttnConfig, call_config
 
     def path(cfg, causal, seqlen, hdim=256):

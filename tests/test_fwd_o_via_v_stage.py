@@ -22,9 +22,9 @@ def test_field_rules():
 
 @pytest.mark.parametrize("hdim", [256, 192])
 def test_default_where_persistent_by_length(hdim):
-    """Session 66's default: calls made persistent by their length (non-causal <= 8k, causal <= 16k) run it (at hd256
-    only up to 2k, or where the caller names it); longer calls (one tile per CTA, the split tail), persistent=True (an
-    A/B's forced kernel) and a False stay without it."""
+    """Session 66's default: calls made persistent by their length (non-causal <= 8k, causal <= 16k; hd256 causal <=
+    32k since session 68) run it (at hd256 only up to 2k, or where the caller names it); longer calls (one tile per
+    CTA, the split tail), persistent=True (an A/B's forced kernel) and a False stay without it."""
     from kernels.config import AttnConfig, call_config
 
     def on(cfg, causal, seqlen):
