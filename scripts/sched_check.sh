@@ -516,6 +516,14 @@ case "$PART" in
   # Compute of the default and `wr`, hd128 non-causal 16k (16k tokens: the persistent kernel), pipes and stalls
   ncu_fwd fwd128wr "ours wr" 240 --hdim 128 --seqlen 16384 --ours-only --cfg wr=spec_warp_redo:true
   ;;
+52)  # session 68 (any card): hd256 causal 32k's new default (the greedy walk with O in 16-byte stores from registers;
+  # was one tile per CTA; H100 1.007 over it, CPU SASS the 16k default's kernel): its GPU check (bitwise the one-tile
+  # kernel's out / lse at 32k) and the greedy GPU file at hd256, then the A/B against one tile per CTA (`one`) and the
+  # walk with the V stage (`gov`), official FA4 and cuDNN in the rounds
+  tests tests/test_fwd_o_direct_wide_gpu.py 90 -k 32k
+  tests tests/test_persistent_greedy_gpu.py 120 -k d256
+  ab 1 256 32768 10 90 --batch 1 --cfg one=persistent:false gov=o_via_v_stage:true
+  ;;
 51)  # session 68 (any card): hd256's new default (o_direct + o_direct_wide where a call is persistent by its length
   # from 2049 tokens: non-causal <= 8k, causal <= 16k on the greedy walk) against the one before it (`old`: O through
   # the last V stage, which naming o_via_v_stage=True keeps), official FA4 and cuDNN in the rounds; `odw` at 2k (the
