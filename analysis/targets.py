@@ -12,8 +12,8 @@ cells are those of one total token count (batch x seqlen): the paper grid's 32k,
 A cell whose rows were timed on a kernel config today's defaults no longer compile (kernels/staleness.py) is
 counted in the "stale cells" column: its reading is of an older kernel.
 
-``python -m analysis.targets`` prints the table; ``python run.py figures`` writes it into the README's results
-block (analysis/readme.py).
+``python -m analysis.targets`` prints the table (``--rows PATH ...``: of those rows alone, e.g. a set timed on another
+card); ``python run.py figures`` writes it into the README's results block (analysis/readme.py).
 """
 from __future__ import annotations
 
@@ -254,11 +254,33 @@ def matmul_rows_only(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
+    """``python -m analysis.targets`` over the committed sets; ``--rows FILE_OR_DIR ...`` over those rows alone (e.g.
+    a grid timed on another card: results/h200/session_ab/fwd_peers_grid_h100_s68.jsonl.xz)."""
+    import argparse
+
+    from analysis.load import load_results
     from analysis.select import ATTN_EXPERIMENTS, load_experiments
     from analysis.tables import markdown_table
 
-    tab = evaluate(pd.concat([load_experiments(*ATTN_EXPERIMENTS, scratch=False), load_extra_sets()],
-                             ignore_index=True))
+    ap = argparse.ArgumentParser(prog="python -m analysis.targets", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", nargs="+", metavar="PATH",
+                    help="rows.jsonl(.xz) files or folders of them to read instead of the committed sets")
+    args = ap.parse_args(argv)
+    if args.rows:
+        try:
+            df = load_results(*args.rows)
+        except FileNotFoundError as e:
+            ap.error(str(e))
+        if df.empty:
+            ap.error(f"no rows in {' '.join(args.rows)}")
+        gpus = sorted(df["gpu_name"].dropna().unique()) if "gpu_name" in df else []
+        if len(gpus) > 1:  # ratios of one card's rounds only (DESIGN.md convention 6): cells must not pool cards
+            ap.error(f"rows of {len(gpus)} GPUs ({', '.join(gpus)}): pass one card's rows")
+        print(f"rows: {len(df)} from {' '.join(args.rows)}" + (f" ({gpus[0]})" if gpus else ""))
+        tab = evaluate(matmul_rows_only(df))
+    else:
+        tab = evaluate(pd.concat([load_experiments(*ATTN_EXPERIMENTS, scratch=False), load_extra_sets()],
+                                 ignore_index=True))
     print(markdown_table(tab))
     return 0
 

@@ -162,3 +162,29 @@ def test_the_matmul_cell_is_stale_when_its_jobs_default_row_was():
     kept = matmul_rows_only(pd.concat([df, old], ignore_index=True))
     assert kept["backend"].tolist() == ["matmul_ref"] and kept["job_stale"].tolist() == [True]
     assert _one(kept, t)["stale cells"] == "1 of 1"
+
+
+def test_main_reads_the_rows_it_is_given_and_refuses_two_cards(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    from analysis.targets import main
+
+    full = [("fa4_official", "peer", "fwd", 128, c, s, 1.05) for c in (False, True)
+            for s in (4096, 8192, 16384, 32768)]
+    rows = _rows(full).assign(experiment="fwd_peers", kind="ratio", gpu_name="H100")
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(json.dumps(r) + "\n" for r in rows.to_dict("records")))
+    assert main(["--rows", str(one)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"rows: 8 from {one} (H100)")
+    line = next(x for x in out.splitlines() if ">= 1.03 at hd128" in x)
+    assert "| 8 of 8 |" in line and "| met |" in line
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(json.dumps(r) + "\n" for r in rows.assign(gpu_name="H200").to_dict("records")))
+    with pytest.raises(SystemExit):
+        main(["--rows", str(one), str(two)])
+    assert "rows of 2 GPUs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--rows", str(tmp_path / "missing.jsonl")])
