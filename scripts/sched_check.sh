@@ -519,7 +519,8 @@ case "$PART" in
 52)  # session 68 (any card): hd256 causal 32k's new default (the greedy walk with O in 16-byte stores from registers;
   # was one tile per CTA; H100 1.007 over it, CPU SASS the 16k default's kernel): its GPU check (bitwise the one-tile
   # kernel's out / lse at 32k) and the greedy GPU file at hd256, then the A/B against one tile per CTA (`one`) and the
-  # walk with the V stage (`gov`), official FA4 and cuDNN in the rounds
+  # walk with the V stage (`gov`), official FA4 and cuDNN in the rounds. Ran in session 69 on an H100: 1 + 3 passed,
+  # the A/B a wash under the power cap (session_ab/sched_part52_h100.log)
   tests tests/test_fwd_o_direct_wide_gpu.py 90 -k 32k
   tests tests/test_persistent_greedy_gpu.py 120 -k d256
   ab 1 256 32768 10 90 --batch 1 --cfg one=persistent:false gov=o_via_v_stage:true

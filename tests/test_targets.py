@@ -27,6 +27,9 @@ def test_peer_target_met_missed_and_untimed():
     r = _one(_rows(full[:-1] + [("fa4_official", "peer", "fwd", 128, True, 8192, 1.029)]), t)
     assert r["status"] == "missed" and r["cells met"] == "3 of 4" and r["below"] == "128 c 8k 1.029"
     assert r["worst"] == "1.029 (128 c 8k)"
+    # a value that three digits would round up to the threshold is printed with four
+    r = _one(_rows(full[:-1] + [("fa4_official", "peer", "fwd", 128, True, 8192, 1.0298)]), t)
+    assert r["status"] == "missed" and r["below"] == "128 c 8k 1.0298"
     # a grid cell without round-robin rows: never "met"
     r = _one(_rows(full[:-1]), t)
     assert r["status"] == "untimed cells" and r["cells met"] == "3 of 3 (1 untimed)"
