@@ -16,7 +16,7 @@ import pandas as pd
 from analysis.select import (ATTN_EXPERIMENTS, REPO, attn_times, cell_flags, flag_legend, load_experiments,
                              ratio_rows, round_robin_rows)
 from analysis.tables import coverage, coverage_summary, markdown_table, table4
-from analysis.targets import entry_ratio_rows, evaluate, load_extra_sets, same_kernel_rows
+from analysis.targets import entry_ratio_rows, evaluate, load_extra_sets, other_card_targets, same_kernel_rows
 
 BEGIN, END = "<!-- results:begin (python run.py figures writes this block) -->", "<!-- results:end -->"
 README_EXPERIMENTS = (*ATTN_EXPERIMENTS, "compile_time")
@@ -191,10 +191,10 @@ def _section(parts: list, caption: str, tab: pd.DataFrame, rows: pd.DataFrame, m
         parts += [f"({line})", ""]
 
 
-def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
+def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None, other: list | None = None) -> str:
     """The Markdown between the README's markers, from the rows of the peer experiments and compile_time (``small``:
     the rows of the small-problem sets and fwd_gemm's matmul, targets.load_extra_sets; read by the issue-targets
-    table only)."""
+    table only; ``other``: targets.other_card_targets, one more targets table per card)."""
     parts, marks = [BEGIN, ""], []
     for mode, name in (("fwd", "Forward"), ("bwd", "Backward")):
         t, rows = ours_vs_official(df, mode)
@@ -224,6 +224,11 @@ def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
                   "has one, and 'missed, in the noise' means every such cell lies inside its band; 'stale cells' are "
                   "those timed on a kernel config today's defaults no longer compile, a reading of an older kernel: "
                   "re-time them with `python run.py sweep experiment=<name> rerun=stale`):", "", markdown_table(tt), ""]
+    for entry, tab in other or []:
+        if not tab.empty:
+            parts += [f"Issue targets on another card, {entry['card']} ({entry['when']}; its rows alone, listed in "
+                      f"`results/other_cards.json`: {', '.join(f'`{p}`' for p in entry['rows'])}), the targets with "
+                      "timed cells:", "", markdown_table(tab), ""]
     t4, _ = table4(df, None) if df is not None and not df.empty else (None, "")
     if t4 is not None and not t4.empty:
         text = markdown_table(t4, floatfmt="{:.3g}")
@@ -248,7 +253,7 @@ def results_block(df: pd.DataFrame, small: pd.DataFrame | None = None) -> str:
 def current_block(root: Path | None = None) -> str:
     """The block for the committed sets under ``root`` (default: $FA4LAB_RESULTS or results/), committed sets only."""
     return results_block(load_experiments(*README_EXPERIMENTS, root=root, scratch=False),
-                         load_extra_sets(root))
+                         load_extra_sets(root), other_card_targets(root))
 
 
 def update_readme(block: str, path: Path | None = None) -> bool:

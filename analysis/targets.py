@@ -13,7 +13,8 @@ A cell whose rows were timed on a kernel config today's defaults no longer compi
 counted in the "stale cells" column: its reading is of an older kernel.
 
 ``python -m analysis.targets`` prints the table (``--rows PATH ...``: of those rows alone, e.g. a set timed on another
-card); ``python run.py figures`` writes it into the README's results block (analysis/readme.py).
+card); ``python run.py figures`` writes it into the README's results block (analysis/readme.py), followed by one table
+per card of ``results/other_cards.json`` (row files timed on another card, each card's read alone).
 """
 from __future__ import annotations
 
@@ -259,12 +260,53 @@ def matmul_rows_only(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+OTHER_CARDS = "other_cards.json"  # under the results root: {"cards": [{"card", "when", "rows": [paths]}]}
+
+
+def one_card_rows(paths) -> pd.DataFrame:
+    """The rows of ``paths`` (files or folders), with the small / matmul sets' rule of ``matmul_rows_only``; a
+    ValueError when they hold no rows or rows of more than one GPU (DESIGN.md convention 6: cells never pool cards)."""
+    from analysis.load import load_results
+
+    df = load_results(*map(str, paths))
+    if df.empty:
+        raise ValueError(f"no rows in {' '.join(map(str, paths))}")
+    gpus = sorted(df["gpu_name"].dropna().unique()) if "gpu_name" in df else []
+    if len(gpus) > 1:
+        raise ValueError(f"rows of {len(gpus)} GPUs ({', '.join(gpus)}): pass one card's rows")
+    return matmul_rows_only(df)
+
+
+def other_card_targets(root=None) -> list[tuple[dict, pd.DataFrame]]:
+    """(entry, targets table) per card of ``<root>/other_cards.json`` (root: analysis.select.results_root()), each
+    over that card's files alone, keeping the targets with a timed cell. A card whose rows name another GPU than
+    its entry's ``card`` is a ValueError."""
+    import json
+    from pathlib import Path
+
+    from analysis.select import results_root
+
+    root = Path(root) if root is not None else results_root()
+    path = root / OTHER_CARDS
+    if not path.exists():
+        return []
+    out = []
+    for entry in json.loads(path.read_text())["cards"]:
+        df = one_card_rows([root / p for p in entry["rows"]])
+        gpus = set(df["gpu_name"].dropna()) if "gpu_name" in df else set()
+        if gpus != {entry["card"]}:
+            raise ValueError(f"{path}: the rows of '{entry['card']}' name {sorted(gpus) or 'no GPU'}")
+        tab = evaluate(df)
+        timed = ~tab["cells met"].str.startswith("0 of 0")
+        out.append((entry, tab[timed].reset_index(drop=True)))
+    return out
+
+
 def main(argv=None) -> int:
     """``python -m analysis.targets`` over the committed sets; ``--rows FILE_OR_DIR ...`` over those rows alone (e.g.
     a grid timed on another card: results/h200/session_ab/fwd_peers_grid_h100_s68.jsonl.xz)."""
     import argparse
 
-    from analysis.load import load_results
     from analysis.select import ATTN_EXPERIMENTS, load_experiments
     from analysis.tables import markdown_table
 
@@ -274,16 +316,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rows:
         try:
-            df = load_results(*args.rows)
-        except FileNotFoundError as e:
+            df = one_card_rows(args.rows)
+        except (FileNotFoundError, ValueError) as e:
             ap.error(str(e))
-        if df.empty:
-            ap.error(f"no rows in {' '.join(args.rows)}")
         gpus = sorted(df["gpu_name"].dropna().unique()) if "gpu_name" in df else []
-        if len(gpus) > 1:  # ratios of one card's rounds only (DESIGN.md convention 6): cells must not pool cards
-            ap.error(f"rows of {len(gpus)} GPUs ({', '.join(gpus)}): pass one card's rows")
         print(f"rows: {len(df)} from {' '.join(args.rows)}" + (f" ({gpus[0]})" if gpus else ""))
-        tab = evaluate(matmul_rows_only(df))
+        tab = evaluate(df)
     else:
         tab = evaluate(pd.concat([load_experiments(*ATTN_EXPERIMENTS, scratch=False), load_extra_sets()],
                                  ignore_index=True))

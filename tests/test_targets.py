@@ -191,3 +191,28 @@ def test_main_reads_the_rows_it_is_given_and_refuses_two_cards(tmp_path, capsys)
     assert "rows of 2 GPUs" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--rows", str(tmp_path / "missing.jsonl")])
+
+
+def test_other_cards_manifest_gives_one_table_per_card_and_checks_the_card(tmp_path):
+    import json
+
+    import pytest
+
+    from analysis.targets import other_card_targets
+
+    assert other_card_targets(tmp_path) == []  # no manifest: no tables
+    full = [("fa4_official", "peer", "fwd", 128, c, s, 1.05) for c in (False, True)
+            for s in (4096, 8192, 16384, 32768)]
+    rows = _rows(full).assign(experiment="fwd_peers", kind="ratio", gpu_name="H100")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "grid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows.to_dict("records")))
+    manifest = {"cards": [{"card": "H100", "when": "today", "rows": ["sub/grid.jsonl"]}]}
+    (tmp_path / "other_cards.json").write_text(json.dumps(manifest))
+    [(entry, tab)] = other_card_targets(tmp_path)
+    assert entry["when"] == "today"
+    # only targets with a timed cell: here the hd128 one, met in 8 of 8 cells
+    assert list(tab["target"]) == ["fwd ours / official FA4 >= 1.03 at hd128"] and tab.loc[0, "status"] == "met"
+    manifest["cards"][0]["card"] = "H200"  # rows of another GPU than the entry names
+    (tmp_path / "other_cards.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="name"):
+        other_card_targets(tmp_path)
