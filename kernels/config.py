@@ -331,7 +331,8 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "p_smem_early": (None, False), "q_regs_k": (None, 0), "qk_halves": (None, False),
                                 "p_before_vote": (None, False), "o_direct": (None, False),
                                 "spec_warp_redo": (None, False), "o_via_v_stage": (None, False),
-                                "o_deferred": (None, False), "o_direct_wide": (None, False)}
+                                "o_deferred": (None, False), "o_direct_wide": (None, False),
+                                "skip_diag_wg": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -340,7 +341,7 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                   "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
                   "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred",
-                  "o_direct_wide")
+                  "o_direct_wide", "skip_diag_wg")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -664,6 +665,16 @@ class AttnConfig:
     # by their length from 2049 tokens: non-causal <= 8k, causal <= 32k), else off; left out of to_dict() while None
     # or False.
     o_direct_wide: bool | None = None
+    # sm90 forward, causal, persistent, overlapped loop, no window, packed GQA or o_deferred (elsewhere no effect; in the
+    # one-tile kernel the branch cost the K/V loops' common paths 99 / 54 instructions in the CPU SASS): a consumer
+    # warpgroup whose 64 rows all lie before the first key of the tile's last K/V block (the diagonal block, visited
+    # first) skips that block -- its K / V stages waited for and released, its GEMM turn taken and passed on, no GEMM
+    # and no softmax -- and starts the tile at the block before. Every key of the skipped block is masked for those
+    # rows, so out / lse are the default's. Where tile_n does not divide tile_m that is common: at hd256's 128 x 80
+    # tiles the first warpgroup skips in 4 of every 5 Q tiles, half a block of tensor work each, at most 0.8% / 0.4% /
+    # 0.2% of the K/V loop at 8k / 16k / 32k (session 68's count); none at hd128's 128 x 128. Not yet run on a GPU
+    # (session 69). None = off; left out of to_dict() while None or False.
+    skip_diag_wg: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
     # released right after S, and the votes are over each warp (vote.any) instead of over the warpgroup (a named
@@ -841,7 +852,7 @@ class AttnConfig:
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
                      "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
                      "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred",
-                     "o_direct_wide"):
+                     "o_direct_wide", "skip_diag_wg"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -1030,7 +1041,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
                    "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote", "o_direct",
-                   "spec_warp_redo", "o_via_v_stage", "o_deferred", "o_direct_wide")
+                   "spec_warp_redo", "o_via_v_stage", "o_deferred", "o_direct_wide", "skip_diag_wg")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -61,7 +61,8 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         p_smem_early=bool(cfg.p_smem_early), q_regs_k=int(cfg.q_regs_k or 0), qk_halves=bool(cfg.qk_halves),
         p_before_vote=bool(cfg.p_before_vote), o_direct=bool(cfg.o_direct),
         spec_warp_redo=bool(cfg.spec_warp_redo), o_via_v_stage=bool(cfg.o_via_v_stage),
-        o_deferred=bool(cfg.o_deferred), o_direct_wide=bool(cfg.o_direct_wide))
+        o_deferred=bool(cfg.o_deferred), o_direct_wide=bool(cfg.o_direct_wide),
+        skip_diag_wg=bool(cfg.skip_diag_wg))
 
 
 def tvm_ffi_available() -> bool:

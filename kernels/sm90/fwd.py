@@ -221,7 +221,7 @@ class FlashFwdSm90:
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
                  skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False,
                  o_direct: bool = False, spec_warp_redo: bool = False, o_via_v_stage: bool = False,
-                 o_deferred: bool = False, o_direct_wide: bool = False):
+                 o_deferred: bool = False, o_direct_wide: bool = False, skip_diag_wg: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -484,6 +484,15 @@ class FlashFwdSm90:
         # only (each step's tile recomputed from the step index), not the split tail (its pieces store no O)
         self.o_deferred = bool(o_deferred) and self.o_via_v_stage and not self.split_tail and not self.dynamic
         self.tma_o_store = not (self.o_direct or self.o_via_v_stage)  # else O leaves through predicated stores
+        # AttnConfig.skip_diag_wg: a warpgroup whose rows all precede the first key of the tile's last K/V block skips
+        # it (diag_idle_step) and starts at the block before; causal without a window (no runtime n_block_min: the
+        # tile visits blocks 0 .. n_block_max - 1), not packed GQA (rows are not positions there), not o_deferred (its
+        # store rides on the first block's Q K^T), nor with skip_idle_wg (one branch before the loop is enough).
+        # Persistent kernels only: in the one-tile kernel the branch cost the K/V loops' common paths 99 / 54
+        # instructions (CPU SASS, hd256 causal 8k; on the greedy walk none)
+        self.skip_diag_wg = (bool(skip_diag_wg) and causal and self.persistent and intra_wg_overlap
+                             and not self.has_window and not self.runtime_n_min and not self.pack_gqa
+                             and not self.o_deferred and not self.skip_idle_wg)
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -1414,6 +1423,17 @@ class FlashFwdSm90:
         if const_expr(self.q_in_regs or self.q_regs_k > 0):
             self.load_q_regs(frags)
 
+        n_block_max = tile.n_block_max
+        if const_expr(self.skip_diag_wg):
+            # warpgroup w holds rows w * 64 .. w * 64 + 63 of the tile; bottom-right causal: key k is visible to row r
+            # iff k <= r + seqlen_k - seqlen_q. All of the last block's keys masked for the warpgroup's last row (so
+            # for every row of it) and a block left before it: skip it. The vote tells ptxas the branch is uniform
+            last_row = args.m_base + frags.wg * 64 + 63 + tile.seqlen_k - tile.seqlen_q
+            skip = (n_block_max - 1) * self.tile_n > last_row
+            if cute.arch.vote_any_sync(skip & (n_iter > 1)):
+                state = self.diag_idle_step(pipe_k, pipe_v, frags, state)
+                n_block_max = n_block_max - 1
+                n_iter = n_iter - 1
         if const_expr(self.skip_idle_wg):
             rows_q = tile.seqlen_q
             if const_expr(self.pack_gqa):  # rows of the packed ((group, s), ...) layout
@@ -1423,16 +1443,16 @@ class FlashFwdSm90:
                 state = self.idle_loop(pipe_q, pipe_k, pipe_v, frags, n_iter, state, q_state)
             else:
                 state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
-                                              tile.n_block_max, n_iter, state, q_state)
+                                              n_block_max, n_iter, state, q_state)
         elif const_expr(self.o_via_v_stage):
             state, v_last = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs,
-                                                  args, tile.n_block_max, n_iter, state, q_state, deferred)
+                                                  args, n_block_max, n_iter, state, q_state, deferred)
         elif const_expr(self.intra_wg_overlap):
             state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
-                                          tile.n_block_max, n_iter, state, q_state)
+                                          n_block_max, n_iter, state, q_state)
         else:
             state = self.mainloop_serial(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
-                                         tile.n_block_max, n_iter, state, q_state)
+                                         n_block_max, n_iter, state, q_state)
 
         rO, lse = self.normalize(regs, args.scale_log2)
         if const_expr(self.split_tail):
@@ -1549,6 +1569,20 @@ class FlashFwdSm90:
             v_last = state.clone()
             state.advance()
             return state, v_last
+        state.advance()
+        return state
+
+    @cute.jit
+    def diag_idle_step(self, pipe_k, pipe_v, frags: ConsumerFrags, state):
+        """skip_diag_wg, a warpgroup none of whose rows sees a key of the tile's first-visited (last-indexed) block: that
+        block's barrier protocol -- K stage waited for and released, GEMM turn taken and passed on, V stage waited for
+        and released -- with no GEMM and no softmax. Returns the consumer K/V state of the next block."""
+        pipe_k.consumer_wait(state)
+        self.sched_sync(frags.wg)
+        self.sched_arrive(frags.wg)
+        pipe_k.consumer_release(state)
+        pipe_v.consumer_wait(state)
+        pipe_v.consumer_release(state)
         state.advance()
         return state
 
