@@ -231,8 +231,9 @@ def evaluate(df: pd.DataFrame, targets=TARGETS, grid: dict | None = None) -> pd.
                      "cells met": f"{len(timed) - len(below)} of {len(timed)}"
                                   + (f" ({len(cells) - len(timed)} untimed)" if len(timed) < len(cells) else ""),
                      "worst": f"{worst[1]:.3f} ({_cell(*worst[0])})" if worst else "",
-                     "below": ", ".join(f"{_cell(*k)} {_below(v, t.threshold)}" + (f" [A/A {bands[k][0]:.3f}-{bands[k][1]:.3f}]"
-                                                                      if k in bands else "") for v, k in below[:6])
+                     "below": ", ".join(f"{_cell(*k)} {_below(v, t.threshold)}"
+                                        + (f" [A/A {bands[k][0]:.3f}-{bands[k][1]:.3f}]" if k in bands else "")
+                                        for v, k in below[:6])
                               + (f" +{len(below) - 6}" if len(below) > 6 else ""),
                      "status": status,
                      "stale cells": f"{len(stale & set(timed))} of {len(timed)}" if stale & set(timed) else ""})

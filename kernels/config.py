@@ -670,10 +670,10 @@ class AttnConfig:
     # warpgroup whose 64 rows all lie before the first key of the tile's last K/V block (the diagonal block, visited
     # first) skips that block -- its K / V stages waited for and released, its GEMM turn taken and passed on, no GEMM
     # and no softmax -- and starts the tile at the block before. Every key of the skipped block is masked for those
-    # rows, so out / lse are the default's. Where tile_n does not divide tile_m that is common: at hd256's 128 x 80
-    # tiles the first warpgroup skips in 4 of every 5 Q tiles, half a block of tensor work each, at most 0.8% / 0.4% /
-    # 0.2% of the K/V loop at 8k / 16k / 32k (session 68's count); none at hd128's 128 x 128. Not yet run on a GPU
-    # (session 69). None = off; left out of to_dict() while None or False.
+    # rows, so out / lse should be the default's (tests/test_fwd_skip_diag_wg_gpu.py). Where tile_n does not divide
+    # tile_m that is common: at hd256's 128 x 80 tiles the first warpgroup skips in 4 of every 5 Q tiles, half a block
+    # of tensor work each, at most 0.8% / 0.4% / 0.2% of the K/V loop at 8k / 16k / 32k (session 68's count); none at
+    # hd128's 128 x 128. Not yet run on a GPU (session 69). None = off; left out of to_dict() while None or False.
     skip_diag_wg: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
