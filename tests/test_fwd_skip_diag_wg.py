@@ -48,9 +48,11 @@ def test_kernel_takes_it_on_causal_persistent_kernels_only():
 def skipping_warpgroups(tile_m: int, tile_n: int, seqlen: int, wg_rows: int = 64) -> list[list[int]]:
     """Per Q tile of a causal seqlen x seqlen call, the warpgroups that skip the tile's last K/V block: those whose last
     row lies before its first key (the kernel's rule, kernels/sm90/fwd.py consume), with a block left before it."""
+    from kernels.sm90.greedy_walk import causal_blocks  # the blocks a causal tile visits: 0 .. n_max - 1 here
+
     out = []
     for m in range(-(-seqlen // tile_m)):
-        n_max = -(-min((m + 1) * tile_m, seqlen) // tile_n)
+        n_max = causal_blocks(m, tile_m, tile_n, seqlen, seqlen)
         out.append([w for w in range(tile_m // wg_rows)
                     if (n_max - 1) * tile_n > m * tile_m + w * wg_rows + wg_rows - 1 and n_max > 1])
     return out
