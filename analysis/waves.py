@@ -9,7 +9,9 @@ A model, not a measurement: it assumes equal tile times and ignores launch and e
 spreads the tiles evenly over the SMs instead). Causal rows (``--causal``): tiles of 1 .. N K/V blocks handed out
 longest first to whichever SM frees up first (the hardware's block scheduler on the one-tile-per-CTA grid), each tile
 costing its blocks plus ``overhead`` blocks (prologue and epilogue); efficiency = work / (SMs x the last SM's finish).
-``--causal --persistent``: the persistent causal forward's walks on the same cost model, over the kernel's own tile
+``--causal --masked``: the share of a causal call's Q K^T and P V work spent on entries the mask zeroes (the tiles
+across the diagonal), with and without ``AttnConfig.skip_diag_wg``: 1 / (1 - that share) bounds what any narrower
+diagonal step could win on a tensor-bound K/V loop. ``--causal --persistent``: the persistent causal forward's walks on the same cost model, over the kernel's own tile
 order (L2 groups of (head, batch) pairs, m_block descending within a group: scheduler.tile_at): the static round robin
 (``rr``: CTA c takes tiles c, c + G, ...), its snake order (``snake``: odd full rounds reversed, AttnConfig.
 persistent_snake) and list scheduling of that order (``greedy``: what the one-tile grid gets from the hardware, and
@@ -21,7 +23,8 @@ tokens; results/h200/session_ab archive of 2026-12-03, fwd128_persistent_*.jsonl
 measurements of that archive (fwd_pers_snake.jsonl, 16k tokens: round robin and snake at hd64 / hd128, 2k-8k) within
 4%, most within 2% (tests/test_waves.py).
 
-    python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048] [--causal [--persistent]] [--overhead 1.0]
+    python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048] [--causal [--persistent | --masked]]
+                             [--overhead 1.0]
 """
 from __future__ import annotations
 
@@ -73,6 +76,43 @@ def causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 3276
                 tiles=len(jobs), rounds="-", tail_tiles="-", efficiency=round(eff, 4), idle_share=round(1 - eff, 4))
 
 
+def skipping_warpgroups(tile_m: int, tile_n: int, seqlen: int, wg_rows: int = 64) -> list[list[int]]:
+    """Per Q tile of a causal seqlen x seqlen call, the consumer warpgroups that ``skip_diag_wg`` lets skip the tile's
+    last K/V block: those whose last row lies before that block's first key, with a block left before it (the
+    kernel's rule, kernels/sm90/fwd.py consume)."""
+    from kernels.sm90.greedy_walk import causal_blocks  # the blocks a causal tile visits: 0 .. n_max - 1 here
+
+    out = []
+    for m in range(-(-seqlen // tile_m)):
+        n_max = causal_blocks(m, tile_m, tile_n, seqlen, seqlen)
+        out.append([w for w in range(tile_m // wg_rows)
+                    if n_max > 1 and (n_max - 1) * tile_n > m * tile_m + (w + 1) * wg_rows - 1])
+    return out
+
+
+def masked_counts(tile_m: int, tile_n: int, seqlen: int, wg_rows: int = 64) -> tuple[int, int, int]:
+    """(entries computed, entries ``skip_diag_wg`` skips, entries the mask keeps) of one causal seqlen x seqlen head:
+    each consumer warpgroup computes ``wg_rows`` x tile_n entries of S (and P V's matching K-slice) per K/V block its
+    tile visits; the mask keeps key <= row, r + 1 entries of row r."""
+    from kernels.sm90.greedy_walk import causal_blocks
+
+    visited = [causal_blocks(m, tile_m, tile_n, seqlen, seqlen) for m in range(-(-seqlen // tile_m))]
+    computed = sum(visited) * tile_m * tile_n
+    skipped = sum(len(w) for w in skipping_warpgroups(tile_m, tile_n, seqlen, wg_rows)) * wg_rows * tile_n
+    return computed, skipped, seqlen * (seqlen + 1) // 2
+
+
+def masked_row(hdim: int, hdim_v: int, seqlen: int, wg_rows: int = 64) -> dict:
+    """One causal cell's masked share on the sm90 default tile (module docstring), without and with skip_diag_wg.
+    Heads and batch scale both sides alike, so the share depends on the length and the tile only."""
+    cfg = AttnConfig().resolve("sm90", hdim, True)
+    computed, skipped, needed = masked_counts(cfg.tile_m, cfg.tile_n, seqlen, wg_rows)
+    share, share_skip = 1 - needed / computed, 1 - needed / (computed - skipped)
+    return dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
+                masked_share=round(share, 4), masked_share_skip=round(share_skip, 4), max_gain=round(1 / (1 - share), 4),
+                skip_gain=round(computed / (computed - skipped), 4))
+
+
 def persistent_causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048,
                           overhead: float = 1.0, overlap: float = OVERLAP_BLOCKS, tile_m: int | None = None) -> dict:
     """One causal paper-grid cell's persistent walks (grid min(SMs, tiles)): efficiency = work / (grid x the busiest
@@ -107,8 +147,10 @@ def persistent_causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens:
 
 
 def table(gpu: str = "h200", tokens: int = 32768, hidden: int = 2048, causal: bool = False,
-          overhead: float = 1.0, persistent: bool = False) -> list[dict]:
+          overhead: float = 1.0, persistent: bool = False, masked: bool = False) -> list[dict]:
     sms = get_gpu(gpu).sms
+    if causal and masked:
+        return [masked_row(d, dv, s) for d, dv in HEAD_DIMS for s in SEQLENS]
     if causal and persistent:
         return [persistent_causal_row(sms, d, dv, s, tokens, hidden, overhead) for d, dv in HEAD_DIMS for s in SEQLENS]
     if causal:
@@ -124,16 +166,22 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true", help="the causal grid (list scheduling, longest first)")
     ap.add_argument("--overhead", type=float, default=1.0, help="causal: per-tile cost beyond its blocks, in blocks")
     ap.add_argument("--persistent", action="store_true", help="with --causal: the persistent walks (rr, snake, greedy)")
+    ap.add_argument("--masked", action="store_true", help="with --causal: the work the mask zeroes, per cell")
     a = ap.parse_args(argv)
-    if a.persistent and not a.causal:
-        ap.error("--persistent models the causal walks: pass --causal too")
-    rows = table(a.gpu, a.tokens, a.hidden, a.causal, a.overhead, a.persistent)
+    if (a.persistent or a.masked) and not a.causal:
+        ap.error("--persistent and --masked model the causal grid: pass --causal too")
+    if a.persistent and a.masked:
+        ap.error("pass one of --persistent and --masked")
+    rows = table(a.gpu, a.tokens, a.hidden, a.causal, a.overhead, a.persistent, a.masked)
     cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "rounds", "tail_tiles", "efficiency", "idle_share")
     if not a.causal:
         cols += ("pred_split",)
     if a.persistent:
         cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tiles", "hb_group", "rr", "snake", "greedy", "pred_rr",
                 "pred_snake", "pred_greedy")
+    if a.masked:
+        cols = ("hdim", "hdim_v", "seqlen", "tile_m", "tile_n", "masked_share", "masked_share_skip", "max_gain",
+                "skip_gain")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

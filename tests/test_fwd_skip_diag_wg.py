@@ -16,6 +16,7 @@ import pytest
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
+from analysis.waves import skipping_warpgroups  # noqa: E402
 from fwd_switch_checks import check_forward_field  # noqa: E402
 from kernels.config import AttnConfig  # noqa: E402
 from kernels.sm90.sass import find_nvdisasm  # noqa: E402
@@ -43,19 +44,6 @@ def test_kernel_takes_it_on_causal_persistent_kernels_only():
         assert not FlashFwdSm90(bf, 128, 128, True, skip_diag_wg=True, **why).skip_diag_wg, why
     assert not FlashFwdSm90(bf, 128, 128, False, persistent=True, skip_diag_wg=True).skip_diag_wg  # not causal
     assert not FlashFwdSm90(bf, 128, 128, True, persistent=True).skip_diag_wg
-
-
-def skipping_warpgroups(tile_m: int, tile_n: int, seqlen: int, wg_rows: int = 64) -> list[list[int]]:
-    """Per Q tile of a causal seqlen x seqlen call, the warpgroups that skip the tile's last K/V block: those whose last
-    row lies before its first key (the kernel's rule, kernels/sm90/fwd.py consume), with a block left before it."""
-    from kernels.sm90.greedy_walk import causal_blocks  # the blocks a causal tile visits: 0 .. n_max - 1 here
-
-    out = []
-    for m in range(-(-seqlen // tile_m)):
-        n_max = causal_blocks(m, tile_m, tile_n, seqlen, seqlen)
-        out.append([w for w in range(tile_m // wg_rows)
-                    if (n_max - 1) * tile_n > m * tile_m + w * wg_rows + wg_rows - 1 and n_max > 1])
-    return out
 
 
 def test_the_skip_applies_where_tile_n_does_not_divide_the_tile():
