@@ -10,7 +10,7 @@ spreads the tiles evenly over the SMs instead). Causal rows (``--causal``): tile
 longest first to whichever SM frees up first (the hardware's block scheduler on the one-tile-per-CTA grid), each tile
 costing its blocks plus ``overhead`` blocks (prologue and epilogue); efficiency = work / (SMs x the last SM's finish).
 ``--causal --masked``: the share of a causal call's Q K^T and P V work spent on entries the mask zeroes (the tiles
-across the diagonal), with and without ``AttnConfig.skip_diag_wg``: 1 / (1 - that share) bounds what any narrower
+across the diagonal, and the rows of a last Q tile that overhangs the sequence), with and without ``AttnConfig.skip_diag_wg``: 1 / (1 - that share) bounds what any narrower
 diagonal step could win on a tensor-bound K/V loop. ``--causal --persistent``: the persistent causal forward's walks on the same cost model, over the kernel's own tile
 order (L2 groups of (head, batch) pairs, m_block descending within a group: scheduler.tile_at): the static round robin
 (``rr``: CTA c takes tiles c, c + G, ...), its snake order (``snake``: odd full rounds reversed, AttnConfig.
