@@ -1,27 +1,28 @@
 """Wave quantization of the forward's tile schedule: the share of the GPU the last partial round leaves idle.
 
-A non-causal forward runs T tiles of equal cost, one CTA per SM at a time (ours persistent or not, official FA4's
-one tile per CTA alike: both hold one CTA per SM at every head dim), so it takes ceil(T / G) rounds on G SMs while
-the work is T / G rounds: the efficiency is T / (G ceil(T / G)), and the rest is what ``AttnConfig.split_tail``
+A non-causal forward runs T tiles of equal cost, one CTA per SM at a time (ours persistent or not, official FA4's one
+tile per CTA alike: both hold one CTA per SM at every head dim), so it takes ceil(T / G) rounds on G SMs while the work
+is T / G rounds: the efficiency is T / (G ceil(T / G)), and the rest is what ``AttnConfig.split_tail``
 (kernels/sm90/fwd_tail.py) can win at most, before its own cost (each piece's Q load and fp32 store, the merge kernel;
-``pred_split`` charges each CTA ``PIECE_OVERHEAD_BLOCKS`` for its pieces, a guess, and nothing for the merge).
-A model, not a measurement: it assumes equal tile times and ignores launch and epilogue costs (analysis/roofline.py
-spreads the tiles evenly over the SMs instead). Causal rows (``--causal``): tiles of 1 .. N K/V blocks handed out
-longest first to whichever SM frees up first (the hardware's block scheduler on the one-tile-per-CTA grid), each tile
-costing its blocks plus ``overhead`` blocks (prologue and epilogue); efficiency = work / (SMs x the last SM's finish).
+``pred_split`` charges each CTA ``PIECE_OVERHEAD_BLOCKS`` for its pieces, a guess, and nothing for the merge). A model,
+not a measurement: it assumes equal tile times and ignores launch and epilogue costs (analysis/roofline.py spreads the
+tiles evenly over the SMs instead). Causal rows (``--causal``): tiles of 1 .. N K/V blocks handed out longest first to
+whichever SM frees up first (the hardware's block scheduler on the one-tile-per-CTA grid), each tile costing its blocks
+plus ``overhead`` blocks (prologue and epilogue); efficiency = work / (SMs x the last SM's finish).
 ``--causal --masked``: the share of a causal call's Q K^T and P V work spent on entries the mask zeroes (the tiles
-across the diagonal, and the rows of a last Q tile that overhangs the sequence), with and without ``AttnConfig.skip_diag_wg``: 1 / (1 - that share) bounds what any narrower
-diagonal step could win on a tensor-bound K/V loop. ``--causal --persistent``: the persistent causal forward's walks on the same cost model, over the kernel's own tile
-order (L2 groups of (head, batch) pairs, m_block descending within a group: scheduler.tile_at): the static round robin
-(``rr``: CTA c takes tiles c, c + G, ...), its snake order (``snake``: odd full rounds reversed, AttnConfig.
-persistent_snake) and list scheduling of that order (``greedy``: what the one-tile grid gets from the hardware, and
-AttnConfig.persistent_greedy's walk, kernels/sm90/greedy_walk.py). ``pred_*``: each walk's speed over the one-tile
-grid, (walk balance / list-scheduling balance) x (1 + ``overlap`` / the mean blocks per tile): a persistent CTA hides
-about ``overlap`` blocks of each tile's start and end under its neighbours' (``OVERLAP_BLOCKS``, fitted from the
+across the diagonal, and the rows of a last Q tile that overhangs the sequence), with and without
+``AttnConfig.skip_diag_wg``: 1 / (1 - that share) bounds what any narrower diagonal step could win on a tensor-bound K/V
+loop. ``--causal --persistent``: the persistent causal forward's walks on the same cost model, over the kernel's own
+tile order (L2 groups of (head, batch) pairs, m_block descending within a group: scheduler.tile_at): the static round
+robin (``rr``: CTA c takes tiles c, c + G, ...), its snake order (``snake``: odd full rounds reversed,
+AttnConfig.persistent_snake) and list scheduling of that order (``greedy``: what the one-tile grid gets from the
+hardware, and AttnConfig.persistent_greedy's walk, kernels/sm90/greedy_walk.py). ``pred_*``: each walk's speed over the
+one-tile grid, (walk balance / list-scheduling balance) x (1 + ``overlap`` / the mean blocks per tile): a persistent CTA
+hides about ``overlap`` blocks of each tile's start and end under its neighbours' (``OVERLAP_BLOCKS``, fitted from the
 non-causal A/B: persistent / one tile 1.110 / 1.057 / 1.027 / 1.012 at 8 / 16 / 32 / 64 blocks per tile, hd128, 16k
-tokens; results/h200/session_ab archive of 2026-12-03, fwd128_persistent_*.jsonl). It reproduces the causal
-measurements of that archive (fwd_pers_snake.jsonl, 16k tokens: round robin and snake at hd64 / hd128, 2k-8k) within
-4%, most within 2% (tests/test_waves.py).
+tokens; results/h200/session_ab archive of 2026-12-03, fwd128_persistent_*.jsonl). It reproduces the causal measurements
+of that archive (fwd_pers_snake.jsonl, 16k tokens: round robin and snake at hd64 / hd128, 2k-8k) within 4%, most within
+2% (tests/test_waves.py).
 
     python -m analysis.waves [--gpu h200] [--tokens 32768] [--hidden 2048] [--causal [--persistent | --masked]]
                              [--overhead 1.0]
@@ -109,8 +110,8 @@ def masked_row(hdim: int, hdim_v: int, seqlen: int, wg_rows: int = 64) -> dict:
     computed, skipped, needed = masked_counts(cfg.tile_m, cfg.tile_n, seqlen, wg_rows)
     share, share_skip = 1 - needed / computed, 1 - needed / (computed - skipped)
     return dict(hdim=hdim, hdim_v=hdim_v, seqlen=seqlen, tile_m=cfg.tile_m, tile_n=cfg.tile_n,
-                masked_share=round(share, 4), masked_share_skip=round(share_skip, 4), max_gain=round(1 / (1 - share), 4),
-                skip_gain=round(computed / (computed - skipped), 4))
+                masked_share=round(share, 4), masked_share_skip=round(share_skip, 4),
+                max_gain=round(1 / (1 - share), 4), skip_gain=round(computed / (computed - skipped), 4))
 
 
 def persistent_causal_row(sms: int, hdim: int, hdim_v: int, seqlen: int, tokens: int = 32768, hidden: int = 2048,

@@ -1,4 +1,4 @@
-"""analysis/waves.py: the last partial round's idle share of a non-causal forward on the paper grid."""
+"""analysis/waves.py: the wave model of the forward's tile schedule (non-causal rounds, causal walks) and the causal mask's share."""
 from __future__ import annotations
 
 import pytest
