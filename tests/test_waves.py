@@ -1,4 +1,4 @@
-"""analysis/waves.py: the wave model of the forward's tile schedule (non-causal rounds, causal walks) and the causal mask's share."""
+"""analysis/waves.py: the forward's wave model (non-causal rounds, causal walks) and the causal mask's share."""
 from __future__ import annotations
 
 import pytest
