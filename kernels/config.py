@@ -282,8 +282,14 @@ DEFAULTS: dict[tuple[str, int], dict] = {
                         # session_ab/sched_part51_h100.jsonl, 8 rounds, GPU files at hd256 / (192, 128) 98 passed under
                         # it): 1.006 / 1.004 non-causal at 4k / 8k, causal 1.006 / 1.003 / 1.004 at 4k / 8k / 16k;
                         # 0.999 at 2k (not taken)
+                        # Causal 2049-16384 tokens also with skip_diag_wg (a warpgroup whose rows all precede the
+                        # tile's diagonal block skips it). H100 session 71 (session_ab/sched_part53_h100_s71.log, two
+                        # processes, 10 rounds each, outputs bitwise; GPU file 9 passed twice): over the default of
+                        # then 1.008 / 1.007 at 4k, 1.004 / 1.004 at 8k, 1.002 / 1.003 at 16k; 32k 1.001 [0.993,
+                        # 1.002] (left out); 2k (the V stage) not measured
                         persistent_tile=(((2048, dict(o_via_v_stage=True)), (1 << 30, O_DIRECT_WIDE)),
                                          ((2048, dict(persistent_greedy=True, o_via_v_stage=True)),
+                                          (16384, dict(persistent_greedy=True, skip_diag_wg=True, **O_DIRECT_WIDE)),
                                           (1 << 30, dict(persistent_greedy=True, **O_DIRECT_WIDE))))),
     # sm100 (Blackwell): the paper's 2 x 128-row Q tiles per CTA; compile-only here (no B200 to run on)
     ("sm100", 64): dict(tile_m=128, tile_n=128, num_stages=2, exp2_emu=(0.25, 0.25), consumer_regs=192, producer_regs=48, bwd_tile_m=128, persistent_max_seqlen=(0, 0), two_cta=False, rescale_before_pv=False),
@@ -673,7 +679,10 @@ class AttnConfig:
     # rows, so out / lse should be the default's (tests/test_fwd_skip_diag_wg_gpu.py). Where tile_n does not divide
     # tile_m that is common: at hd256's 128 x 80 tiles the first warpgroup skips in 4 of every 5 Q tiles, half a block
     # of tensor work each, at most 0.8% / 0.4% / 0.2% of the K/V loop at 8k / 16k / 32k (session 68's count); none at
-    # hd128's 128 x 128. Not yet run on a GPU (session 69). None = off; left out of to_dict() while None or False.
+    # hd128's 128 x 128. H100 session 71: bitwise (GPU file 9 passed), 1.002-1.008 at hd256 causal 4k-16k, 1.001 at 32k;
+    # hd64 causal 8k persistent 1.013 over persistent alone (still 0.985 of the one-tile default). None = on where
+    # DEFAULTS' persistent_tile names it (hd256 causal 2049-16384 tokens, no window), else off; left out of to_dict()
+    # while None or False.
     skip_diag_wg: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
@@ -1280,6 +1289,8 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
         del fill["exp_in_branch"]
     if cfg.persistent_snake:
         fill.pop("persistent_greedy", None)
+    if windowed:
+        fill.pop("skip_diag_wg", None)  # the kernel takes it without a window only (one compile key, not two)
     return dataclasses.replace(cfg, **fill)
 
 

@@ -1,12 +1,12 @@
-"""AttnConfig.skip_diag_wg (sm90 forward, causal, persistent, overlapped loop; opt-in, session 69, not yet run on a
-GPU): a consumer warpgroup whose rows all lie before the first key of the tile's last K/V block (the diagonal block,
-visited first) keeps that block's barrier protocol but issues no GEMM and no softmax, and starts at the block before
-(kernels/sm90/fwd.py diag_idle_step).
+"""AttnConfig.skip_diag_wg (sm90 forward, causal, persistent, overlapped loop; session 69; hd256's causal default at
+2049-16384 tokens since session 71, by DEFAULTS' persistent_tile): a consumer warpgroup whose rows all lie before the
+first key of the tile's last K/V block (the diagonal block, visited first) keeps that block's barrier protocol but
+issues no GEMM and no softmax, and starts at the block before (kernels/sm90/fwd.py diag_idle_step).
 
 CPU tests: the field's rules, the kernel switch (causal persistent kernels without a window, packed GQA, o_deferred or
-skip_idle_wg), how often the skip applies on the tile grid, and the machine code on the greedy walk: no local memory,
-the same HGMMA / MUFU.EX2 counts and K/V loop common paths as the default. The GPU check (out / lse bitwise the
-default's) is tests/test_fwd_skip_diag_wg_gpu.py.
+skip_idle_wg), where the defaults take it, how often the skip applies on the tile grid, and the machine code on the
+greedy walk: no local memory, the same HGMMA / MUFU.EX2 counts and K/V loop common paths as the default. The GPU check
+(out / lse bitwise the kernel's without it) is tests/test_fwd_skip_diag_wg_gpu.py.
 """
 from __future__ import annotations
 
@@ -26,7 +26,23 @@ def test_field_stays_out_of_dicts_while_off_and_is_forward_only():
     check_forward_field("skip_diag_wg")
     for hdim in (64, 128, 192, 256):
         for causal in (False, True):
-            assert "skip_diag_wg" not in AttnConfig().resolve("sm90", hdim, causal).to_dict()  # not a default
+            assert "skip_diag_wg" not in AttnConfig().resolve("sm90", hdim, causal).to_dict()  # a per-call rule
+
+
+def test_hd256_causal_calls_take_it_from_4k_to_16k_only():
+    from kernels.config import call_config
+
+    def called(cfg, hdim=256, causal=True, seqlen=8192, **kw):
+        return call_config(cfg.resolve("sm90", hdim, causal), "sm90", hdim, causal, seqlen, **kw).skip_diag_wg
+
+    assert [bool(called(AttnConfig(), seqlen=s)) for s in (2048, 2049, 4096, 8192, 16384, 16385, 32768)] == [
+        False, True, True, True, True, False, False]
+    assert not called(AttnConfig(), causal=False)  # non-causal: no diagonal
+    for hdim in (64, 128, 192):
+        assert not called(AttnConfig(), hdim=hdim)
+    assert called(AttnConfig(skip_diag_wg=False)) is False  # the caller's False stays
+    assert not called(AttnConfig(), windowed=True)  # the kernel ignores it with a window: one compile key
+    assert not called(AttnConfig(persistent=True))  # a forced persistent config is the caller's, not the entry's
 
 
 def test_kernel_takes_it_on_causal_persistent_kernels_only():
@@ -62,7 +78,7 @@ def test_machine_code_keeps_the_loops_of_the_greedy_walk(hdim, seqlen, tmp_path)
     from fwd_switch_checks import spill_free_sass
     from kernels.sm90.sass import count, loop_common_paths, opcode_counts
 
-    base = spill_free_sass(hdim, True, str(tmp_path / "base"), seqlen=seqlen)
+    base = spill_free_sass(hdim, True, str(tmp_path / "base"), seqlen=seqlen, skip_diag_wg=False)
     skip = spill_free_sass(hdim, True, str(tmp_path / "skip"), seqlen=seqlen, skip_diag_wg=True)
     cb, cs = opcode_counts(base), opcode_counts(skip)
     assert count(cs, "HGMMA") == count(cb, "HGMMA") and count(cs, "MUFU.EX2") == count(cb, "MUFU.EX2")
