@@ -6,20 +6,18 @@
 # 128 non-causal since session 63's p_before_vote, hd256 / (192, 128) since session 66's o_via_v_stage, and the
 # 8k-token small problems, fwd_small + bwd_small). Another card's rows may not enter results/h200/: there "stale" is
 # skipped. Logs under <out_dir>; the parts' folders come back as one archive, logs.tgz (the device returns 8 files).
-# Default parts "53 stale 51 36": sched_check part 53 (any card) first, skip_diag_wg (session 69, opt-in, not yet
-# run on a GPU): its GPU file and its A/Bs at hd256 causal 4k-16k and hd64 causal 8k (part 52, hd256 causal 32k's
-# session-68 default, ran on an H100 in session 69: 4 GPU tests passed). Parts in H200_ONLY (default "stale 51 36":
-# part 51, hd256's session-68 O default against the V stage and the GPU files under it, which ran on an H100 in
-# session 68; part 36, hd64 non-causal persistent at 16k / 32k) run only on an H200 and are skipped elsewhere. Part 49
-# (o_deferred, 0.998 at hd256 causal 8k in session 66: its other GPU tests
-# and A/Bs) runs on any card when named. On an H200 the stale rows want about one more call
-# (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's boot comes before it, inside
-# the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "53 stale 51 36"]
-# (parts 50 / 51 / 52 ran on an H100 in sessions 67 / 68 / 69; owed on any card: 53; on an H200: the stale rows, 51, 36)
+# Default parts "stale 51 36" (part 53, skip_diag_wg's GPU file and A/Bs, ran on an H100 in session 71: taken as
+# hd256's causal default at 2049-16384 tokens). Parts in H200_ONLY (default "stale 51 36": part 51, hd256's session-68
+# O default against the V stage and the GPU files under it, which ran on an H100 in session 68; part 36, hd64
+# non-causal persistent at 16k / 32k) run only on an H200 and are skipped elsewhere. Parts 49 (o_deferred, 0.998 at
+# hd256 causal 8k in session 66: its other GPU tests and A/Bs) and 53 run on any card when named. On an H200 the stale
+# rows want about one more call (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's
+# boot comes before it, inside the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36"]
+# (parts 50 / 51 / 52 / 53 ran on an H100 in sessions 67 / 68 / 69 / 71; owed on an H200: the stale rows, 51, 36)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-53 stale 51 36}
+PARTS=${2:-stale 51 36}
 H200_ONLY=" ${H200_ONLY:-stale 51 36} "
 DEADLINE=${DEADLINE:-540}
 START=$SECONDS

@@ -525,14 +525,15 @@ case "$PART" in
   tests tests/test_persistent_greedy_gpu.py 120 -k d256
   ab 1 256 32768 10 90 --batch 1 --cfg one=persistent:false gov=o_via_v_stage:true
   ;;
-53)  # session 69 (any card): skip_diag_wg (new, opt-in, not yet run on a GPU): a warpgroup whose rows all precede the
-  # tile's last K/V block skips it (hd256's 128 x 80 tiles: the first warpgroup in 4 of 5 Q tiles; counted bound
-  # 0.8% / 0.4% / 0.2% at 8k / 16k / 32k). Its GPU file (bitwise the default's), then the A/B at hd256 causal (`sdw`,
-  # official FA4 and cuDNN in the rounds), 8k first (where the cell stands at 1.0298 over official on the H100)
+53)  # session 69 (any card; ran on an H100 in session 71, hd256's causal default at 2049-16384 tokens since):
+  # skip_diag_wg, a warpgroup whose rows all precede the tile's last K/V block skips it (hd256's 128 x 80 tiles: the
+  # first warpgroup in 4 of 5 Q tiles; counted bound 0.8% / 0.4% / 0.2% at 8k / 16k / 32k). Its GPU file (bitwise
+  # skip_diag_wg=False), then the A/B at hd256 causal, the default against `off` = skip_diag_wg=False (official FA4
+  # and cuDNN in the rounds), and at hd64 causal 8k, persistent, where it stays opt-in
   tests tests/test_fwd_skip_diag_wg_gpu.py 150
-  ab 1 256 8192 10 80 --batch 4 --cfg sdw=skip_diag_wg:true
-  ab 1 256 4096 10 60 --batch 8 --cfg sdw=skip_diag_wg:true
-  ab 1 256 16384 10 80 --batch 2 --cfg sdw=skip_diag_wg:true
+  ab 1 256 8192 10 80 --batch 4 --cfg off=skip_diag_wg:false
+  ab 1 256 4096 10 60 --batch 8 --cfg off=skip_diag_wg:false
+  ab 1 256 16384 10 80 --batch 2 --cfg off=skip_diag_wg:false
   ab 1 64 8192 10 60 --batch 4 --cfg pers=persistent:true sdw=skip_diag_wg:true,persistent:true
   ;;
 51)  # session 68 (any card): hd256's new default (o_direct + o_direct_wide where a call is persistent by its length
