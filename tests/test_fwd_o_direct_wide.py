@@ -101,12 +101,12 @@ def test_machine_code_stores_16_bytes(hdim, causal, seqlen, tmp_path):
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
 def test_hd256_causal_32k_default_is_the_16k_kernel(tmp_path):
     """Since session 68 the hd256 causal call at 32k runs the greedy walk with the 16-byte stores, as at 16k, where the
-    GPU files ran (session 68, part 51): the same machine code, no local memory, 16 STG.128 per thread and no
-    shared-memory or TMA store of O."""
+    GPU files ran (session 68, part 51): the same machine code as 16k's without skip_diag_wg (16k's default since
+    session 71, not 32k's), no local memory, 16 STG.128 per thread and no shared-memory or TMA store of O."""
     from fwd_switch_checks import spill_free_sass
     from kernels.sm90.sass import count, opcode_counts
 
-    at16k = spill_free_sass(256, True, str(tmp_path / "16k"), seqlen=16384)
+    at16k = spill_free_sass(256, True, str(tmp_path / "16k"), seqlen=16384, skip_diag_wg=False)
     at32k = spill_free_sass(256, True, str(tmp_path / "32k"), seqlen=32768)
     assert at32k == at16k
     c = opcode_counts(at32k)
