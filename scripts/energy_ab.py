@@ -1,13 +1,14 @@
 """Energy per forward call, ours against official FA4 (and cuDNN with --cudnn), round-robin in one process: where a
 run sits at the power cap, the clock follows each kernel's power draw, so speed there is set by energy per call.
 
-``python scripts/energy_ab.py [--hdims 256] [--causal 1] [--seqlens 16384 32768] [--rounds 8] [--window-ms 400]
+``python scripts/energy_ab.py [--hdims 256] [--causal 1] [--seqlens 16384 32768] [--rounds 8] [--window-ms 1500]
 [--cfg NAME=field:value,...] [--cudnn] [--out rows.jsonl]``
 
 Shapes as scripts/fwd_ab.py (32k total tokens by default here, the paper grid: batch = 32768 / seqlen, heads = 2048 /
 hdim, bf16). Per round every variant (order rotated each round) runs back to back for about ``--window-ms``, no L2
 flush between calls: the NVML energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ) and the wall time around the
-window give J per call, ms per call and mean watts; the SM clock and the clock-event reasons are read at the window's
+window give J per call, ms per call and mean watts (where the counter does not move, the power NVML reports at the
+window's end, its mean over about the last second, times the window: keep --window-ms >= 1000 then); the SM clock and the clock-event reasons are read at the window's
 end. Printed per variant: medians, and per round its speed over ours (t_ours / t_variant: below 1, ours is faster)
 and its energy per call over ours' (above 1, ours uses less). Clocks are never changed. A session script for kernel work (results/h200/session_ab/).
 """
@@ -47,7 +48,11 @@ def measure_window(fn, calls: int, nv, h) -> dict:
         fn()
     torch.cuda.synchronize()
     t1, e1 = time.perf_counter(), nv.nvmlDeviceGetTotalEnergyConsumption(h)
-    return dict(j=(e1 - e0) / 1e3, s=t1 - t0, calls=calls,
+    watts_end = nv.nvmlDeviceGetPowerUsage(h) / 1e3  # the driver's average over about the last second
+    # some hosts (the lent H100, session 72) never advance the energy counter: then the last second's mean power
+    # times the window, which --window-ms >= 1000 keeps inside one variant's window
+    j, src = ((e1 - e0) / 1e3, "energy_counter") if e1 > e0 else (watts_end * (t1 - t0), "power_at_end")
+    return dict(j=j, s=t1 - t0, calls=calls, source=src,
                 sm_mhz=nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
                 reasons=int(nv.nvmlDeviceGetCurrentClocksEventReasons(h)))
 
@@ -85,7 +90,7 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[16384, 32768])
     ap.add_argument("--causal", type=int, nargs="+", default=[1])
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--window-ms", type=float, default=400.0)
+    ap.add_argument("--window-ms", type=float, default=1500.0)
     ap.add_argument("--tokens", type=int, default=32768, help="batch = tokens // seqlen")
     ap.add_argument("--cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of this tree")
     ap.add_argument("--cudnn", action="store_true")
@@ -118,6 +123,7 @@ def main():
                                tflop_per_j=flops / 1e12 / statistics.median(jc),
                                watts=statistics.median([w["j"] / w["s"] for w in ws]),
                                sm_mhz=statistics.median([w["sm_mhz"] for w in ws]),
+                               energy_source=",".join(sorted({w["source"] for w in ws})),
                                capped_share=sum(w["reasons"] & 0x4 != 0 for w in ws) / len(ws),
                                speed_vs_ours=speed[0], speed_p20=speed[1], speed_p80=speed[2],
                                energy_vs_ours=energy[0], energy_p20=energy[1], energy_p80=energy[2],
@@ -125,6 +131,7 @@ def main():
                     print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} {row['ms_median']:7.3f} ms "
                           f"{row['tflops']:6.1f} TFLOP/s {row['j_per_call']:7.3f} J/call {row['tflop_per_j']:5.2f} "
                           f"TFLOP/J {row['watts']:5.0f} W sm {row['sm_mhz']:.0f} MHz capped {row['capped_share']:.0%}"
+                          f" ({row['energy_source']})"
                           f"  speed/ours {speed[0]:.3f} [{speed[1]:.3f}, {speed[2]:.3f}]"
                           f"  energy/ours {energy[0]:.3f} [{energy[1]:.3f}, {energy[2]:.3f}]", flush=True)
                     if a.out:
