@@ -6,11 +6,12 @@ run sits at the power cap, the clock follows each kernel's power draw, so speed 
 
 Shapes as scripts/fwd_ab.py (32k total tokens by default here, the paper grid: batch = 32768 / seqlen, heads = 2048 /
 hdim, bf16). Per round every variant (order rotated each round) runs back to back for about ``--window-ms``, no L2
-flush between calls: the NVML energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ) and the wall time around the
-window give J per call, ms per call and mean watts (where the counter does not move, the power NVML reports at the
-window's end, its mean over about the last second, times the window: keep --window-ms >= 1000 then); the SM clock and the clock-event reasons are read at the window's
-end. Printed per variant: medians, and per round its speed over ours (t_ours / t_variant: below 1, ours is faster)
-and its energy per call over ours' (above 1, ours uses less). Clocks are never changed. A session script for kernel work (results/h200/session_ab/).
+flush between calls. A thread reads the board's instant power (NVML field POWER_INSTANT) and SM clock every 5 ms;
+their means over a window times its wall time give J per call, ms per call, watts and MHz (the NVML energy counter's
+step is kept beside it: on the lent H100 it moves in coarse steps, session 72). ``host`` is the share of a window the
+host took to enqueue its calls (near 100%: the variant is host-bound back to back). Printed per variant: medians,
+and per round its speed over ours (t_ours / t_variant: below 1, ours is faster) and its energy per call over ours'
+(above 1, ours uses less). Clocks are never changed. A session script for kernel work (results/h200/session_ab/).
 """
 from __future__ import annotations
 
@@ -38,22 +39,65 @@ def _nvml_handle():
     return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 
 
-def measure_window(fn, calls: int, nv, h) -> dict:
-    """Run ``fn`` ``calls`` times back to back; energy (J), wall (s), SM clock and clock-event reasons at the end."""
+class PowerSampler:
+    """Instant board power (NVML field POWER_INSTANT; the 1 s average where the field is missing) and the SM clock,
+    read every ``interval_s`` on a thread; ``window(t0, t1)`` gives their means over a stretch of perf_counter time."""
+
+    def __init__(self, nv, h, interval_s: float = 0.005):
+        import threading
+
+        self.nv, self.h, self.interval_s, self.samples = nv, h, interval_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _watts(self) -> tuple[float, str]:
+        nv = self.nv
+        try:
+            f = nv.nvmlDeviceGetFieldValues(self.h, [nv.NVML_FI_DEV_POWER_INSTANT])[0]
+            if f.nvmlReturn == 0:
+                return f.value.uiVal / 1e3, "instant"
+        except nv.NVMLError:
+            pass
+        return nv.nvmlDeviceGetPowerUsage(self.h) / 1e3, "average_1s"
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            w, src = self._watts()
+            self.samples.append((time.perf_counter(), w, self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM),
+                                 src))
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def window(self, t0: float, t1: float) -> dict:
+        got = [x for x in self.samples if t0 <= x[0] <= t1]
+        if not got:
+            return dict(watts=float("nan"), sm_mhz=float("nan"), samples=0, source="none")
+        return dict(watts=statistics.mean(x[1] for x in got), sm_mhz=statistics.median(x[2] for x in got),
+                    samples=len(got), source=",".join(sorted({x[3] for x in got})))
+
+
+def measure_window(fn, calls: int, nv, h, sampler: PowerSampler | None = None) -> dict:
+    """Run ``fn`` ``calls`` times back to back: wall (s), host time to enqueue them (s), energy (J: the sampler's mean
+    power times the wall time; the NVML energy counter's step beside it), SM clock, clock-event reasons at the end."""
     import torch
 
     torch.cuda.synchronize()
     e0, t0 = nv.nvmlDeviceGetTotalEnergyConsumption(h), time.perf_counter()
     for _ in range(calls):
         fn()
+    th = time.perf_counter()
     torch.cuda.synchronize()
     t1, e1 = time.perf_counter(), nv.nvmlDeviceGetTotalEnergyConsumption(h)
-    watts_end = nv.nvmlDeviceGetPowerUsage(h) / 1e3  # the driver's average over about the last second
-    # some hosts (the lent H100, session 72) never advance the energy counter: then the last second's mean power
-    # times the window, which --window-ms >= 1000 keeps inside one variant's window
-    j, src = ((e1 - e0) / 1e3, "energy_counter") if e1 > e0 else (watts_end * (t1 - t0), "power_at_end")
-    return dict(j=j, s=t1 - t0, calls=calls, source=src,
-                sm_mhz=nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+    p = sampler.window(t0, t1) if sampler else dict(watts=float("nan"), sm_mhz=float("nan"), samples=0, source="none")
+    return dict(j=p["watts"] * (t1 - t0), j_counter=(e1 - e0) / 1e3, s=t1 - t0, host_s=th - t0, calls=calls,
+                sm_mhz=p["sm_mhz"], samples=p["samples"], source=p["source"],
                 reasons=int(nv.nvmlDeviceGetCurrentClocksEventReasons(h)))
 
 
@@ -66,10 +110,11 @@ def energy_rounds(fns: dict, rounds: int, window_ms: float, nv, h) -> dict[str, 
         calls[name] = max(3, round(window_ms / 1e3 / (w["s"] / 3)))
     names = list(fns)
     res = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order:
-            res[n].append(measure_window(fns[n], calls[n], nv, h))
+    with PowerSampler(nv, h) as sampler:
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                res[n].append(measure_window(fns[n], calls[n], nv, h, sampler))
     return res
 
 
@@ -124,6 +169,8 @@ def main():
                                watts=statistics.median([w["j"] / w["s"] for w in ws]),
                                sm_mhz=statistics.median([w["sm_mhz"] for w in ws]),
                                energy_source=",".join(sorted({w["source"] for w in ws})),
+                               j_counter_per_call=statistics.median([w["j_counter"] / w["calls"] for w in ws]),
+                               host_share=statistics.median([w["host_s"] / w["s"] for w in ws]),
                                capped_share=sum(w["reasons"] & 0x4 != 0 for w in ws) / len(ws),
                                speed_vs_ours=speed[0], speed_p20=speed[1], speed_p80=speed[2],
                                energy_vs_ours=energy[0], energy_p20=energy[1], energy_p80=energy[2],
@@ -131,7 +178,7 @@ def main():
                     print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} {row['ms_median']:7.3f} ms "
                           f"{row['tflops']:6.1f} TFLOP/s {row['j_per_call']:7.3f} J/call {row['tflop_per_j']:5.2f} "
                           f"TFLOP/J {row['watts']:5.0f} W sm {row['sm_mhz']:.0f} MHz capped {row['capped_share']:.0%}"
-                          f" ({row['energy_source']})"
+                          f" ({row['energy_source']}) host {row['host_share']:.0%}"
                           f"  speed/ours {speed[0]:.3f} [{speed[1]:.3f}, {speed[2]:.3f}]"
                           f"  energy/ours {energy[0]:.3f} [{energy[1]:.3f}, {energy[2]:.3f}]", flush=True)
                     if a.out:

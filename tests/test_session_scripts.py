@@ -165,3 +165,41 @@ def test_fwd_ab_inputs_put_each_rows_maximum_at_key_0(kind):
         assert abs(s[..., 0].mean().item() - 10.0) < 0.3
     with pytest.raises(SystemExit):
         fwd_ab.shape_scores("uniform", q, k)
+
+
+class _FakeNvml:
+    """NVML stood in for: instant power missing on the first call (the 1 s average then), SM clock 1500 MHz."""
+    NVML_FI_DEV_POWER_INSTANT, NVML_CLOCK_SM = 186, 0
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        self.calls = 0
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        self.calls += 1
+        f = type("F", (), {})()
+        f.nvmlReturn = 1 if self.calls == 1 else 0
+        f.value = type("V", (), {"uiVal": 400_000})()  # mW
+        return [f]
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 700_000
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        return 1500
+
+
+def test_energy_window_means_the_samples_inside_it():
+    import energy_ab
+
+    s = energy_ab.PowerSampler(_FakeNvml(), None)
+    s.samples = [(0.5, 700.0, 1500, "average_1s"), (1.0, 400.0, 1500, "instant"), (2.0, 400.0, 1400, "instant"),
+                 (3.5, 100.0, 1000, "instant")]
+    w = s.window(0.9, 2.5)
+    assert w == dict(watts=400.0, sm_mhz=1450.0, samples=2, source="instant")
+    assert s.window(0.0, 3.5)["source"] == "average_1s,instant" and s.window(5.0, 6.0)["samples"] == 0
+    nv = _FakeNvml()
+    assert energy_ab.PowerSampler(nv, None)._watts() == (700.0, "average_1s")  # the field missing: the 1 s average
+    assert energy_ab.PowerSampler(nv, None)._watts() == (400.0, "instant")
