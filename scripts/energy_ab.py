@@ -11,7 +11,8 @@ their means over a window times its wall time give J per call, ms per call, watt
 step is kept beside it: on the lent H100 it moves in coarse steps, session 72). ``host`` is the share of a window the
 host took to enqueue its calls (near 100%: the variant is host-bound back to back). Printed per variant: medians,
 and per round its speed over ours (t_ours / t_variant: below 1, ours is faster) and its energy per call over ours'
-(above 1, ours uses less). Clocks are never changed. A session script for kernel work (results/h200/session_ab/).
+(above 1, ours uses less). ``--flush`` zeroes 256 MiB before every call as the harness's timer does (the flush's own
+time, timed as a variant of its own, is taken off). Clocks are never changed. A session script for kernel work (results/h200/session_ab/).
 """
 from __future__ import annotations
 
@@ -101,6 +102,17 @@ def measure_window(fn, calls: int, nv, h, sampler: PowerSampler | None = None) -
                 reasons=int(nv.nvmlDeviceGetCurrentClocksEventReasons(h)))
 
 
+def with_flush(fns: dict) -> dict:
+    """``--flush``: every variant zeroes a 256 MiB buffer (the L2 flush of scripts/bwd_ab.round_robin) before each
+    call, plus ``flush_only``, the flush alone, whose time per call main subtracts round by round."""
+    import torch
+
+    buf = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    out = {n: (lambda f=f: (buf.zero_(), f())) for n, f in fns.items()}
+    out["flush_only"] = buf.zero_
+    return out
+
+
 def energy_rounds(fns: dict, rounds: int, window_ms: float, nv, h) -> dict[str, list[dict]]:
     """Per variant, one measure_window per round; the order rotates each round; ``calls`` per window from one
     timed warm window."""
@@ -139,6 +151,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=32768, help="batch = tokens // seqlen")
     ap.add_argument("--cfg", nargs="*", default=[], help="NAME=field:value,... extra variants of this tree")
     ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--flush", action="store_true", help="the L2 flushed before every call (its own time subtracted)")
     a = ap.parse_args()
     if a.rounds < 1 or a.window_ms <= 0:
         raise SystemExit("--rounds >= 1 and --window-ms > 0")
@@ -154,7 +167,13 @@ def main():
                         for _ in range(2))
                 v = torch.randn(batch, s, heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
                 fns, _ = _variants(q, k, v, causal, 1.0 / math.sqrt(hdim), None, extra, a.cudnn)
-                res = energy_rounds(fns, a.rounds, a.window_ms, nv, h)
+                res = energy_rounds(with_flush(fns) if a.flush else fns, a.rounds, a.window_ms, nv, h)
+                fl = res.pop("flush_only", None)
+                if fl:  # each window's time less the flush's, from the same round (energy keeps the flush's share)
+                    for ws in res.values():
+                        for w, f in zip(ws, fl):
+                            w["s_raw"] = w["s"]
+                            w["s"] -= f["s"] / f["calls"] * w["calls"]
                 flops = attention_flops(batch, heads, s, s, hdim, dv, causal)
                 ours = res["ours"]
                 for name, ws in res.items():
@@ -163,10 +182,10 @@ def main():
                     speed = _stats([o["s"] / o["calls"] / (w["s"] / w["calls"]) for o, w in zip(ours, ws)])
                     energy = _stats([(w["j"] / w["calls"]) / (o["j"] / o["calls"]) for o, w in zip(ours, ws)])
                     row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, batch=batch, heads=heads, causal=causal,
-                               rounds=a.rounds, window_ms=a.window_ms, ms_median=statistics.median(ms),
+                               rounds=a.rounds, window_ms=a.window_ms, flush=a.flush, ms_median=statistics.median(ms),
                                tflops=flops / statistics.median(ms) / 1e9, j_per_call=statistics.median(jc),
                                tflop_per_j=flops / 1e12 / statistics.median(jc),
-                               watts=statistics.median([w["j"] / w["s"] for w in ws]),
+                               watts=statistics.median([w["j"] / w.get("s_raw", w["s"]) for w in ws]),
                                sm_mhz=statistics.median([w["sm_mhz"] for w in ws]),
                                energy_source=",".join(sorted({w["source"] for w in ws})),
                                j_counter_per_call=statistics.median([w["j_counter"] / w["calls"] for w in ws]),
