@@ -203,3 +203,14 @@ def test_energy_window_means_the_samples_inside_it():
     nv = _FakeNvml()
     assert energy_ab.PowerSampler(nv, None)._watts() == (700.0, "average_1s")  # the field missing: the 1 s average
     assert energy_ab.PowerSampler(nv, None)._watts() == (400.0, "instant")
+
+
+def test_stream_gaps_per_call_figures():
+    import stream_gaps
+
+    # two calls of two kernels each: a 10 us gap inside each call, 30 us between the calls, one overlap counted 0
+    spans = [(0.0, 100.0, "attn"), (110.0, 120.0, "memset"), (150.0, 250.0, "attn"), (245.0, 270.0, "memset")]
+    st = stream_gaps.gap_stats(spans, calls=2)
+    assert st["kernels_per_call"] == 2 and st["busy_us_per_call"] == (100 + 10 + 100 + 25) / 2
+    assert st["span_us_per_call"] == 135.0 and st["gap_us_per_call"] == (10 + 30 + 0) / 2
+    assert st["gap_us_median"] == 10.0 and st["kernel_names"] == ["attn", "memset"]
