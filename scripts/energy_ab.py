@@ -135,6 +135,24 @@ def _stats(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(s), s[len(s) // 5], s[(4 * len(s)) // 5]
 
 
+def paper_cells(hdims, seqlens, causals, tokens: int, extra: dict, cudnn: bool):
+    """(hdim, dv, seqlen, causal, batch, heads, fns) per cell: bf16 inputs at ``tokens`` total tokens and hidden 2048
+    (batch = tokens // seqlen, heads = 2048 // hdim), and fwd_ab's variants over them."""
+    import torch
+
+    for s in seqlens:
+        for hdim in hdims:
+            for causal in map(bool, causals):
+                dv = 128 if hdim == 192 else hdim
+                heads, batch = 2048 // hdim, max(1, tokens // s)
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
+                        for _ in range(2))
+                v = torch.randn(batch, s, heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+                fns, _ = _variants(q, k, v, causal, 1.0 / math.sqrt(hdim), None, extra, cudnn)
+                yield hdim, dv, s, causal, batch, heads, fns
+
+
 def main():
     import torch
 
@@ -157,52 +175,43 @@ def main():
         raise SystemExit("--rounds >= 1 and --window-ms > 0")
     nv, h = _nvml_handle()
     extra = dict(_parse_cfg(s) for s in a.cfg)
-    for s in a.seqlens:
-        for hdim in a.hdims:
-            for causal in map(bool, a.causal):
-                dv = 128 if hdim == 192 else hdim
-                heads, batch = 2048 // hdim, max(1, a.tokens // s)
-                g = torch.Generator(device="cuda").manual_seed(0)
-                q, k = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
-                        for _ in range(2))
-                v = torch.randn(batch, s, heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
-                fns, _ = _variants(q, k, v, causal, 1.0 / math.sqrt(hdim), None, extra, a.cudnn)
-                res = energy_rounds(with_flush(fns) if a.flush else fns, a.rounds, a.window_ms, nv, h)
-                fl = res.pop("flush_only", None)
-                if fl:  # each window's time less the flush's, from the same round (energy keeps the flush's share)
-                    for ws in res.values():
-                        for w, f in zip(ws, fl):
-                            w["s_raw"] = w["s"]
-                            w["s"] -= f["s"] / f["calls"] * w["calls"]
-                flops = attention_flops(batch, heads, s, s, hdim, dv, causal)
-                ours = res["ours"]
-                for name, ws in res.items():
-                    ms = [w["s"] / w["calls"] * 1e3 for w in ws]
-                    jc = [w["j"] / w["calls"] for w in ws]
-                    speed = _stats([o["s"] / o["calls"] / (w["s"] / w["calls"]) for o, w in zip(ours, ws)])
-                    energy = _stats([(w["j"] / w["calls"]) / (o["j"] / o["calls"]) for o, w in zip(ours, ws)])
-                    row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, batch=batch, heads=heads, causal=causal,
-                               rounds=a.rounds, window_ms=a.window_ms, flush=a.flush, ms_median=statistics.median(ms),
-                               tflops=flops / statistics.median(ms) / 1e9, j_per_call=statistics.median(jc),
-                               tflop_per_j=flops / 1e12 / statistics.median(jc),
-                               watts=statistics.median([w["j"] / w.get("s_raw", w["s"]) for w in ws]),
-                               sm_mhz=statistics.median([w["sm_mhz"] for w in ws]),
-                               energy_source=",".join(sorted({w["source"] for w in ws})),
-                               j_counter_per_call=statistics.median([w["j_counter"] / w["calls"] for w in ws]),
-                               host_share=statistics.median([w["host_s"] / w["s"] for w in ws]),
-                               capped_share=sum(w["reasons"] & 0x4 != 0 for w in ws) / len(ws),
-                               speed_vs_ours=speed[0], speed_p20=speed[1], speed_p80=speed[2],
-                               energy_vs_ours=energy[0], energy_p20=energy[1], energy_p80=energy[2],
-                               gpu=torch.cuda.get_device_name(), **prov)
-                    print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} {row['ms_median']:7.3f} ms "
-                          f"{row['tflops']:6.1f} TFLOP/s {row['j_per_call']:7.3f} J/call {row['tflop_per_j']:5.2f} "
-                          f"TFLOP/J {row['watts']:5.0f} W sm {row['sm_mhz']:.0f} MHz capped {row['capped_share']:.0%}"
-                          f" ({row['energy_source']}) host {row['host_share']:.0%}"
-                          f"  speed/ours {speed[0]:.3f} [{speed[1]:.3f}, {speed[2]:.3f}]"
-                          f"  energy/ours {energy[0]:.3f} [{energy[1]:.3f}, {energy[2]:.3f}]", flush=True)
-                    if a.out:
-                        with open(a.out, "a") as f:
-                            f.write(json.dumps(row) + "\n")
+    for hdim, dv, s, causal, batch, heads, fns in paper_cells(a.hdims, a.seqlens, a.causal, a.tokens, extra, a.cudnn):
+        res = energy_rounds(with_flush(fns) if a.flush else fns, a.rounds, a.window_ms, nv, h)
+        fl = res.pop("flush_only", None)
+        if fl:  # each window's time less the flush's, from the same round (energy keeps the flush's share)
+            for ws in res.values():
+                for w, f in zip(ws, fl):
+                    w["s_raw"] = w["s"]
+                    w["s"] -= f["s"] / f["calls"] * w["calls"]
+        flops = attention_flops(batch, heads, s, s, hdim, dv, causal)
+        ours = res["ours"]
+        for name, ws in res.items():
+            ms = [w["s"] / w["calls"] * 1e3 for w in ws]
+            jc = [w["j"] / w["calls"] for w in ws]
+            speed = _stats([o["s"] / o["calls"] / (w["s"] / w["calls"]) for o, w in zip(ours, ws)])
+            energy = _stats([(w["j"] / w["calls"]) / (o["j"] / o["calls"]) for o, w in zip(ours, ws)])
+            row = dict(backend=name, hdim=hdim, hdim_v=dv, seqlen=s, batch=batch, heads=heads, causal=causal,
+                       rounds=a.rounds, window_ms=a.window_ms, flush=a.flush, ms_median=statistics.median(ms),
+                       tflops=flops / statistics.median(ms) / 1e9, j_per_call=statistics.median(jc),
+                       tflop_per_j=flops / 1e12 / statistics.median(jc),
+                       watts=statistics.median([w["j"] / w.get("s_raw", w["s"]) for w in ws]),
+                       sm_mhz=statistics.median([w["sm_mhz"] for w in ws]),
+                       energy_source=",".join(sorted({w["source"] for w in ws})),
+                       j_counter_per_call=statistics.median([w["j_counter"] / w["calls"] for w in ws]),
+                       host_share=statistics.median([w["host_s"] / w["s"] for w in ws]),
+                       capped_share=sum(w["reasons"] & 0x4 != 0 for w in ws) / len(ws),
+                       speed_vs_ours=speed[0], speed_p20=speed[1], speed_p80=speed[2],
+                       energy_vs_ours=energy[0], energy_p20=energy[1], energy_p80=energy[2],
+                       gpu=torch.cuda.get_device_name(), **prov)
+            print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} {row['ms_median']:7.3f} ms "
+                  f"{row['tflops']:6.1f} TFLOP/s {row['j_per_call']:7.3f} J/call {row['tflop_per_j']:5.2f} "
+                  f"TFLOP/J {row['watts']:5.0f} W sm {row['sm_mhz']:.0f} MHz capped {row['capped_share']:.0%}"
+                  f" ({row['energy_source']}) host {row['host_share']:.0%}"
+                  f"  speed/ours {speed[0]:.3f} [{speed[1]:.3f}, {speed[2]:.3f}]"
+                  f"  energy/ours {energy[0]:.3f} [{energy[1]:.3f}, {energy[2]:.3f}]", flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

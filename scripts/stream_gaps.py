@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from fwd_ab import _variants  # noqa: E402
+from energy_ab import paper_cells  # noqa: E402
 
 
 def gap_stats(spans: list[tuple[float, float, str]], calls: int) -> dict:
@@ -72,27 +71,18 @@ def main():
     if a.calls < 2:
         raise SystemExit("--calls >= 2")
     prov = provenance()
-    for s in a.seqlens:
-        for hdim in a.hdims:
-            for causal in map(bool, a.causal):
-                dv = 128 if hdim == 192 else hdim
-                heads, batch = 2048 // hdim, max(1, a.tokens // s)
-                g = torch.Generator(device="cuda").manual_seed(0)
-                q, k = (torch.randn(batch, s, heads, hdim, device="cuda", dtype=torch.bfloat16, generator=g)
-                        for _ in range(2))
-                v = torch.randn(batch, s, heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
-                fns, _ = _variants(q, k, v, causal, 1.0 / math.sqrt(hdim), None, {}, a.cudnn)
-                for name, fn in fns.items():
-                    st = gap_stats(profile(fn, a.calls), a.calls)
-                    row = dict(backend=name, hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal,
-                               calls=a.calls, gpu=torch.cuda.get_device_name(), **st, **prov)
-                    print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} kernels/call {st['kernels_per_call']:.1f} "
-                          f"busy {st['busy_us_per_call']:8.1f} us span {st['span_us_per_call']:8.1f} us "
-                          f"gaps/call {st['gap_us_per_call']:6.1f} us (median {st['gap_us_median']:.1f}, "
-                          f"p90 {st['gap_us_p90']:.1f})  {', '.join(st['kernel_names'])}", flush=True)
-                    if a.out:
-                        with open(a.out, "a") as f:
-                            f.write(json.dumps(row) + "\n")
+    for hdim, _, s, causal, batch, heads, fns in paper_cells(a.hdims, a.seqlens, a.causal, a.tokens, {}, a.cudnn):
+        for name, fn in fns.items():
+            st = gap_stats(profile(fn, a.calls), a.calls)
+            row = dict(backend=name, hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal,
+                       calls=a.calls, gpu=torch.cuda.get_device_name(), **st, **prov)
+            print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} kernels/call {st['kernels_per_call']:.1f} "
+                  f"busy {st['busy_us_per_call']:8.1f} us span {st['span_us_per_call']:8.1f} us "
+                  f"gaps/call {st['gap_us_per_call']:6.1f} us (median {st['gap_us_median']:.1f}, "
+                  f"p90 {st['gap_us_p90']:.1f})  {', '.join(st['kernel_names'])}", flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
