@@ -113,6 +113,16 @@ def with_flush(fns: dict) -> dict:
     return out
 
 
+def subtract_flush(res: dict) -> None:
+    """In place: drop ``flush_only`` from ``res`` and take its time per call, from the same round, off every other
+    window's time (``s``; the untouched time stays as ``s_raw``, which the watts use: energy keeps the flush's share)."""
+    fl = res.pop("flush_only", None)
+    for ws in res.values() if fl else ():
+        for w, f in zip(ws, fl):
+            w["s_raw"] = w["s"]
+            w["s"] -= f["s"] / f["calls"] * w["calls"]
+
+
 def energy_rounds(fns: dict, rounds: int, window_ms: float, nv, h) -> dict[str, list[dict]]:
     """Per variant, one measure_window per round; the order rotates each round; ``calls`` per window from one
     timed warm window."""
@@ -177,12 +187,7 @@ def main():
     extra = dict(_parse_cfg(s) for s in a.cfg)
     for hdim, dv, s, causal, batch, heads, fns in paper_cells(a.hdims, a.seqlens, a.causal, a.tokens, extra, a.cudnn):
         res = energy_rounds(with_flush(fns) if a.flush else fns, a.rounds, a.window_ms, nv, h)
-        fl = res.pop("flush_only", None)
-        if fl:  # each window's time less the flush's, from the same round (energy keeps the flush's share)
-            for ws in res.values():
-                for w, f in zip(ws, fl):
-                    w["s_raw"] = w["s"]
-                    w["s"] -= f["s"] / f["calls"] * w["calls"]
+        subtract_flush(res)
         flops = attention_flops(batch, heads, s, s, hdim, dv, causal)
         ours = res["ours"]
         for name, ws in res.items():

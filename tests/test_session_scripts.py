@@ -214,3 +214,16 @@ def test_stream_gaps_per_call_figures():
     assert st["kernels_per_call"] == 2 and st["busy_us_per_call"] == (100 + 10 + 100 + 25) / 2
     assert st["span_us_per_call"] == 135.0 and st["gap_us_per_call"] == (10 + 30 + 0) / 2
     assert st["gap_us_median"] == 10.0 and st["kernel_names"] == ["attn", "memset"]
+
+
+def test_energy_flush_time_is_taken_off_round_by_round():
+    import energy_ab
+
+    res = {"ours": [dict(s=1.2, calls=10), dict(s=1.4, calls=10)], "flush_only": [dict(s=0.5, calls=50),
+                                                                                  dict(s=1.0, calls=50)]}
+    energy_ab.subtract_flush(res)
+    assert set(res) == {"ours"}
+    assert [round(w["s"], 9) for w in res["ours"]] == [1.1, 1.2] and [w["s_raw"] for w in res["ours"]] == [1.2, 1.4]
+    plain = {"ours": [dict(s=1.0, calls=4)]}
+    energy_ab.subtract_flush(plain)
+    assert plain == {"ours": [dict(s=1.0, calls=4)]}
