@@ -1,18 +1,21 @@
-"""Energy per forward call, ours against official FA4 (and cuDNN with --cudnn), round-robin in one process: where a
-run sits at the power cap, the clock follows each kernel's power draw, so speed there is set by energy per call.
+"""Forward calls back to back, ours against official FA4 (and cuDNN with --cudnn), round-robin in one process: the
+regime of a training step, beside the harness's timer (one call after a flush, a spin and a synchronize), and the
+energy per call (where a run sits at the power cap, the clock follows each kernel's power draw).
 
 ``python scripts/energy_ab.py [--hdims 256] [--causal 1] [--seqlens 16384 32768] [--rounds 8] [--window-ms 1500]
-[--cfg NAME=field:value,...] [--cudnn] [--out rows.jsonl]``
+[--cfg NAME=field:value,...] [--cudnn] [--flush] [--out rows.jsonl]``
 
 Shapes as scripts/fwd_ab.py (32k total tokens by default here, the paper grid: batch = 32768 / seqlen, heads = 2048 /
 hdim, bf16). Per round every variant (order rotated each round) runs back to back for about ``--window-ms``, no L2
-flush between calls. A thread reads the board's instant power (NVML field POWER_INSTANT) and SM clock every 5 ms;
-their means over a window times its wall time give J per call, ms per call, watts and MHz (the NVML energy counter's
-step is kept beside it: on the lent H100 it moves in coarse steps, session 72). ``host`` is the share of a window the
-host took to enqueue its calls (near 100%: the variant is host-bound back to back). Printed per variant: medians,
-and per round its speed over ours (t_ours / t_variant: below 1, ours is faster) and its energy per call over ours'
-(above 1, ours uses less). ``--flush`` zeroes 256 MiB before every call as the harness's timer does (the flush's own
-time, timed as a variant of its own, is taken off). Clocks are never changed. A session script for kernel work (results/h200/session_ab/).
+flush between calls. A GpuSampler thread reads the board's instant power (NVML field POWER_INSTANT) and SM clock
+every 5 ms; their means over a window times its wall time give J per call, ms per call, watts and MHz (the NVML
+energy counter's step is kept beside it: on the lent H100 it moves in coarse steps, and the instant power was too
+coarse there to compare J per call, session 72). ``host`` is the share of a window the host took to enqueue its
+calls (near 100%: the variant is host-bound back to back). Printed per variant: medians, and per round its speed
+over ours (t_ours / t_variant: below 1, ours is faster) and its energy per call over ours' (above 1, ours uses
+less). ``--flush`` zeroes 256 MiB before every call as the harness's timer does (the flush's own time, timed as a
+variant of its own, is taken off). Clocks are never changed. A session script for kernel work
+(results/h200/session_ab/energy_ab_h100_s72.*; README, "Each timed call thus starts ...").
 """
 from __future__ import annotations
 
@@ -40,51 +43,38 @@ def _nvml_handle():
     return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 
 
-class PowerSampler:
-    """Instant board power (NVML field POWER_INSTANT; the 1 s average where the field is missing) and the SM clock,
-    read every ``interval_s`` on a thread; ``window(t0, t1)`` gives their means over a stretch of perf_counter time."""
-
-    def __init__(self, nv, h, interval_s: float = 0.005):
-        import threading
-
-        self.nv, self.h, self.interval_s, self.samples = nv, h, interval_s, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _watts(self) -> tuple[float, str]:
-        nv = self.nv
-        try:
-            f = nv.nvmlDeviceGetFieldValues(self.h, [nv.NVML_FI_DEV_POWER_INSTANT])[0]
-            if f.nvmlReturn == 0:
-                return f.value.uiVal / 1e3, "instant"
-        except nv.NVMLError:
-            pass
-        return nv.nvmlDeviceGetPowerUsage(self.h) / 1e3, "average_1s"
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            w, src = self._watts()
-            self.samples.append((time.perf_counter(), w, self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM),
-                                 src))
-            time.sleep(self.interval_s)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def window(self, t0: float, t1: float) -> dict:
-        got = [x for x in self.samples if t0 <= x[0] <= t1]
-        if not got:
-            return dict(watts=float("nan"), sm_mhz=float("nan"), samples=0, source="none")
-        return dict(watts=statistics.mean(x[1] for x in got), sm_mhz=statistics.median(x[2] for x in got),
-                    samples=len(got), source=",".join(sorted({x[3] for x in got})))
+def instant_watts(nv, h) -> tuple[float, str]:
+    """Board power now: the NVML field POWER_INSTANT, or the driver's 1 s average where the field is missing."""
+    try:
+        f = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_POWER_INSTANT])[0]
+        if f.nvmlReturn == 0:
+            return f.value.uiVal / 1e3, "instant"
+    except nv.NVMLError:
+        pass
+    return nv.nvmlDeviceGetPowerUsage(h) / 1e3, "average_1s"
 
 
-def measure_window(fn, calls: int, nv, h, sampler: PowerSampler | None = None) -> dict:
+def power_sampler(nv, h, interval_s: float = 0.005):
+    """experiments.timing.sampler.GpuSampler reading instant_watts and the SM clock every ``interval_s``."""
+    from experiments.timing.sampler import GpuSampler
+
+    def read() -> dict:
+        w, src = instant_watts(nv, h)
+        return dict(power_w=w, power_source=src, sm_clock_mhz=nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+    return GpuSampler(interval_s=interval_s, read=read)
+
+
+def window_power(sampler, t0: float, t1: float) -> dict:
+    """Mean watts and median SM clock of the sampler's samples in [t0, t1] (GpuSampler.window), their sources."""
+    got = [x for x in sampler.window(t0, t1) if "power_w" in x] if sampler else []
+    if not got:
+        return dict(watts=float("nan"), sm_mhz=float("nan"), samples=0, source="none")
+    return dict(watts=statistics.mean(x["power_w"] for x in got),
+                sm_mhz=statistics.median(x["sm_clock_mhz"] for x in got), samples=len(got),
+                source=",".join(sorted({x["power_source"] for x in got})))
+
+
+def measure_window(fn, calls: int, nv, h, sampler=None) -> dict:
     """Run ``fn`` ``calls`` times back to back: wall (s), host time to enqueue them (s), energy (J: the sampler's mean
     power times the wall time; the NVML energy counter's step beside it), SM clock, clock-event reasons at the end."""
     import torch
@@ -96,7 +86,7 @@ def measure_window(fn, calls: int, nv, h, sampler: PowerSampler | None = None) -
     th = time.perf_counter()
     torch.cuda.synchronize()
     t1, e1 = time.perf_counter(), nv.nvmlDeviceGetTotalEnergyConsumption(h)
-    p = sampler.window(t0, t1) if sampler else dict(watts=float("nan"), sm_mhz=float("nan"), samples=0, source="none")
+    p = window_power(sampler, t0, t1)
     return dict(j=p["watts"] * (t1 - t0), j_counter=(e1 - e0) / 1e3, s=t1 - t0, host_s=th - t0, calls=calls,
                 sm_mhz=p["sm_mhz"], samples=p["samples"], source=p["source"],
                 reasons=int(nv.nvmlDeviceGetCurrentClocksEventReasons(h)))
@@ -115,7 +105,8 @@ def with_flush(fns: dict) -> dict:
 
 def subtract_flush(res: dict) -> None:
     """In place: drop ``flush_only`` from ``res`` and take its time per call, from the same round, off every other
-    window's time (``s``; the untouched time stays as ``s_raw``, which the watts use: energy keeps the flush's share)."""
+    window's time (``s``; the untouched time stays as ``s_raw``, which the watts use: energy keeps the flush's
+    share)."""
     fl = res.pop("flush_only", None)
     for ws in res.values() if fl else ():
         for w, f in zip(ws, fl):
@@ -132,7 +123,7 @@ def energy_rounds(fns: dict, rounds: int, window_ms: float, nv, h) -> dict[str, 
         calls[name] = max(3, round(window_ms / 1e3 / (w["s"] / 3)))
     names = list(fns)
     res = {n: [] for n in names}
-    with PowerSampler(nv, h) as sampler:
+    with power_sampler(nv, h) as sampler:
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:

@@ -194,15 +194,18 @@ class _FakeNvml:
 def test_energy_window_means_the_samples_inside_it():
     import energy_ab
 
-    s = energy_ab.PowerSampler(_FakeNvml(), None)
-    s.samples = [(0.5, 700.0, 1500, "average_1s"), (1.0, 400.0, 1500, "instant"), (2.0, 400.0, 1400, "instant"),
-                 (3.5, 100.0, 1000, "instant")]
-    w = s.window(0.9, 2.5)
-    assert w == dict(watts=400.0, sm_mhz=1450.0, samples=2, source="instant")
-    assert s.window(0.0, 3.5)["source"] == "average_1s,instant" and s.window(5.0, 6.0)["samples"] == 0
+    s = energy_ab.power_sampler(_FakeNvml(), None)
+    s.samples = [dict(t=0.5, power_w=700.0, sm_clock_mhz=1500, power_source="average_1s"),
+                 dict(t=1.0, power_w=400.0, sm_clock_mhz=1500, power_source="instant"),
+                 dict(t=2.0, power_w=400.0, sm_clock_mhz=1400, power_source="instant"),
+                 dict(t=3.5, power_w=100.0, sm_clock_mhz=1000, power_source="instant")]
+    assert energy_ab.window_power(s, 0.9, 2.5) == dict(watts=400.0, sm_mhz=1450.0, samples=2, source="instant")
+    assert energy_ab.window_power(s, 0.0, 3.5)["source"] == "average_1s,instant"
+    assert energy_ab.window_power(None, 0.0, 1.0)["samples"] == 0
     nv = _FakeNvml()
-    assert energy_ab.PowerSampler(nv, None)._watts() == (700.0, "average_1s")  # the field missing: the 1 s average
-    assert energy_ab.PowerSampler(nv, None)._watts() == (400.0, "instant")
+    assert energy_ab.instant_watts(nv, None) == (700.0, "average_1s")  # the field missing: the 1 s average
+    assert energy_ab.instant_watts(nv, None) == (400.0, "instant")
+    assert s.read()["sm_clock_mhz"] == 1500  # the sampler's reader: watts, their source and the SM clock
 
 
 def test_stream_gaps_per_call_figures():
