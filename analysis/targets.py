@@ -278,6 +278,16 @@ def one_card_rows(paths) -> pd.DataFrame:
     return matmul_rows_only(df)
 
 
+def stream_as_call_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The back-to-back rows (``bench.stream_calls`` > 0: metrics stream_time_ms / stream_time_ratio) under the
+    per-call metric names, the per-call rows dropped: the targets read off the back-to-back regime."""
+    if "metric" not in df:
+        return df.iloc[0:0]
+    d = df[df["metric"].isin(["stream_time_ms", "stream_time_ratio"])].copy()
+    d["metric"] = d["metric"].str.removeprefix("stream_")
+    return d
+
+
 def other_card_targets(root=None) -> list[tuple[dict, pd.DataFrame]]:
     """(entry, targets table) per card of ``<root>/other_cards.json`` (root: analysis.select.results_root()), each
     over that card's files alone, keeping the targets with a timed cell. A card whose rows name another GPU than
@@ -314,12 +324,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.targets", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", nargs="+", metavar="PATH",
                     help="rows.jsonl(.xz) files or folders of them to read instead of the committed sets")
+    ap.add_argument("--stream", action="store_true",
+                    help="with --rows: read the back-to-back rows (bench=stream: stream_time_ms / _ratio) instead")
     args = ap.parse_args(argv)
+    if args.stream and not args.rows:
+        ap.error("--stream reads --rows (the committed sets hold no back-to-back rows)")
     if args.rows:
         try:
             df = one_card_rows(args.rows)
         except (FileNotFoundError, ValueError) as e:
             ap.error(str(e))
+        if args.stream:
+            df = stream_as_call_rows(df)
         gpus = sorted(df["gpu_name"].dropna().unique()) if "gpu_name" in df else []
         print(f"rows: {len(df)} from {' '.join(args.rows)}" + (f" ({gpus[0]})" if gpus else ""))
         tab = evaluate(df)

@@ -41,7 +41,7 @@ from .shapes import Shape, make_inputs, randn
 from .timing.sampler import GpuSampler
 
 MODES = ("fwd", "bwd")
-DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None, hold_us=0.0)
+DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None, hold_us=0.0, stream_calls=0)
 MESSAGE_LINES = 3
 MESSAGE_CHARS = 600
 
@@ -196,6 +196,9 @@ def _parse(job: dict):
         if unknown:
             raise ValueError(f"bench: unknown key(s) {unknown}; known: {sorted(DEFAULT_BENCH)}")
         bench = {**DEFAULT_BENCH, **bench}
+        if bench["stream_calls"]:
+            raise ValueError(f"bench.stream_calls={bench['stream_calls']}: back-to-back timing runs in compare jobs "
+                             "(an experiment of kind: compare, e.g. fwd_peers); 0 here")
     ab = job.get("ab")
     if ab is not None:
         if not isinstance(ab, dict) or "variant" not in ab or set(ab) - {"variant", "config"}:

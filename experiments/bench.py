@@ -143,6 +143,30 @@ class CallTimer:
         return out
 
 
+class StreamTimer:
+    """CallTimer's interface for calls back to back, the regime of a training step: ``run(fn)`` times ``calls`` calls
+    of ``fn`` in a row between two CUDA events (after the ``hold_us`` spin; no flush between them, so ``flush`` is
+    None) and gives the time per call. The harness's own timer starts each call on a GPU that has just idled; where
+    the power cap binds, ratios move between the two (README, "Each timed call thus starts ...")."""
+
+    def __init__(self, device, calls: int, hold_us: float = 0.0):
+        if not (isinstance(calls, int) and calls >= 1):
+            raise ValueError(f"calls={calls}: must be an int >= 1")
+        self.inner = CallTimer(device, flush_l2=False, hold_us=hold_us)
+        self.calls, self.cuda, self.flush = calls, self.inner.cuda, None
+        self.name = self.inner.name + "_stream"
+
+    def run(self, fn: Callable) -> float | None:
+        def many():
+            for _ in range(self.calls):
+                fn()
+        r = self.inner.run(many)
+        return None if r is None else r / self.calls
+
+    def collect(self) -> list[float]:
+        return [t / self.calls for t in self.inner.collect()]
+
+
 def time_first_call(fn: Callable, device=None) -> float:
     """Wall seconds of one call, synchronised (includes any compilation)."""
     _sync(device)

@@ -4,7 +4,8 @@ one process on the same inputs (experiments/timing/roundrobin.py), ratios to a b
 A job (``group_jobs`` makes them from the sweep's per-backend jobs, one per shape)::
 
     {"kind": "compare", "experiment": str, "shape": Shape dict, "modes": [...], "check": bool,
-     "bench": {"warmup", "repeats", "flush_l2", "max_time_s", optional "settle_s", "min_rounds"},
+     "bench": {"warmup", "repeats", "flush_l2", "max_time_s", "hold_us", optional "settle_s", "min_rounds",
+               "stream_calls"},
      "entries": [{"backend", "variant", "config"}, ...], "baseline": {"backend", "variant"},
      optional "device", "softmax_scale", "seed", "gemm_ref"}
 
@@ -20,6 +21,9 @@ settle fields, ``round_throttled``, ``rr_entries`` = who was timed together), an
 min/max, n, ``samples``, ``value_unthrottled`` / ``n_unthrottled`` (rounds with no throttled sample), ``baseline``.
 ``gemm_ref: true``: a square matmul of about the attention's FLOPs is timed in the same rounds as one more entry
 (backend ``matmul_ref``; its ratio row normalised to equal FLOPs: experiments/gemm_ref.py).
+``bench.stream_calls`` N > 0 (conf/bench/stream.yaml) times each entry's turn in a round as N calls back to back
+(experiments.bench.StreamTimer: no flush between them) and writes ``stream_time_ms`` / ``stream_time_ratio`` rows
+(with ``stream_calls``) instead, which the analysis of the per-call rows never reads.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import torch
 
 from .attn_job import (MODES, _Rows, _peak, _timed_fn, _timed_inputs, classify_error, error_message)
 from .backends import get_backend
-from .bench import attn_flops, time_first_call, tflops
+from .bench import StreamTimer, attn_flops, time_first_call, tflops
 from . import gemm_ref
 from .check import check_backend, check_fits, fit_check_shape, slice_shape
 from .metadata import gpu_state_fields
@@ -37,7 +41,8 @@ from .shapes import Shape
 from .timing.roundrobin import round_robin
 from .timing.sampler import GpuSampler
 
-DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None, settle_s=None, min_rounds=10, hold_us=0.0)
+DEFAULT_BENCH = dict(warmup=5, repeats=30, flush_l2=True, max_time_s=None, settle_s=None, min_rounds=10, hold_us=0.0,
+                     stream_calls=0)
 ENTRY_KEYS = ("backend", "variant", "config")
 
 
@@ -198,28 +203,34 @@ def _time(job, entries, fns, base, mode, shape, device, bench, settle_s) -> str 
     """Time ``fns`` round-robin; add the time_ms and time_ratio rows (or fail rows). Returns a failure's class."""
     timed = [e for e in entries if e.label in fns]
     before = gpu_state_fields("before")
+    stream = int(bench["stream_calls"])
+    # back-to-back timing (bench.stream_calls > 0) writes metrics of their own, so the analysis of the harness's
+    # per-call timer (time_ms / time_ratio) never pools the two regimes
+    t_metric, r_metric = ("stream_time_ms", "stream_time_ratio") if stream else ("time_ms", "time_ratio")
     try:
         with GpuSampler() as sampler:
             rr = round_robin(fns, device=device, warmup=int(bench["warmup"]), rounds=int(bench["repeats"]),
                              min_rounds=int(bench["min_rounds"]), flush_l2=bool(bench["flush_l2"]),
                              max_time_s=bench["max_time_s"], settle_s=float(settle_s), sampler=sampler,
-                             hold_us=float(bench["hold_us"]))
+                             hold_us=float(bench["hold_us"]),
+                             timer=StreamTimer(device, stream, float(bench["hold_us"])) if stream else None)
     except Exception as x:  # noqa: BLE001 -- which entry raised is unknown: every timed entry gets the fail row
         cls = classify_error(x)
         for e in timed:
-            e.rows.fail(mode, x, state=before, metric="time_ms", rr_entries=list(fns))
+            e.rows.fail(mode, x, state=before, metric=t_metric, rr_entries=list(fns))
         return cls
     state = {**before, **gpu_state_fields("after")}
     gpu = sampler.summary()
     flops, peak = attn_flops(shape, mode), _peak(shape)
     common = dict(timer=rr.timer, flush_l2=rr.flush_l2, hold_us=float(bench["hold_us"]), rr_entries=rr.names, rr_baseline=base,
+                  **(dict(stream_calls=stream) if stream else {}),
                   round_throttled=rr.round_throttled, **rr.settle, **gpu)
     for e in timed:
         st = rr.stats(e.label)
         f = e.flops(mode) if isinstance(e, _GemmEntry) else flops
         tf = tflops(f, st["median"])
         extra = dict(gemm_n=e.n[mode], gemm_dtype=shape.dtype) if isinstance(e, _GemmEntry) else {}
-        e.rows.add(mode, "time_ms", st["median"], state=state, p20=st["p20"], p80=st["p80"], iqr=st["iqr"],
+        e.rows.add(mode, t_metric, st["median"], state=state, p20=st["p20"], p80=st["p80"], iqr=st["iqr"],
                    min=st["min"], max=st["max"], n=st["n"], times_ms=rr.times_ms[e.label], flops=f, tflops=tf,
                    peak_tflops=peak, frac_of_peak=(tf / peak) if peak else None, **extra, **common)
     if base not in fns:
@@ -233,6 +244,6 @@ def _time(job, entries, fns, base, mode, shape, device, bench, settle_s) -> str 
             r = rr.ratio(e.label, base)
             if isinstance(e, _GemmEntry):  # normalised to the attention's FLOPs: median r = ours / matmul TFLOP/s
                 r = dict(gemm_ref.scaled_ratio(r, flops / e.flops(mode)), flops_normalised=True, gemm_n=e.n[mode])
-            e.rows.add(mode, "time_ratio", r.pop("value"), state=state, **r, **ident, timer=rr.timer,
+            e.rows.add(mode, r_metric, r.pop("value"), state=state, **r, **ident, timer=rr.timer,
                        rr_entries=rr.names, throttled_share=gpu.get("throttled_share"), gpu_sampler=gpu["gpu_sampler"])
     return None

@@ -52,6 +52,8 @@ def check_bench(key: str, bench) -> None:
           b["max_time_s"], "must be null (no cap) or a number > 0")
     _need(_is_num(b["hold_us"]) and b["hold_us"] >= 0, f"{key}.hold_us", b["hold_us"],
           "must be a number >= 0 (microseconds of GPU spin before each timed call; 0 = none)")
+    _need(_is_int(b["stream_calls"]) and b["stream_calls"] >= 0, f"{key}.stream_calls", b["stream_calls"],
+          "must be an int >= 0 (calls timed back to back per turn, compare experiments; 0 = one call per turn)")
 
 
 def check_grid(grid: dict) -> None:

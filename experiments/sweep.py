@@ -229,7 +229,7 @@ def summarize(rows: list[dict]) -> str:
         parts += ["every row is a skip; reasons:", *_reasons(rows)]
     cells: dict[tuple[str, str], list[float]] = {}
     for r in rows:
-        if r.get("metric") == "time_ms" and r.get("status") == "ok" and r.get("tflops") is not None:
+        if r.get("metric") in ("time_ms", "stream_time_ms") and r.get("status") == "ok" and r.get("tflops") is not None:
             v = r.get("variant")
             who = r.get("backend") if v in (None, "default", "peer") else f"{r.get('backend')}[{v}]"
             cells.setdefault((f"{_shape_label(r)} {r.get('mode')}", str(who)), []).append(float(r["tflops"]))

@@ -218,3 +218,38 @@ def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatc
     assert log == ["flush", "event", "call", "event"]
     with pytest.raises(ValueError, match="hold_us"):
         bench.CallTimer("cuda", flush_l2=True, hold_us=-1)
+
+
+def test_stream_timer_times_calls_back_to_back_per_turn(monkeypatch):
+    """StreamTimer: one spin, the start event, ``calls`` calls, the end event; no flush; the time per call."""
+    import torch
+
+    from experiments import bench
+
+    n = []
+    cpu = bench.StreamTimer("cpu", calls=4)
+    assert cpu.run(lambda: n.append(1)) >= 0 and len(n) == 4 and cpu.name == "perf_counter_stream"
+    with pytest.raises(ValueError, match="calls=0"):
+        bench.StreamTimer("cpu", calls=0)
+    log = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def elapsed_time(self, other):
+            return 12.0
+
+    monkeypatch.setattr(bench, "_is_cuda", lambda device: True)
+    monkeypatch.setattr(bench, "_sync", lambda device: None)
+    monkeypatch.setattr(bench, "L2Flusher", lambda device: (lambda: log.append("flush")))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append("sleep"))
+    timer = bench.StreamTimer("cuda", calls=3, hold_us=500)
+    assert timer.flush is None and timer.name == "cuda_events_stream"
+    assert timer.run(lambda: log.append("call")) is None
+    assert log == ["sleep", "event", "call", "call", "call", "event"]
+    assert timer.collect() == [4.0]  # 12 ms over 3 calls

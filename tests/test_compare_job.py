@@ -88,6 +88,31 @@ def test_bad_jobs_raise_one_line_errors():
         run({**job([E_FULL]), "bench": {"repeat": 3}})
 
 
+def test_stream_calls_write_rows_of_their_own():
+    rows = run({**job([E_FULL, E_REF], repeats=2), "bench": dict(warmup=1, repeats=2, stream_calls=3)})
+    timed, ratios = by(rows, metric="stream_time_ms"), by(rows, metric="stream_time_ratio")
+    assert len(timed) == 2 and len(ratios) == 1 and not by(rows, metric="time_ms") and not by(rows, metric="time_ratio")
+    assert all(r["timer"] == "perf_counter_stream" and r["stream_calls"] == 3 for r in timed)
+    assert ratios[0]["baseline"] == "fa4_model[full]" and ratios[0]["value"] > 0
+    from analysis.select import attn_times, ratio_rows
+    import pandas as pd
+
+    df = pd.DataFrame(rows).assign(gpu_name="fake")  # even as GPU rows, the per-call analysis reads none of them
+    assert attn_times(df).empty and ratio_rows(df).empty
+    from analysis.targets import stream_as_call_rows
+
+    d = stream_as_call_rows(df)  # python -m analysis.targets --rows ... --stream: the same rows as per-call ones
+    assert sorted(d["metric"]) == ["time_ms", "time_ms", "time_ratio"] and len(ratio_rows(d)) == 1
+
+
+def test_attn_jobs_refuse_stream_calls():
+    from experiments.attn_job import run as run_attn
+
+    with pytest.raises(ValueError, match="stream_calls=2: back-to-back timing runs in compare jobs"):
+        run_attn({"kind": "attn", "experiment": "t", "backend": "reference", "variant": "peer", "config": None,
+                  "shape": SHAPE, "modes": ["fwd"], "check": False, "bench": {"stream_calls": 2}})
+
+
 def test_group_jobs_makes_one_job_per_shape():
     per_backend = [{"kind": "compare", "experiment": "x", "shape": s, "modes": ["fwd"], "backend": b, "variant": v,
                     "config": None, "ab": {"variant": "full"}}
