@@ -190,14 +190,11 @@ def test_first_call_holds_the_compile_second_call_does_not():
     assert t.first_call_s >= 0.2 > t.second_call_s
 
 
-def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatch):
-    """CallTimer(hold_us=...): flush, then the spin, then the start event, the call, the end event (CUDA faked)."""
+def _fake_cuda(monkeypatch, log: list, elapsed_ms: float = 0.0):
+    """experiments.bench on a faked CUDA device: flushes, spins (('sleep', cycles)) and events go to ``log``."""
     import torch
 
     from experiments import bench
-
-    assert bench.CallTimer("cpu", flush_l2=True, hold_us=500).hold_us == 0.0  # nothing to hold on the CPU
-    log = []
 
     class FakeEvent:
         def __init__(self, enable_timing=False):
@@ -206,10 +203,24 @@ def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatc
         def record(self):
             log.append("event")
 
+        def elapsed_time(self, other):
+            return elapsed_ms
+
     monkeypatch.setattr(bench, "_is_cuda", lambda device: True)
+    monkeypatch.setattr(bench, "_sync", lambda device: None)
     monkeypatch.setattr(bench, "L2Flusher", lambda device: (lambda: log.append("flush")))
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)))
+
+
+def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatch):
+    """CallTimer(hold_us=...): flush, then the spin, then the start event, the call, the end event (CUDA faked)."""
+
+    from experiments import bench
+
+    assert bench.CallTimer("cpu", flush_l2=True, hold_us=500).hold_us == 0.0  # nothing to hold on the CPU
+    log = []
+    _fake_cuda(monkeypatch, log)
     timer = bench.CallTimer("cuda", flush_l2=True, hold_us=500)
     assert timer.run(lambda: log.append("call")) is None
     assert log == ["flush", ("sleep", 500 * bench.HOLD_CYCLES_PER_US), "event", "call", "event"]
@@ -222,7 +233,6 @@ def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatc
 
 def test_stream_timer_times_calls_back_to_back_per_turn(monkeypatch):
     """StreamTimer: one spin, the start event, ``calls`` calls, the end event; no flush; the time per call."""
-    import torch
 
     from experiments import bench
 
@@ -232,24 +242,9 @@ def test_stream_timer_times_calls_back_to_back_per_turn(monkeypatch):
     with pytest.raises(ValueError, match="calls=0"):
         bench.StreamTimer("cpu", calls=0)
     log = []
-
-    class FakeEvent:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            log.append("event")
-
-        def elapsed_time(self, other):
-            return 12.0
-
-    monkeypatch.setattr(bench, "_is_cuda", lambda device: True)
-    monkeypatch.setattr(bench, "_sync", lambda device: None)
-    monkeypatch.setattr(bench, "L2Flusher", lambda device: (lambda: log.append("flush")))
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append("sleep"))
+    _fake_cuda(monkeypatch, log, elapsed_ms=12.0)
     timer = bench.StreamTimer("cuda", calls=3, hold_us=500)
     assert timer.flush is None and timer.name == "cuda_events_stream"
     assert timer.run(lambda: log.append("call")) is None
-    assert log == ["sleep", "event", "call", "call", "call", "event"]
+    assert log == [("sleep", 500 * bench.HOLD_CYCLES_PER_US), "event", "call", "call", "call", "event"]
     assert timer.collect() == [4.0]  # 12 ms over 3 calls
