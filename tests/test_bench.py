@@ -215,7 +215,6 @@ def _fake_cuda(monkeypatch, log: list, elapsed_ms: float = 0.0):
 
 def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatch):
     """CallTimer(hold_us=...): flush, then the spin, then the start event, the call, the end event (CUDA faked)."""
-
     from experiments import bench
 
     assert bench.CallTimer("cpu", flush_l2=True, hold_us=500).hold_us == 0.0  # nothing to hold on the CPU
@@ -233,7 +232,6 @@ def test_hold_queues_a_gpu_spin_between_the_flush_and_the_start_event(monkeypatc
 
 def test_stream_timer_times_calls_back_to_back_per_turn(monkeypatch):
     """StreamTimer: one spin, the start event, ``calls`` calls, the end event; no flush; the time per call."""
-
     from experiments import bench
 
     n = []
