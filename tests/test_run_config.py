@@ -13,7 +13,7 @@ CASES = [
     (["check", "bench.repeats=abc"], "error: bench.repeats='abc': must be an int >= 1"),
     (["bench", "bench.warmup=-1"], "error: bench.warmup=-1: must be an int >= 0"),
     (["check", "bench.hold_us=-5"], "error: bench.hold_us=-5: must be a number >= 0"),
-    (["check", "bench.stream_calls=-1"], "error: bench.stream_calls=-1: must be an int >= 0"),
+    (["check", "bench=stream", "bench.stream_calls=-1"], "error: bench.stream_calls=-1: must be an int >= 0"),
     (["check", "modes=[fwd,xyz]"], "error: modes=['fwd', 'xyz']: must be a non-empty list of fwd, bwd"),
     (["check", "isolation=threads"], "error: isolation='threads': supported: auto, process, inline"),
     (["check", "job_timeout_s=0"], "error: job_timeout_s=0: must be a number of seconds > 0"),
