@@ -6,16 +6,17 @@ energy per call (where a run sits at the power cap, the clock follows each kerne
 [--cfg NAME=field:value,...] [--cudnn] [--flush] [--out rows.jsonl]``
 
 Shapes as scripts/fwd_ab.py (32k total tokens by default here, the paper grid: batch = 32768 / seqlen, heads = 2048 /
-hdim, bf16). Per round every variant (order rotated each round) runs back to back for about ``--window-ms``, no L2
-flush between calls. A GpuSampler thread reads the board's instant power (NVML field POWER_INSTANT) and SM clock
-every 5 ms; their means over a window times its wall time give J per call, ms per call, watts and MHz (the NVML
-energy counter's step is kept beside it: on the lent H100 it moves in coarse steps, and the instant power was too
-coarse there to compare J per call, session 72). ``host`` is the share of a window the host took to enqueue its
-calls (near 100%: the variant is host-bound back to back). Printed per variant: medians, and per round its speed
-over ours (t_ours / t_variant: below 1, ours is faster) and its energy per call over ours' (above 1, ours uses
-less). ``--flush`` zeroes 256 MiB before every call as the harness's timer does (the flush's own time, timed as a
-variant of its own, is taken off). Clocks are never changed. A session script for kernel work
-(results/h200/session_ab/energy_ab_h100_s72.*; README, "Each timed call thus starts ...").
+hdim, bf16). Per round every variant runs back to back for about ``--window-ms``, no L2 flush between calls; the
+rounds follow the harness's balanced orders (session 72's rows, `energy_ab_h100_s72.*`, were taken with a plain
+rotation, A B C / B C A / ..., which lets a variant always follow the same neighbour). A GpuSampler thread reads the
+board's instant power (NVML field POWER_INSTANT) and SM clock every 5 ms; their means over a window times its wall
+time give J per call, ms per call, watts and MHz (the NVML energy counter's step is kept beside it: on the lent H100
+it moves in coarse steps, and the instant power was too coarse there to compare J per call, session 72). ``host`` is
+the share of a window the host took to enqueue its calls (near 100%: the variant is host-bound back to back). Printed
+per variant: medians, and per round its speed over ours (t_ours / t_variant: below 1, ours is faster) and its energy
+per call over ours' (above 1, ours uses less). ``--flush`` zeroes 256 MiB before every call as the harness's timer
+does (the flush's own time, timed as a variant of its own, is taken off). Clocks are never changed. A session script
+for kernel work (results/h200/session_ab/energy_ab_h100_s72.*; README, "Each timed call thus starts ...").
 """
 from __future__ import annotations
 
@@ -115,18 +116,21 @@ def subtract_flush(res: dict) -> None:
 
 
 def energy_rounds(fns: dict, rounds: int, window_ms: float, nv, h) -> dict[str, list[dict]]:
-    """Per variant, one measure_window per round; the order rotates each round; ``calls`` per window from one
-    timed warm window."""
+    """Per variant, one measure_window per round, the rounds in the harness's balanced orders
+    (experiments.timing.roundrobin: every variant follows every other equally often; rounds rounded up to whole
+    cycles); ``calls`` per window from one timed warm window."""
+    from experiments.timing.roundrobin import balanced_orders, whole_cycles
+
     calls = {}
     for name, fn in fns.items():
         w = measure_window(fn, 3, nv, h)
         calls[name] = max(3, round(window_ms / 1e3 / (w["s"] / 3)))
     names = list(fns)
+    orders = balanced_orders(names)
     res = {n: [] for n in names}
     with power_sampler(nv, h) as sampler:
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for n in order:
+        for r in range(whole_cycles(rounds, len(names))):
+            for n in orders[r % len(orders)]:
                 res[n].append(measure_window(fns[n], calls[n], nv, h, sampler))
     return res
 

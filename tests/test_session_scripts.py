@@ -230,3 +230,24 @@ def test_energy_flush_time_is_taken_off_round_by_round():
     plain = {"ours": [dict(s=1.0, calls=4)]}
     energy_ab.subtract_flush(plain)
     assert plain == {"ours": [dict(s=1.0, calls=4)]}
+
+
+def test_energy_rounds_follow_the_balanced_orders(monkeypatch):
+    import contextlib
+
+    import energy_ab
+    from experiments.timing.roundrobin import balanced_orders
+
+    seen = []
+
+    def window(fn, calls, nv, h, sampler=None):
+        if sampler is not None:
+            seen.append(fn())
+        return dict(s=0.001 * calls, calls=calls)
+
+    monkeypatch.setattr(energy_ab, "measure_window", window)
+    monkeypatch.setattr(energy_ab, "power_sampler", lambda nv, h: contextlib.nullcontext(object()))
+    fns = {n: (lambda n=n: n) for n in "abc"}
+    res = energy_ab.energy_rounds(fns, rounds=5, window_ms=10, nv=None, h=None)
+    orders = balanced_orders(list("abc"))  # 6 orders for 3 variants: 5 rounds become one whole cycle
+    assert seen == [n for o in orders for n in o] and all(len(v) == 6 for v in res.values())
