@@ -3,8 +3,14 @@ torch.profiler (CUPTI), then per variant the kernels per call, the GPU busy time
 between consecutive kernels (median, p90, their sum per call). scripts/energy_ab.py found official FA4 slower back to
 back than in the harness's timed calls (session 72); this says whether its calls leave the GPU gaps.
 
-``python scripts/stream_gaps.py [--hdims 256] [--causal 1] [--seqlens 8192] [--calls 20] [--cudnn] [--out rows.jsonl]``
-(shapes as scripts/energy_ab.py: 32k tokens, heads = 2048 / hdim).
+``--harness``: the harness's regime instead (experiments.bench.CallTimer: L2 flush, ``--hold-us`` spin, CUDA events
+around one call), the variants in its balanced round-robin orders, ``--calls`` rounds under the profiler; per variant
+the event time, the call's kernel time (its kernels between the spin and the next flush) and the idle time from the
+spin's end to the call's first kernel, as medians. It says whether a call's time in the committed rows is its
+kernels' or the GPU waiting.
+
+``python scripts/stream_gaps.py [--hdims 256] [--causal 1] [--seqlens 8192] [--calls 20] [--cudnn] [--harness
+[--hold-us 500]] [--out rows.jsonl]`` (shapes as scripts/energy_ab.py: 32k tokens, heads = 2048 / hdim).
 """
 from __future__ import annotations
 
@@ -54,6 +60,64 @@ def profile(fn, calls: int) -> list[tuple[float, float, str]]:
     return out
 
 
+def harness_segments(spans: list[tuple[float, float, str]], spin: str, flush: str) -> list[dict]:
+    """Per timed call of a harness-regime profile, in order: its kernel time (the spans after a ``spin`` kernel and
+    before the next ``flush`` kernel or the end) and the idle time from the spin's end to its first kernel."""
+    out, cur, spin_end = [], None, None
+    for s, e, n in sorted(spans) + [(float("inf"), float("inf"), flush)]:
+        if spin in n or flush in n:
+            if cur:
+                out.append(dict(kernel_us=sum(b - a for a, b in cur), lead_us=max(0.0, cur[0][0] - spin_end),
+                                kernels=len(cur)))
+            cur, spin_end = ([], e) if spin in n else (None, None)
+        elif cur is not None:
+            cur.append((s, e))
+    return out
+
+
+def harness_profile(fns: dict, rounds: int, hold_us: float) -> dict[str, dict]:
+    """The harness's timer (flush, spin, events around one call), variants in its balanced orders, under the
+    profiler: per variant the medians of the event time, the call's kernel time and the spin-to-first-kernel idle."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprof
+
+    from experiments.bench import CallTimer
+    from experiments.timing.roundrobin import balanced_orders, whole_cycles
+
+    def names(fn):  # the kernel names one lone call of fn runs
+        with tprof(activities=[ProfilerActivity.CUDA]) as p:
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in p.events() if e.device_type.name == "CUDA"]
+
+    timer = CallTimer("cuda", flush_l2=True, hold_us=hold_us)
+    flush = names(timer.flush)[0]
+    spin = names(lambda: torch.cuda._sleep(1000))[0]
+    order = balanced_orders(list(fns))
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    res = {n: dict(event_ms=[], segs=[]) for n in fns}
+    for r in range(whole_cycles(rounds, len(fns))):
+        seq = order[r % len(order)]
+        with tprof(activities=[ProfilerActivity.CUDA]) as p:
+            for n in seq:
+                timer.run(fns[n])
+            ev = timer.collect()
+        segs = harness_segments([(e.time_range.start, e.time_range.end, e.name) for e in p.events()
+                                 if e.device_type.name == "CUDA"], spin, flush)
+        if len(segs) != len(seq):
+            raise RuntimeError(f"round {r}: {len(segs)} call segments for {len(seq)} calls")
+        for n, t, g in zip(seq, ev, segs):
+            res[n]["event_ms"].append(t)
+            res[n]["segs"].append(g)
+    med = statistics.median
+    return {n: dict(rounds=len(v["event_ms"]), event_us=med(v["event_ms"]) * 1e3,
+                    kernel_us=med(g["kernel_us"] for g in v["segs"]), lead_us=med(g["lead_us"] for g in v["segs"]),
+                    kernels_per_call=med(g["kernels"] for g in v["segs"])) for n, v in res.items()}
+
+
 def main():
     import torch
 
@@ -66,12 +130,25 @@ def main():
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--harness", action="store_true", help="the harness's per-call regime (flush, spin, events)")
+    ap.add_argument("--hold-us", type=float, default=500.0)
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.calls < 2:
         raise SystemExit("--calls >= 2")
     prov = provenance()
     for hdim, _, s, causal, batch, heads, fns in paper_cells(a.hdims, a.seqlens, a.causal, a.tokens, {}, a.cudnn):
+        if a.harness:
+            for name, st in harness_profile(fns, a.calls, a.hold_us).items():
+                row = dict(backend=name, hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal, regime="harness",
+                           hold_us=a.hold_us, gpu=torch.cuda.get_device_name(), **st, **prov)
+                print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} rounds {st['rounds']} event {st['event_us']:8.1f} "
+                      f"us kernels {st['kernel_us']:8.1f} us ({st['kernels_per_call']:.0f}/call) spin-to-first-kernel "
+                      f"{st['lead_us']:6.1f} us", flush=True)
+                if a.out:
+                    with open(a.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+            continue
         for name, fn in fns.items():
             st = gap_stats(profile(fn, a.calls), a.calls)
             row = dict(backend=name, hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal,

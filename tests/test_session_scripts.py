@@ -219,6 +219,17 @@ def test_stream_gaps_per_call_figures():
     assert st["gap_us_median"] == 10.0 and st["kernel_names"] == ["attn", "memset"]
 
 
+def test_stream_gaps_harness_segments():
+    import stream_gaps
+
+    # two timed calls: flush, spin, the call's kernels; the second call's two kernels, 10 us after its spin
+    spans = [(0.0, 10.0, "fill_buf"), (10.0, 510.0, "spin_kernel"), (515.0, 600.0, "attn"), (620.0, 630.0, "fill_buf"),
+             (630.0, 1130.0, "spin_kernel"), (1140.0, 1300.0, "attn"), (1300.0, 1310.0, "tail")]
+    segs = stream_gaps.harness_segments(spans, spin="spin_kernel", flush="fill_buf")
+    assert segs == [dict(kernel_us=85.0, lead_us=5.0, kernels=1), dict(kernel_us=170.0, lead_us=10.0, kernels=2)]
+    assert stream_gaps.harness_segments(spans[:2], spin="spin_kernel", flush="fill_buf") == []  # a call that ran nothing
+
+
 def test_energy_flush_time_is_taken_off_round_by_round():
     import energy_ab
 
