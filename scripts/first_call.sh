@@ -13,17 +13,21 @@
 # hd256 causal 8k in session 66: its other GPU tests and A/Bs) and 53 run on any card when named. On an H200 the stale
 # rows want about one more call (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's
 # boot comes before it, inside the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36"]
+# Part "gaps" (any card; in the default order last, so on an H200 it runs only if time is left, elsewhere it is the call's
+# work): scripts/stream_gaps.py --harness at hd256 causal 8k / 32k, spin 500 then 5000 us: whether the harness's
+# per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (new in session 73, not yet run).
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36 gaps"]
 # (parts 50 / 51 / 52 / 53 ran on an H100 in sessions 67 / 68 / 69 / 71; owed on an H200: the stale rows, 51, 36)
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-stale 51 36}
+PARTS=${2:-stale 51 36 gaps}
 H200_ONLY=" ${H200_ONLY:-stale 51 36} "
 DEADLINE=${DEADLINE:-540}
 START=$SECONDS
 export FA4LAB_GIT_SHA=${FA4LAB_GIT_SHA:-$(cat .gpu/sha 2>/dev/null)}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "card: $GPU, git ${FA4LAB_GIT_SHA:-unknown}"
+mkdir -p "$O"
 left() { echo $((DEADLINE - (SECONDS - START))); }
 for p in $PARTS; do
   (( $(left) < 60 )) && { echo "part $p skipped: $(left) s left"; continue; }
@@ -32,6 +36,15 @@ for p in $PARTS; do
     for r in fwd fwd128nf abl_fwd small; do
       (( $(left) < 60 )) && { echo "rerun $r skipped: $(left) s left"; continue; }
       RERUN=stale CAP=$(( $(left) / 2 - 10 )) bash scripts/h200_rerun.sh "$O/p" "$r" 2>&1 | tail -n 4
+    done
+    continue
+  fi
+  if [[ "$p" == gaps ]]; then
+    for h in 500 5000; do
+      (( $(left) < 60 )) && { echo "gaps $h skipped: $(left) s left"; continue; }
+      CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} PYTHONUNBUFFERED=1 timeout $(( $(left) - 10 )) python scripts/stream_gaps.py --harness --hold-us $h --hdims 256 --causal 1 \
+        --seqlens 8192 32768 --calls 12 --out "$O/harness_gaps.jsonl" > "$O/gaps_$h.log" 2>&1
+      echo "gaps $h rc=$?"; if grep -qE "^hd" "$O/gaps_$h.log"; then grep -E "^hd" "$O/gaps_$h.log" | cut -c1-160; else tail -n 3 "$O/gaps_$h.log"; fi
     done
     continue
   fi
