@@ -138,28 +138,27 @@ def main():
         raise SystemExit("--calls >= 2")
     prov = provenance()
     for hdim, _, s, causal, batch, heads, fns in paper_cells(a.hdims, a.seqlens, a.causal, a.tokens, {}, a.cudnn):
+        cell = dict(hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal, gpu=torch.cuda.get_device_name())
+        head = f"hd{hdim} s{s} causal={int(causal)}"
+
+        def emit(name, st, extra, line):
+            print(f"{head} {name:14s} {line}", flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(dict(backend=name, **cell, **extra, **st, **prov)) + "\n")
+
         if a.harness:
             for name, st in harness_profile(fns, a.calls, a.hold_us).items():
-                row = dict(backend=name, hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal, regime="harness",
-                           hold_us=a.hold_us, gpu=torch.cuda.get_device_name(), **st, **prov)
-                print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} rounds {st['rounds']} event {st['event_us']:8.1f} "
-                      f"us kernels {st['kernel_us']:8.1f} us ({st['kernels_per_call']:.0f}/call) spin-to-first-kernel "
-                      f"{st['lead_us']:6.1f} us", flush=True)
-                if a.out:
-                    with open(a.out, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                emit(name, st, dict(regime="harness", hold_us=a.hold_us),
+                     f"rounds {st['rounds']} event {st['event_us']:8.1f} us kernels {st['kernel_us']:8.1f} us "
+                     f"({st['kernels_per_call']:.0f}/call) spin-to-first-kernel {st['lead_us']:6.1f} us")
             continue
         for name, fn in fns.items():
             st = gap_stats(profile(fn, a.calls), a.calls)
-            row = dict(backend=name, hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal,
-                       calls=a.calls, gpu=torch.cuda.get_device_name(), **st, **prov)
-            print(f"hd{hdim} s{s} causal={int(causal)} {name:14s} kernels/call {st['kernels_per_call']:.1f} "
-                  f"busy {st['busy_us_per_call']:8.1f} us span {st['span_us_per_call']:8.1f} us "
-                  f"gaps/call {st['gap_us_per_call']:6.1f} us (median {st['gap_us_median']:.1f}, "
-                  f"p90 {st['gap_us_p90']:.1f})  {', '.join(st['kernel_names'])}", flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(name, st, dict(calls=a.calls),
+                 f"kernels/call {st['kernels_per_call']:.1f} busy {st['busy_us_per_call']:8.1f} us span "
+                 f"{st['span_us_per_call']:8.1f} us gaps/call {st['gap_us_per_call']:6.1f} us (median "
+                 f"{st['gap_us_median']:.1f}, p90 {st['gap_us_p90']:.1f})  {', '.join(st['kernel_names'])}")
 
 
 if __name__ == "__main__":
