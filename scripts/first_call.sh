@@ -42,9 +42,12 @@ for p in $PARTS; do
   if [[ "$p" == gaps ]]; then
     for h in 500 5000; do
       (( $(left) < 60 )) && { echo "gaps $h skipped: $(left) s left"; continue; }
-      CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} PYTHONUNBUFFERED=1 timeout $(( $(left) - 10 )) python scripts/stream_gaps.py --harness --hold-us $h --hdims 256 --causal 1 \
-        --seqlens 8192 32768 --calls 12 --out "$O/harness_gaps.jsonl" > "$O/gaps_$h.log" 2>&1
-      echo "gaps $h rc=$?"; if grep -qE "^hd" "$O/gaps_$h.log"; then grep -E "^hd" "$O/gaps_$h.log" | cut -c1-160; else tail -n 3 "$O/gaps_$h.log"; fi
+      log="$O/gaps_$h.log"
+      CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} PYTHONUNBUFFERED=1 timeout $(( $(left) - 10 )) \
+        python scripts/stream_gaps.py --harness --hold-us $h --hdims 256 --causal 1 --seqlens 8192 32768 --calls 12 \
+        --out "$O/harness_gaps.jsonl" > "$log" 2>&1
+      echo "gaps $h rc=$?"
+      if grep -qE "^hd" "$log"; then grep -E "^hd" "$log" | cut -c1-160; else tail -n 3 "$log"; fi
     done
     continue
   fi
