@@ -15,7 +15,7 @@
 # boot comes before it, inside the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
 # Part "gaps" (any card; in the default order last, so on an H200 it runs only if time is left, elsewhere it is the call's
 # work): scripts/stream_gaps.py --harness at hd256 causal 8k / 32k, spin 500 then 5000 us: whether the harness's
-# per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (session 74, H100: kernels, 2-3 us idle).
+# per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (session 74, H100: the kernels).
 # Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36 gaps"]
 # (parts 50 / 51 / 52 / 53 ran on an H100 in sessions 67 / 68 / 69 / 71; owed on an H200: the stale rows, 51, 36)
 set -u
