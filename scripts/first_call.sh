@@ -16,6 +16,8 @@
 # Part "gaps" (any card; in the default order last, so on an H200 it runs only if time is left, elsewhere it is the call's
 # work): scripts/stream_gaps.py --harness at hd256 causal 8k / 32k, spin 500 then 5000 us: whether the harness's
 # per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (session 74, H100: the kernels).
+# Part "gputests" (any card, named only): the GPU test files (forward first) in one pytest run until the deadline,
+# $O/gputests.log; GPU_TEST_FILES names others (e.g. where the last call stopped).
 # Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36 gaps"]
 # (parts 50 / 51 / 52 / 53 ran on an H100 in sessions 67 / 68 / 69 / 71; owed on an H200: the stale rows, 51, 36)
 set -u
@@ -49,6 +51,17 @@ for p in $PARTS; do
       echo "gaps $h rc=$?"
       if grep -qE "^hd" "$log"; then grep -E "^hd" "$log" | cut -c1-160; else tail -n 3 "$log"; fi
     done
+    continue
+  fi
+  if [[ "$p" == gputests ]]; then
+    # the GPU test files at this commit, forward first, in one pytest process until the deadline; -v lines per test
+    files=${GPU_TEST_FILES:-$(ls tests/test_fwd*_gpu.py tests/test_*_gpu.py tests/test_e2e_llama.py | awk '!s[$0]++')}
+    CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider \
+      $files > "$O/gputests.log" 2>&1
+    echo "gputests rc=$? (124: cut by the deadline)"
+    for w in PASSED FAILED ERROR SKIPPED; do echo "$w $(grep -cE "::.* $w" "$O/gputests.log")"; done
+    grep -E "::.* (FAILED|ERROR)" "$O/gputests.log" | cut -c1-160 | head -n 20
+    echo "last file reached: $(grep -oE '^tests/[a-z0-9_]+\.py' "$O/gputests.log" | tail -n 1)"
     continue
   fi
   DEADLINE=$(left) bash scripts/sched_check.sh "$O/p$p" "$p" 2>&1 | tail -n 4
