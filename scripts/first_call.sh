@@ -55,7 +55,8 @@ for p in $PARTS; do
   fi
   if [[ "$p" == gputests ]]; then
     # the GPU test files at this commit, forward first, in one pytest process until the deadline; -v lines per test
-    files=${GPU_TEST_FILES:-$( (ls tests/test_fwd*_gpu.py; ls tests/test_*_gpu.py tests/test_e2e_llama.py) | awk '!s[$0]++')}
+    all=$( (ls tests/test_fwd*_gpu.py; ls tests/test_*_gpu.py tests/test_e2e_llama.py) | awk '!s[$0]++')
+    files=${GPU_TEST_FILES:-$all}
     CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider \
       $files > "$O/gputests.log" 2>&1
     echo "gputests rc=$? (124: cut by the deadline)"
