@@ -17,7 +17,7 @@
 # work): scripts/stream_gaps.py --harness at hd256 causal 8k / 32k, spin 500 then 5000 us: whether the harness's
 # per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (session 74, H100: the kernels).
 # Part "gputests" (any card, named only): the GPU test files (forward first) in one pytest run until the deadline,
-# $O/gputests.log; GPU_TEST_FILES names others (e.g. where the last call stopped).
+# $O/gputests.log; GPU_TESTS_FROM=<file> starts at that file (where the last call stopped), GPU_TEST_FILES names others.
 # Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36 gaps"]
 # (parts 50 / 51 / 52 / 53 ran on an H100 in sessions 67 / 68 / 69 / 71; owed on an H200: the stale rows, 51, 36)
 set -u
@@ -56,7 +56,9 @@ for p in $PARTS; do
   if [[ "$p" == gputests ]]; then
     # the GPU test files at this commit, forward first, in one pytest process until the deadline; -v lines per test
     all=$( (ls tests/test_fwd*_gpu.py; ls tests/test_*_gpu.py tests/test_e2e_llama.py) | awk '!s[$0]++')
+    [[ -n "${GPU_TESTS_FROM:-}" ]] && all=$(echo "$all" | awk -v f="$GPU_TESTS_FROM" '$0 == f {on = 1} on')
     files=${GPU_TEST_FILES:-$all}
+    [[ -z "$files" ]] && { echo "gputests: no test file (GPU_TESTS_FROM=${GPU_TESTS_FROM:-} is not one)"; continue; }
     CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider \
       $files > "$O/gputests.log" 2>&1
     echo "gputests rc=$? (124: cut by the deadline)"

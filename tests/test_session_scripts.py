@@ -90,6 +90,25 @@ def test_session_shell_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)]).returncode == 0
 
 
+def test_first_call_gputests_starts_at_the_named_file(tmp_path):
+    """scripts/first_call.sh part gputests: GPU_TESTS_FROM starts the run at that file (forward files first); a name
+    that is no GPU test file stops the part with a message instead of running every test (no CUDA: they skip)."""
+    import os
+    import subprocess
+
+    def part(out, start):
+        env = dict(os.environ, DEADLINE="200", GPU_TESTS_FROM=start, CUDA_VISIBLE_DEVICES="")  # tests skip
+        return subprocess.run(["bash", "scripts/first_call.sh", str(out), "gputests"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=180).stdout
+
+    last = "tests/test_window_softcap_gpu.py"
+    assert f"last file reached: {last}" in part(tmp_path / "a", last)
+    log = (tmp_path / "a" / "gputests.log").read_text()
+    assert {line.split("::")[0] for line in log.splitlines() if "::" in line} == {last}
+    out = part(tmp_path / "b", "tests/no_such_gpu.py")
+    assert "no test file" in out and not (tmp_path / "b" / "gputests.log").exists()
+
+
 @pytest.mark.compile
 def test_fwd_probes_take_their_piece_out_of_the_kernel(tmp_path):
     """scripts/fwd_probe.py: each probe's copy of the hd64 forward lacks its piece in the SASS (no_rowsum: the row
