@@ -211,16 +211,21 @@ GPU_FIELDS = ("gpu_samples", "sm_clock_mhz_min", "sm_clock_mhz_median", "power_w
               "throttle_reasons")
 
 
-def sampled_round_robin(fns: dict, repeats: int, hold_us: float = 0.0) -> tuple[dict, dict]:
-    """``round_robin`` under experiments.timing.sampler.GpuSampler (NVML read on a thread, clocks never changed):
-    the per-variant times and the GPU fields every row of this shape carries (throttled_share = the share of samples
-    with a clock-event reason other than idle; None fields without NVML)."""
+def sampled(run):
+    """``run()`` under experiments.timing.sampler.GpuSampler (NVML read on a thread, clocks never changed): its result
+    and the GPU fields every row it times carries (throttled_share = the share of samples with a clock-event reason
+    other than idle; None fields without NVML)."""
     from experiments.timing.sampler import GpuSampler
 
     with GpuSampler() as sampler:
-        times = round_robin(fns, repeats, hold_us=hold_us)
+        out = run()
     summary = sampler.summary()
-    return times, {k: summary.get(k) for k in GPU_FIELDS}
+    return out, {k: summary.get(k) for k in GPU_FIELDS}
+
+
+def sampled_round_robin(fns: dict, repeats: int, hold_us: float = 0.0) -> tuple[dict, dict]:
+    """``round_robin`` under the GPU sampler (``sampled``): the per-variant times and the rounds' GPU fields."""
+    return sampled(lambda: round_robin(fns, repeats, hold_us=hold_us))
 
 
 def gpu_note(gpu: dict) -> str:

@@ -7,7 +7,8 @@ back than in the harness's timed calls (session 72); this says whether its calls
 around one call), the variants in its balanced round-robin orders, ``--calls`` rounds under the profiler; per variant
 the event time, the call's kernel time (its kernels between the spin and the next flush) and the idle time from the
 spin's end to the call's first kernel, as medians. It says whether a call's time in the committed rows is its
-kernels' or the GPU waiting.
+kernels' or the GPU waiting. Rows and lines carry the GPU's clocks and throttled share over the profiled calls
+(bwd_ab.sampled; since session 74, after its first GPU run).
 
 ``python scripts/stream_gaps.py [--hdims 256] [--causal 1] [--seqlens 8192] [--calls 20] [--cudnn] [--harness
 [--hold-us 500]] [--out rows.jsonl]`` (shapes as scripts/energy_ab.py: 32k tokens, heads = 2048 / hdim).
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bwd_ab import gpu_note, sampled  # noqa: E402  (the rows carry the GPU's clocks and throttled share)
 from energy_ab import paper_cells  # noqa: E402
 
 
@@ -141,24 +143,26 @@ def main():
         cell = dict(hdim=hdim, seqlen=s, batch=batch, heads=heads, causal=causal, gpu=torch.cuda.get_device_name())
         head = f"hd{hdim} s{s} causal={int(causal)}"
 
-        def emit(name, st, extra, line):
-            print(f"{head} {name:14s} {line}", flush=True)
+        def emit(name, st, extra, line, gpu):
+            print(f"{head} {name:14s} {line}{gpu_note(gpu) or '  GPU not sampled'}", flush=True)
             if a.out:
                 with open(a.out, "a") as f:
-                    f.write(json.dumps(dict(backend=name, **cell, **extra, **st, **prov)) + "\n")
+                    f.write(json.dumps(dict(backend=name, **cell, **extra, **st, **gpu, **prov)) + "\n")
 
         if a.harness:
-            for name, st in harness_profile(fns, a.calls, a.hold_us).items():
+            stats, gpu = sampled(lambda: harness_profile(fns, a.calls, a.hold_us))  # one sample set for the rounds
+            for name, st in stats.items():
                 emit(name, st, dict(regime="harness", hold_us=a.hold_us),
                      f"rounds {st['rounds']} event {st['event_us']:8.1f} us kernels {st['kernel_us']:8.1f} us "
-                     f"({st['kernels_per_call']:.0f}/call) spin-to-first-kernel {st['lead_us']:6.1f} us")
+                     f"({st['kernels_per_call']:.0f}/call) spin-to-first-kernel {st['lead_us']:6.1f} us", gpu)
             continue
         for name, fn in fns.items():
-            st = gap_stats(profile(fn, a.calls), a.calls)
+            spans, gpu = sampled(lambda: profile(fn, a.calls))  # runs at once, on this fn
+            st = gap_stats(spans, a.calls)
             emit(name, st, dict(calls=a.calls),
                  f"kernels/call {st['kernels_per_call']:.1f} busy {st['busy_us_per_call']:8.1f} us span "
                  f"{st['span_us_per_call']:8.1f} us gaps/call {st['gap_us_per_call']:6.1f} us (median "
-                 f"{st['gap_us_median']:.1f}, p90 {st['gap_us_p90']:.1f})  {', '.join(st['kernel_names'])}")
+                 f"{st['gap_us_median']:.1f}, p90 {st['gap_us_p90']:.1f})  {', '.join(st['kernel_names'])}", gpu)
 
 
 if __name__ == "__main__":

@@ -249,6 +249,31 @@ def test_stream_gaps_harness_segments():
     assert stream_gaps.harness_segments(spans[:2], spin="spin_kernel", flush="fill_buf") == []  # a call that ran nothing
 
 
+def test_stream_gaps_harness_rows_carry_the_gpu_state(tmp_path, monkeypatch, capsys):
+    """scripts/stream_gaps.py --harness: every row and printed line carries the GPU sampler's fields for the rounds
+    (the profiler, the cells and the GPU stood in for)."""
+    import json
+
+    import stream_gaps
+    import torch
+
+    stats = dict(rounds=12, event_us=1365.6, kernel_us=1362.8, lead_us=2.5, kernels_per_call=1.0)
+    gpu = dict.fromkeys(bwd_ab.GPU_FIELDS) | dict(gpu_samples=4, sm_clock_mhz_min=1605.0, sm_clock_mhz_median=1755.0,
+                                                  throttled_share=0.5, throttle_reasons="sw_power_cap")
+    monkeypatch.setattr(stream_gaps, "paper_cells",
+                        lambda *a: [(256, 256, 8192, True, 4, 8, {"ours": None, "fa4_official": None})])
+    monkeypatch.setattr(stream_gaps, "harness_profile", lambda fns, rounds, hold: {n: dict(stats) for n in fns})
+    monkeypatch.setattr(stream_gaps, "sampled", lambda run: (run(), gpu))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stand-in")
+    out = tmp_path / "rows.jsonl"
+    monkeypatch.setattr(sys, "argv", ["stream_gaps.py", "--harness", "--calls", "12", "--out", str(out)])
+    stream_gaps.main()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["backend"] for r in rows] == ["ours", "fa4_official"]
+    assert all(r["throttled_share"] == 0.5 and r["kernel_us"] == 1362.8 and r["hold_us"] == 500.0 for r in rows)
+    assert capsys.readouterr().out.count("throttled 50% (sw_power_cap) sm 1605/1755 MHz") == 2
+
+
 def test_energy_flush_time_is_taken_off_round_by_round():
     import energy_ab
 
