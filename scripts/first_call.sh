@@ -17,7 +17,8 @@
 # work): scripts/stream_gaps.py --harness at hd256 causal 8k / 32k, spin 500 then 5000 us: whether the harness's
 # per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (session 74, H100: the kernels).
 # Part "gputests" (any card, named only): the GPU test files (forward first) in one pytest run until the deadline,
-# $O/gputests.log; GPU_TESTS_FROM=<file> starts at that file (where the last call stopped), GPU_TEST_FILES names others.
+# $O/gputests.log; GPU_TESTS_FROM=<file> starts at that file, <file>::<test id> at that test (the "resume:" line a run
+# cut by its deadline prints), GPU_TEST_FILES names other files.
 # Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36 gaps"]
 # (parts 50 / 51 / 52 / 53 ran on an H100 in sessions 67 / 68 / 69 / 71; owed on an H200: the stale rows, 51, 36)
 set -u
@@ -55,16 +56,27 @@ for p in $PARTS; do
   fi
   if [[ "$p" == gputests ]]; then
     # the GPU test files at this commit, forward first, in one pytest process until the deadline; -v lines per test
+    # GPU_TESTS_FROM=<file> or <file>::<test id> (the "resume:" line a cut run prints): the tests before it are left out
     all=$( (ls tests/test_fwd*_gpu.py; ls tests/test_*_gpu.py tests/test_e2e_llama.py) | awk '!s[$0]++')
-    [[ -n "${GPU_TESTS_FROM:-}" ]] && all=$(echo "$all" | awk -v f="$GPU_TESTS_FROM" '$0 == f {on = 1} on')
+    from=${GPU_TESTS_FROM:-}; first=${from%%::*}; skip=()
+    [[ -n "$from" ]] && all=$(echo "$all" | awk -v f="$first" '$0 == f {on = 1} on')
     files=${GPU_TEST_FILES:-$all}
-    [[ -z "$files" ]] && { echo "gputests: no test file (GPU_TESTS_FROM=${GPU_TESTS_FROM:-} is not one)"; continue; }
-    CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider \
-      $files > "$O/gputests.log" 2>&1
+    [[ -z "$files" ]] && { echo "gputests: no test file (GPU_TESTS_FROM=$from is not one)"; continue; }
+    if [[ "$from" == *::* ]]; then
+      ids=$(python -m pytest --collect-only -q -m gpu -p no:cacheprovider --rootdir=. "$first" 2>/dev/null | grep -F "$first::")
+      echo "$ids" | grep -qxF -- "$from" || { echo "gputests: no test $from"; continue; }
+      while IFS= read -r t; do [[ "$t" == "$from" ]] && break; skip+=(--deselect "$t"); done <<< "$ids"
+      echo "gputests: resuming at $from ($(( ${#skip[@]} / 2 )) tests of $first left out)"
+    fi
+    CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider --rootdir=. \
+      "${skip[@]}" $files > "$O/gputests.log" 2>&1
     echo "gputests rc=$? (124: cut by the deadline)"
     for w in PASSED FAILED ERROR SKIPPED; do echo "$w $(grep -cE "::.* $w" "$O/gputests.log")"; done
     grep -E "::.* (FAILED|ERROR)" "$O/gputests.log" | cut -c1-160 | head -n 20
     echo "last file reached: $(grep -oE '^tests/[a-z0-9_]+\.py' "$O/gputests.log" | tail -n 1)"
+    # the test the deadline cut (its -v line has no outcome): the next call's GPU_TESTS_FROM
+    cut=$(grep -E '^[^ ]+\.py::' "$O/gputests.log" | tail -n 1 | grep -vE ' (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)')
+    [[ -n "$cut" ]] && echo "resume: GPU_TESTS_FROM=$(echo "$cut" | awk '{print $1}')"
     continue
   fi
   DEADLINE=$(left) bash scripts/sched_check.sh "$O/p$p" "$p" 2>&1 | tail -n 4

@@ -306,3 +306,33 @@ def test_energy_rounds_follow_the_balanced_orders(monkeypatch):
     res = energy_ab.energy_rounds(fns, rounds=5, window_ms=10, nv=None, h=None)
     orders = balanced_orders(list("abc"))  # 6 orders for 3 variants: 5 rounds become one whole cycle
     assert seen == [n for o in orders for n in o] and all(len(v) == 6 for v in res.values())
+
+
+def test_first_call_gputests_resumes_at_the_cut_test(tmp_path):
+    """scripts/first_call.sh part gputests: a run cut inside a test (here the test kills its pytest, as the deadline's
+    timeout does) prints that test as the next GPU_TESTS_FROM, and a run given it starts there, the tests before it
+    left out; a test id the file lacks stops the part with a message. Run in a stand-in checkout with one GPU file."""
+    import os
+    import subprocess
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a GPU\n")
+    (tmp_path / "tests" / "test_cut_gpu.py").write_text(
+        "import os, signal, pytest\n"
+        "@pytest.mark.gpu\ndef test_a(): pass\n"
+        "@pytest.mark.gpu\ndef test_b():\n    if os.environ.get('CUT_HERE'): os.kill(os.getpid(), signal.SIGTERM)\n"
+        "@pytest.mark.gpu\ndef test_c(): pass\n")
+
+    def part(out, start, **env):
+        env = dict(os.environ, DEADLINE="200", GPU_TESTS_FROM=start, **env)
+        return subprocess.run(["bash", str(ROOT / "scripts" / "first_call.sh"), str(out), "gputests"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=180).stdout
+
+    first = part(tmp_path / "a", "", CUT_HERE="1")
+    resume = [line.split("=", 1)[1] for line in first.splitlines() if line.startswith("resume: GPU_TESTS_FROM=")]
+    assert "PASSED 1" in first and resume == ["tests/test_cut_gpu.py::test_b"], first
+    second = part(tmp_path / "b", resume[0])
+    assert "PASSED 2" in second and "resume:" not in second, second
+    log = (tmp_path / "b" / "gputests.log").read_text()
+    assert "::test_a" not in log and "::test_b PASSED" in log and "::test_c PASSED" in log
+    assert "no test" in part(tmp_path / "c", "tests/test_cut_gpu.py::test_z")
