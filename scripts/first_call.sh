@@ -63,13 +63,14 @@ for p in $PARTS; do
     files=${GPU_TEST_FILES:-$all}
     [[ -z "$files" ]] && { echo "gputests: no test file (GPU_TESTS_FROM=$from is not one)"; continue; }
     if [[ "$from" == *::* ]]; then
-      ids=$(python -m pytest --collect-only -q -m gpu -p no:cacheprovider --rootdir=. "$first" 2>/dev/null | grep -F "$first::")
+      ids=$(python -m pytest --collect-only -q -m gpu -p no:cacheprovider --rootdir=. "$first" 2>/dev/null |
+              grep -F "$first::")
       echo "$ids" | grep -qxF -- "$from" || { echo "gputests: no test $from"; continue; }
       while IFS= read -r t; do [[ "$t" == "$from" ]] && break; skip+=(--deselect "$t"); done <<< "$ids"
       echo "gputests: resuming at $from ($(( ${#skip[@]} / 2 )) tests of $first left out)"
     fi
-    CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider --rootdir=. \
-      "${skip[@]}" $files > "$O/gputests.log" 2>&1
+    CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider \
+      --rootdir=. "${skip[@]}" $files > "$O/gputests.log" 2>&1
     echo "gputests rc=$? (124: cut by the deadline)"
     for w in PASSED FAILED ERROR SKIPPED; do echo "$w $(grep -cE "::.* $w" "$O/gputests.log")"; done
     grep -E "::.* (FAILED|ERROR)" "$O/gputests.log" | cut -c1-160 | head -n 20
