@@ -1,29 +1,25 @@
 #!/usr/bin/env bash
-# The first device call of a session, adapted to the card that came (sessions 52-66 asked for an H200 and mostly got an
+# The first device call of a session, adapted to the card that came (sessions 52-75 asked for an H200 and mostly got an
 # H100 or nothing): the session A/Bs and GPU tests still owed (scripts/sched_check.sh parts), in order, until DEADLINE
-# seconds; on an H200 the part "stale" among them re-times the committed rows still stale (scripts/h200_rerun.sh,
-# RERUN=stale, parts fwd, fwd128nf, abl_fwd and small: hd64 since sessions 61 / 63 / 64 changed its defaults, hd 64 /
-# 128 non-causal since session 63's p_before_vote, hd256 / (192, 128) since session 66's o_via_v_stage, and the
-# 8k-token small problems, fwd_small + bwd_small). Another card's rows may not enter results/h200/: there "stale" is
-# skipped. Logs under <out_dir>; the parts' folders come back as one archive, logs.tgz (the device returns 8 files).
-# Default parts "stale 51 36" (part 53, skip_diag_wg's GPU file and A/Bs, ran on an H100 in session 71: taken as
-# hd256's causal default at 2049-16384 tokens). Parts in H200_ONLY (default "stale 51 36": part 51, hd256's session-68
-# O default against the V stage and the GPU files under it, which ran on an H100 in session 68; part 36, hd64
-# non-causal persistent at 16k / 32k) run only on an H200 and are skipped elsewhere. Parts 49 (o_deferred, 0.998 at
-# hd256 causal 8k in session 66: its other GPU tests and A/Bs) and 53 run on any card when named. On an H200 the stale
-# rows want about one more call (scripts/first_call.sh <out_dir> "stale 36"). Keep DEADLINE under ~540: the bundle's
-# boot comes before it, inside the call's 600 s (session 65's first call, DEADLINE 560, hit that limit).
+# seconds. On an H200 the part "stale" re-times the committed rows still stale (scripts/h200_rerun.sh, RERUN=stale,
+# the parts in STALE_PARTS, default "small gemm": the 8k-token small problems, fwd_small + bwd_small, and the hd128
+# non-causal matmul reference, fwd_gemm; session 76 re-timed fwd, fwd128nf and abl_fwd and ran parts 51 and 36 on an
+# H200). Another card's rows may not enter results/h200/: there "stale" is skipped (H200_ONLY, default "stale 51 36":
+# part 51, hd256's session-68 O default against the V stage, and part 36, hd64 non-causal persistent at 16k / 32k, run
+# only on an H200 and only when named). Parts 49 (o_deferred) and 53 (skip_diag_wg) run on any card when named.
+# Logs under <out_dir>; the parts' folders come back as one archive, logs.tgz (the device returns 8 files).
+# Keep DEADLINE under ~540: the bundle's boot comes before it, inside the call's 600 s (session 65's first call,
+# DEADLINE 560, hit that limit).
 # Part "gaps" (any card; in the default order last, so on an H200 it runs only if time is left, elsewhere it is the call's
 # work): scripts/stream_gaps.py --harness at hd256 causal 8k / 32k, spin 500 then 5000 us: whether the harness's
 # per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (session 74, H100: the kernels).
 # Part "gputests" (any card, named only): the GPU test files (forward first) in one pytest run until the deadline,
 # $O/gputests.log; GPU_TESTS_FROM=<file> starts at that file, <file>::<test id> at that test (the "resume:" line a run
 # cut by its deadline prints), GPU_TEST_FILES names other files.
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 51 36 gaps"]
-# (parts 50 / 51 / 52 / 53 ran on an H100 in sessions 67 / 68 / 69 / 71; owed on an H200: the stale rows, 51, 36)
+# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale gaps"]
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
-PARTS=${2:-stale 51 36 gaps}
+PARTS=${2:-stale gaps}
 H200_ONLY=" ${H200_ONLY:-stale 51 36} "
 DEADLINE=${DEADLINE:-540}
 START=$SECONDS
@@ -36,7 +32,7 @@ for p in $PARTS; do
   (( $(left) < 60 )) && { echo "part $p skipped: $(left) s left"; continue; }
   if [[ "$H200_ONLY" == *" $p "* && "$GPU" != *H200* ]]; then echo "part $p skipped: not an H200"; continue; fi
   if [[ "$p" == stale ]]; then
-    for r in fwd fwd128nf abl_fwd small; do
+    for r in ${STALE_PARTS:-small gemm}; do
       (( $(left) < 60 )) && { echo "rerun $r skipped: $(left) s left"; continue; }
       RERUN=stale CAP=$(( $(left) / 2 - 10 )) bash scripts/h200_rerun.sh "$O/p" "$r" 2>&1 | tail -n 4
     done
