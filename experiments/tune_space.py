@@ -30,6 +30,7 @@ change.
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 
 from kernels.config import AttnConfig, ConfigError, TUNED_FIELDS, normalize_arch, q_in_regs_fits, table_defaults
@@ -148,15 +149,23 @@ def why_invalid(point: dict, arch: str, hdim: int, causal: bool, direction: str)
     except (ConfigError, TypeError) as e:
         return str(e)
     if direction == "fwd":
-        if point.get("q_in_regs") and not q_in_regs_fits(point["tile_m"], point["tile_n"], point["exp2_emu_fraction"]):
-            return ("q_in_regs: Q stays in registers only on 128-row tiles at most 128 wide with an exp2 fraction under "
-                    "1/2 (kernels/config.py q_in_regs_fits)")
-        need = register_floor(point, hdim)
-        if need > point["consumer_regs"]:
-            return (f"registers: the accumulators need >= {need} per consumer thread (O {FWD_HDIMS[hdim] // 2}, "
-                    f"S {point['tile_n'] // 2}, P {0 if point.get('p_smem') else point['tile_n'] // 4}, "
-                    f"{f'Q {_q_regs(point, hdim)}, ' if _q_regs(point, hdim) else ''}+{REG_RESERVE}); budget {point['consumer_regs']}")
+        why = _register_reason(point, hdim)
+        if why:
+            return why
     return _kernel_check(point, hdim, causal, direction)
+
+
+def _register_reason(point: dict, hdim: int) -> str | None:
+    """why_invalid's forward register checks (Q in registers, the accumulator floor): arithmetic on the point alone."""
+    if point.get("q_in_regs") and not q_in_regs_fits(point["tile_m"], point["tile_n"], point["exp2_emu_fraction"]):
+        return ("q_in_regs: Q stays in registers only on 128-row tiles at most 128 wide with an exp2 fraction under "
+                "1/2 (kernels/config.py q_in_regs_fits)")
+    need = register_floor(point, hdim)
+    if need > point["consumer_regs"]:
+        return (f"registers: the accumulators need >= {need} per consumer thread (O {FWD_HDIMS[hdim] // 2}, "
+                f"S {point['tile_n'] // 2}, P {0 if point.get('p_smem') else point['tile_n'] // 4}, "
+                f"{f'Q {_q_regs(point, hdim)}, ' if _q_regs(point, hdim) else ''}+{REG_RESERVE}); budget {point['consumer_regs']}")
+    return None
 
 
 def _raw_points(direction: str):
@@ -199,6 +208,8 @@ def _valid_points(arch: str, hdim: int, causal: bool, direction: str) -> tuple:
     sets every tuned field, so conf/tuned/ does not enter)."""
     out, seen = [], set()
     for p in _raw_points(direction):
+        if direction == "fwd" and _register_reason(p, hdim):  # the cheap part of why_invalid first
+            continue
         if why_invalid(p, arch, hdim, causal, direction) is not None:
             continue
         kid = kernel_id(p, arch, hdim, causal, direction)
@@ -257,13 +268,20 @@ def candidates(arch: str, hdim: int, causal: bool, direction: str, valid: list[d
     goal = set().union(*(pairs(p) for p in valid)) if valid else set()
     rest = [p for p in pool if p not in order]
     rest_pairs = [pairs(p) for p in rest]
-    while not goal <= covered and rest:
-        gains = [len(ps - covered) for ps in rest_pairs]
-        i = max(range(len(rest)), key=lambda j: gains[j])  # first of the best: deterministic
-        if gains[i] == 0:
+    # lazy greedy: a point's gain only shrinks as ``covered`` grows, so a heap of stale gains, each recomputed when it
+    # comes to the top, picks what a full rescan would: the most new pairs, the first in ``rest`` among equals
+    heap = [(-len(ps - covered), i) for i, ps in enumerate(rest_pairs)]
+    heapq.heapify(heap)
+    while heap and not goal <= covered:
+        stale, i = heapq.heappop(heap)
+        gain = len(rest_pairs[i] - covered)
+        if gain < -stale:
+            heapq.heappush(heap, (-gain, i))
+            continue
+        if gain == 0:
             break
-        order.append(rest.pop(i))
-        covered |= rest_pairs.pop(i)
+        order.append(rest[i])
+        covered |= rest_pairs[i]
     return order
 
 

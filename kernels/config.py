@@ -754,10 +754,11 @@ class AttnConfig:
         self.validate()
         # the custom ops' ``config`` argument (kernels.ops.config_string), computed once here so that torch.compile
         # reads a plain str attribute instead of calling into the frozen dataclass (Dynamo <= 2.11 cannot)
-        changed = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+        values = tuple(getattr(self, f.name) for f in _FIELDS)
+        changed = {f.name: v for f, v in zip(_FIELDS, values) if v != f.default}
         object.__setattr__(self, "op_string", json.dumps(changed, sort_keys=True, separators=(",", ":")))
         # the dataclass hash of the field tuple, computed once: every call looks configs up in memoised tables
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+        object.__setattr__(self, "_hash", hash(values))
 
     def __hash__(self) -> int:
         return self._hash
@@ -765,7 +766,7 @@ class AttnConfig:
     def __reduce__(self):
         # pickle / copy rebuild through the constructor, so that the cached hash is this process's (str hashes differ
         # between processes) and the validation runs again
-        return (_rebuild_config, ({f.name: getattr(self, f.name) for f in fields(self)},))
+        return (_rebuild_config, ({f.name: getattr(self, f.name) for f in _FIELDS},))
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -934,7 +935,7 @@ class AttnConfig:
         # persistent=None is a resolved value: the forward decides it per call (persistent_by_default). So is
         # rescale_before_pv=None (OMITTED_AT holds None): a config rebuilt from a resolved config's to_dict(), which
         # leaves False out, reads None as False (same compile key, same kernel)
-        return all(getattr(self, f.name) is not None for f in fields(self)
+        return all(getattr(self, f.name) is not None for f in _FIELDS
                    if f.name not in PER_CALL_FIELDS and None not in OMITTED_AT.get(f.name, ()))
 
     def to_dict(self) -> dict:
@@ -942,7 +943,7 @@ class AttnConfig:
         rescale_before_pv only when True, so configs, hashes and compile cache keys from before those fields existed are
         unchanged (two_cta: the old default False is now an explicit ``two_cta=False``, whose hash is the old default's;
         the backward's keys always hold the bool it decided)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
+        return {f.name: getattr(self, f.name) for f in _FIELDS
                 if not (f.name in PER_CALL_FIELDS and getattr(self, f.name) is None)
                 and not (f.name in OMITTED_AT and _omitted(getattr(self, f.name), OMITTED_AT[f.name]))}
 
@@ -952,7 +953,7 @@ class AttnConfig:
         rows record as their ``config``, from which AttnConfig(**d) rebuilds this config exactly (kernels/staleness.py
         resolves it again). config_hash() and the compile keys stay on to_dict()."""
         d = self.to_dict()
-        for f in fields(self):
+        for f in _FIELDS:
             v = getattr(self, f.name)
             if f.name in OMITTED_AT and f.name not in d and v is not None and not _omitted(v, (f.default,)):
                 d[f.name] = v
@@ -982,7 +983,7 @@ def _unknown_fields_error(names) -> ConfigError:
 
 def _init_checking_names(init):
     def __init__(self, *args, **kwargs):
-        unknown = set(kwargs) - {f.name for f in fields(AttnConfig)}
+        unknown = set(kwargs) - _FIELD_NAMES
         if unknown:
             raise _unknown_fields_error(unknown)
         init(self, *args, **kwargs)
@@ -991,6 +992,10 @@ def _init_checking_names(init):
     return __init__
 
 
+# the field list, read once: dataclasses.fields() walks the class's field table on every call, and the tune space
+# builds some 10^5 configs (kernels/config.py's methods read these module names at call time)
+_FIELDS = fields(AttnConfig)
+_FIELD_NAMES = frozenset(f.name for f in _FIELDS)
 AttnConfig.__init__ = _init_checking_names(AttnConfig.__init__)  # AttnConfig(bogus=1): a ConfigError with the list
 
 
