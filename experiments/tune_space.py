@@ -267,22 +267,27 @@ def candidates(arch: str, hdim: int, causal: bool, direction: str, valid: list[d
     covered = pairs(base).union(*(pairs(p) for p in order)) if order else set(pairs(base))
     goal = set().union(*(pairs(p) for p in valid)) if valid else set()
     rest = [p for p in pool if p not in order]
-    rest_pairs = [pairs(p) for p in rest]
-    # lazy greedy: a point's gain only shrinks as ``covered`` grows, so a heap of stale gains, each recomputed when it
-    # comes to the top, picks what a full rescan would: the most new pairs, the first in ``rest`` among equals
-    heap = [(-len(ps - covered), i) for i, ps in enumerate(rest_pairs)]
+    return order + [rest[i] for i in greedy_cover([pairs(p) for p in rest], covered, goal)]
+
+
+def greedy_cover(sets: list[set], covered: set, goal: set) -> list[int]:
+    """Indices into ``sets``, picked one at a time, each the set with the most elements not yet covered (the first
+    among equals), until ``goal`` is covered or no set adds any. Lazy: a set's gain only shrinks as the cover grows,
+    so a heap of stale gains, each recomputed when it comes to the top, picks what a full rescan would."""
+    covered, picked = set(covered), []
+    heap = [(-len(s - covered), i) for i, s in enumerate(sets)]
     heapq.heapify(heap)
     while heap and not goal <= covered:
         stale, i = heapq.heappop(heap)
-        gain = len(rest_pairs[i] - covered)
+        gain = len(sets[i] - covered)
         if gain < -stale:
             heapq.heappush(heap, (-gain, i))
             continue
         if gain == 0:
             break
-        order.append(rest[i])
-        covered |= rest_pairs[i]
-    return order
+        picked.append(i)
+        covered |= sets[i]
+    return picked
 
 
 def _changed(point: dict, fb: dict) -> list:
