@@ -12,6 +12,7 @@ What needs the GPU (tests/test_ops_gpu.py): the real kernels under opcheck, indu
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import math
 import subprocess
@@ -282,20 +283,28 @@ def _standin_bwd(dout, q, k, v, out, lse, causal, softmax_scale, config, window_
 _REGISTERED = []
 
 
-@pytest.fixture
-def cpu_standin(monkeypatch):
-    """Enable the CPU stand-in for both ops and let kernels.attention accept CPU tensors (test only)."""
-    if not _REGISTERED:
-        torch.library.register_kernel("fa4lab::fwd", "cpu", _standin_fwd)
-        torch.library.register_kernel("fa4lab::bwd", "cpu", _standin_bwd)
-        _REGISTERED.append(True)
-    real_check = ops.check_devices
-    monkeypatch.setattr(ops, "check_devices", lambda q, k, v, need_cuda=False: real_check(q, k, v, need_cuda=False))
+@contextlib.contextmanager
+def standin_on(monkeypatch, module, kernels_by_op: dict, registered: list):
+    """Register the CPU stand-in kernels once (``registered`` remembers), let ``module.check_devices`` accept CPU
+    tensors and turn the stand-in on for the block (test only)."""
+    if not registered:
+        for op, fn in kernels_by_op.items():
+            torch.library.register_kernel(op, "cpu", fn)
+        registered.append(True)
+    real_check = module.check_devices
+    monkeypatch.setattr(module, "check_devices", lambda q, k, v, need_cuda=False: real_check(q, k, v, need_cuda=False))
     _STANDIN["on"] = True
     try:
         yield
     finally:
         _STANDIN["on"] = False
+
+
+@pytest.fixture
+def cpu_standin(monkeypatch):
+    """Enable the CPU stand-in for both ops and let kernels.attention accept CPU tensors (test only)."""
+    with standin_on(monkeypatch, ops, {"fa4lab::fwd": _standin_fwd, "fa4lab::bwd": _standin_bwd}, _REGISTERED):
+        yield
 
 
 def _inputs(b, sq, sk, h, d, dv, dtype=torch.float16, seed=0, grad=True):

@@ -19,7 +19,7 @@ import kernels
 from kernels import AttnConfig, InputError, attention_varlen
 from kernels import varlen as kv
 from kernels.reference import attention_exact
-from test_ops import _STANDIN, _Recorder, _contiguous_strides, _standin_bwd, _standin_fwd
+from test_ops import _STANDIN, _Recorder, _contiguous_strides, _standin_bwd, _standin_fwd, standin_on
 
 FEATS = "int window_left=-1, int window_right=-1, float softcap=0."
 VARLEN = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k"
@@ -187,17 +187,9 @@ _REGISTERED = []
 @pytest.fixture
 def cpu_standin(monkeypatch):
     """Enable the CPU stand-in for the varlen ops and let attention_varlen accept CPU tensors (test only)."""
-    if not _REGISTERED:
-        torch.library.register_kernel("fa4lab::varlen_fwd", "cpu", _standin_varlen_fwd)
-        torch.library.register_kernel("fa4lab::varlen_bwd", "cpu", _standin_varlen_bwd)
-        _REGISTERED.append(True)
-    real_check = kv.check_devices
-    monkeypatch.setattr(kv, "check_devices", lambda q, k, v, need_cuda=False: real_check(q, k, v, need_cuda=False))
-    _STANDIN["on"] = True
-    try:
+    ops = {"fa4lab::varlen_fwd": _standin_varlen_fwd, "fa4lab::varlen_bwd": _standin_varlen_bwd}
+    with standin_on(monkeypatch, kv, ops, _REGISTERED):
         yield
-    finally:
-        _STANDIN["on"] = False
 
 
 def _inputs(lq, lk, h, hkv, d, dv, dtype=torch.float16, seed=0, grad=True):
