@@ -377,6 +377,22 @@ def _run(fn, params, x):
     return [y.detach(), x.grad] + [p.grad for p in params]
 
 
+def graph_recorder(fwd_graphs: list, bwd_graphs: list):
+    """A torch.compile backend (AOT autograd) that appends each forward / backward graph it compiles to the lists."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def keep(store):
+        def compiler(g, _):
+            store.append(g)
+            return make_boxed_func(g)
+        return compiler
+
+    def backend(gm, example_inputs):
+        return aot_autograd(fw_compiler=keep(fwd_graphs), bw_compiler=keep(bwd_graphs))(gm, example_inputs)
+    return backend
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="torch.compile on linux")
 def test_compile_fullgraph_forward_backward_matches_eager(cpu_standin):
     """torch.compile(fullgraph=True) of a block calling kernels.attention: one graph, no break, forward and backward
@@ -385,19 +401,7 @@ def test_compile_fullgraph_forward_backward_matches_eager(cpu_standin):
     torch.manual_seed(0)
     block = _Block(cfg=AttnConfig(deterministic=True))
     fwd_graphs, bwd_graphs = [], []
-
-    def aot_recorder(gm, example_inputs):
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-
-        def keep(store):
-            def compiler(g, _):
-                store.append(g)
-                return make_boxed_func(g)
-            return compiler
-        return aot_autograd(fw_compiler=keep(fwd_graphs), bw_compiler=keep(bwd_graphs))(gm, example_inputs)
-
-    cblock = torch.compile(block, fullgraph=True, backend=aot_recorder)
+    cblock = torch.compile(block, fullgraph=True, backend=graph_recorder(fwd_graphs, bwd_graphs))
     params = list(block.parameters())
     for s in (64, 97):
         x = torch.randn(2, s, 128).half()

@@ -19,7 +19,8 @@ import kernels
 from kernels import AttnConfig, InputError, attention_varlen
 from kernels import varlen as kv
 from kernels.reference import attention_exact
-from test_ops import _STANDIN, _Recorder, _contiguous_strides, _standin_bwd, _standin_fwd, standin_on
+from test_ops import (_STANDIN, _Recorder, _contiguous_strides, _standin_bwd, _standin_fwd, graph_recorder,
+                      standin_on)
 
 FEATS = "int window_left=-1, int window_right=-1, float softcap=0."
 VARLEN = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k"
@@ -284,19 +285,7 @@ def test_compile_fullgraph_forward_backward_matches_eager(cpu_standin):
     torch.manual_seed(0)
     block = _Block(cfg=AttnConfig(deterministic=True))
     fwd_graphs, bwd_graphs = [], []
-
-    def aot_recorder(gm, example_inputs):
-        from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
-
-        def keep(store):
-            def compiler(g, _):
-                store.append(g)
-                return make_boxed_func(g)
-            return compiler
-        return aot_autograd(fw_compiler=keep(fwd_graphs), bw_compiler=keep(bwd_graphs))(gm, example_inputs)
-
-    cblock = torch.compile(block, fullgraph=True, backend=aot_recorder)
+    cblock = torch.compile(block, fullgraph=True, backend=graph_recorder(fwd_graphs, bwd_graphs))
     params = list(block.parameters())
     for lens in ([20, 44], [31, 2, 40], [16, 16, 9]):
         x = torch.randn(sum(lens), 256).half()
