@@ -14,8 +14,9 @@
 # work): scripts/stream_gaps.py --harness at hd256 causal 8k / 32k, spin 500 then 5000 us: whether the harness's
 # per-call time at the cell issue 11 misses is the call's kernels or the GPU idling (session 74, H100: the kernels).
 # Part "gputests" (any card, named only): the GPU test files (forward first) in one pytest run until the deadline,
-# $O/gputests.log; GPU_TESTS_FROM=<file> starts at that file, <file>::<test id> at that test (the "resume:" line a run
-# cut by its deadline prints), GPU_TEST_FILES names other files.
+# $O/gputests.log (first line: the card and commit, for analysis/gpu_tests.py); GPU_TESTS_FROM=<file> starts at
+# that file, <file>::<test id> at that test (the "resume:" line a run cut by its deadline prints), GPU_TEST_FILES names
+# other files (`python -m analysis.gpu_tests --files`: those not yet passed on today's kernels).
 # Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale gaps"]
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
@@ -65,8 +66,10 @@ for p in $PARTS; do
       while IFS= read -r t; do [[ "$t" == "$from" ]] && break; skip+=(--deselect "$t"); done <<< "$ids"
       echo "gputests: resuming at $from ($(( ${#skip[@]} / 2 )) tests of $first left out)"
     fi
+    # the header analysis/gpu_tests.py reads the log's card and commit from
+    echo "# gputests: card ${GPU:-none}, git ${FA4LAB_GIT_SHA:-unknown}" > "$O/gputests.log"
     CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a} timeout $(( $(left) - 10 )) python -m pytest -m gpu -v -p no:cacheprovider \
-      --rootdir=. "${skip[@]}" $files > "$O/gputests.log" 2>&1
+      --rootdir=. "${skip[@]}" $files >> "$O/gputests.log" 2>&1
     echo "gputests rc=$? (124: cut by the deadline)"
     for w in PASSED FAILED ERROR SKIPPED; do echo "$w $(grep -cE "::.* $w" "$O/gputests.log")"; done
     grep -E "::.* (FAILED|ERROR)" "$O/gputests.log" | cut -c1-160 | head -n 20

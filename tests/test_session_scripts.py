@@ -331,8 +331,11 @@ def test_first_call_gputests_resumes_at_the_cut_test(tmp_path):
     first = part(tmp_path / "a", "", CUT_HERE="1")
     resume = [line.split("=", 1)[1] for line in first.splitlines() if line.startswith("resume: GPU_TESTS_FROM=")]
     assert "PASSED 1" in first and resume == ["tests/test_cut_gpu.py::test_b"], first
-    second = part(tmp_path / "b", resume[0])
+    second = part(tmp_path / "b", resume[0], FA4LAB_GIT_SHA="abc1234")
     assert "PASSED 2" in second and "resume:" not in second, second
     log = (tmp_path / "b" / "gputests.log").read_text()
+    from analysis.gpu_tests import HEADER  # the first line names the card and commit for analysis.gpu_tests
+    header = HEADER.match(log.split("\n", 1)[0])
+    assert header and header.group("sha") == "abc1234", log[:200]
     assert "::test_a" not in log and "::test_b PASSED" in log and "::test_c PASSED" in log
     assert "no test" in part(tmp_path / "c", "tests/test_cut_gpu.py::test_z")
