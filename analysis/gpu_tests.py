@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,12 +44,13 @@ def parse_log(text: str) -> dict:
 
 
 def log_origin(name: str, first_line: str, readme: str) -> tuple[str, str]:
-    """(card, git sha) of log ``name``: its header line, else the README table row that names it ('?' if none)."""
+    """(card, git sha) of log ``name``: its header line, else the README table row whose first cell names it ('?'
+    where neither)."""
     m = HEADER.match(first_line)
     if m:
         return m.group("card"), m.group("sha")
     for row in readme.splitlines():
-        if f"`{name}`" in row.split("|")[1 if row.startswith("|") else 0]:
+        if row.startswith("|") and f"`{name}`" in row.split("|")[1]:
             sha = re.search(r"\bgit ([0-9a-f]{7,40})\b", row)
             card = re.search(r"\*\*(.+?)\*\*", row)
             return (card.group(1) if card else "?"), (sha.group(1) if sha else "?")
@@ -89,7 +91,7 @@ def kernel_commits_since(sha: str) -> int | None:
 
 def gpu_test_ids() -> list[str]:
     """Today's GPU test ids (``pytest --collect-only -m gpu``; no GPU needed)."""
-    r = subprocess.run(["python", "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                         "tests"], cwd=ROOT, capture_output=True, text=True)
     ids = [ln.strip() for ln in r.stdout.splitlines() if "::" in ln and ln.startswith("tests/")]
     if not ids:

@@ -18,6 +18,7 @@ tests/test_y_gpu.py::test_cut
 README = """| file | what | outcome |
 | --- | --- | --- |
 | `gputests_a.log` | session 1, **H100 80GB HBM3**, git aaaaaaa: part gputests | 3 passed |
+A line of prose about `gputests_c.log`, git ddddddd, is no row.
 | `other.jsonl` | session 1, **H200**, git ccccccc: mentions `gputests_b.log` later in the row | x |
 """
 
@@ -39,6 +40,7 @@ def test_log_origin_header_then_readme_row_then_unknown():
     assert gt.log_origin("gputests_a.log", "=== test session starts ===", README) == ("H100 80GB HBM3", "aaaaaaa")
     # a name further along a row (not its first cell) is not that log's row
     assert gt.log_origin("gputests_b.log", "=== test session starts ===", README) == ("?", "?")
+    assert gt.log_origin("gputests_c.log", "=== test session starts ===", README) == ("?", "?")
 
 
 def test_load_logs_reads_the_folder(tmp_path):
