@@ -111,6 +111,8 @@ def latest_outcomes(logs: list[TestLog], when=commit_time) -> dict:
 def file_table(ids: list[str], logs: list[TestLog], when=commit_time, since=kernel_commits_since) -> list[dict]:
     """One row per GPU test file: tests now, passed / failed / not run in their latest runs, the oldest commit among
     the passes and the kernel commits since it. Ids that no longer exist are left out."""
+    times = {g.sha: when(g.sha) for g in logs}  # one git call per commit, not one per test
+    when = times.__getitem__
     latest = latest_outcomes(logs, when)
     by_file: dict[str, list[str]] = {}
     for tid in ids:
