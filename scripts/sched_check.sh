@@ -525,6 +525,17 @@ case "$PART" in
   tests tests/test_persistent_greedy_gpu.py 120 -k d256
   ab 1 256 32768 10 90 --batch 1 --cfg one=persistent:false gov=o_via_v_stage:true
   ;;
+54)  # session 79 (any card): where hd256 causal 16k's forward stalls, per SASS line (Nsight Compute's source page of
+  # ours and official FA4, one call each, the default persistent greedy walk): issue 11's 1.03 reads 1.029 there, and
+  # session 66's free_o put the O epilogue / tile switch at 1.6-2.7% (H100), more than a model of it explains (~0.5%)
+  ncu_fwd fwd256c16k "ours official" 300 --hdim 256 --seqlen 16384 --causal 1
+  ncu --import /tmp/fwd256c16k.ncu-rep --page source --csv --print-source sass >"$O/fwd256c16k_src.csv" 2>>"$O/ncu.log"
+  python scripts/ncu_source_top.py "$O/fwd256c16k_src.csv" --top 30 --regions 8 --labels ours official \
+    >"$O/fwd256c16k_source.txt" 2>&1
+  xz -9 "$O/fwd256c16k_src.csv"
+  head -n 90 "$O/fwd256c16k_source.txt"
+  exit 0
+  ;;
 53)  # session 69 (any card; ran on an H100 in session 71, hd256's causal default at 2049-16384 tokens since):
   # skip_diag_wg, a warpgroup whose rows all precede the tile's last K/V block skips it (hd256's 128 x 80 tiles: the
   # first warpgroup in 4 of 5 Q tiles; counted bound 0.8% / 0.4% / 0.2% at 8k / 16k / 32k). Its GPU file (bitwise
