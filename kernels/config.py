@@ -73,8 +73,9 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   (results/h200/session_ab/bwd_diag.jsonl), speed vs off at hd128 causal 1k / 2k / 4k / 8k: 1.001 /
 #                   1.017 / 1.018 / 1.009 (official / off: 1.080 / 1.051 / 1.008 / 0.991)
 # O's path out of a persistent tile, as a persistent_tile entry may name it: from the accumulator registers in 16-byte
-# stores (AttnConfig.o_direct + o_direct_wide). A caller who names any of O_PATH_FIELDS keeps the V-stage path
-# (o_via_v_stage) in its place (persistent_tile_for): o_direct turns o_via_v_stage and o_deferred off.
+# stores (AttnConfig.o_direct + o_direct_wide). A caller who names any of O_PATH_FIELDS but o_deferred (which says when
+# O is stored, not how) keeps the V-stage path (o_via_v_stage) in its place (persistent_tile_for): o_direct turns
+# o_via_v_stage off.
 O_DIRECT_WIDE = {"o_direct": True, "o_direct_wide": True}
 O_PATH_FIELDS = ("o_direct", "o_direct_wide", "o_via_v_stage", "o_deferred")
 
@@ -649,14 +650,17 @@ class AttnConfig:
     # else off; left out of to_dict() while None or False.
     o_via_v_stage: bool | None = None
     # sm90 persistent forward on a static walk (the round robin or the greedy walk; not the split tail or tiles claimed
-    # at run time) where o_via_v_stage applies (elsewhere no effect): a tile's O store through the last V stage waits
-    # until the next tile's first Q K^T is issued, and runs while it computes (the CTA's last tile's after the loop).
-    # The normalised O stays in registers meanwhile, and the V stage is released after that store. Aimed at the
-    # epilogue that o_via_v_stage leaves exposed between tiles (session 66, H100: fwd_probe free_o bounds it at 1.027 /
-    # 1.016 at hd256 causal 8k / 16k, o_via_v_stage won 1.003 / 1.002). Same values, so outputs are bitwise the
-    # kernel's without it (session 66, H100: tests/test_fwd_o_deferred_gpu.py -k 'default or one_tile' 5 passed).
-    # Measured slower: 0.998 at hd256 causal 8k (H100, 6 rounds; session_ab/o_deferred_h100.jsonl). None = off; left
-    # out of to_dict() while None or False.
+    # at run time) where O leaves through the last V stage (o_via_v_stage) or from registers (o_direct; overlapped
+    # loop, no skip_idle_wg), elsewhere no effect: a tile's O store waits until the next tile's first Q K^T is issued,
+    # and runs while it computes (the CTA's last tile's after the loop). The normalised O stays in registers meanwhile;
+    # the V stage, where used, is released after that store. It says when O is stored, not how: naming it alone keeps
+    # hd256's direct stores (persistent_tile_for). Aimed at the epilogue left exposed between tiles (session 66, H100:
+    # fwd_probe free_o bounds it at 1.027 / 1.016 at hd256 causal 8k / 16k; with o_direct_wide's stores, session 67,
+    # about 2% was left at 8k). Same values, so outputs are bitwise the kernel's without it (session 66, H100:
+    # tests/test_fwd_o_deferred_gpu.py -k 'default or one_tile' 5 passed, V stage). Through the V stage measured
+    # slower: 0.998 at hd256 causal 8k (H100, 6 rounds; session_ab/o_deferred_h100.jsonl); from registers (session 79,
+    # CPU SASS only: no spills, the 16 STG.128 under the first Q K^T, skip_diag_wg kept) not yet run on a GPU
+    # (scripts/sched_check.sh part 55). None = off; left out of to_dict() while None or False.
     o_deferred: bool | None = None
     # sm90 forward with o_direct (elsewhere no effect): its stores 16 bytes wide instead of 4. The 4 lanes of a quad
     # hold the same two rows, each 2 adjacent columns of every 8-column block; per run of 4 blocks they transpose those
@@ -1284,8 +1288,8 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     table = table_defaults(arch, hdim, causal)
     if any(getattr(cfg, k) != table[k] for k in PERSISTENT_TILE_FIELDS):
         return cfg
-    if tile.get("o_direct") and any(getattr(cfg, k) is not None for k in O_PATH_FIELDS):
-        # the caller chose something of O's path: the entry's direct stores give way to the V stage
+    if tile.get("o_direct") and any(getattr(cfg, k) is not None for k in O_PATH_FIELDS if k != "o_deferred"):
+        # the caller chose how O leaves (o_deferred says only when): the entry's direct stores give way to the V stage
         tile = {**{k: v for k, v in tile.items() if k not in O_DIRECT_WIDE}, "o_via_v_stage": True}
     # the tile fields replace the table's; the others (persistent_greedy, exp_in_branch, ...) fill only what the
     # config left None, so a switch the caller turned off stays off

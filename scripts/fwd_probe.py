@@ -66,8 +66,7 @@ def _probe_patches(name: str):
         return cutlass.Boolean(False)
 
     @cute.jit
-    def first_element_of_o(self, mO, tiled_mma_pv, rO, tile, m_base, tidx):
-        thr = tiled_mma_pv.get_slice(tidx)
+    def first_element_of_o(self, mO, thr, rO, tile, m_base):  # store_o_direct's signature (thr: the P V MMA's slice)
         gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, self.hdim_v), (tile.m_block, 0))
         tOgO = acc_rows_cols(thr.partition_C(gO))
         tOcO = acc_rows_cols(thr.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))

@@ -525,6 +525,17 @@ case "$PART" in
   tests tests/test_persistent_greedy_gpu.py 120 -k d256
   ab 1 256 32768 10 90 --batch 1 --cfg one=persistent:false gov=o_via_v_stage:true
   ;;
+55)  # session 79 (any card): o_deferred from registers (CPU SASS only so far): with hd256's default direct 16-byte
+  # stores, a tile's O goes out under the next tile's first Q K^T (no shared memory, barrier or V stage; skip_diag_wg
+  # kept). Since session 79 `o_deferred:true` named alone keeps the direct stores (part 49's cells now time this form).
+  # Its GPU file (both store paths, bitwise the kernel without it), then the A/Bs at hd256 causal 16k / 32k (issue
+  # 11's 1.029 / 1.021) and 8k / 4k, official FA4 and cuDNN in the rounds
+  tests tests/test_fwd_o_deferred_gpu.py 200
+  ab 1 256 16384 10 80 --batch 2 --cfg od=o_deferred:true
+  ab 1 256 32768 10 90 --batch 1 --cfg od=o_deferred:true
+  ab 1 256 8192 10 60 --batch 4 --cfg od=o_deferred:true
+  ab 1 256 4096 8 45 --batch 8 --cfg od=o_deferred:true
+  ;;
 54)  # session 79 (any card): where hd256 causal 16k's forward stalls, per SASS line (Nsight Compute's source page of
   # ours and official FA4, one call each, the default persistent greedy walk): issue 11's 1.03 reads 1.029 there, and
   # session 66's free_o put the O epilogue / tile switch at 1.6-2.7% (H100), more than a model of it explains (~0.5%)
@@ -580,7 +591,8 @@ case "$PART" in
 49)  # session 66 (any card): o_deferred (opt-in; 0.998 at hd256 causal 8k, session 66 H100): a tile's O store under
   # the next tile's first Q K^T. Its GPU tests (bitwise against the kernel without it), then A/Bs over today's default
   # (o_via_v_stage where persistent): hd256 causal 4k / 8k / 16k (the walk), non-causal 1k / 4k (persistent, `od`
-  # without the split tail, which it leaves out), (192, 128) causal 16k and non-causal 4k
+  # without the split tail, which it leaves out), (192, 128) causal 16k and non-causal 4k. (Since session 79 hd256's
+  # `od` cells from 2049 tokens time the direct-store form: part 55)
   tests tests/test_fwd_o_deferred_gpu.py 150
   ab 1 256 8192 8 45 --batch 4 --cfg od=o_deferred:true
   ab 1 256 16384 8 45 --batch 2 --cfg od=o_deferred:true

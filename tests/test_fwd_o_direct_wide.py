@@ -33,8 +33,8 @@ def test_kernel_takes_it_with_o_direct():
 
 def test_default_at_hd256_persistent_from_2049_tokens():
     """hd256's default since session 68 (H100 A/Bs of sessions 67 / 68) where a call is persistent by its length from
-    2049 tokens (non-causal <= 8k, causal <= 32k on the greedy walk); a caller who names an O-path field gets the V
-    stage there."""
+    2049 tokens (non-causal <= 8k, causal <= 32k on the greedy walk); a caller who names an O-path field other than
+    o_deferred gets the V stage there."""
     from kernels.config import AttnConfig, call_config
 
     def path(cfg, causal, seqlen, hdim=256):
@@ -46,9 +46,10 @@ def test_default_at_hd256_persistent_from_2049_tokens():
         assert path(AttnConfig(), causal, 2048) == v_stage
         assert path(AttnConfig(), causal, 2049) == path(AttnConfig(), causal, longest) == wide
         assert path(AttnConfig(), causal, 2 * longest) == (False,) * 4  # one tile per CTA / the split tail
-        for named in (dict(o_via_v_stage=True), dict(o_deferred=True), dict(o_direct=False),
-                      dict(o_direct_wide=False)):
+        for named in (dict(o_via_v_stage=True), dict(o_direct=False), dict(o_direct_wide=False)):
             assert path(AttnConfig(**named), causal, 4096) == v_stage, named
+        # o_deferred says when O is stored, not how: the direct stores stay
+        assert path(AttnConfig(o_deferred=True), causal, 4096) == wide
         assert path(AttnConfig(o_via_v_stage=False), causal, 4096) == (True, False, False, False)
         assert path(AttnConfig(persistent=True), causal, 4096) == (True, False, False, False)
         own = AttnConfig(consumer_regs=224, producer_regs=56)  # its own register split: no entry

@@ -3,8 +3,8 @@
 first key of the tile's last K/V block (the diagonal block, visited first) keeps that block's barrier protocol but
 issues no GEMM and no softmax, and starts at the block before (kernels/sm90/fwd.py diag_idle_step).
 
-CPU tests: the field's rules, the kernel switch (causal persistent kernels without a window, packed GQA, o_deferred or
-skip_idle_wg), where the defaults take it, how often the skip applies on the tile grid, and the machine code on the
+CPU tests: the field's rules, the kernel switch (causal persistent kernels without a window, packed GQA, o_deferred
+through the V stage or skip_idle_wg), where the defaults take it, how often the skip applies on the tile grid, and the machine code on the
 greedy walk: no local memory, the same HGMMA / MUFU.EX2 counts and K/V loop common paths as without it. The GPU check
 (out / lse bitwise the kernel's without it) is tests/test_fwd_skip_diag_wg_gpu.py.
 """
@@ -59,6 +59,11 @@ def test_kernel_takes_it_on_causal_persistent_kernels_only():
                 dict(persistent=True, intra_wg_overlap=False), dict(persistent=True, skip_idle_wg=True)):
         assert not FlashFwdSm90(bf, 128, 128, True, skip_diag_wg=True, **why).skip_diag_wg, why
     assert not FlashFwdSm90(bf, 128, 128, False, persistent=True, skip_diag_wg=True).skip_diag_wg  # not causal
+    # o_deferred: through the V stage it finds that stage from the first block's state (which the skip advances); from
+    # registers (o_direct) it needs no stage
+    greedy = dict(persistent=True, persistent_greedy=True, skip_diag_wg=True, o_deferred=True, **hd256)
+    assert not FlashFwdSm90(bf, 256, 256, True, o_via_v_stage=True, **greedy).skip_diag_wg
+    assert FlashFwdSm90(bf, 256, 256, True, o_direct=True, o_direct_wide=True, **greedy).skip_diag_wg
     assert not FlashFwdSm90(bf, 128, 128, True, persistent=True).skip_diag_wg
 
 

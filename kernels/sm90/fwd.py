@@ -192,7 +192,7 @@ class BlockArgs(NamedTuple):
 class DeferredO(NamedTuple):
     """o_deferred: the previous tile's O store, run in the next tile's first block (store_deferred): whether there is
     one (the CTA's first tile has none), that tile, its normalised O (registers kept from tile to tile) and what the
-    store needs (O, the V stages' chunk view, the V pipeline, the consumer thread index)."""
+    store needs (O, the V stages' chunk view, the V pipeline, the consumer thread index, its slice of the P V MMA)."""
     pending: object
     tile: Tile
     rO: object
@@ -200,6 +200,7 @@ class DeferredO(NamedTuple):
     sO: object
     pipe_v: object
     tidx: Int32
+    thr_mma_pv: object
 
 
 class FlashFwdSm90:
@@ -480,19 +481,24 @@ class FlashFwdSm90:
                               and not varlen and not self.pack_gqa and not self.o_direct and not self.skip_idle_wg
                               and (hdim_v // chunks) % 64 == 0)
         self.early_q_release = self.early_q_release or self.o_via_v_stage
-        # AttnConfig.o_deferred: a tile's O store (through the V stage) under the next tile's first Q K^T; static walks
-        # only (each step's tile recomputed from the step index), not the split tail (its pieces store no O)
-        self.o_deferred = bool(o_deferred) and self.o_via_v_stage and not self.split_tail and not self.dynamic
+        # AttnConfig.o_deferred: a tile's O store (through the V stage, or o_direct's stores from registers) under the
+        # next tile's first Q K^T; static walks only (each step's tile recomputed from the step index), not the split
+        # tail (its pieces store no O); the overlapped loop (its first_block carries the store) and no idle warpgroup
+        # (idle_loop runs no first block)
+        deferrable = self.o_via_v_stage or (self.o_direct and self.persistent and intra_wg_overlap
+                                            and not self.skip_idle_wg)
+        self.o_deferred = bool(o_deferred) and deferrable and not self.split_tail and not self.dynamic
         self.tma_o_store = not (self.o_direct or self.o_via_v_stage)  # else O leaves through predicated stores
         # AttnConfig.skip_diag_wg: a warpgroup whose rows all precede the first key of the tile's last K/V block skips
         # it (diag_idle_step) and starts at the block before; causal without a window (no runtime n_block_min: the
-        # tile visits blocks 0 .. n_block_max - 1), not packed GQA (rows are not positions there), not o_deferred (its
-        # store rides on the first block's Q K^T), nor with skip_idle_wg (one branch before the loop is enough).
+        # tile visits blocks 0 .. n_block_max - 1), not packed GQA (rows are not positions there), not o_deferred
+        # through the V stage (its store finds that stage from the first block's state, which the skip advances; o_direct's
+        # deferred store needs no stage), nor with skip_idle_wg (one branch before the loop is enough).
         # Persistent kernels only: in the one-tile kernel the branch cost the K/V loops' common paths 99 / 54
         # instructions (CPU SASS, hd256 causal 8k; on the greedy walk none)
         self.skip_diag_wg = (bool(skip_diag_wg) and causal and self.persistent and intra_wg_overlap
                              and not self.has_window and not self.runtime_n_min and not self.pack_gqa
-                             and not self.o_deferred and not self.skip_idle_wg)
+                             and not (self.o_deferred and self.o_via_v_stage) and not self.skip_idle_wg)
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -1046,7 +1052,7 @@ class FlashFwdSm90:
                     if const_expr(self.o_deferred):  # the previous step's tile (the first step: its own, unused)
                         prev = self.whole_tile(cutlass.max(t - step, t_first), bx, gx, t_first, n_full, num_tiles,
                                                m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k, mWalk)
-                        deferred = DeferredO(t != t_first, prev, rO_kept, mO, sO, pipe_v, ctidx)
+                        deferred = DeferredO(t != t_first, prev, rO_kept, mO, sO, pipe_v, ctidx, frags.thr_mma_pv)
                     state, q_state = self.consume(mO, mLSE, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                   pipe_k, pipe_v, scale_log2, tile, ctidx, frags, state, q_state,
                                                   mOacc, mLSEacc, slot, deferred)
@@ -1055,7 +1061,8 @@ class FlashFwdSm90:
                         last = self.whole_tile(t_first + (n_full - 1 - t_first) // step * step, bx, gx, t_first,
                                                n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k,
                                                mWalk)
-                        self.store_deferred(DeferredO(True, last, rO_kept, mO, sO, pipe_v, ctidx), state)
+                        self.store_deferred(DeferredO(True, last, rO_kept, mO, sO, pipe_v, ctidx, frags.thr_mma_pv),
+                                            state)
             if const_expr(self.separate_o):
                 if ctidx < 32:  # the last tile's O store must have read shared memory before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1449,7 +1456,7 @@ class FlashFwdSm90:
                                                   args, n_block_max, n_iter, state, q_state, deferred)
         elif const_expr(self.intra_wg_overlap):
             state = self.mainloop_overlap(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
-                                          n_block_max, n_iter, state, q_state)
+                                          n_block_max, n_iter, state, q_state, deferred)
         else:
             state = self.mainloop_serial(tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, frags, regs, args,
                                          n_block_max, n_iter, state, q_state)
@@ -2001,10 +2008,8 @@ class FlashFwdSm90:
         """O registers -> shared memory (stmatrix, once every consumer is done reading sQ / the previous O store has
         read sO) -> global (store_o_tma, or store_o_varlen); o_direct: registers -> global (store_o_direct);
         o_via_v_stage: through the V stage of ``v_stage`` (store_o_v_stage)."""
-        if const_expr(self.o_direct_wide):
-            self.store_o_wide(mO, tiled_mma_pv, rO, tile, m_base, tidx)
-        elif const_expr(self.o_direct):
-            self.store_o_direct(mO, tiled_mma_pv, rO, tile, m_base, tidx)
+        if const_expr(self.o_direct):
+            self.store_o_regs(mO, tiled_mma_pv.get_slice(tidx), rO, tile, m_base)
         elif const_expr(self.o_via_v_stage):
             self.store_o_v_stage(mO, sO[None, None, v_stage.index], rO, tile, m_base, tidx)
         else:
@@ -2062,20 +2067,31 @@ class FlashFwdSm90:
     @cute.jit
     def store_deferred(self, deferred: DeferredO, state):
         """o_deferred: the previous tile's O through the V stage its last block used (the one before ``state``, the
-        consumer state at the next tile's start, or after the CTA's last tile), then that stage released."""
-        v_prev = state.clone()
-        v_prev.reverse()
+        consumer state at the next tile's start, or after the CTA's last tile), then that stage released; o_direct:
+        from the kept registers straight to global memory (no stage)."""
         tile = deferred.tile
-        self.store_o_v_stage(deferred.mO, deferred.sO[None, None, v_prev.index], deferred.rO, tile,
-                             tile.m_block * self.tile_m, deferred.tidx)
-        cute.arch.fence_view_async_shared()  # the reads before the producer's next TMA write there
-        deferred.pipe_v.consumer_release(v_prev)
+        if const_expr(self.o_direct):
+            self.store_o_regs(deferred.mO, deferred.thr_mma_pv, deferred.rO, tile, tile.m_block * self.tile_m)
+        else:
+            v_prev = state.clone()
+            v_prev.reverse()
+            self.store_o_v_stage(deferred.mO, deferred.sO[None, None, v_prev.index], deferred.rO, tile,
+                                 tile.m_block * self.tile_m, deferred.tidx)
+            cute.arch.fence_view_async_shared()  # the reads before the producer's next TMA write there
+            deferred.pipe_v.consumer_release(v_prev)
 
     @cute.jit
-    def store_o_direct(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
+    def store_o_regs(self, mO, thr_mma_pv, rO, tile: Tile, m_base: Int32):
+        """o_direct: O from this thread's registers to global memory, 16 bytes per store with o_direct_wide."""
+        if const_expr(self.o_direct_wide):
+            self.store_o_wide(mO, thr_mma_pv, rO, tile, m_base)
+        else:
+            self.store_o_direct(mO, thr_mma_pv, rO, tile, m_base)
+
+    @cute.jit
+    def store_o_direct(self, mO, thr_mma_pv, rO, tile: Tile, m_base: Int32):
         """o_direct: each thread writes its rows of O from registers, in the accumulator's adjacent column pairs
         (32-bit stores), skipping rows past seqlen_q."""
-        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, self.hdim_v), (tile.m_block, 0))
         tOgO = acc_rows_cols(thr_mma_pv.partition_C(gO))
         tOrO = acc_rows_cols(rO)
@@ -2086,13 +2102,12 @@ class FlashFwdSm90:
                     tOgO[r, c] = tOrO[r, c]
 
     @cute.jit
-    def store_o_wide(self, mO, tiled_mma_pv, rO, tile: Tile, m_base: Int32, tidx: Int32):
+    def store_o_wide(self, mO, thr_mma_pv, rO, tile: Tile, m_base: Int32):
         """o_direct_wide: o_direct in 16-byte stores. The 4 lanes of a quad hold the same two rows, each 2 adjacent
         columns of every 8-column block; for each run of 4 blocks they transpose their 4 x 4 column pairs (32-bit
         words, layout.quad_transpose: 3 shuffles, 16 selects) so lane q holds block q's 8 columns, and store
         them as one 16-byte piece (4 x fewer stores, each writing 64 contiguous bytes per row). Every lane shuffles;
         only the stores skip rows past seqlen_q."""
-        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         gO = cute.local_tile(mO[None, None, tile.head, tile.bidx], (self.tile_m, self.hdim_v), (tile.m_block, 0))
         tOrO = acc_rows_cols(rO)  # (rows, (pair element, 8-column block))
         tOcO = acc_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim_v))))
