@@ -5,7 +5,9 @@ one section each), then ``python scripts/ncu_source_top.py src.csv [--top 12] [-
 total warp-stall samples and executed instructions, the ``--top`` SASS lines by samples (share of the kernel's samples,
 the line's largest stall reason) and the opcodes (first mnemonic, predicate stripped) by samples with their executed
 instructions; ``--regions N``: the N runs of lines with one execution count that execute the most (what a warp issues
-per steady-state loop iteration: session_ab/fwd192_ncu.txt's per-block counts). A session script for kernel work,
+per steady-state loop iteration: session_ab/fwd192_ncu.txt's per-block counts); ``--by-count N``: the samples of lines
+grouped by execution count relative to the loop's (a persistent kernel's per-tile lines apart from its per-block
+ones: what the switch between tiles costs). A session script for kernel work,
 like scripts/ncu_pipes.py.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import math
 import sys
 
 from ncu_pipes import number
@@ -97,6 +100,29 @@ def hot_regions(rows: list[dict], n: int = 4) -> list[str]:
     return out
 
 
+def by_frequency(rows: list[dict], n: int = 6) -> list[str]:
+    """Stall samples by how often a line runs: the lines grouped by execution count relative to the most executed
+    line's (the innermost loop), in classes a factor of 2 wide, the ``n`` with the most samples. A loop's lines sit
+    near 1; a persistent kernel's per-tile lines (epilogue, next tile's first block) near 1 / (blocks per tile) --
+    their samples share is what the switch between tiles costs in warp stalls."""
+    total = sum(_num(r["Warp Stall Sampling (All Samples)"]) for r in rows) or 1.0
+    top = max((_num(r["Instructions Executed"]) for r in rows), default=0.0) or 1.0
+    classes = collections.defaultdict(lambda: [0, 0.0, 0.0])  # class -> [lines, samples, instructions]
+    for r in rows:
+        n_exec = _num(r["Instructions Executed"])
+        k = math.floor(math.log2(top / n_exec)) if n_exec > 0 else None  # n_exec / top in (2^-(k+1), 2^-k]
+        acc = classes[k]
+        acc[0] += 1
+        acc[1] += _num(r["Warp Stall Sampling (All Samples)"])
+        acc[2] += n_exec
+    out = ["  samples by execution count relative to the most executed line (classes of 2x): lines, samples, "
+           "instructions"]
+    for k, (lines, s, insts) in sorted(classes.items(), key=lambda kv: -kv[1][1])[:n]:
+        where = "never run" if k is None else f"1/{2 ** k}-1/{2 ** (k + 1)}" if k else "1-1/2 (the loop)"
+        out.append(f"  {where:>20s}  {lines:5d} lines  {100 * s / total:6.2f}%  {insts / 1e6:8.2f}M")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
@@ -104,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--labels", nargs="*", default=[])
     ap.add_argument("--regions", type=int, default=0, metavar="N",
                     help="also the N hottest runs of lines with one execution count (instructions per loop iteration)")
+    ap.add_argument("--by-count", type=int, default=0, metavar="N",
+                    help="also the samples of lines grouped by how often they run (N classes; per-tile vs per-block)")
     a = ap.parse_args(argv)
     secs = sections(a.csv)
     if not secs:
@@ -114,6 +142,8 @@ def main(argv=None) -> int:
         print("\n".join(summary(rows, a.top)))
         if a.regions:
             print("\n".join(hot_regions(rows, a.regions)))
+        if a.by_count:
+            print("\n".join(by_frequency(rows, a.by_count)))
     return 0
 
 

@@ -64,3 +64,16 @@ def test_hot_regions_count_a_loop_iteration(tmp_path):
     assert "1.0k x    2 =    0.00M" in out[1] and out[1].endswith("1 / 0 / 1 / 0")  # HGMMA + FMUL, 1000 each
     assert "1.0k x    2" in out[2] and out[2].endswith("0 / 2 / 0 / 0")  # the two MUFU at 995
     assert out[-1].endswith(": 4")  # 2 + 2 lines: the 995 run is within 1% of 1000; the 10-count lines are not
+
+
+def test_by_frequency_parts_per_tile_lines_from_the_loop():
+    """Lines grouped by execution count relative to the most executed line, classes of 2x, the most samples first:
+    a persistent kernel's per-tile lines (here 1/100 of the loop's count) apart from the loop's."""
+    rows = [dict(Source=src, **{"Instructions Executed": str(n), "Warp Stall Sampling (All Samples)": str(s)})
+            for src, n, s in [("HGMMA.64x80x16 R24", 10000, 50), ("MUFU.EX2 R1, R1", 9000, 20),
+                              ("STG.E.128 [R2], R4", 100, 25), ("SYNCS.PHASECHK", 100, 5), ("EXIT", 0, 0)]]
+    out = ncu_source_top.by_frequency(rows, 3)
+    assert "1-1/2 (the loop)" in out[1] and "2 lines" in out[1] and "70.00%" in out[1]
+    assert "1/64-1/128" in out[2] and "2 lines" in out[2] and "30.00%" in out[2]  # 100 / 10000 = 1/100
+    assert "never run" in out[3] and "0.00%" in out[3]
+    assert len(out) == 4
