@@ -339,7 +339,7 @@ OMITTED_AT: dict[str, tuple] = {"cluster_m": (1,), "rescale_before_pv": (None, F
                                 "p_before_vote": (None, False), "o_direct": (None, False),
                                 "spec_warp_redo": (None, False), "o_via_v_stage": (None, False),
                                 "o_deferred": (None, False), "o_direct_wide": (None, False),
-                                "skip_diag_wg": (None, False)}
+                                "skip_diag_wg": (None, False), "q_prefetch": (None, False)}
 # switches that are None (the per-arch default, DEFAULTS' (non-causal, causal) pair or off) or a bool
 OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_persistent", "bwd_dq_chunk_release",
                   "bwd_diag_align", "bwd_q_tail", "bwd_stream_post", "bwd_dq_claim",
@@ -348,7 +348,7 @@ OPTIONAL_BOOLS = ("causal_split", "exp_in_branch", "p_cvt_asm", "bwd_pdl", "bwd_
                   "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                   "speculative_exp", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early",
                   "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred",
-                  "o_direct_wide", "skip_diag_wg")
+                  "o_direct_wide", "skip_diag_wg", "q_prefetch")
 CLUSTER_M_VALUES = (1, 2)
 # The finest exp2 split a kernel can compile: whole register fragments of a row. A forward row of tile_n columns has
 # tile_n/8 fragments (16 at tile_n 128, the hd64 / hd128 default: sixteenths exact; 14 at 112, 10 at 80); a backward
@@ -688,6 +688,15 @@ class AttnConfig:
     # DEFAULTS' persistent_tile names it (hd256 causal 2049-16384 tokens, no window), else off; left out of to_dict()
     # while None or False.
     skip_diag_wg: bool | None = None
+    # sm90 persistent forward on a static walk (the round robin or the greedy walk; not the split tail, tiles claimed at
+    # run time or varlen), elsewhere no effect: once the producer warp has issued a tile's last K/V pair it prefetches
+    # the next tile's Q tile into L2 (a TMA prefetch: no shared memory, no barrier), so the Q load that follows the
+    # tile's last Q K^T (where Q's buffer is released early: o_direct, o_via_v_stage or O's own buffer) reads L2, not
+    # HBM. Aimed at the switch between tiles, which shortens when O is stored under the next Q K^T (o_deferred); only
+    # where the next Q's latency is exposed can it win. Loads nothing the kernel does not load anyway, so outputs are
+    # bitwise the kernel's without it. Session 79, CPU SASS only (4 UTMAPF.L2 per tile at hd256, no spills); its GPU
+    # file and A/Bs are scripts/sched_check.sh part 55. None = off; left out of to_dict() while None or False.
+    q_prefetch: bool | None = None
     # sm90 forward, with p_before_vote (elsewhere no effect): speculative_exp's exponentials on a copy of the block's S,
     # so a block whose kept maxima fail runs the eager step on the kept S instead of a second Q K^T. The K stage is
     # released right after S, and the votes are over each warp (vote.any) instead of over the warpgroup (a named
@@ -866,7 +875,7 @@ class AttnConfig:
                      "split_tail", "lazy_row_max", "row_sum_mma", "speculative_exp", "spec_redo_budget",
                      "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem", "p_smem_early", "q_regs_k",
                      "qk_halves", "p_before_vote", "o_direct", "spec_warp_redo", "o_via_v_stage", "o_deferred",
-                     "o_direct_wide", "skip_diag_wg"):
+                     "o_direct_wide", "skip_diag_wg", "q_prefetch"):
             if getattr(self, name) and arch != "sm90":
                 raise ConfigError(f"{name}=True with arch={arch}: an sm90 (Hopper) forward switch (the shape of the "
                                   f"overlapped main loop's code); pass {name}="
@@ -1059,7 +1068,7 @@ FWD_ONLY_FIELDS = ("tile_m", "tile_n", "num_stages", "consumer_regs", "producer_
                    "q_in_regs", "split_tail", "persistent_greedy", "lazy_row_max", "row_sum_mma",
                    "speculative_exp", "spec_redo_budget", "persistent_dynamic", "early_desc", "skip_idle_wg", "p_smem",
                    "p_smem_early", "q_regs_k", "qk_halves", "p_before_vote", "o_direct",
-                   "spec_warp_redo", "o_via_v_stage", "o_deferred", "o_direct_wide", "skip_diag_wg")
+                   "spec_warp_redo", "o_via_v_stage", "o_deferred", "o_direct_wide", "skip_diag_wg", "q_prefetch")
 TUNED_DIR = Path(__file__).resolve().parent.parent / "conf" / "tuned"
 TUNED: dict[tuple[str, int, bool], dict] = {}  # (arch, hdim, causal) -> {field: value}
 # entries not applied because the table under them changed since they were measured: (arch, hdim, causal, direction)

@@ -525,16 +525,19 @@ case "$PART" in
   tests tests/test_persistent_greedy_gpu.py 120 -k d256
   ab 1 256 32768 10 90 --batch 1 --cfg one=persistent:false gov=o_via_v_stage:true
   ;;
-55)  # session 79 (any card): o_deferred from registers (CPU SASS only so far): with hd256's default direct 16-byte
-  # stores, a tile's O goes out under the next tile's first Q K^T (no shared memory, barrier or V stage; skip_diag_wg
-  # kept). Since session 79 `o_deferred:true` named alone keeps the direct stores (part 49's cells now time this form).
-  # Its GPU file (both store paths, bitwise the kernel without it), then the A/Bs at hd256 causal 16k / 32k (issue
-  # 11's 1.029 / 1.021) and 8k / 4k, official FA4 and cuDNN in the rounds
+55)  # session 79 (any card): two candidates for the switch between tiles at hd256 causal (CPU SASS only so far).
+  # `od` = o_deferred from registers: with hd256's default direct 16-byte stores, a tile's O goes out under the next
+  # tile's first Q K^T (no shared memory, barrier or V stage; skip_diag_wg kept). Since session 79 `o_deferred:true`
+  # named alone keeps the direct stores (part 49's hd256 cells now time this form). `qp` = q_prefetch: the producer
+  # prefetches the next tile's Q into L2 after the tile's last K/V pair; `odqp` both. A/Bs at hd256 causal 16k / 32k
+  # (issue 11's 1.029 / 1.021) then 8k, official FA4 and cuDNN in the rounds (each variant's diff against ours: 0
+  # expected), then the two GPU files (bitwise the kernel without the switch)
+  V=(od=o_deferred:true qp=q_prefetch:true odqp=o_deferred:true,q_prefetch:true)
+  ab 1 256 16384 10 110 --batch 2 --cfg "${V[@]}"
+  ab 1 256 32768 10 120 --batch 1 --cfg "${V[@]}"
+  ab 1 256 8192 8 80 --batch 4 --cfg "${V[@]}"
   tests tests/test_fwd_o_deferred_gpu.py 200
-  ab 1 256 16384 10 80 --batch 2 --cfg od=o_deferred:true
-  ab 1 256 32768 10 90 --batch 1 --cfg od=o_deferred:true
-  ab 1 256 8192 10 60 --batch 4 --cfg od=o_deferred:true
-  ab 1 256 4096 8 45 --batch 8 --cfg od=o_deferred:true
+  tests tests/test_fwd_q_prefetch_gpu.py 150
   ;;
 54)  # session 79 (any card): where hd256 causal 16k's forward stalls, per SASS line (Nsight Compute's source page of
   # ours and official FA4, one call each, the default persistent greedy walk): issue 11's 1.03 reads 1.029 there, and

@@ -62,7 +62,7 @@ def make_fwd_kernel(cfg: AttnConfig, dtype: str, hdim: int, hdim_v: int, causal:
         p_before_vote=bool(cfg.p_before_vote), o_direct=bool(cfg.o_direct),
         spec_warp_redo=bool(cfg.spec_warp_redo), o_via_v_stage=bool(cfg.o_via_v_stage),
         o_deferred=bool(cfg.o_deferred), o_direct_wide=bool(cfg.o_direct_wide),
-        skip_diag_wg=bool(cfg.skip_diag_wg))
+        skip_diag_wg=bool(cfg.skip_diag_wg), q_prefetch=bool(cfg.q_prefetch))
 
 
 def tvm_ffi_available() -> bool:

@@ -222,7 +222,8 @@ class FlashFwdSm90:
                  early_desc: bool = False, p_smem: bool = False, p_smem_early: bool = False, q_regs_k: int = 0,
                  skip_idle_wg: bool = False, qk_halves: bool = False, p_before_vote: bool = False,
                  o_direct: bool = False, spec_warp_redo: bool = False, o_via_v_stage: bool = False,
-                 o_deferred: bool = False, o_direct_wide: bool = False, skip_diag_wg: bool = False):
+                 o_deferred: bool = False, o_direct_wide: bool = False, skip_diag_wg: bool = False,
+                 q_prefetch: bool = False):
         if dtype not in (cutlass.BFloat16, cutlass.Float16):
             raise ValueError(f"dtype={dtype}: supported are cutlass.BFloat16, cutlass.Float16")
         if (hdim, hdim_v) not in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -499,6 +500,11 @@ class FlashFwdSm90:
         self.skip_diag_wg = (bool(skip_diag_wg) and causal and self.persistent and intra_wg_overlap
                              and not self.has_window and not self.runtime_n_min and not self.pack_gqa
                              and not (self.o_deferred and self.o_via_v_stage) and not self.skip_idle_wg)
+        # AttnConfig.q_prefetch: the producer warp prefetches the next tile's Q into L2 (a TMA prefetch, no shared
+        # memory) once it has issued the tile's last K/V pair, so the Q load that follows the tile's last Q K^T reads
+        # L2. Persistent static walks (the next tile is known), not the split tail (its pieces come first) or varlen
+        self.q_prefetch = (bool(q_prefetch) and self.persistent and not self.dynamic and not self.split_tail
+                           and not varlen)
 
     # ---- host-side construction -------------------------------------------------------------
     def _smem_layout(self, rows: int, cols: int, stages: int | None):
@@ -1007,9 +1013,15 @@ class FlashFwdSm90:
                         m_block, head, bidx, n_block_min, n_block_max, _, _, _ = self.step_tile(
                             tile, bx, gx, t_first, n_full, num_tiles, m_blocks, heads, batch, hb_group, seqlen_q,
                             seqlen_k, mWalk)
+                        next_q = None
+                        if const_expr(self.q_prefetch):  # the next step's tile (the last step: its own, unused)
+                            nxt = self.whole_tile(cutlass.min(tile + step, n_full - 1), bx, gx, t_first, n_full,
+                                                  num_tiles, m_blocks, heads, batch, hb_group, seqlen_q, seqlen_k,
+                                                  mWalk)
+                            next_q = (nxt.m_block, nxt.head, nxt.bidx, tile + step < n_full)
                         state, q_state = self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
                                                    pipe_k, pipe_v, m_block, head, bidx, n_block_max, n_block_min,
-                                                   state=state, q_state=q_state)
+                                                   state=state, q_state=q_state, next_q=next_q)
                 pipe_v.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -1126,12 +1138,14 @@ class FlashFwdSm90:
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k, pipe_v,
              m_block: Int32, head: Int32, bidx: Int32, n_block_max: Int32, n_block_min, offset_q=0, offset_k=0,
-             state=None, q_state=None):
+             state=None, q_state=None, next_q=None):
         """Producer warp: K[last], Q, then (K[n-1], V[n]) pairs, then V[first] -- the order the consumers use
         (first = n_block_min: 0 unless a left window bound skips blocks). Varlen: the TMA coordinates start at the
         sequence's first row (offset_q / offset_k); rows past the sequence's end are the next sequence's (or zero
         fill past the packed tensor's end): the seqlen_k edge mask hides the keys, the Q rows are never stored.
-        Persistent: takes and returns the producer states (K/V, Q) and leaves the pipeline tail to the caller."""
+        Persistent: takes and returns the producer states (K/V, Q) and leaves the pipeline tail to the caller;
+        q_prefetch: ``next_q`` = (m_block, head, batch, whether there is one) of the next tile, whose Q goes to L2 after
+        the last pair."""
         head_kv = head
         # GQA / MQA: the group's K/V head (compiles out at group 1; packed GQA: ``head`` is the K/V head)
         if const_expr(self.qhead_per_kvhead > 1 and not self.pack_gqa):
@@ -1181,6 +1195,8 @@ class FlashFwdSm90:
             pipe_v.producer_acquire(state_v)
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, state_v.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(state_v), **kv_mcast)
+        if const_expr(next_q is not None):
+            self.prefetch_q(mQ, sQ, tma_atom_Q, next_q)
         pipe_v.producer_acquire(state)
         if const_expr(self.runtime_n_min):
             cute.copy(tma_atom_V, tVgV[None, n_block_min], tVsV[None, state.index],
@@ -1194,6 +1210,17 @@ class FlashFwdSm90:
             return state, q_state
         else:
             pipe_v.producer_tail(state)
+
+    @cute.jit
+    def prefetch_q(self, mQ, sQ, tma_atom_Q, next_q):
+        """q_prefetch: a TMA prefetch of the next tile's Q tile into L2 (``next_q``: its m_block, head, batch and
+        whether there is one)."""
+        m_next, head_next, bidx_next, has_next = next_q
+        if has_next:
+            gQ = cute.local_tile(mQ[None, None, head_next, bidx_next], (self.tile_m, self.hdim), (m_next, 0))
+            _, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                            cute.group_modes(gQ, 0, 2))
+            cute.prefetch(tma_atom_Q, tQgQ)
 
     # ---- consumer warpgroups --------------------------------------------------------------------
     @cute.jit
