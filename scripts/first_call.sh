@@ -19,7 +19,8 @@
 # other files (`python -m analysis.gpu_tests --files`: those not yet passed on today's kernels).
 # Parts 55 / 54 (any card; session 79, CPU only then): o_deferred from registers and q_prefetch, their A/Bs at hd256
 # causal 8k-32k and GPU files, then Nsight Compute's source page of hd256 causal 16k (ours, o_deferred, official FA4).
-# Usage on the GPU host:  source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 55 54 gaps"]
+# Usage on the GPU host:
+#   source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 55 54 gaps"]
 set -u
 O=${1:?usage: scripts/first_call.sh <out_dir> [parts]}
 PARTS=${2:-stale 55 54 gaps}

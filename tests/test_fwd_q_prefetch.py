@@ -37,7 +37,8 @@ def test_kernel_takes_it_on_static_persistent_walks():
 
 @pytest.mark.compile
 @pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
-@pytest.mark.parametrize("hdim,causal,seqlen,extra", [(256, True, 32768, {}), (128, False, 4096, {"split_tail": False})],
+@pytest.mark.parametrize("hdim,causal,seqlen,extra",
+                         [(256, True, 32768, {}), (128, False, 4096, {"split_tail": False})],
                          ids=["256_causal_walk", "128_persistent"])
 def test_machine_code_adds_only_the_prefetch(hdim, causal, seqlen, extra, tmp_path):
     from fwd_switch_checks import spill_free_sass

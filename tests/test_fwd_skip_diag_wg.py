@@ -4,9 +4,9 @@ first key of the tile's last K/V block (the diagonal block, visited first) keeps
 issues no GEMM and no softmax, and starts at the block before (kernels/sm90/fwd.py diag_idle_step).
 
 CPU tests: the field's rules, the kernel switch (causal persistent kernels without a window, packed GQA, o_deferred
-through the V stage or skip_idle_wg), where the defaults take it, how often the skip applies on the tile grid, and the machine code on the
-greedy walk: no local memory, the same HGMMA / MUFU.EX2 counts and K/V loop common paths as without it. The GPU check
-(out / lse bitwise the kernel's without it) is tests/test_fwd_skip_diag_wg_gpu.py.
+through the V stage or skip_idle_wg), where the defaults take it, how often the skip applies on the tile grid, and the
+machine code on the greedy walk: no local memory, the same HGMMA / MUFU.EX2 counts and K/V loop common paths as
+without it. The GPU check (out / lse bitwise the kernel's without it) is tests/test_fwd_skip_diag_wg_gpu.py.
 """
 from __future__ import annotations
 

@@ -493,8 +493,8 @@ class FlashFwdSm90:
         # AttnConfig.skip_diag_wg: a warpgroup whose rows all precede the first key of the tile's last K/V block skips
         # it (diag_idle_step) and starts at the block before; causal without a window (no runtime n_block_min: the
         # tile visits blocks 0 .. n_block_max - 1), not packed GQA (rows are not positions there), not o_deferred
-        # through the V stage (its store finds that stage from the first block's state, which the skip advances; o_direct's
-        # deferred store needs no stage), nor with skip_idle_wg (one branch before the loop is enough).
+        # through the V stage (its store finds that stage from the first block's state, which the skip advances;
+        # o_direct's deferred store needs no stage), nor with skip_idle_wg (one branch before the loop is enough).
         # Persistent kernels only: in the one-tile kernel the branch cost the K/V loops' common paths 99 / 54
         # instructions (CPU SASS, hd256 causal 8k; on the greedy walk none)
         self.skip_diag_wg = (bool(skip_diag_wg) and causal and self.persistent and intra_wg_overlap
