@@ -1271,7 +1271,7 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
     resolved config); and without DEFAULTS' exp_in_branch, as resolve() leaves it out for persistent=True (unless the
     entry names it). An entry's fields other than the tile's fill only fields the config left None (its o_direct +
-    o_direct_wide only where the config left every O_PATH_FIELDS None, o_via_v_stage else); its exp_in_branch
+    o_direct_wide only where the config left every O_PATH_FIELDS but o_deferred None, o_via_v_stage else); its exp_in_branch
     only where causal_split is on too and the call has no window (``windowed``): the persistent hd128 causal kernel
     spills with it otherwise (CPU SASS: 117 LDL with causal_split off, 100 with a left window); its persistent_greedy
     not over an explicit persistent_snake=True. An entry with ``static`` (fields) claims tiles at run time

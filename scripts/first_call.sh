@@ -18,7 +18,8 @@
 # that file, <file>::<test id> at that test (the "resume:" line a run cut by its deadline prints), GPU_TEST_FILES names
 # other files (`python -m analysis.gpu_tests --files`: those not yet passed on today's kernels).
 # Parts 55 / 54 (any card; session 79, CPU only then): o_deferred from registers and q_prefetch, their A/Bs at hd256
-# causal 8k-32k and GPU files, then Nsight Compute's source page of hd256 causal 16k (ours, o_deferred, official FA4).
+# causal 8k-32k and GPU files, then Nsight Compute's source page of hd256 causal 16k (ours, o_deferred alone and with
+# q_prefetch, official FA4).
 # Usage on the GPU host:
 #   source .gpu/boot.sh && bash scripts/first_call.sh <out_dir> [parts, default "stale 55 54 gaps"]
 set -u

@@ -542,14 +542,15 @@ case "$PART" in
 54)  # session 79 (any card): where hd256 causal 16k's forward stalls, per SASS line (Nsight Compute's source page of
   # ours and official FA4, one call each, the default persistent greedy walk): issue 11's 1.03 reads 1.029 there, and
   # session 66's free_o put the O epilogue / tile switch at 1.6-2.7% (H100), more than a model of it explains (~0.5%).
-  # `--by-count`: the samples of the per-tile lines (run ~1/100 as often as the loop's) apart from the loop's; `od`:
-  # part 55's o_deferred from registers, profiled after ours
-  ncu_fwd fwd256c16k "ours od official" 300 --hdim 256 --seqlen 16384 --causal 1 --cfg od=o_deferred:true
+  # `--by-count`: the samples of the per-tile lines (run ~1/100 as often as the loop's) apart from the loop's; `od` /
+  # `odqp`: part 55's o_deferred from registers, alone and with q_prefetch, profiled after ours
+  ncu_fwd fwd256c16k "ours od odqp official" 300 --hdim 256 --seqlen 16384 --causal 1 --cfg od=o_deferred:true \
+    odqp=o_deferred:true,q_prefetch:true
   ncu --import /tmp/fwd256c16k.ncu-rep --page source --csv --print-source sass >"$O/fwd256c16k_src.csv" 2>>"$O/ncu.log"
-  python scripts/ncu_source_top.py "$O/fwd256c16k_src.csv" --top 30 --regions 8 --by-count 8 --labels ours od official \
-    >"$O/fwd256c16k_source.txt" 2>&1
+  python scripts/ncu_source_top.py "$O/fwd256c16k_src.csv" --top 30 --regions 8 --by-count 8 \
+    --labels ours od odqp official >"$O/fwd256c16k_source.txt" 2>&1
   xz -9 "$O/fwd256c16k_src.csv"
-  head -n 90 "$O/fwd256c16k_source.txt"
+  head -n 120 "$O/fwd256c16k_source.txt"
   exit 0
   ;;
 53)  # session 69 (any card; ran on an H100 in session 71, hd256's causal default at 2049-16384 tokens since):
