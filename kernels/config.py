@@ -73,11 +73,11 @@ SUPPORTED_HDIMS = (64, 128, 192, 256)  # QK head dim; V head dim equals it excep
 #                   (results/h200/session_ab/bwd_diag.jsonl), speed vs off at hd128 causal 1k / 2k / 4k / 8k: 1.001 /
 #                   1.017 / 1.018 / 1.009 (official / off: 1.080 / 1.051 / 1.008 / 0.991)
 # O's path out of a persistent tile, as a persistent_tile entry may name it: from the accumulator registers in 16-byte
-# stores (AttnConfig.o_direct + o_direct_wide). A caller who names any of O_PATH_FIELDS but o_deferred (which says when
-# O is stored, not how) keeps the V-stage path (o_via_v_stage) in its place (persistent_tile_for): o_direct turns
-# o_via_v_stage off.
+# stores (AttnConfig.o_direct + o_direct_wide). A caller who names any of O_PATH_FIELDS, the fields that say how O
+# leaves, keeps the V-stage path (o_via_v_stage) in its place (persistent_tile_for): o_direct turns o_via_v_stage off.
+# o_deferred says when O is stored, not how (until session 79 it was one of them and chose the V stage too).
 O_DIRECT_WIDE = {"o_direct": True, "o_direct_wide": True}
-O_PATH_FIELDS = ("o_direct", "o_direct_wide", "o_via_v_stage", "o_deferred")
+O_PATH_FIELDS = ("o_direct", "o_direct_wide", "o_via_v_stage")
 
 DEFAULTS: dict[tuple[str, int], dict] = {
     # sm90: 64 rows per consumer warpgroup (tile_m 192 = 3 warpgroups at 160 registers, 128 = 2 at 240).
@@ -1271,7 +1271,7 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     tile_m / register split (a config that chose its own keeps them; so does ``persistent=True``, which forces the
     resolved config); and without DEFAULTS' exp_in_branch, as resolve() leaves it out for persistent=True (unless the
     entry names it). An entry's fields other than the tile's fill only fields the config left None (its o_direct +
-    o_direct_wide only where the config left every O_PATH_FIELDS but o_deferred None, o_via_v_stage else); its exp_in_branch
+    o_direct_wide only where the config left every O_PATH_FIELDS None, o_via_v_stage else); its exp_in_branch
     only where causal_split is on too and the call has no window (``windowed``): the persistent hd128 causal kernel
     spills with it otherwise (CPU SASS: 117 LDL with causal_split off, 100 with a left window); its persistent_greedy
     not over an explicit persistent_snake=True. An entry with ``static`` (fields) claims tiles at run time
@@ -1297,8 +1297,8 @@ def persistent_tile_for(cfg: "AttnConfig", arch: str, hdim: int, causal: bool, s
     table = table_defaults(arch, hdim, causal)
     if any(getattr(cfg, k) != table[k] for k in PERSISTENT_TILE_FIELDS):
         return cfg
-    if tile.get("o_direct") and any(getattr(cfg, k) is not None for k in O_PATH_FIELDS if k != "o_deferred"):
-        # the caller chose how O leaves (o_deferred says only when): the entry's direct stores give way to the V stage
+    if tile.get("o_direct") and any(getattr(cfg, k) is not None for k in O_PATH_FIELDS):
+        # the caller chose how O leaves: the entry's direct stores give way to the V stage
         tile = {**{k: v for k, v in tile.items() if k not in O_DIRECT_WIDE}, "o_via_v_stage": True}
     # the tile fields replace the table's; the others (persistent_greedy, exp_in_branch, ...) fill only what the
     # config left None, so a switch the caller turned off stays off
